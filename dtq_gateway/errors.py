@@ -1,0 +1,89 @@
+"""Domain errors. Each carries a gRPC status code and a stable UPPER_SNAKE reason.
+
+The servicers translate them in one place (``dtq_gateway.grpc_errors``) into a
+gRPC status with ``google.rpc.ErrorInfo`` details (domain ``dtq.v1``). Code below
+the servicer raises these and never imports grpc status helpers itself.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class DtqError(Exception):
+    """Base of every error the gateway reports to a caller."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    reason: str = "INTERNAL"
+
+    def __init__(self, message: str, *, field: str = "", reason: str | None = None,
+                 retry_after_ms: int = 0) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        if reason:
+            self.reason = reason
+        self.retry_after_ms = retry_after_ms
+
+
+class InvalidArgument(DtqError):
+    """Bad input; ``field`` names the offending request field."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = "INVALID_FIELD"
+
+
+class NotFound(DtqError):
+    """Unknown task, queue or dead-letter entry."""
+
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "NOT_FOUND"
+
+
+class StaleLease(DtqError):
+    """The lease is no longer the task's current one (reclaimed or finished)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "STALE_LEASE"
+
+
+class WrongState(DtqError):
+    """The task is in a state that does not allow the operation."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "WRONG_STATE"
+
+
+class QueueFull(DtqError):
+    """The queue's depth gate (DTQ_MAX_QUEUE_DEPTH) is reached."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "QUEUE_FULL"
+
+
+class TooLarge(DtqError):
+    """A payload or request exceeds a size limit."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "TOO_LARGE"
+
+
+class Unavailable(DtqError):
+    """Redis is unreachable, or the gateway is draining."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "REDIS_UNAVAILABLE"
+
+
+class Unauthenticated(DtqError):
+    """No or unknown bearer token."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+    reason = "UNAUTHENTICATED"
+
+
+class PermissionDenied(DtqError):
+    """The caller's role does not allow the method."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+    reason = "PERMISSION_DENIED"

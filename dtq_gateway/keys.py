@@ -1,0 +1,94 @@
+"""Every Redis key name dtq uses, built in this one module.
+
+The layout follows the Redis design note (docs/redis-layout.md). No other module
+concatenates key strings, and Lua scripts receive every key through KEYS, so a
+rename or a future Redis Cluster hash-tag scheme touches only this file.
+
+User-supplied strings that end up inside a key are either validated against a
+restricted alphabet (queue names, worker ids, task ids) or hashed (idempotency
+keys), so two different inputs can never build the same key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+PREFIX = "dtq:"
+
+#: Consumer group created on every band stream.
+GROUP = "workers"
+#: Consumer name the reaper claims expired entries to.
+REAPER_CONSUMER = "dtq-reaper"
+#: Priority bands, highest first (the order leasing drains them).
+BANDS_DESC = tuple(range(9, -1, -1))
+
+QUEUE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+WORKER_ID_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}$")
+TASK_ID_RE = re.compile(r"^[0-9a-f]{32}$")
+TASK_TYPE_RE = re.compile(r"^[A-Za-z0-9_.:/-]{1,128}$")
+
+DEAD_LETTER = PREFIX + "stream:dead-letter"
+AUDIT = PREFIX + "stream:audit"
+RETRY_SCHEDULE = PREFIX + "retry:schedule"
+RETRY_CLAIMED = PREFIX + "retry:claimed"
+WORKERS = PREFIX + "workers"
+CANCELLED = PREFIX + "cancelled"
+RECENT_TASKS = PREFIX + "tasks:recent"
+SCHEDULER_LOCK = PREFIX + "lock:scheduler"
+#: Pub/sub channel (not a key) for lifecycle events.
+EVENTS_CHANNEL = PREFIX + "events"
+
+#: SCAN pattern matching every band stream of every queue.
+BAND_STREAM_PATTERN = PREFIX + "stream:*:p[0-9]"
+_BAND_STREAM_RE = re.compile(r"^dtq:stream:([A-Za-z0-9_.-]{1,64}):p([0-9])$")
+
+
+def stream(queue: str, band: int) -> str:
+    """Band stream of a queue: ``dtq:stream:<queue>:p<band>``, band 0..9."""
+    return f"{PREFIX}stream:{queue}:p{band}"
+
+
+def queue_streams_desc(queue: str) -> list[str]:
+    """The ten band streams of a queue, p9 first."""
+    return [stream(queue, b) for b in BANDS_DESC]
+
+
+def parse_stream(key: str) -> tuple[str, int] | None:
+    """Inverse of :func:`stream`: ``(queue, band)``, or None for other keys."""
+    m = _BAND_STREAM_RE.match(key)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
+def task(task_id: str) -> str:
+    """Task record hash: ``dtq:task:<task_id>``."""
+    return f"{PREFIX}task:{task_id}"
+
+
+def result(task_id: str) -> str:
+    """Result string: ``dtq:result:<task_id>``."""
+    return f"{PREFIX}result:{task_id}"
+
+
+def idempotency_digest(key: str) -> str:
+    """SHA-256 hex of a user idempotency key (so any bytes map to a safe name)."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def idempotency(queue: str, digest: str) -> str:
+    """Idempotency record: ``dtq:idempotency:<queue>:<sha256 hex of the key>``.
+
+    ``digest`` comes from :func:`idempotency_digest`. The queue name is validated
+    and cannot contain ':' so (queue, key) pairs never collide.
+    """
+    return f"{PREFIX}idempotency:{queue}:{digest}"
+
+
+def worker(worker_id: str) -> str:
+    """Worker liveness hash: ``dtq:worker:<worker_id>``."""
+    return f"{PREFIX}worker:{worker_id}"
+
+
+def paused(queue: str) -> str:
+    """Pause flag of a queue: ``dtq:queue:<queue>:paused``."""
+    return f"{PREFIX}queue:{queue}:paused"

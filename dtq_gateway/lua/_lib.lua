@@ -1,0 +1,53 @@
+-- _lib.lua: helpers prepended to every dtq script by dtq_gateway/scripts.py.
+-- Convention for every script: ARGV[1] = events channel name, ARGV[2] = event id
+-- prefix (24 hex chars, fresh per call); script arguments start at ARGV[3].
+-- Time comes from Redis TIME (one clock for every gateway replica).
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- ISO 8601 UTC with milliseconds from epoch ms (civil-from-days, no os.date in Redis).
+local function iso(ms)
+  local s = math.floor(ms / 1000)
+  local days = math.floor(s / 86400)
+  local rem = s - days * 86400
+  local z = days + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+    - math.floor(doe / 146096)) / 365)
+  local y = yoe + era * 400
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local d = doy - math.floor((153 * mp + 2) / 5) + 1
+  local m = mp < 10 and mp + 3 or mp - 9
+  if m <= 2 then y = y + 1 end
+  return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%03dZ', y, m, d,
+    math.floor(rem / 3600), math.floor((rem % 3600) / 60), rem % 60, ms % 1000)
+end
+
+local EVENTS_CHANNEL = ARGV[1]
+local EVENT_PREFIX = ARGV[2]
+local event_seq = 0
+
+-- Publish one lifecycle event with the seed's JSON shape.
+local function publish(ev_type, ms, task_id, queue, task_type, attempt, worker_id, metadata)
+  event_seq = event_seq + 1
+  local ev = {
+    event_id = EVENT_PREFIX .. string.format('%08x', event_seq),
+    ts = iso(ms), type = ev_type, task_id = task_id or '', queue = queue or '',
+    task_type = task_type or '', attempt = tonumber(attempt) or 0, worker_id = worker_id or '',
+  }
+  if metadata then ev.metadata = metadata end
+  redis.call('PUBLISH', EVENTS_CHANNEL, cjson.encode(ev))
+end
+
+-- Record the outcome of attempt n in the task hash field att:<n> (JSON).
+local function record_attempt(task_key, n, worker_id, started_ms, finished_ms, outcome, err, err_class)
+  redis.call('HSET', task_key, 'att:' .. n, cjson.encode({
+    worker_id = worker_id or '', started_at_ms = tonumber(started_ms) or 0,
+    finished_at_ms = tonumber(finished_ms) or 0, outcome = outcome,
+    error_message = err or '', error_class = err_class or '' }))
+end

@@ -1,0 +1,81 @@
+"""Loading and calling the Lua scripts in ``dtq_gateway/lua``.
+
+Every script file gets ``_lib.lua`` prepended (shared helpers: Redis TIME clock,
+event publishing, attempt records). Scripts are called with EVALSHA; a NOSCRIPT
+reply (after a Redis restart or SCRIPT FLUSH) loads the script and repeats the
+call, which is safe because a NOSCRIPT call executed nothing. Pipelined calls
+reuse that rule item by item, so a batch stays one round trip in the common case.
+
+Convention: ARGV[1] is the events channel and ARGV[2] a fresh event-id prefix;
+:meth:`Script.argv` prepends both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from functools import cache
+from pathlib import Path
+from typing import Any, Sequence
+
+from redis.asyncio import Redis
+from redis.exceptions import NoScriptError, ResponseError
+
+from dtq_gateway import keys
+
+LUA_DIR = Path(__file__).parent / "lua"
+
+
+@cache
+def _lib() -> str:
+    return (LUA_DIR / "_lib.lua").read_text()
+
+
+class Script:
+    """One Lua script: source, SHA1, and EVALSHA-with-fallback calls."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.source = _lib() + "\n" + (LUA_DIR / f"{name}.lua").read_text()
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+
+    @staticmethod
+    def argv(*args: Any) -> list[Any]:
+        """ARGV with the events channel and a fresh event-id prefix in front."""
+        return [keys.EVENTS_CHANNEL, uuid.uuid4().hex[:24], *args]
+
+    async def __call__(self, client: Redis, keys_: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run the script once (EVALSHA, NOSCRIPT → SCRIPT LOAD and retry)."""
+        try:
+            return await client.evalsha(self.sha, len(keys_), *keys_, *args)
+        except NoScriptError:
+            await client.script_load(self.source)
+            return await client.evalsha(self.sha, len(keys_), *keys_, *args)
+
+    def queue(self, pipe: Any, keys_: Sequence[str], args: Sequence[Any]) -> None:
+        """Add one call to a pipeline; run it with :func:`execute`."""
+        pipe.execute_command("EVALSHA", self.sha, len(keys_), *keys_, *args)
+        pipe._dtq_calls = getattr(pipe, "_dtq_calls", [])  # noqa: SLF001
+        pipe._dtq_calls.append((self, keys_, args))
+
+
+async def execute(client: Redis, pipe: Any) -> list[Any]:
+    """Execute a pipeline of :meth:`Script.queue` calls.
+
+    Items answered NOSCRIPT are re-run after loading their script; other errors
+    are returned in place (as exceptions) for the caller to map per item.
+    """
+    calls = getattr(pipe, "_dtq_calls", [])
+    replies = await pipe.execute(raise_on_error=False)
+    missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)
+               or (isinstance(r, ResponseError) and str(r).startswith("NOSCRIPT"))]
+    if missing:
+        for script in {calls[i][0] for i in missing}:
+            await client.script_load(script.source)
+        for i in missing:
+            script, keys_, args = calls[i]
+            try:
+                replies[i] = await client.evalsha(script.sha, len(keys_), *keys_, *args)
+            except ResponseError as exc:
+                replies[i] = exc
+    return replies

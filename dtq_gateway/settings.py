@@ -1,0 +1,211 @@
+"""Gateway settings: one frozen dataclass built from ``DTQ_*`` env vars and flags.
+
+Every field has an environment variable (``DTQ_<FIELD>`` upper-cased) and a
+command-line flag (``--<field-with-dashes>``); a flag wins over the environment.
+Nothing is read at import time: call :func:`load`. Validation errors raise
+:class:`SettingsError` with one line naming the variable, which the CLI prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping, Sequence
+
+
+class SettingsError(ValueError):
+    """A setting is missing, malformed or inconsistent (message names it)."""
+
+
+def _meta(help_: str, *, secret: bool = False) -> dict[str, Any]:
+    return {"help": help_, "secret": secret}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Validated gateway configuration. Units are in the field names."""
+
+    redis_url: str = field(default="", metadata=_meta(
+        "Redis URL (redis:// or rediss://). Empty = start an embedded redis-server.", secret=True))
+    listen: str = field(default="127.0.0.1:50051", metadata=_meta("gRPC listen address host:port."))
+    metrics_port: int = field(default=9464, metadata=_meta(
+        "Prometheus HTTP port on the listen host; 0 disables."))
+    visibility_timeout_s: float = field(default=30.0, metadata=_meta(
+        "Lease visibility timeout: an entry idle this long may be reclaimed (s)."))
+    heartbeat_interval_s: float = field(default=10.0, metadata=_meta(
+        "Worker heartbeat interval (s); must be below the visibility timeout."))
+    lease_grace_ms: int = field(default=5000, metadata=_meta(
+        "Leases stop being extended after started_at + timeout_ms + this grace (ms)."))
+    task_retention_s: int = field(default=7 * 86400, metadata=_meta(
+        "TTL of task hashes, refreshed on every update (s)."))
+    result_retention_s: int = field(default=3600, metadata=_meta("TTL of results (s)."))
+    result_max_bytes: int = field(default=8192, metadata=_meta(
+        "Results longer than this are truncated (bytes)."))
+    idem_ttl_s: int = field(default=86400, metadata=_meta("TTL of idempotency records (s)."))
+    dlq_maxlen: int = field(default=10000, metadata=_meta(
+        "Approximate MAXLEN of the dead-letter stream (entries)."))
+    audit_maxlen: int = field(default=10000, metadata=_meta(
+        "Approximate MAXLEN of the audit stream (entries)."))
+    recent_max: int = field(default=10000, metadata=_meta(
+        "Size of the recent-tasks index (entries)."))
+    max_queue_depth: int = field(default=0, metadata=_meta(
+        "Per-queue depth gate: Enqueue answers RESOURCE_EXHAUSTED above it; 0 = none."))
+    max_payload_bytes: int = field(default=1 << 20, metadata=_meta("Largest payload (bytes)."))
+    default_max_attempts: int = field(default=3, metadata=_meta(
+        "Attempts when Enqueue leaves max_attempts 0."))
+    default_timeout_ms: int = field(default=60000, metadata=_meta(
+        "Handler timeout when Enqueue leaves timeout_ms 0 (ms)."))
+    backoff_base_ms: int = field(default=1000, metadata=_meta("Retry backoff base (ms)."))
+    backoff_cap_ms: int = field(default=300000, metadata=_meta("Retry backoff cap (ms)."))
+    max_in_flight_cap: int = field(default=10000, metadata=_meta(
+        "Largest max_in_flight granted to one Lease session."))
+    scheduler_interval_ms: int = field(default=250, metadata=_meta(
+        "Period of the scheduler leader's moves of due tasks (ms)."))
+    shutdown_grace_s: float = field(default=10.0, metadata=_meta(
+        "On SIGTERM, unary calls get this long to finish (s)."))
+    embedded_dir: str = field(default=".dtq/redis", metadata=_meta(
+        "Data directory of the embedded redis-server (AOF on)."))
+    tls_cert: str = field(default="", metadata=_meta("Server certificate PEM path (enables TLS)."))
+    tls_key: str = field(default="", metadata=_meta("Server private key PEM path.", secret=True))
+    tls_client_ca: str = field(default="", metadata=_meta(
+        "CA bundle PEM path; when set, clients must present a certificate (mTLS)."))
+    auth_tokens: str = field(default="", metadata=_meta(
+        "Bearer tokens 'token=role:identity,...' (roles producer, worker, admin); "
+        "empty = no auth.", secret=True))
+    gateway_id: str = field(default="", metadata=_meta(
+        "Identity of this replica; default host-pid-random."))
+    log_level: str = field(default="INFO", metadata=_meta("Log level."))
+    log_format: str = field(default="json", metadata=_meta("Log format: json or text."))
+
+    def __repr__(self) -> str:
+        parts = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.metadata.get("secret") and value:
+                value = "***"
+            parts.append(f"{f.name}={value!r}")
+        return f"Settings({', '.join(parts)})"
+
+    @property
+    def visibility_timeout_ms(self) -> int:
+        """Visibility timeout in ms."""
+        return int(self.visibility_timeout_s * 1000)
+
+    @property
+    def heartbeat_interval_ms(self) -> int:
+        """Heartbeat interval in ms."""
+        return int(self.heartbeat_interval_s * 1000)
+
+    @property
+    def worker_ttl_s(self) -> int:
+        """TTL of worker hashes: three heartbeat intervals, at least 1 s."""
+        return max(1, int(round(3 * self.heartbeat_interval_s)))
+
+
+_POSITIVE = {
+    "visibility_timeout_s", "heartbeat_interval_s", "task_retention_s", "result_retention_s",
+    "idem_ttl_s", "dlq_maxlen", "audit_maxlen", "recent_max", "max_payload_bytes",
+    "default_max_attempts", "default_timeout_ms", "backoff_base_ms", "backoff_cap_ms",
+    "max_in_flight_cap", "scheduler_interval_ms", "result_max_bytes",
+}
+_NON_NEGATIVE = {"metrics_port", "max_queue_depth", "lease_grace_ms", "shutdown_grace_s"}
+
+
+def env_name(name: str) -> str:
+    """Environment variable of a settings field, e.g. ``DTQ_REDIS_URL``."""
+    return "DTQ_" + name.upper()
+
+
+def _convert(name: str, raw: str, typ: Any, source: str) -> Any:
+    try:
+        if typ in (int, "int"):
+            return int(raw)
+        if typ in (float, "float"):
+            return float(raw)
+    except ValueError:
+        raise SettingsError(f"{source}: expected a number, got {raw!r}") from None
+    return raw
+
+
+def _validate(s: Settings) -> None:
+    for name in _POSITIVE:
+        if getattr(s, name) <= 0:
+            raise SettingsError(f"{env_name(name)} must be > 0 (got {getattr(s, name)})")
+    for name in _NON_NEGATIVE:
+        if getattr(s, name) < 0:
+            raise SettingsError(f"{env_name(name)} must be >= 0 (got {getattr(s, name)})")
+    if s.heartbeat_interval_s >= s.visibility_timeout_s:
+        raise SettingsError(
+            f"DTQ_HEARTBEAT_INTERVAL_S ({s.heartbeat_interval_s}) must be below "
+            f"DTQ_VISIBILITY_TIMEOUT_S ({s.visibility_timeout_s}) so a live worker's "
+            "heartbeat always lands before its leases can be reclaimed")
+    if s.backoff_base_ms > s.backoff_cap_ms:
+        raise SettingsError("DTQ_BACKOFF_BASE_MS must not exceed DTQ_BACKOFF_CAP_MS")
+    host, sep, port = s.listen.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise SettingsError(f"DTQ_LISTEN must be host:port (got {s.listen!r})")
+    if s.metrics_port > 65535:
+        raise SettingsError(f"DTQ_METRICS_PORT must be a port number (got {s.metrics_port})")
+    if s.redis_url and not s.redis_url.startswith(("redis://", "rediss://", "unix://")):
+        raise SettingsError("DTQ_REDIS_URL must start with redis://, rediss:// or unix://")
+    if bool(s.tls_cert) != bool(s.tls_key):
+        raise SettingsError("DTQ_TLS_CERT and DTQ_TLS_KEY must be set together")
+    if s.tls_client_ca and not s.tls_cert:
+        raise SettingsError("DTQ_TLS_CLIENT_CA needs DTQ_TLS_CERT and DTQ_TLS_KEY")
+    for path_field in ("tls_cert", "tls_key", "tls_client_ca"):
+        path = getattr(s, path_field)
+        if path and not os.path.isfile(path):
+            raise SettingsError(f"{env_name(path_field)}: no such file {path!r}")
+    if s.log_format not in ("json", "text"):
+        raise SettingsError(f"DTQ_LOG_FORMAT must be json or text (got {s.log_format!r})")
+    if s.auth_tokens:
+        from dtq_gateway.auth import parse_tokens  # local import: auth is optional
+
+        try:
+            parse_tokens(s.auth_tokens)
+        except ValueError as exc:
+            raise SettingsError(f"DTQ_AUTH_TOKENS: {exc}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Argument parser with one flag per settings field (defaults come from env)."""
+    parser = argparse.ArgumentParser(
+        prog="dtq-gateway",
+        description="dtq gateway: gRPC front of the task queue; the only Redis client.",
+    )
+    for f in fields(Settings):
+        flag = "--" + f.name.replace("_", "-")
+        parser.add_argument(flag, dest=f.name, default=None,
+                            help=f"{f.metadata['help']} [env {env_name(f.name)}]")
+    return parser
+
+
+def load(argv: Sequence[str] | None = None,
+         environ: Mapping[str, str] | None = None) -> Settings:
+    """Build validated settings from flags (``argv``) over env (``environ``).
+
+    Raises:
+        SettingsError: a value is malformed or the combination is invalid.
+    """
+    environ = os.environ if environ is None else environ
+    args = build_parser().parse_args(list(argv) if argv is not None else [])
+    values: dict[str, Any] = {}
+    for f in fields(Settings):
+        raw = getattr(args, f.name)
+        source = "--" + f.name.replace("_", "-")
+        if raw is None:
+            raw = environ.get(env_name(f.name))
+            source = env_name(f.name)
+        if raw is None:
+            continue
+        values[f.name] = _convert(f.name, raw.strip(), f.type, source)
+    settings = Settings(**values)
+    if not settings.gateway_id:
+        gid = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        settings = dataclasses.replace(settings, gateway_id=gid)
+    _validate(settings)
+    return settings
