@@ -51,3 +51,49 @@ local function record_attempt(task_key, n, worker_id, started_ms, finished_ms, o
     finished_at_ms = tonumber(finished_ms) or 0, outcome = outcome,
     error_message = err or '', error_class = err_class or '' }))
 end
+
+-- Refresh the retention TTL of a task hash (DTQ_TASK_RETENTION_S) and stamp it.
+local function touch(task_key, ms, retention_s)
+  redis.call('HSET', task_key, 'updated_at_ms', ms)
+  redis.call('EXPIRE', task_key, retention_s)
+end
+
+-- XADD a dispatch entry (the seed's entry fields) for the task into stream_key,
+-- executing attempt `attempt`. Records the entry id on the hash; returns it.
+local function add_entry(stream_key, task_key, attempt)
+  local f = redis.call('HMGET', task_key, 'task_id', 'queue', 'task_type', 'payload',
+    'max_attempts', 'priority', 'timeout_ms', 'idem_key')
+  local id = redis.call('XADD', stream_key, '*', 'task_id', f[1], 'queue', f[2],
+    'task_type', f[3], 'payload', f[4] or '', 'attempt', attempt, 'max_attempts', f[5],
+    'priority', f[6], 'timeout_ms', f[7], 'idempotency_key', f[8] or '')
+  redis.call('HSET', task_key, 'entry_id', id, 'attempt', attempt)
+  return id
+end
+
+-- Move a task to the dead-letter stream (MAXLEN ~ maxlen) with the seed's extra
+-- fields; the hash becomes dead_lettered. Returns the dead-letter entry id.
+local function dead_letter(dlq_key, maxlen, task_key, attempt, ms, err, err_class, worker_id)
+  local f = redis.call('HMGET', task_key, 'task_id', 'queue', 'task_type', 'payload',
+    'max_attempts', 'priority', 'timeout_ms', 'idem_key')
+  local id = redis.call('XADD', dlq_key, 'MAXLEN', '~', maxlen, '*',
+    'task_id', f[1], 'queue', f[2], 'task_type', f[3], 'payload', f[4] or '',
+    'attempt', attempt, 'max_attempts', f[5], 'priority', f[6], 'timeout_ms', f[7],
+    'idempotency_key', f[8] or '', 'failed_at_ms', ms, 'attempts_made', attempt,
+    'last_error', err or '', 'last_error_class', err_class or '', 'retryable', '0',
+    'worker_id', worker_id or '', 'original_queue', f[2])
+  redis.call('HSET', task_key, 'status', 'dead_lettered', 'finished_at_ms', ms,
+    'last_error', err or '', 'last_error_class', err_class or '', 'dlq_entry_id', id,
+    'entry_id', '')
+  return id
+end
+
+-- Update the idempotency record (if this task still owns it) to state, keeping its TTL.
+local function idem_update(idem_key, task_id, state, ms)
+  if not idem_key then return end
+  local raw = redis.call('GET', idem_key)
+  if not raw then return end
+  local rec = cjson.decode(raw)
+  if rec.task_id ~= task_id then return end
+  redis.call('SET', idem_key, cjson.encode({task_id = task_id, state = state, updated_at = ms}),
+    'KEEPTTL')
+end

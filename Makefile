@@ -1,0 +1,38 @@
+# dtq: `make demo` runs the system, `make test` runs the suite. Both build .venv first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test proto proto-check lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,demo]'
+	touch $(STAMP)
+
+proto: install
+	$(PY) scripts/gen_proto.py
+
+proto-check: install
+	$(PY) scripts/gen_proto.py --check
+	$(VENV)/bin/buf lint
+	$(VENV)/bin/buf format --diff --exit-code
+
+lint: proto-check
+	$(VENV)/bin/ruff check dtq_gateway dtq_pyworker tests examples bench
+
+test: install proto-check
+	$(VENV)/bin/pytest -q
+
+demo: install
+	$(PY) -m examples.demo
+
+bench: install
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) .dtq

