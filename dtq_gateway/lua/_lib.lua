@@ -97,3 +97,22 @@ local function idem_update(idem_key, task_id, state, ms)
   redis.call('SET', idem_key, cjson.encode({task_id = task_id, state = state, updated_at = ms}),
     'KEEPTTL')
 end
+
+-- True when entry `id` of `stream` is in the group's PEL and owned by `consumer`.
+local function owns(stream, group, id, consumer)
+  local r = redis.pcall('XPENDING', stream, group, id, id, 1)
+  if type(r) ~= 'table' or r.err or not r[1] then return false end
+  return r[1][2] == consumer
+end
+
+-- Fencing check shared by ack/fail/heartbeat. Returns the HMGET of `fields` when the
+-- lease (stream entry id, consumer, attempt) is the task's current one, else nil
+-- plus the task status (false when the hash is gone).
+local function current_lease(stream, group, task_key, id, consumer, attempt, fields)
+  local h = redis.call('HMGET', task_key, 'status', 'attempt', 'entry_id', unpack(fields))
+  if h[1] ~= 'active' or tonumber(h[2]) ~= tonumber(attempt) or h[3] ~= id then
+    return nil, h[1]
+  end
+  if not owns(stream, group, id, consumer) then return nil, h[1] end
+  return h, h[1]
+end

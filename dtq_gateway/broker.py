@@ -1,0 +1,138 @@
+"""Producer-side operations: enqueue, get, cancel.
+
+Each state change is one Lua script (see lua/), so a crash at any instant leaves
+Redis consistent. Batches are pipelined: one Redis round trip per batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from redis.asyncio import Redis
+
+from dtq_gateway import keys
+from dtq_gateway.errors import DtqError, NotFound, QueueFull, WrongState
+from dtq_gateway.groups import Groups
+from dtq_gateway.scripts import Script, execute
+from dtq_gateway.settings import Settings
+from dtq_gateway.validation import NewTask
+
+log = logging.getLogger(__name__)
+
+ENQUEUE = Script("enqueue")
+CANCEL = Script("cancel")
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """Outcome of one enqueue: the (possibly earlier) task id and its status string."""
+
+    task_id: str
+    status: str
+    deduplicated: bool = False
+    queue: str = ""
+
+
+class Broker:
+    """Enqueue, read and cancel tasks. ``on_queued(queue)`` is called after a task is queued."""
+
+    def __init__(self, redis: Redis, settings: Settings, groups: Groups,
+                 on_queued: Callable[[str], None] = lambda q: None) -> None:
+        self.redis = redis
+        self.settings = settings
+        self.groups = groups
+        self.on_queued = on_queued
+
+    def _enqueue_call(self, task: NewTask, takeover: str = "") -> tuple[list[str], list]:
+        s = self.settings
+        keys_ = [keys.task(task.task_id), keys.stream(task.queue, task.priority),
+                 keys.RETRY_SCHEDULE, keys.RECENT_TASKS, *keys.queue_streams_desc(task.queue)]
+        if task.idem_key:
+            keys_.append(keys.idempotency(task.queue, task.idem_digest))
+        args = Script.argv(
+            task.task_id, task.queue, task.task_type, task.payload, task.content_type,
+            task.priority, task.max_attempts, task.timeout_ms, task.idem_key, task.idem_digest,
+            task.metadata_json, task.backoff_base_ms, task.backoff_cap_ms, task.delay_ms,
+            task.not_before_ms, task.expires_at_ms, task.ttl_ms, s.task_retention_s,
+            s.idem_ttl_s, s.recent_max, s.max_queue_depth, takeover)
+        return keys_, args
+
+    async def enqueue_many(self, tasks: list[NewTask]) -> list[Enqueued | DtqError]:
+        """Enqueue validated tasks in one pipelined round trip; per-item outcomes.
+
+        Returns one :class:`Enqueued` or :class:`DtqError` (QueueFull) per task, in order.
+        Raises redis connection errors (mapped to UNAVAILABLE by the servicer).
+        """
+        await self.groups.ensure(self.redis, {t.queue for t in tasks})
+        pipe = self.redis.pipeline(transaction=False)
+        for t in tasks:
+            ENQUEUE.queue(pipe, *self._enqueue_call(t))
+        replies = await execute(self.redis, pipe)
+        out: list[Enqueued | DtqError] = []
+        for task, reply in zip(tasks, replies):
+            if isinstance(reply, Exception):
+                raise reply
+            out.append(await self._outcome(task, reply))
+        for q in {o.queue for o in out if isinstance(o, Enqueued) and o.status == "queued"}:
+            self.on_queued(q)
+        return out
+
+    async def _outcome(self, task: NewTask, reply: list) -> Enqueued | DtqError:
+        kind = _s(reply[0])
+        if kind == "ok":
+            return Enqueued(task.task_id, _s(reply[2]), queue=task.queue)
+        if kind == "full":
+            return QueueFull(f"queue {task.queue!r} is at its depth limit "
+                             f"({self.settings.max_queue_depth})", retry_after_ms=1000)
+        earlier = _s(reply[1])
+        status = await self.redis.hget(keys.task(earlier), "status")
+        if status is None:
+            # The record points at a task that no longer exists (expired or lost in a
+            # Redis failover): let this enqueue take the key over instead of waiting
+            # for the record's TTL.
+            reply = await ENQUEUE(self.redis, *self._enqueue_call(task, takeover=earlier))
+            return await self._outcome(task, reply)
+        return Enqueued(earlier, _s(status), deduplicated=True, queue=task.queue)
+
+    async def get(self, task_id: str) -> tuple[dict[bytes, bytes], bytes | None]:
+        """The task hash and its stored result (None when absent or expired).
+
+        Raises:
+            NotFound: no such task (or its record expired).
+        """
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(keys.task(task_id))
+        pipe.get(keys.result(task_id))
+        fields, result = await pipe.execute()
+        if not fields:
+            raise NotFound(f"task {task_id} not found", field="task_id")
+        return fields, result
+
+    async def cancel(self, task_id: str, actor: str, request_id: str, reason: str) -> str:
+        """Cancel a task; returns "cancelled" or "requested" (active task flagged).
+
+        Raises:
+            NotFound: unknown task.
+            WrongState: the task is already terminal.
+        """
+        idem = await self.redis.hmget(keys.task(task_id), "queue", "idem_digest")
+        has_idem = bool(idem[0] and idem[1])
+        keys_ = [keys.task(task_id), keys.CANCELLED, keys.RETRY_SCHEDULE, keys.AUDIT,
+                 keys.idempotency(_s(idem[0]), _s(idem[1])) if has_idem else keys.task(task_id)]
+        reply = await CANCEL(self.redis, keys_, Script.argv(
+            task_id, actor, request_id, reason[:1024], self.settings.audit_maxlen,
+            self.settings.task_retention_s, "1" if has_idem else "0"))
+        kind = _s(reply[0])
+        if kind == "missing":
+            raise NotFound(f"task {task_id} not found", field="task_id")
+        if kind == "terminal":
+            raise WrongState(f"task {task_id} is already {_s(reply[1])}", reason="TASK_TERMINAL")
+        log.info("task cancel", extra={"task_id": task_id, "actor": actor,
+                                       "request_id": request_id, "outcome": kind})
+        return kind

@@ -1,0 +1,197 @@
+"""dtq.v1.Broker servicer: thin — validate, call the domain layer, convert.
+
+Domain errors become gRPC statuses in one place (grpc_errors). Batched calls
+answer per item; a single-item Ack/Fail also raises its item's error as the call
+status, so one-lease clients (and grpcurl) see FAILED_PRECONDITION directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import AsyncIterator
+
+import grpc
+
+from dtq_gateway import grpc_errors
+from dtq_gateway.broker import Broker, Enqueued
+from dtq_gateway.completion import Completion, ItemOutcome
+from dtq_gateway.dispatch import Dispatcher, Session
+from dtq_gateway.errors import DtqError, InvalidArgument, Unavailable
+from dtq_gateway.settings import Settings
+from dtq_gateway.task_record import task_from_hash
+from dtq_gateway.validation import check_queue, check_task_id, check_worker_id, validate_enqueue
+from dtq_proto import dtq_pb2, dtq_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 1000
+MAX_QUEUES = 32
+_STATUS = {"queued": dtq_pb2.TASK_STATUS_QUEUED, "scheduled": dtq_pb2.TASK_STATUS_SCHEDULED,
+           "active": dtq_pb2.TASK_STATUS_ACTIVE, "succeeded": dtq_pb2.TASK_STATUS_SUCCEEDED,
+           "dead_lettered": dtq_pb2.TASK_STATUS_DEAD_LETTERED,
+           "cancelled": dtq_pb2.TASK_STATUS_CANCELLED, "expired": dtq_pb2.TASK_STATUS_EXPIRED}
+
+
+def status_enum(status: str) -> int:
+    """TaskStatus value of a stored status string (UNSPECIFIED when unknown)."""
+    return _STATUS.get(status, dtq_pb2.TASK_STATUS_UNSPECIFIED)
+
+
+def _lease_result(oc: ItemOutcome) -> dtq_pb2.LeaseResult:
+    res = dtq_pb2.LeaseResult(lease_id=oc.lease_id, duplicate=oc.duplicate,
+                              status=status_enum(oc.status))
+    if oc.error is not None:
+        res.error.CopyFrom(grpc_errors.item_error(oc.error))
+    return res
+
+
+class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
+    """Implements dtq.v1.Broker. ``actor_of(context)`` names the caller for the audit log."""
+
+    def __init__(self, settings: Settings, broker: Broker, completion: Completion,
+                 dispatcher: Dispatcher, draining: asyncio.Event, actor_of=None,
+                 request_id_of=None) -> None:
+        self.settings = settings
+        self.broker = broker
+        self.completion = completion
+        self.dispatcher = dispatcher
+        self.draining = draining
+        self.actor_of = actor_of or (lambda ctx: "anonymous")
+        self.request_id_of = request_id_of or (lambda ctx: "")
+
+    async def Enqueue(self, request, context):
+        try:
+            task = validate_enqueue(request, self.settings)
+            (out,) = await self.broker.enqueue_many([task])
+            if isinstance(out, DtqError):
+                raise out
+        except Exception as exc:  # noqa: BLE001 - mapped to a status in one place
+            await grpc_errors.abort(context, exc)
+        return dtq_pb2.EnqueueResponse(task_id=out.task_id, deduplicated=out.deduplicated,
+                                       status=status_enum(out.status))
+
+    async def EnqueueBatch(self, request, context):
+        try:
+            if not 1 <= len(request.items) <= MAX_BATCH:
+                raise InvalidArgument(f"items: 1..{MAX_BATCH} items required", field="items")
+            results: list = [None] * len(request.items)
+            valid, where = [], []
+            for i, item in enumerate(request.items):
+                try:
+                    valid.append(validate_enqueue(item, self.settings, prefix=f"items[{i}]."))
+                    where.append(i)
+                except DtqError as exc:
+                    results[i] = dtq_pb2.EnqueueBatchResult(error=grpc_errors.item_error(exc))
+            outs = await self.broker.enqueue_many(valid) if valid else []
+        except Exception as exc:  # noqa: BLE001
+            await grpc_errors.abort(context, exc)
+        for i, out in zip(where, outs):
+            if isinstance(out, Enqueued):
+                results[i] = dtq_pb2.EnqueueBatchResult(
+                    task_id=out.task_id, deduplicated=out.deduplicated,
+                    status=status_enum(out.status))
+            else:
+                results[i] = dtq_pb2.EnqueueBatchResult(error=grpc_errors.item_error(out))
+        return dtq_pb2.EnqueueBatchResponse(results=results)
+
+    def _session(self, request: dtq_pb2.LeaseRequest) -> Session:
+        check_worker_id(request.worker_id)
+        if not 1 <= len(request.queues) <= MAX_QUEUES:
+            raise InvalidArgument(f"queues: 1..{MAX_QUEUES} queue names required",
+                                  field="queues")
+        queues = list(dict.fromkeys(check_queue(q, "queues") for q in request.queues))
+        if request.max_in_flight < 1:
+            raise InvalidArgument("max_in_flight: must be >= 1", field="max_in_flight")
+        return Session(worker_id=request.worker_id, queues=queues,
+                       max_in_flight=min(request.max_in_flight, self.settings.max_in_flight_cap),
+                       task_types=frozenset(request.task_types))
+
+    async def Lease(self, request, context) -> AsyncIterator[dtq_pb2.LeaseResponse]:
+        try:
+            if self.draining.is_set():
+                raise Unavailable("gateway is draining", reason="DRAINING")
+            session = self._session(request)
+            await self.completion.worker_event(session.worker_id, request.hostname, "started",
+                                               request.concurrency)
+        except Exception as exc:  # noqa: BLE001
+            await grpc_errors.abort(context, exc)
+        s = self.settings
+        yield dtq_pb2.LeaseResponse(session=dtq_pb2.SessionInfo(
+            session_id=session.session_id, heartbeat_interval_ms=s.heartbeat_interval_ms,
+            visibility_timeout_ms=s.visibility_timeout_ms, max_in_flight=session.max_in_flight,
+            gateway_id=s.gateway_id, result_max_bytes=s.result_max_bytes,
+            lease_grace_ms=s.lease_grace_ms))
+        self.dispatcher.register(session)
+        log.info("lease session opened", extra={"worker_id": session.worker_id,
+                                                 "session_id": session.session_id,
+                                                 "queues": session.queues})
+        try:
+            while True:
+                task = await session.out.get()
+                if task is None:
+                    break
+                yield dtq_pb2.LeaseResponse(task=task)
+        finally:
+            await self.dispatcher.unregister(session)
+            try:
+                await self.completion.worker_event(session.worker_id, request.hostname,
+                                                   "stopped")
+            except Exception:  # noqa: BLE001 - best effort on a closing stream
+                pass
+            log.info("lease session closed", extra={"worker_id": session.worker_id,
+                                                     "session_id": session.session_id})
+        await grpc_errors.abort(context, Unavailable("gateway is draining; reconnect",
+                                                     reason="DRAINING"))
+
+    async def Heartbeat(self, request, context):
+        try:
+            check_worker_id(request.worker_id)
+            if len(request.lease_ids) > 10000:
+                raise InvalidArgument("lease_ids: at most 10000", field="lease_ids")
+            lost, cancelled = await self.completion.heartbeat(request)
+        except Exception as exc:  # noqa: BLE001
+            await grpc_errors.abort(context, exc)
+        return dtq_pb2.HeartbeatResponse(
+            lost_lease_ids=lost, cancelled_lease_ids=cancelled,
+            heartbeat_interval_ms=self.settings.heartbeat_interval_ms)
+
+    async def _complete(self, items, op, context):
+        try:
+            if not 1 <= len(items) <= MAX_BATCH:
+                raise InvalidArgument(f"items: 1..{MAX_BATCH} items required", field="items")
+            outcomes = await op(items)
+        except Exception as exc:  # noqa: BLE001
+            await grpc_errors.abort(context, exc)
+        if len(outcomes) == 1 and outcomes[0].error is not None:
+            await grpc_errors.abort(context, outcomes[0].error)
+        return [_lease_result(oc) for oc in outcomes]
+
+    async def Ack(self, request, context):
+        results = await self._complete(request.items, self.completion.ack, context)
+        return dtq_pb2.AckResponse(results=results)
+
+    async def Fail(self, request, context):
+        results = await self._complete(request.items, self.completion.fail, context)
+        return dtq_pb2.FailResponse(results=results)
+
+    async def GetTask(self, request, context):
+        try:
+            check_task_id(request.task_id)
+            fields, result = await self.broker.get(request.task_id)
+        except Exception as exc:  # noqa: BLE001
+            await grpc_errors.abort(context, exc)
+        return dtq_pb2.GetTaskResponse(task=task_from_hash(fields, result))
+
+    async def CancelTask(self, request, context):
+        try:
+            check_task_id(request.task_id)
+            request_id = self.request_id_of(context)
+            kind = await self.broker.cancel(request.task_id, self.actor_of(context), request_id,
+                                            request.reason)
+        except Exception as exc:  # noqa: BLE001
+            await grpc_errors.abort(context, exc)
+        requested = kind == "requested"
+        return dtq_pb2.CancelTaskResponse(
+            status=dtq_pb2.TASK_STATUS_ACTIVE if requested else dtq_pb2.TASK_STATUS_CANCELLED,
+            cancel_requested=requested, request_id=request_id)

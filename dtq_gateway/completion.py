@@ -1,0 +1,192 @@
+"""Worker-side operations: Ack, Fail (failure / release / cancelled) and Heartbeat.
+
+All three are fenced by the lease (stream entry, consumer, attempt) inside their
+Lua script: a lease that is not the task's current one changes nothing. Many items
+go out as one pipeline, so a batch of acks costs one Redis round trip.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from redis.asyncio import Redis
+
+from dtq_gateway import keys, leaseid
+from dtq_gateway.errors import DtqError, StaleLease
+from dtq_gateway.leaseid import Lease
+from dtq_gateway.scripts import Script, execute
+from dtq_gateway.settings import Settings
+from dtq_proto import dtq_pb2
+
+ACK = Script("ack")
+FAIL = Script("fail")
+HEARTBEAT = Script("heartbeat")
+WORKER_BEAT = Script("worker_beat")
+
+_MODES = {dtq_pb2.FAIL_MODE_UNSPECIFIED: "failure", dtq_pb2.FAIL_MODE_FAILURE: "failure",
+          dtq_pb2.FAIL_MODE_RELEASE: "release", dtq_pb2.FAIL_MODE_CANCELLED: "cancelled"}
+_KIND_STATUS = {"retry": "scheduled", "dead": "dead_lettered", "released": "queued",
+                "cancelled": "cancelled", "ok": "succeeded"}
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@dataclass(slots=True)
+class ItemOutcome:
+    """Outcome of one Ack/Fail item. ``kind``: ok, retry, dead, released, cancelled, dup."""
+
+    lease_id: str
+    kind: str = ""
+    status: str = ""
+    duplicate: bool = False
+    error: DtqError | None = None
+    lease: Lease | None = None
+    started_at_ms: int = 0
+    finished_at_ms: int = 0
+
+
+def _idem_key(lease: Lease) -> str:
+    return keys.idempotency(lease.queue, lease.idem_digest) if lease.idem_digest else \
+        keys.task(lease.task_id)
+
+
+class Completion:
+    """Ack / Fail / Heartbeat. ``on_done(worker_id, queue, outcome)`` runs per finished lease."""
+
+    def __init__(self, redis: Redis, settings: Settings,
+                 on_done: Callable[[str, str, ItemOutcome], None] = lambda w, q, o: None) -> None:
+        self.redis = redis
+        self.settings = settings
+        self.on_done = on_done
+
+    def _decode(self, lease_ids: Sequence[str]) -> list[ItemOutcome]:
+        out = []
+        for i, lid in enumerate(lease_ids):
+            item = ItemOutcome(lease_id=lid)
+            try:
+                item.lease = leaseid.decode(lid, field=f"items[{i}].lease_id")
+            except DtqError as exc:
+                item.error = exc
+            out.append(item)
+        return out
+
+    async def ack(self, items: Sequence[dtq_pb2.AckItem]) -> list[ItemOutcome]:
+        """Complete leases successfully; one outcome per item, in order."""
+        s = self.settings
+        outcomes = self._decode([it.lease_id for it in items])
+        pipe = self.redis.pipeline(transaction=False)
+        queued = []
+        for it, oc in zip(items, outcomes):
+            if oc.lease is None:
+                continue
+            le = oc.lease
+            result = it.result[: s.result_max_bytes]
+            ACK.queue(pipe, [le.stream, keys.task(le.task_id), keys.result(le.task_id),
+                             _idem_key(le)],
+                      Script.argv(keys.GROUP, le.entry_id, le.attempt, le.worker_id, le.task_id,
+                                  result, "1" if len(it.result) > len(result) else "0",
+                                  s.result_retention_s, s.task_retention_s,
+                                  "1" if le.idem_digest else "0"))
+            queued.append(oc)
+        await self._run(pipe, queued)
+        return outcomes
+
+    async def fail(self, items: Sequence[dtq_pb2.FailItem]) -> list[ItemOutcome]:
+        """Report failed / released / cancelled leases; one outcome per item, in order."""
+        s = self.settings
+        outcomes = self._decode([it.lease_id for it in items])
+        pipe = self.redis.pipeline(transaction=False)
+        queued = []
+        for it, oc in zip(items, outcomes):
+            if oc.lease is None:
+                continue
+            le = oc.lease
+            retryable = it.retryable if it.HasField("retryable") else True
+            FAIL.queue(pipe, [le.stream, keys.task(le.task_id), keys.DEAD_LETTER,
+                              keys.RETRY_SCHEDULE, _idem_key(le)],
+                       Script.argv(keys.GROUP, le.entry_id, le.attempt, le.worker_id, le.task_id,
+                                   _MODES.get(it.mode, "failure"), "1" if retryable else "0",
+                                   min(it.retry_after_ms, 86_400_000), random.random(),
+                                   it.error_message[:4096], it.error_class[:128],
+                                   s.dlq_maxlen, s.task_retention_s,
+                                   "1" if le.idem_digest else "0"))
+            queued.append(oc)
+        await self._run(pipe, queued)
+        return outcomes
+
+    async def _run(self, pipe, queued: list[ItemOutcome]) -> None:
+        if not queued:
+            return
+        replies = await execute(self.redis, pipe)
+        for oc, reply in zip(queued, replies):
+            if isinstance(reply, Exception):
+                raise reply
+            kind = _s(reply[0])
+            oc.kind = kind
+            if kind == "dup":
+                oc.duplicate = True
+                continue
+            if kind == "stale":
+                oc.status = _s(reply[1])
+                oc.error = StaleLease(f"lease is no longer current (task {oc.lease.task_id} "
+                                      f"is {oc.status})")
+                continue
+            oc.status = _KIND_STATUS[kind]
+            oc.started_at_ms = int(reply[2] if kind != "ok" else reply[1])
+            oc.finished_at_ms = int(reply[3]) if kind == "ok" else 0
+            self.on_done(oc.lease.worker_id, oc.lease.queue, oc)
+
+    async def heartbeat(self, req: dtq_pb2.HeartbeatRequest) -> tuple[list[str], list[str]]:
+        """Extend the worker's leases; returns (lost lease ids, cancelled lease ids).
+
+        Malformed lease ids and leases of another worker are reported lost.
+        """
+        s = self.settings
+        pipe = self.redis.pipeline(transaction=False)
+        self.queue_worker_beat(pipe, req.worker_id, req.hostname, "", req.active_tasks,
+                               req.concurrency, req.counters if req.HasField("counters") else None)
+        lost, checked = [], []
+        for lid in req.lease_ids:
+            try:
+                le = leaseid.decode(lid)
+            except DtqError:
+                lost.append(lid)
+                continue
+            if le.worker_id != req.worker_id:
+                lost.append(lid)
+                continue
+            HEARTBEAT.queue(pipe, [le.stream, keys.task(le.task_id)],
+                            Script.argv(keys.GROUP, le.entry_id, le.attempt, le.worker_id,
+                                        s.lease_grace_ms))
+            checked.append(lid)
+        replies = await execute(self.redis, pipe)
+        cancelled = []
+        for lid, reply in zip(checked, replies[1:]):
+            if isinstance(reply, Exception):
+                raise reply
+            state = _s(reply)
+            if state in ("lost", "overdue"):
+                lost.append(lid)
+            elif state == "cancelled":
+                cancelled.append(lid)
+        return lost, cancelled
+
+    def queue_worker_beat(self, pipe, worker_id: str, hostname: str, event: str,
+                          active: int | str = "", concurrency: int | str = "",
+                          counters: dtq_pb2.WorkerCounters | None = None) -> None:
+        """Queue a refresh of dtq:worker:<id> (TTL 3x heartbeat) on a pipeline."""
+        c = counters or dtq_pb2.WorkerCounters()
+        WORKER_BEAT.queue(pipe, [keys.worker(worker_id), keys.WORKERS], Script.argv(
+            worker_id, hostname, self.settings.worker_ttl_s, event, active, concurrency,
+            c.tasks_processed, c.tasks_failed, c.tasks_retried, "1" if counters else "0"))
+
+    async def worker_event(self, worker_id: str, hostname: str, event: str,
+                           concurrency: int = 0) -> None:
+        """Record a session start ("started") or end ("stopped") with its event."""
+        pipe = self.redis.pipeline(transaction=False)
+        self.queue_worker_beat(pipe, worker_id, hostname, event, "", concurrency or "")
+        await execute(self.redis, pipe)

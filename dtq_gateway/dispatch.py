@@ -1,0 +1,259 @@
+"""Lease dispatching: one loop per gateway feeds every open Lease stream.
+
+A Lease stream registers a :class:`Session`; it holds no Redis connection and no
+blocking read, so thousands of idle workers cost nothing in Redis. The
+:class:`Dispatcher` wakes when a task is queued through this gateway, when a
+``TASK_QUEUED``/``TASK_RETRIED`` event from another replica arrives, when a lease
+finishes (credit freed), when a session opens, and on a periodic tick that covers
+lost pub/sub messages and acks handled elsewhere. For each woken session it runs
+``lease_read`` (credit from the PEL, strict p9 → p0) and ``activate`` — two round
+trips for a whole batch — and stops trying a queue in that round as soon as a read
+comes back empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from dtq_gateway import keys
+from dtq_gateway.groups import Groups
+from dtq_gateway.leaseid import Lease
+from dtq_gateway.scripts import Script
+from dtq_gateway.settings import Settings
+from dtq_proto import dtq_pb2
+
+log = logging.getLogger(__name__)
+
+LEASE_READ = Script("lease_read")
+ACTIVATE = Script("activate")
+#: Most entries one lease_read returns (bounds script run time).
+BATCH_MAX = 256
+WAKE_EVENTS = frozenset({"TASK_QUEUED", "TASK_RETRIED"})
+FREE_EVENTS = frozenset({"TASK_SUCCEEDED", "TASK_RETRY_SCHEDULED", "TASK_DEAD_LETTERED",
+                         "TASK_CANCELLED", "TASK_QUEUED"})
+
+
+def _s(v: bytes | str) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+@dataclass(eq=False)
+class Session:
+    """One open Lease stream. ``out`` carries LeasedTask messages (None = end)."""
+
+    worker_id: str
+    queues: list[str]
+    max_in_flight: int
+    task_types: frozenset[str] = frozenset()
+    session_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    out: asyncio.Queue = field(default_factory=asyncio.Queue)
+    full: bool = False
+    closed: bool = False
+    on_delivered: Callable[[dtq_pb2.LeasedTask], None] = lambda t: None
+
+
+class Dispatcher:
+    """Feeds sessions from Redis. ``release(lease_ids)`` hands back undelivered leases."""
+
+    def __init__(self, redis: Redis, settings: Settings, groups: Groups,
+                 release: Callable[[list[str]], Awaitable[None]],
+                 tick_s: float = 1.0) -> None:
+        self.redis = redis
+        self.settings = settings
+        self.groups = groups
+        self.release = release
+        self.tick_s = tick_s
+        self.sessions: dict[str, Session] = {}
+        self._wake = asyncio.Event()
+        self._dirty_queues: set[str] = set()
+        self._dirty_workers: set[str] = set()
+        self._task: asyncio.Task | None = None
+        self._rr = itertools.count()
+        self._last_error_log = 0.0
+
+    # -- notifications (cheap, synchronous) -------------------------------------------
+    def notify(self, queue: str) -> None:
+        """A task may be waiting in ``queue``."""
+        self._dirty_queues.add(queue)
+        self._wake.set()
+
+    def credit_freed(self, worker_id: str) -> None:
+        """A lease of ``worker_id`` finished; its session may take more."""
+        self._dirty_workers.add(worker_id)
+        self._wake.set()
+
+    def on_event(self, event: dict) -> None:
+        """Listener for the shared events subscriber (other replicas' activity)."""
+        etype = event.get("type")
+        if etype in WAKE_EVENTS and event.get("queue"):
+            self.notify(event["queue"])
+        if etype in FREE_EVENTS and event.get("worker_id"):
+            self.credit_freed(event["worker_id"])
+
+    # -- sessions --------------------------------------------------------------------
+    def register(self, session: Session) -> None:
+        """Start feeding a session."""
+        self.sessions[session.session_id] = session
+        self._dirty_workers.add(session.worker_id)
+        self._wake.set()
+
+    async def unregister(self, session: Session) -> None:
+        """Stop feeding a session and hand back leases it never delivered."""
+        session.closed = True
+        self.sessions.pop(session.session_id, None)
+        undelivered = []
+        while not session.out.empty():
+            item = session.out.get_nowait()
+            if item is not None:
+                undelivered.append(item.lease_id)
+        if undelivered:
+            try:
+                await self.release(undelivered)
+            except Exception:  # noqa: BLE001 - the reaper reclaims them if this fails
+                log.warning("could not release undelivered leases",
+                            extra={"worker_id": session.worker_id, "count": len(undelivered)})
+
+    # -- loop ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the dispatch loop task."""
+        self._task = asyncio.create_task(self._run(), name="dtq-dispatcher")
+
+    async def stop(self) -> None:
+        """Stop the loop and end every session's stream."""
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for s in list(self.sessions.values()):
+            s.out.put_nowait(None)
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        while True:
+            tick = False
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.tick_s)
+            except asyncio.TimeoutError:
+                tick = True
+            self._wake.clear()
+            try:
+                await self._round(tick)
+                backoff = 0.05
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                self._log_error("redis unavailable for leasing", exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - keep dispatching; log and back off
+                self._log_error("dispatch round failed", exc, exc_info=True)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    def _log_error(self, msg: str, exc: BaseException, exc_info: bool = False) -> None:
+        now = time.monotonic()
+        if now - self._last_error_log > 5:
+            self._last_error_log = now
+            log.warning(msg, extra={"error": repr(exc)}, exc_info=exc_info)
+
+    def _candidates(self, tick: bool) -> list[Session]:
+        queues, workers = self._dirty_queues, self._dirty_workers
+        self._dirty_queues, self._dirty_workers = set(), set()
+        sessions = list(self.sessions.values())
+        if sessions:
+            start = next(self._rr) % len(sessions)
+            sessions = sessions[start:] + sessions[:start]
+        picked = []
+        for s in sessions:
+            if s.closed:
+                continue
+            if s.worker_id in workers:
+                s.full = False
+            if tick or s.worker_id in workers or (not s.full and queues.intersection(s.queues)):
+                picked.append(s)
+        return picked
+
+    async def _round(self, tick: bool) -> None:
+        empty: set[str] = set()
+        for session in self._candidates(tick):
+            if session.closed or (empty.issuperset(session.queues) and not tick):
+                continue
+            got, credit_left = await self._lease(session)
+            if got == 0 and credit_left:
+                empty.update(session.queues)
+            elif credit_left and got >= BATCH_MAX:
+                self._dirty_workers.add(session.worker_id)  # more may be waiting
+                self._wake.set()
+
+    async def _lease(self, session: Session) -> tuple[int, bool]:
+        """One lease_read + activate for a session; returns (delivered, had credit left)."""
+        queues = session.queues
+        streams = [keys.stream(q, b) for b in keys.BANDS_DESC for q in queues]
+        await self.groups.ensure(self.redis, queues)
+        reply = await LEASE_READ(self.redis, [keys.paused(q) for q in queues] + streams,
+                                 Script.argv(keys.GROUP, session.worker_id,
+                                             session.max_in_flight, BATCH_MAX, len(queues)))
+        pending, missing, entries = int(reply[0]), reply[1], reply[2:]
+        if missing:
+            self.groups.forget({keys.parse_stream(streams[int(i) - 1])[0] for i in missing})
+            self._dirty_workers.add(session.worker_id)
+            self._wake.set()
+        credit = session.max_in_flight - pending - len(entries)
+        session.full = credit <= 0
+        if not entries:
+            return 0, credit > 0
+        delivered = await self._activate(session, streams, entries)
+        return delivered, credit > 0
+
+    async def _activate(self, session: Session, streams: list[str], entries: list) -> int:
+        keys_: list[str] = [keys.CANCELLED]
+        args: list = []
+        parsed = []
+        for index, entry_id, raw in entries:
+            f = {_s(raw[i]): raw[i + 1] for i in range(0, len(raw), 2)}
+            stream = streams[int(index) - 1]
+            task_id, queue = _s(f["task_id"]), _s(f["queue"])
+            idem = _s(f.get("idempotency_key", b""))
+            digest = keys.idempotency_digest(idem) if idem else ""
+            mode = "r" if session.task_types and _s(f["task_type"]) not in session.task_types \
+                else "a"
+            keys_ += [stream, keys.task(task_id),
+                      keys.idempotency(queue, digest) if digest else keys.task(task_id)]
+            args += [_s(entry_id), task_id, _s(f["attempt"]), mode, "1" if digest else "0"]
+            parsed.append((stream, _s(entry_id), f, digest))
+        replies = await ACTIVATE(self.redis, keys_, Script.argv(
+            session.worker_id, self.settings.task_retention_s, keys.GROUP, *args))
+        delivered = 0
+        for (stream, entry_id, f, digest), rep in zip(parsed, replies):
+            if _s(rep[0]) != "ok":
+                continue
+            task = self._leased_task(session, stream, entry_id, f, digest, rep)
+            session.on_delivered(task)
+            session.out.put_nowait(task)
+            delivered += 1
+        return delivered
+
+    def _leased_task(self, session: Session, stream: str, entry_id: str, f: dict,
+                     digest: str, rep: list) -> dtq_pb2.LeasedTask:
+        queue, band = keys.parse_stream(stream)
+        task_id, attempt = _s(f["task_id"]), int(f["attempt"])
+        lease = Lease(task_id, queue, band, entry_id, attempt, session.worker_id, digest)
+        metadata = json.loads(rep[2]) if rep[2] else {}
+        return dtq_pb2.LeasedTask(
+            lease_id=lease.encode(), task_id=task_id, queue=queue,
+            task_type=_s(f["task_type"]), payload=f.get("payload", b""),
+            content_type=_s(rep[1] or b""), priority=band, attempt=attempt,
+            max_attempts=int(f["max_attempts"]), timeout_ms=int(f["timeout_ms"]),
+            idempotency_key=_s(f.get("idempotency_key", b"")), metadata=metadata,
+            created_at_ms=int(rep[3] or 0), leased_at_ms=int(rep[4]))

@@ -1,0 +1,68 @@
+-- activate: turn entries just read by lease_read into active leases, or absorb them.
+-- KEYS[1]   cancelled set dtq:cancelled
+-- per entry i (3 keys): band stream, task hash, idempotency record (or the task hash
+--           again when the task has no idempotency key)
+-- ARGV[3] consumer (worker id)  [4] task retention s  [5] group
+-- per entry i (5 args from ARGV[6]): entry id, task id, entry attempt, mode, has_idem
+--   mode 'a' = activate, 'r' = put back at the tail (task type not wanted by the session)
+-- Reply per entry: {'ok', content_type, metadata JSON, created_at_ms, leased_at_ms}
+--   | {'absorbed'} | {'cancelled'} | {'expired'} | {'requeued'}
+local consumer, retention, group = ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local now = now_ms()
+local out = {}
+local n = (#KEYS - 1) / 3
+
+local function drop(stream, id)
+  redis.call('XACK', stream, group, id)
+  redis.call('XDEL', stream, id)
+end
+
+for i = 1, n do
+  local stream, task_key, idem_key = KEYS[3 * i - 1], KEYS[3 * i], KEYS[3 * i + 1]
+  local a = 6 + 5 * (i - 1)
+  local id, task_id, attempt, mode = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3]
+  if ARGV[a + 4] ~= '1' then idem_key = nil end
+  local h = redis.call('HMGET', task_key, 'status', 'attempt', 'entry_id', 'expires_at_ms',
+    'content_type', 'metadata', 'created_at_ms', 'queue', 'task_type')
+  local status = h[1]
+  if not status then
+    drop(stream, id)
+    publish('TASK_DUPLICATE_ABSORBED', now, task_id, '', '', attempt, consumer,
+      {reason = 'no_record'})
+    out[i] = {'absorbed'}
+  elseif redis.call('SREM', KEYS[1], task_id) == 1 or status == 'cancelled' then
+    drop(stream, id)
+    if status ~= 'cancelled' then
+      redis.call('HSET', task_key, 'status', 'cancelled', 'finished_at_ms', now, 'entry_id', '')
+      idem_update(idem_key, task_id, 'failed', now)
+      touch(task_key, now, retention)
+    end
+    publish('TASK_CANCELLED', now, task_id, h[8], h[9], attempt, consumer, {stage = 'dispatch'})
+    out[i] = {'cancelled'}
+  elseif status ~= 'queued' or tonumber(h[2]) ~= attempt or h[3] ~= id then
+    drop(stream, id)
+    publish('TASK_DUPLICATE_ABSORBED', now, task_id, h[8], h[9], attempt, consumer,
+      {reason = 'stale_entry', status = status})
+    out[i] = {'absorbed'}
+  elseif tonumber(h[4]) > 0 and now >= tonumber(h[4]) then
+    drop(stream, id)
+    redis.call('HSET', task_key, 'status', 'expired', 'finished_at_ms', now, 'entry_id', '')
+    idem_update(idem_key, task_id, 'failed', now)
+    touch(task_key, now, retention)
+    publish('TASK_EXPIRED', now, task_id, h[8], h[9], attempt, consumer, nil)
+    out[i] = {'expired'}
+  elseif mode == 'r' then
+    drop(stream, id)
+    add_entry(stream, task_key, attempt)
+    touch(task_key, now, retention)
+    out[i] = {'requeued'}
+  else
+    redis.call('HSET', task_key, 'status', 'active', 'worker_id', consumer,
+      'started_at_ms', now, 'cancel_requested', '0')
+    record_attempt(task_key, attempt, consumer, now, 0, 'running', '', '')
+    touch(task_key, now, retention)
+    publish('TASK_STARTED', now, task_id, h[8], h[9], attempt, consumer, nil)
+    out[i] = {'ok', h[5], h[6], h[7], now}
+  end
+end
+return out

@@ -1,0 +1,36 @@
+-- cancel: cancel a queued or scheduled task, or flag an active one; audited.
+-- KEYS[1] task hash  [2] cancelled set  [3] retry schedule zset  [4] audit stream
+-- KEYS[5] idempotency record or the task hash again (see has_idem)
+-- ARGV[3] task id  [4] actor  [5] request id  [6] reason  [7] audit MAXLEN (~)
+-- ARGV[8] task retention s  [9] has_idem '1'/'0'
+-- Reply: {'cancelled'} | {'requested'} | {'terminal', status} | {'missing'}
+local task_key, cancelled_key, schedule_key, audit_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local idem_key = ARGV[9] == '1' and KEYS[5] or nil
+local task_id = ARGV[3]
+local h = redis.call('HMGET', task_key, 'status', 'queue', 'task_type', 'attempt', 'worker_id')
+local status = h[1]
+if not status then return {'missing'} end
+if status ~= 'queued' and status ~= 'scheduled' and status ~= 'active' then
+  return {'terminal', status}
+end
+local now = now_ms()
+local reply
+if status == 'active' then
+  redis.call('HSET', task_key, 'cancel_requested', '1')
+  reply = {'requested'}
+else
+  if status == 'queued' then
+    redis.call('SADD', cancelled_key, task_id)  -- the lease path acks the entry away
+  else
+    redis.call('ZREM', schedule_key, task_id)
+  end
+  redis.call('HSET', task_key, 'status', 'cancelled', 'finished_at_ms', now)
+  idem_update(idem_key, task_id, 'failed', now)
+  publish('TASK_CANCELLED', now, task_id, h[2], h[3], h[4], '', {stage = status})
+  reply = {'cancelled'}
+end
+touch(task_key, now, tonumber(ARGV[8]))
+redis.call('XADD', audit_key, 'MAXLEN', '~', ARGV[7], '*', 'actor', ARGV[4],
+  'action', 'cancel_task', 'task_id', task_id, 'ts', now, 'request_id', ARGV[5],
+  'detail', ARGV[6])
+return reply

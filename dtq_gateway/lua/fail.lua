@@ -1,0 +1,76 @@
+-- fail: report a failed, released or cancelled lease (fenced).
+-- KEYS[1] band stream  [2] task hash  [3] dead-letter stream  [4] retry schedule zset
+-- KEYS[5] idempotency record or the task hash again (see has_idem)
+-- ARGV[3] group  [4] entry id  [5] attempt  [6] worker id  [7] task id
+-- ARGV[8] mode: 'failure' | 'release' | 'cancelled'  [9] retryable '1'/'0'
+-- ARGV[10] retry_after_ms (0 = backoff)  [11] jitter u in [0,1)  [12] error message
+-- ARGV[13] error class  [14] dead-letter MAXLEN (~)  [15] task retention s  [16] has_idem
+-- Reply: {'retry', status, started_at_ms, due_at_ms} | {'dead', ...} | {'released', ...}
+--        | {'cancelled', ...} | {'dup'} | {'stale', status}
+-- Backoff: delay = floor(u * min(cap, base * 2^(attempt-1))) ("full jitter"),
+-- base/cap from the task record; retry_after_ms from the worker wins.
+local stream, task_key, dlq_key, schedule_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local idem_key = ARGV[16] == '1' and KEYS[5] or nil
+local group, id, attempt, worker, task_id = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[7]
+local mode, err, err_class = ARGV[8], ARGV[12], ARGV[13]
+local h, status = current_lease(stream, group, task_key, id, worker, attempt,
+  {'started_at_ms', 'max_attempts', 'backoff_base_ms', 'backoff_cap_ms', 'cancel_requested',
+   'queue', 'task_type'})
+if not h then
+  local d = redis.call('HMGET', task_key, 'done_entry_id', 'done_kind')
+  if d[1] == id and d[2] == 'fail' then return {'dup'} end
+  return {'stale', status or 'missing'}
+end
+local started, queue, task_type = h[4], h[9], h[10]
+local now = now_ms()
+local retention = tonumber(ARGV[15])
+redis.call('XACK', stream, group, id)
+redis.call('XDEL', stream, id)
+redis.call('HSET', task_key, 'entry_id', '', 'done_entry_id', id, 'done_kind', 'fail')
+
+local function finish(kind, new_status, extra)
+  touch(task_key, now, retention)
+  return {kind, new_status, started, extra or 0}
+end
+
+if h[8] == '1' then
+  -- cancellation was requested: whatever the handler reported, the task ends cancelled
+  redis.call('HSET', task_key, 'status', 'cancelled', 'finished_at_ms', now)
+  record_attempt(task_key, attempt, worker, started, now, 'cancelled', err, err_class)
+  idem_update(idem_key, task_id, 'failed', now)
+  publish('TASK_CANCELLED', now, task_id, queue, task_type, attempt, worker, {stage = 'running'})
+  return finish('cancelled', 'cancelled')
+end
+
+if mode == 'release' then
+  record_attempt(task_key, attempt, worker, started, now, 'released', '', '')
+  redis.call('HSET', task_key, 'status', 'queued', 'worker_id', '')
+  add_entry(stream, task_key, attempt)
+  publish('TASK_QUEUED', now, task_id, queue, task_type, attempt, worker, {reason = 'released'})
+  return finish('released', 'queued')
+end
+
+record_attempt(task_key, attempt, worker, started, now, 'failed', err, err_class)
+redis.call('HSET', task_key, 'last_error', err, 'last_error_class', err_class)
+publish('TASK_FAILED', now, task_id, queue, task_type, attempt, worker,
+  {error = string.sub(err, 1, 512), error_class = err_class})
+
+if ARGV[9] == '1' and attempt < tonumber(h[5]) then
+  local delay = tonumber(ARGV[10])
+  if delay <= 0 then
+    local ceiling = math.min(tonumber(h[7]), tonumber(h[6]) * 2 ^ (attempt - 1))
+    delay = math.floor(tonumber(ARGV[11]) * ceiling)
+  end
+  local due = now + delay
+  redis.call('HSET', task_key, 'status', 'scheduled', 'attempt', attempt + 1, 'due_at_ms', due)
+  redis.call('ZADD', schedule_key, due, task_id)
+  publish('TASK_RETRY_SCHEDULED', now, task_id, queue, task_type, attempt, worker,
+    {delay_ms = delay, next_attempt = attempt + 1})
+  return finish('retry', 'scheduled', due)
+end
+
+dead_letter(dlq_key, ARGV[14], task_key, attempt, now, err, err_class, worker)
+idem_update(idem_key, task_id, 'failed', now)
+publish('TASK_DEAD_LETTERED', now, task_id, queue, task_type, attempt, worker,
+  {error_class = err_class})
+return finish('dead', 'dead_lettered')

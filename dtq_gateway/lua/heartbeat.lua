@@ -1,0 +1,16 @@
+-- heartbeat: extend one lease (fenced): XCLAIM to its owner with IDLE 0 JUSTID.
+-- KEYS[1] band stream  [2] task hash
+-- ARGV[3] group  [4] entry id  [5] attempt  [6] worker id  [7] lease grace ms
+-- Reply: 'ok' | 'cancelled' (still extended, so the handler can stop and report) |
+--        'lost' (not the current lease) | 'overdue' (past started + timeout + grace:
+--        no longer extended, the reaper will reclaim it)
+local stream, task_key = KEYS[1], KEYS[2]
+local group, id, attempt, worker = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local h = current_lease(stream, group, task_key, id, worker, attempt,
+  {'started_at_ms', 'timeout_ms', 'cancel_requested'})
+if not h then return 'lost' end
+local now = now_ms()
+if now > tonumber(h[4]) + tonumber(h[5]) + tonumber(ARGV[7]) then return 'overdue' end
+redis.call('XCLAIM', stream, group, worker, 0, id, 'IDLE', 0, 'JUSTID')
+if h[6] == '1' then return 'cancelled' end
+return 'ok'

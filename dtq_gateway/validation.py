@@ -1,0 +1,158 @@
+"""Validation of Enqueue requests into normalized, ready-to-store tasks.
+
+Every rule names the request field it checks; a failed rule raises
+:class:`~dtq_gateway.errors.InvalidArgument` (or ``TooLarge``) and nothing is written.
+Limits follow proto/dtq.proto.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+
+from dtq_gateway import keys
+from dtq_gateway.errors import InvalidArgument, TooLarge
+from dtq_gateway.settings import Settings
+from dtq_proto import dtq_pb2
+
+JSON_TYPES = ("application/json", "")
+MAX_METADATA_ENTRIES = 64
+MAX_ATTEMPTS = 100
+MAX_TIMEOUT_MS = 86_400_000
+MAX_DELAY_MS = 365 * 86_400_000
+
+
+@dataclass(frozen=True, slots=True)
+class NewTask:
+    """A validated task, with every default applied. Times in epoch ms, durations in ms."""
+
+    task_id: str
+    queue: str
+    task_type: str
+    payload: bytes
+    content_type: str
+    priority: int
+    max_attempts: int
+    timeout_ms: int
+    idem_key: str
+    idem_digest: str
+    metadata_json: str
+    backoff_base_ms: int
+    backoff_cap_ms: int
+    delay_ms: int
+    not_before_ms: int
+    expires_at_ms: int
+    ttl_ms: int
+
+
+def check_queue(queue: str, field: str = "queue") -> str:
+    """Return ``queue`` if it matches ``[A-Za-z0-9_.-]{1,64}``, else raise InvalidArgument."""
+    if not keys.QUEUE_RE.match(queue):
+        raise InvalidArgument(f"{field}: queue name must match [A-Za-z0-9_.-]{{1,64}}",
+                              field=field)
+    return queue
+
+
+def check_worker_id(worker_id: str, field: str = "worker_id") -> str:
+    """Return ``worker_id`` if it matches ``[A-Za-z0-9_.:@-]{1,128}``."""
+    if not keys.WORKER_ID_RE.match(worker_id):
+        raise InvalidArgument(f"{field}: must match [A-Za-z0-9_.:@-]{{1,128}}", field=field)
+    return worker_id
+
+
+def check_task_id(task_id: str, field: str = "task_id") -> str:
+    """Return ``task_id`` if it is 32 lowercase hex characters."""
+    if not keys.TASK_ID_RE.match(task_id):
+        raise InvalidArgument(f"{field}: must be 32 lowercase hex characters", field=field)
+    return task_id
+
+
+def _range(value: int, lo: int, hi: int, field: str) -> int:
+    if not lo <= value <= hi:
+        raise InvalidArgument(f"{field}: must be in {lo}..{hi} (got {value})", field=field)
+    return value
+
+
+def _payload(req: dtq_pb2.EnqueueRequest, settings: Settings, prefix: str) -> str:
+    if len(req.payload) > settings.max_payload_bytes:
+        raise TooLarge(f"{prefix}payload: {len(req.payload)} bytes exceeds "
+                       f"{settings.max_payload_bytes}", field=prefix + "payload")
+    content_type = req.content_type or "application/json"
+    if len(content_type) > 128:
+        raise InvalidArgument(f"{prefix}content_type: too long", field=prefix + "content_type")
+    if content_type in JSON_TYPES and req.payload:
+        try:
+            json.loads(req.payload)
+        except (UnicodeDecodeError, ValueError):
+            raise InvalidArgument(f"{prefix}payload: not valid JSON for content_type "
+                                  "application/json", field=prefix + "payload") from None
+    return content_type
+
+
+def _metadata(req: dtq_pb2.EnqueueRequest, prefix: str) -> str:
+    field = prefix + "metadata"
+    if len(req.metadata) > MAX_METADATA_ENTRIES:
+        raise InvalidArgument(f"{field}: at most {MAX_METADATA_ENTRIES} entries", field=field)
+    for k, v in req.metadata.items():
+        if not k or len(k.encode()) > 128 or len(v.encode()) > 1024:
+            raise InvalidArgument(f"{field}: keys 1..128 bytes, values up to 1024 bytes",
+                                  field=field)
+    return json.dumps(dict(req.metadata), separators=(",", ":")) if req.metadata else "{}"
+
+
+def _timing(req: dtq_pb2.EnqueueRequest, prefix: str) -> None:
+    if req.delay_ms and req.not_before_ms:
+        raise InvalidArgument(f"{prefix}delay_ms: exclusive with not_before_ms",
+                              field=prefix + "delay_ms")
+    if req.expires_at_ms and req.ttl_ms:
+        raise InvalidArgument(f"{prefix}ttl_ms: exclusive with expires_at_ms",
+                              field=prefix + "ttl_ms")
+    _range(req.delay_ms, 0, MAX_DELAY_MS, prefix + "delay_ms")
+    _range(req.ttl_ms, 0, MAX_DELAY_MS, prefix + "ttl_ms")
+    if req.not_before_ms < 0:
+        raise InvalidArgument(f"{prefix}not_before_ms: must be >= 0", field=prefix + "not_before_ms")
+    if req.expires_at_ms < 0:
+        raise InvalidArgument(f"{prefix}expires_at_ms: must be >= 0", field=prefix + "expires_at_ms")
+
+
+def validate_enqueue(req: dtq_pb2.EnqueueRequest, settings: Settings,
+                     prefix: str = "") -> NewTask:
+    """Validate one Enqueue request and apply defaults.
+
+    Args:
+        req: the request (or one EnqueueBatch item).
+        settings: gateway settings (limits and defaults).
+        prefix: field-name prefix for batch items, e.g. ``"items[3]."``.
+
+    Raises:
+        InvalidArgument: a field is malformed (``.field`` names it).
+        TooLarge: the payload exceeds DTQ_MAX_PAYLOAD_BYTES.
+    """
+    check_queue(req.queue, prefix + "queue")
+    if not keys.TASK_TYPE_RE.match(req.task_type):
+        raise InvalidArgument(f"{prefix}task_type: must match [A-Za-z0-9_.:/-]{{1,128}}",
+                              field=prefix + "task_type")
+    content_type = _payload(req, settings, prefix)
+    priority = _range(req.priority, 0, 9, prefix + "priority") if req.HasField("priority") else 5
+    max_attempts = _range(req.max_attempts or settings.default_max_attempts, 1, MAX_ATTEMPTS,
+                          prefix + "max_attempts")
+    timeout_ms = _range(req.timeout_ms or settings.default_timeout_ms, 1, MAX_TIMEOUT_MS,
+                        prefix + "timeout_ms")
+    if len(req.idempotency_key.encode()) > 256:
+        raise InvalidArgument(f"{prefix}idempotency_key: at most 256 bytes",
+                              field=prefix + "idempotency_key")
+    _timing(req, prefix)
+    base = req.retry_policy.backoff_base_ms or settings.backoff_base_ms
+    cap = req.retry_policy.backoff_cap_ms or settings.backoff_cap_ms
+    _range(base, 1, 3_600_000, prefix + "retry_policy.backoff_base_ms")
+    _range(cap, 1, 86_400_000, prefix + "retry_policy.backoff_cap_ms")
+    idem = req.idempotency_key
+    return NewTask(
+        task_id=uuid.uuid4().hex, queue=req.queue, task_type=req.task_type,
+        payload=req.payload, content_type=content_type, priority=priority,
+        max_attempts=max_attempts, timeout_ms=timeout_ms, idem_key=idem,
+        idem_digest=keys.idempotency_digest(idem) if idem else "",
+        metadata_json=_metadata(req, prefix), backoff_base_ms=base, backoff_cap_ms=cap,
+        delay_ms=req.delay_ms, not_before_ms=req.not_before_ms,
+        expires_at_ms=req.expires_at_ms, ttl_ms=req.ttl_ms)
