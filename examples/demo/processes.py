@@ -1,0 +1,251 @@
+"""Starts and stops the demo's processes: one gateway, Python and Node workers.
+
+Every process gets its own log file under ``.dtq/demo/`` so the progress bar and
+the summary stay readable; the gateway's first log line (which says whether it
+started an embedded redis-server) is echoed to the terminal, and the tail of a
+log is shown when a process fails.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[2]
+LOG_DIR = ROOT / ".dtq" / "demo"
+NODE_DIR = ROOT / "examples" / "node-worker"
+_WILDCARD_HOSTS = {"0.0.0.0", "::", "[::]", ""}
+
+
+class DemoError(RuntimeError):
+    """The demo cannot go on (message says why, in one line)."""
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where the demo's gateway listens, from ``DTQ_LISTEN`` / ``DTQ_METRICS_PORT``.
+
+    Attributes:
+        listen: gRPC listen address given to the gateway (host:port).
+        target: Address clients dial (a wildcard host becomes 127.0.0.1).
+        metrics_port: Prometheus HTTP port (0 = disabled).
+        redis_url: ``DTQ_REDIS_URL`` ("" = the gateway starts an embedded Redis).
+    """
+
+    listen: str
+    target: str
+    metrics_port: int
+    redis_url: str
+
+    @property
+    def host(self) -> str:
+        """Host part of the dial target."""
+        return self.target.rpartition(":")[0]
+
+    @property
+    def metrics_url(self) -> str:
+        """URL of the Prometheus endpoint ("" when disabled)."""
+        return f"http://{self.host}:{self.metrics_port}/metrics" if self.metrics_port else ""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Endpoints:
+        """Read the endpoints the gateway will use from the environment."""
+        listen = environ.get("DTQ_LISTEN", "127.0.0.1:50051")
+        host, sep, port = listen.rpartition(":")
+        if not sep or not port.isdigit():
+            raise DemoError(f"DTQ_LISTEN must be host:port (got {listen!r})")
+        dial_host = "127.0.0.1" if host in _WILDCARD_HOSTS else host
+        raw_metrics = environ.get("DTQ_METRICS_PORT", "9464")
+        if not raw_metrics.isdigit():
+            raise DemoError(f"DTQ_METRICS_PORT must be a port number (got {raw_metrics!r})")
+        return cls(listen=listen, target=f"{dial_host}:{port}",
+                   metrics_port=int(raw_metrics), redis_url=environ.get("DTQ_REDIS_URL", ""))
+
+
+def ensure_port_free(host: str, port: int, what: str) -> None:
+    """Fail early when something already listens on host:port.
+
+    A second gateway already on the port would otherwise serve the demo and the
+    summary would describe the wrong system.
+
+    Raises:
+        DemoError: The port is taken.
+    """
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise DemoError(f"{what} port {host}:{port} is not free ({exc.strerror}); "
+                            f"choose another with the environment variable") from None
+
+
+@dataclass
+class Proc:
+    """A child process and its log file."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    def tail(self, lines: int = 20) -> str:
+        """The last lines of the process log."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def first_line(self) -> str:
+        """The first log line, with a JSON log record reduced to its message."""
+        try:
+            with self.log_path.open(errors="replace") as fh:
+                line = fh.readline().strip()
+        except OSError:
+            return ""
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return line
+        if isinstance(record, dict):
+            return str(record.get("message") or record.get("msg") or line)
+        return line
+
+
+def _spawn(name: str, cmd: list[str], env: Mapping[str, str]) -> Proc:
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    log_path = LOG_DIR / f"{name}.log"
+    with log_path.open("wb") as fh:
+        popen = subprocess.Popen(cmd, cwd=ROOT, env=dict(env), stdout=fh,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    log.debug("started %s pid %d: %s", name, popen.pid, " ".join(cmd))
+    return Proc(name, popen, log_path)
+
+
+def child_env(base: Mapping[str, str], endpoints: Endpoints) -> dict[str, str]:
+    """Environment of every child: the caller's, plus the gateway address."""
+    env = dict(base)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["DTQ_GATEWAY"] = endpoints.target
+    # dtq-pyworker imports examples.demo.handlers: the repository must be importable.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), base.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def start_gateway(env: Mapping[str, str]) -> Proc:
+    """Start ``python -m dtq_gateway`` (it reads every ``DTQ_*`` variable itself)."""
+    return _spawn("gateway", [sys.executable, "-m", "dtq_gateway"], env)
+
+
+def wait_gateway_ready(proc: Proc, target: str, timeout_s: float = 60.0) -> None:
+    """Wait until the gateway accepts gRPC connections and reports SERVING.
+
+    Args:
+        proc: The gateway process (its early exit fails the wait at once).
+        target: Address to dial.
+        timeout_s: Overall deadline (s); the embedded Redis starts within it.
+
+    Raises:
+        DemoError: The gateway exited or did not become ready in time.
+    """
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(target) as channel:
+        while True:
+            if proc.popen.poll() is not None:
+                raise DemoError(f"the gateway exited with code {proc.popen.returncode}:\n"
+                                f"{proc.tail()}")
+            if time.monotonic() > deadline:
+                raise DemoError(f"the gateway did not become ready on {target} "
+                                f"within {timeout_s:.0f} s:\n{proc.tail()}")
+            try:
+                grpc.channel_ready_future(channel).result(timeout=0.5)
+            except grpc.FutureTimeoutError:
+                continue
+            if _serving(channel):
+                return
+            time.sleep(0.1)  # channel is up but health says NOT_SERVING yet: re-check soon
+
+
+def _serving(channel: grpc.Channel) -> bool:
+    """True when the standard health service says SERVING (or is not offered)."""
+    stub = health_pb2_grpc.HealthStub(channel)
+    try:
+        resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+    except grpc.RpcError as err:
+        return err.code() == grpc.StatusCode.UNIMPLEMENTED
+    return resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def pyworker_command() -> list[str]:
+    """The ``dtq-pyworker`` console script next to this interpreter (or on PATH)."""
+    beside = Path(sys.executable).with_name("dtq-pyworker")
+    if beside.exists():
+        return [str(beside)]
+    found = shutil.which("dtq-pyworker")
+    if not found:
+        raise DemoError("dtq-pyworker not found: run `make install` first")
+    return [found]
+
+
+def start_python_worker(index: int, env: Mapping[str, str], target: str,
+                        worker_id: str) -> Proc:
+    """Start ``dtq-pyworker examples.demo.handlers:worker`` with the given worker id."""
+    cmd = pyworker_command() + ["examples.demo.handlers:worker", "--target", target,
+                                "--queues", "demo", "--worker-id", worker_id]
+    return _spawn(f"pyworker-{index}", cmd, env)
+
+
+def node_worker_available() -> bool:
+    """True when the Node worker is installed (node_modules present) and node is on PATH."""
+    return (NODE_DIR / "node_modules").is_dir() and (NODE_DIR / "index.js").is_file() \
+        and shutil.which("node") is not None
+
+
+def start_node_worker(env: Mapping[str, str]) -> Proc:
+    """Start ``node examples/node-worker/index.js`` on queue demo."""
+    node_env = dict(env, DTQ_QUEUES="demo")
+    return _spawn("node-worker", [shutil.which("node") or "node",
+                                  str(NODE_DIR / "index.js")], node_env)
+
+
+def stop(procs: list[Proc], timeout_s: float) -> list[str]:
+    """SIGTERM every process, wait for all, SIGKILL the ones still running.
+
+    Args:
+        procs: Processes to stop together.
+        timeout_s: Grace period for all of them (s).
+
+    Returns:
+        The names of processes that had to be killed.
+    """
+    for p in procs:
+        if p.popen.poll() is None:
+            p.popen.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    killed = []
+    for p in procs:
+        try:
+            p.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop within %.0f s; killing it", p.name, timeout_s)
+            p.popen.kill()
+            p.popen.wait()
+            killed.append(p.name)
+    return killed
