@@ -1,0 +1,35 @@
+"""dtq_pyworker: the reference dtq worker and producer client.
+
+Example::
+
+    from dtq_pyworker import Worker
+
+    worker = Worker(queues=["demo"])
+
+    @worker.task("file.stats")
+    def file_stats(payload, ctx):
+        return {"path": payload["path"]}
+
+    worker.run()
+"""
+
+from dtq_pyworker._requests import TERMINAL_STATUSES, EnqueueResult
+from dtq_pyworker.client import AsyncClient, Client
+from dtq_pyworker.context import TaskContext
+from dtq_pyworker.errors import DtqRpcError, PermanentError, Retry
+from dtq_pyworker.worker import Worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "TERMINAL_STATUSES",
+    "AsyncClient",
+    "Client",
+    "DtqRpcError",
+    "EnqueueResult",
+    "PermanentError",
+    "Retry",
+    "TaskContext",
+    "Worker",
+    "__version__",
+]

@@ -1,0 +1,108 @@
+"""Request building and response decoding shared by Client and AsyncClient."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dtq_proto import dtq_pb2
+from dtq_pyworker.codec import encode_payload
+from dtq_pyworker.errors import DtqRpcError
+
+TERMINAL_STATUSES = frozenset({
+    dtq_pb2.TASK_STATUS_SUCCEEDED, dtq_pb2.TASK_STATUS_DEAD_LETTERED,
+    dtq_pb2.TASK_STATUS_CANCELLED, dtq_pb2.TASK_STATUS_EXPIRED,
+})
+
+_ENQUEUE_OPTIONS = ("content_type", "priority", "max_attempts", "timeout_ms",
+                    "idempotency_key", "delay_ms", "not_before_ms", "expires_at_ms", "ttl_ms",
+                    "retry_policy", "metadata")
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    """Outcome of one enqueue.
+
+    Attributes:
+        task_id: The new task's id, or the earlier one's when deduplicated.
+        deduplicated: True when an earlier task with the idempotency key was returned.
+        status: ``dtq_pb2.TaskStatus`` value right after the call.
+    """
+
+    task_id: str
+    deduplicated: bool
+    status: int
+
+
+def enqueue_request(queue: str, task_type: str, payload: Any = None, *,
+                    content_type: str | None = None, priority: int | None = None,
+                    max_attempts: int | None = None, timeout_ms: int | None = None,
+                    idempotency_key: str | None = None, delay_ms: int | None = None,
+                    not_before_ms: int | None = None, expires_at_ms: int | None = None,
+                    ttl_ms: int | None = None,
+                    retry_policy: Mapping[str, int] | dtq_pb2.RetryPolicy | None = None,
+                    metadata: Mapping[str, str] | None = None) -> dtq_pb2.EnqueueRequest:
+    """Build an EnqueueRequest; None leaves a field to the gateway's default.
+
+    ``payload`` bytes are sent as-is (default type application/octet-stream);
+    anything else is JSON-encoded (application/json). ``retry_policy`` is a
+    RetryPolicy or a dict with ``backoff_base_ms`` / ``backoff_cap_ms``.
+    """
+    data, ctype = encode_payload(payload, content_type)
+    req = dtq_pb2.EnqueueRequest(queue=queue, task_type=task_type, payload=data,
+                                 content_type=ctype)
+    if priority is not None:
+        req.priority = priority
+    for name, value in (("max_attempts", max_attempts), ("timeout_ms", timeout_ms),
+                        ("idempotency_key", idempotency_key), ("delay_ms", delay_ms),
+                        ("not_before_ms", not_before_ms), ("expires_at_ms", expires_at_ms),
+                        ("ttl_ms", ttl_ms)):
+        if value is not None:
+            setattr(req, name, value)
+    if retry_policy is not None:
+        if isinstance(retry_policy, dtq_pb2.RetryPolicy):
+            req.retry_policy.CopyFrom(retry_policy)
+        else:
+            req.retry_policy.CopyFrom(dtq_pb2.RetryPolicy(**retry_policy))
+    if metadata:
+        req.metadata.update({str(k): str(v) for k, v in metadata.items()})
+    return req
+
+
+def batch_request(items) -> dtq_pb2.EnqueueBatchRequest:
+    """Build an EnqueueBatchRequest from dicts of :func:`enqueue_request` arguments
+    (or ready EnqueueRequest messages)."""
+    reqs = []
+    for item in items:
+        if isinstance(item, dtq_pb2.EnqueueRequest):
+            reqs.append(item)
+            continue
+        item = dict(item)
+        unknown = set(item) - {"queue", "task_type", "payload", *_ENQUEUE_OPTIONS}
+        if unknown:
+            raise TypeError(f"unknown enqueue options: {sorted(unknown)}")
+        reqs.append(enqueue_request(item.pop("queue"), item.pop("task_type"),
+                                    item.pop("payload", None), **item))
+    return dtq_pb2.EnqueueBatchRequest(items=reqs)
+
+
+def enqueue_result(resp) -> EnqueueResult:
+    """EnqueueResult from an EnqueueResponse."""
+    return EnqueueResult(resp.task_id, resp.deduplicated, resp.status)
+
+
+def batch_results(resp: dtq_pb2.EnqueueBatchResponse) -> list[EnqueueResult | DtqRpcError]:
+    """Per-item results of EnqueueBatch: EnqueueResult or DtqRpcError."""
+    out: list[EnqueueResult | DtqRpcError] = []
+    for r in resp.results:
+        if r.HasField("error") and r.error.code != 0:
+            out.append(DtqRpcError.from_item_error(r.error))
+        else:
+            out.append(EnqueueResult(r.task_id, r.deduplicated, r.status))
+    return out
+
+
+def is_terminal(task: dtq_pb2.Task) -> bool:
+    """True when the task reached SUCCEEDED, DEAD_LETTERED, CANCELLED or EXPIRED."""
+    return task.status in TERMINAL_STATUSES

@@ -1,0 +1,211 @@
+"""Held leases of a worker: buffer, handler slots, stops and reporting.
+
+Every lease the gateway sent is an :class:`Execution` in ``held`` until its
+result is handed to the reporter (or it is dropped as lost). Buffered
+executions wait in FIFO order for one of ``concurrency`` slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Executor
+
+from dtq_proto import dtq_pb2
+from dtq_pyworker._execute import (
+    STOP_CANCELLED,
+    STOP_DRAIN,
+    STOP_LOST,
+    Execution,
+    Handler,
+    Outcome,
+    execute,
+    fail_item,
+    release_item,
+    stop_outcome,
+)
+from dtq_pyworker._reporter import ResultReporter
+from dtq_pyworker.context import TaskContext
+
+log = logging.getLogger(__name__)
+
+
+class Runtime:
+    """Runs leased tasks within ``concurrency`` slots and reports their outcomes.
+
+    Args:
+        handlers: Handlers by task type.
+        concurrency: Handler slots.
+        executor: Thread pool for sync handlers.
+        reporter: Where outcomes go.
+        worker_id: Id of this worker (for contexts).
+        count: Callback ``count(name)`` bumping a worker counter.
+    """
+
+    def __init__(self, handlers: Mapping[str, Handler], concurrency: int, executor: Executor,
+                 reporter: ResultReporter, worker_id: str,
+                 count: Callable[[str], None]) -> None:
+        self.handlers = handlers
+        self.concurrency = concurrency
+        self.executor = executor
+        self.reporter = reporter
+        self.worker_id = worker_id
+        self._count = count
+        self.held: dict[str, Execution] = {}
+        self.buffer: deque[str] = deque()
+        self.running: dict[str, asyncio.Task] = {}
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self._threaded: set[Execution] = set()
+
+    # -- intake -------------------------------------------------------------------
+    def add(self, task: dtq_pb2.LeasedTask) -> None:
+        """Take a leased task: buffer it and start it when a slot is free."""
+        if task.lease_id in self.held:
+            log.warning("duplicate lease ignored", extra={"lease_id": task.lease_id})
+            return
+        ctx = TaskContext(
+            task_id=task.task_id, queue=task.queue, task_type=task.task_type,
+            attempt=task.attempt, max_attempts=task.max_attempts, metadata=dict(task.metadata),
+            timeout_ms=task.timeout_ms, worker_id=self.worker_id, lease_id=task.lease_id,
+            priority=task.priority, content_type=task.content_type)
+        self.held[task.lease_id] = Execution(task=task, ctx=ctx)
+        self.buffer.append(task.lease_id)
+        self.idle.clear()
+        self.pump()
+
+    def pump(self) -> None:
+        """Start buffered executions while slots are free."""
+        while self.buffer and len(self.running) < self.concurrency:
+            lease_id = self.buffer.popleft()
+            ex = self.held.get(lease_id)
+            if ex is None:
+                continue
+            ex.handle = asyncio.get_running_loop().create_task(
+                self._run(ex), name=f"dtq-task-{ex.task.task_id}")
+            ex.handle.add_done_callback(lambda _t, ex=ex: self._after(ex))
+            self.running[lease_id] = ex.handle
+        self._update_idle()
+
+    # -- stops ----------------------------------------------------------------------
+    def stop(self, lease_ids: Iterable[str], reason: str) -> int:
+        """Stop executions from outside (lost, cancelled or drain).
+
+        A buffered execution is removed so it never runs; a running one has
+        ``ctx.cancelled`` set and its asyncio task cancelled. Lost executions
+        are never reported; cancelled ones are reported FAIL_MODE_CANCELLED,
+        drained ones FAIL_MODE_RELEASE.
+
+        Returns:
+            How many held executions were affected.
+        """
+        hit = 0
+        for lease_id in lease_ids:
+            ex = self.held.get(lease_id)
+            if ex is None or ex.stop_reason is not None:
+                continue
+            hit += 1
+            ex.stop_reason = reason
+            ex.ctx.cancelled.set()
+            if ex.handle is None:  # still buffered: never runs
+                self._drop_buffered(ex)
+            else:
+                ex.handle.cancel()
+        self._update_idle()
+        return hit
+
+    def release_buffered(self) -> int:
+        """Hand every buffered (not started) lease back with FAIL_MODE_RELEASE."""
+        ids = [i for i in self.buffer if i in self.held]
+        return self.stop(ids, STOP_DRAIN)
+
+    def all_lease_ids(self) -> list[str]:
+        """Every lease to extend: held executions plus results not yet sent."""
+        ids = set(self.held)
+        ids.update(self.reporter.pending_ids())
+        return sorted(ids)
+
+    def threads_busy(self) -> int:
+        """Sync handlers still in a pool thread, including ones already stopped."""
+        self._threaded = {ex for ex in self._threaded if ex.in_thread or ex.handle is None
+                          or not ex.handle.done()}
+        return sum(1 for ex in self._threaded if ex.in_thread)
+
+    def _drop_buffered(self, ex: Execution) -> None:
+        lease_id = ex.task.lease_id
+        try:
+            self.buffer.remove(lease_id)
+        except ValueError:
+            pass
+        self.held.pop(lease_id, None)
+        outcome = stop_outcome(lease_id, ex.stop_reason)
+        if outcome is not None:
+            self._report(ex, outcome)
+
+    # -- running --------------------------------------------------------------------
+    async def _run(self, ex: Execution) -> None:
+        lease_id = ex.task.lease_id
+        handler = self.handlers.get(ex.task.task_type)
+        try:
+            if handler is None:
+                outcome = Outcome(fail=fail_item(
+                    lease_id, "UnknownTaskType",
+                    f"no handler for task type {ex.task.task_type!r}", True))
+            else:
+                if not handler.is_async:
+                    self._threaded.add(ex)
+                outcome = await execute(handler, ex, self.executor)
+            if ex.stop_reason is not None:  # the handler swallowed our cancellation
+                outcome = stop_outcome(lease_id, ex.stop_reason)
+        except asyncio.CancelledError:
+            outcome = stop_outcome(lease_id, ex.stop_reason)
+            if outcome is None:  # torn down from outside: no report
+                self._forget(lease_id)
+                raise
+        except Exception:
+            log.exception("worker bug while running a task", extra={"lease_id": lease_id})
+            outcome = Outcome(fail=fail_item(lease_id, "WorkerError", "internal worker error",
+                                             True))
+        self._forget(lease_id)
+        self._report(ex, outcome)
+        self.pump()
+
+    def _after(self, ex: Execution) -> None:
+        """Clean up an execution whose task was cancelled before its first step."""
+        lease_id = ex.task.lease_id
+        if self.running.get(lease_id) is not ex.handle:
+            return  # _run cleaned up itself
+        self._forget(lease_id)
+        outcome = stop_outcome(lease_id, ex.stop_reason)
+        if outcome is not None:
+            self._report(ex, outcome)
+        self.pump()
+
+    def _forget(self, lease_id: str) -> None:
+        self.held.pop(lease_id, None)
+        self.running.pop(lease_id, None)
+        self._update_idle()
+
+    def _report(self, ex: Execution, outcome: Outcome) -> None:
+        lease_id = ex.task.lease_id
+        if outcome.ack_result is not None:
+            self.reporter.ack(lease_id, outcome.ack_result)
+        elif outcome.fail is not None:
+            if outcome.fail.error_class == "Timeout":
+                self._count("timeouts")
+            self.reporter.fail(outcome.fail)
+        elif ex.stop_reason == STOP_LOST:
+            self._count("lost")
+            log.info("lease lost, task stopped without report",
+                     extra={"lease_id": lease_id, "task_id": ex.task.task_id})
+
+    def _update_idle(self) -> None:
+        if self.held:
+            self.idle.clear()
+        else:
+            self.idle.set()
+
+
+__all__ = ["STOP_CANCELLED", "STOP_DRAIN", "STOP_LOST", "Runtime", "release_item"]

@@ -1,0 +1,117 @@
+"""``dtq-pyworker module:attr``: run a Worker defined in a Python module.
+
+``attr`` names a :class:`~dtq_pyworker.Worker` or a zero-argument callable
+returning one. Flags override the Worker's own settings; environment variables
+``DTQ_GATEWAY``, ``DTQ_QUEUES`` and ``DTQ_CONCURRENCY`` are the flag defaults.
+This module is the only place that configures logging.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from dtq_pyworker.worker import Worker
+
+log = logging.getLogger("dtq_pyworker.cli")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``dtq-pyworker``."""
+    env = os.environ
+    p = argparse.ArgumentParser(prog="dtq-pyworker",
+                                description="Run a dtq Worker defined as module:attr.")
+    p.add_argument("spec", help="module:attr naming a Worker or a callable returning one")
+    p.add_argument("--target", default=env.get("DTQ_GATEWAY"),
+                   help="gateway address HOST:PORT (env DTQ_GATEWAY)")
+    p.add_argument("--queues", default=env.get("DTQ_QUEUES"),
+                   help="comma-separated queues (env DTQ_QUEUES)")
+    p.add_argument("--concurrency", type=int, default=_int_env("DTQ_CONCURRENCY"),
+                   help="handler slots (env DTQ_CONCURRENCY)")
+    p.add_argument("--max-in-flight", type=int, default=None,
+                   help="leases held at once (default 2 * concurrency)")
+    p.add_argument("--worker-id", default=None, help="worker id (default host-pid-random)")
+    p.add_argument("--drain-grace", type=float, default=None, metavar="SECONDS",
+                   help="grace period for running handlers on SIGTERM/SIGINT")
+    p.add_argument("--log-level", default=env.get("DTQ_LOG_LEVEL", "INFO"),
+                   help="DEBUG, INFO, WARNING or ERROR")
+    return p
+
+
+def _int_env(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value else None
+
+
+def load_worker(spec: str) -> Worker:
+    """Import ``module:attr`` and return the Worker it names.
+
+    Raises:
+        ValueError: The spec is malformed.
+        TypeError: The spec does not lead to a Worker.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"expected module:attr, got {spec!r}")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    obj = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not isinstance(obj, Worker) and callable(obj):
+        obj = obj()
+    if not isinstance(obj, Worker):
+        raise TypeError(f"{spec} is not a dtq_pyworker.Worker")
+    return obj
+
+
+def apply_flags(worker: Worker, args: argparse.Namespace) -> None:
+    """Override the worker's settings with the flags that were given."""
+    if args.target:
+        worker.target = args.target
+    if args.queues:
+        worker.queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+    if args.concurrency:
+        had_default = worker.max_in_flight == 2 * worker.concurrency
+        worker.concurrency = args.concurrency
+        if had_default:
+            worker.max_in_flight = 2 * args.concurrency
+    if args.max_in_flight:
+        worker.max_in_flight = args.max_in_flight
+    if args.worker_id:
+        worker.worker_id = args.worker_id
+    if args.drain_grace is not None:
+        worker.drain_grace_s = args.drain_grace
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``dtq-pyworker``; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        worker = load_worker(args.spec)
+    except (ImportError, AttributeError, ValueError, TypeError) as exc:
+        log.error("cannot load %s: %s", args.spec, exc)
+        return 2
+    apply_flags(worker, args)
+    log.info("starting worker %s on %s, queues=%s, concurrency=%d", worker.worker_id,
+             worker.target, ",".join(worker.queues), worker.concurrency)
+    worker.run()
+    log.info("worker %s drained: %s", worker.worker_id, worker.stats)
+    if worker.threads_busy:
+        # A stopped sync handler that ignores ctx.cancelled would keep the
+        # interpreter from exiting (pool threads are joined at exit).
+        log.warning("%d sync handler(s) still running; exiting without waiting",
+                    worker.threads_busy)
+        logging.shutdown()
+        os._exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Producer clients: :class:`Client` (blocking) and :class:`AsyncClient` (asyncio)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any, Self
+
+import grpc
+
+from dtq_proto import dtq_pb2, dtq_pb2_grpc
+from dtq_pyworker._requests import (
+    EnqueueResult,
+    batch_request,
+    batch_results,
+    enqueue_request,
+    enqueue_result,
+    is_terminal,
+)
+from dtq_pyworker.errors import DtqRpcError
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+POLL_FIRST_S = 0.02
+POLL_MAX_S = 0.5
+
+
+def _target(target: str | None) -> str:
+    return target or os.environ.get("DTQ_GATEWAY") or DEFAULT_TARGET
+
+
+def _next_poll(delay_s: float) -> float:
+    return min(POLL_MAX_S, delay_s * 1.5)
+
+
+class Client:
+    """Blocking producer client.
+
+    Args:
+        target: Gateway address; default env ``DTQ_GATEWAY`` or 127.0.0.1:50051.
+        timeout_s: Deadline of each call in seconds.
+        channel_options: Extra grpc channel options.
+
+    Every method raises :class:`DtqRpcError` when the gateway refuses the call.
+    """
+
+    def __init__(self, target: str | None = None, *, timeout_s: float = 10.0,
+                 channel_options: list[tuple[str, Any]] | None = None) -> None:
+        self.target = _target(target)
+        self.timeout_s = timeout_s
+        self._channel = grpc.insecure_channel(self.target, options=channel_options or [])
+        self._stub = dtq_pb2_grpc.BrokerStub(self._channel)
+
+    def _call(self, method: str, request: Any) -> Any:
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            raise DtqRpcError.from_rpc_error(exc) from exc
+
+    def enqueue(self, queue: str, task_type: str, payload: Any = None,
+                **options: Any) -> EnqueueResult:
+        """Enqueue one task.
+
+        Args:
+            queue: Queue name.
+            task_type: Handler name.
+            payload: JSON-encodable value, or bytes sent as-is.
+            **options: priority, max_attempts, timeout_ms, idempotency_key, delay_ms,
+                not_before_ms, expires_at_ms, ttl_ms, retry_policy, metadata,
+                content_type (see ``EnqueueRequest``).
+
+        Returns:
+            EnqueueResult(task_id, deduplicated, status).
+        """
+        req = enqueue_request(queue, task_type, payload, **options)
+        return enqueue_result(self._call("Enqueue", req))
+
+    def enqueue_batch(self, items: Iterable[Mapping[str, Any]]
+                      ) -> list[EnqueueResult | DtqRpcError]:
+        """Enqueue many tasks in one call (up to 1000).
+
+        Args:
+            items: dicts with queue, task_type, payload and any enqueue option.
+
+        Returns:
+            Per item, in order: EnqueueResult, or DtqRpcError for a refused item.
+        """
+        return batch_results(self._call("EnqueueBatch", batch_request(items)))
+
+    def get_task(self, task_id: str) -> dtq_pb2.Task:
+        """Return the stored task record (raises DtqRpcError NOT_FOUND if unknown)."""
+        return self._call("GetTask", dtq_pb2.GetTaskRequest(task_id=task_id)).task
+
+    def wait(self, task_id: str, timeout_s: float = 30.0) -> dtq_pb2.Task:
+        """Poll GetTask until the task is terminal.
+
+        Args:
+            task_id: Task to wait for.
+            timeout_s: Give up after this many seconds.
+
+        Returns:
+            The task in SUCCEEDED, DEAD_LETTERED, CANCELLED or EXPIRED.
+
+        Raises:
+            TimeoutError: Not terminal within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        delay = POLL_FIRST_S
+        while True:
+            task = self.get_task(task_id)
+            if is_terminal(task):
+                return task
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"task {task_id} still {dtq_pb2.TaskStatus.Name(task.status)}"
+                                   f" after {timeout_s}s")
+            time.sleep(min(delay, remaining))
+            delay = _next_poll(delay)
+
+    def cancel(self, task_id: str, reason: str = "") -> dtq_pb2.CancelTaskResponse:
+        """Cancel a queued, scheduled or running task."""
+        return self._call("CancelTask", dtq_pb2.CancelTaskRequest(task_id=task_id,
+                                                                  reason=reason))
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """asyncio producer client with the same methods as :class:`Client` (coroutines).
+
+    Create it inside a running event loop.
+    """
+
+    def __init__(self, target: str | None = None, *, timeout_s: float = 10.0,
+                 channel_options: list[tuple[str, Any]] | None = None) -> None:
+        self.target = _target(target)
+        self.timeout_s = timeout_s
+        self._channel = grpc.aio.insecure_channel(self.target, options=channel_options or [])
+        self._stub = dtq_pb2_grpc.BrokerStub(self._channel)
+
+    async def _call(self, method: str, request: Any) -> Any:
+        try:
+            return await getattr(self._stub, method)(request, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise DtqRpcError.from_rpc_error(exc) from exc
+
+    async def enqueue(self, queue: str, task_type: str, payload: Any = None,
+                      **options: Any) -> EnqueueResult:
+        """Enqueue one task (see :meth:`Client.enqueue`)."""
+        req = enqueue_request(queue, task_type, payload, **options)
+        return enqueue_result(await self._call("Enqueue", req))
+
+    async def enqueue_batch(self, items: Iterable[Mapping[str, Any]]
+                            ) -> list[EnqueueResult | DtqRpcError]:
+        """Enqueue many tasks in one call (see :meth:`Client.enqueue_batch`)."""
+        return batch_results(await self._call("EnqueueBatch", batch_request(items)))
+
+    async def get_task(self, task_id: str) -> dtq_pb2.Task:
+        """Return the stored task record."""
+        return (await self._call("GetTask", dtq_pb2.GetTaskRequest(task_id=task_id))).task
+
+    async def wait(self, task_id: str, timeout_s: float = 30.0) -> dtq_pb2.Task:
+        """Poll GetTask until the task is terminal (see :meth:`Client.wait`)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        delay = POLL_FIRST_S
+        while True:
+            task = await self.get_task(task_id)
+            if is_terminal(task):
+                return task
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError(f"task {task_id} still {dtq_pb2.TaskStatus.Name(task.status)}"
+                                   f" after {timeout_s}s")
+            await asyncio.sleep(min(delay, remaining))
+            delay = _next_poll(delay)
+
+    async def cancel(self, task_id: str, reason: str = "") -> dtq_pb2.CancelTaskResponse:
+        """Cancel a queued, scheduled or running task."""
+        return await self._call("CancelTask", dtq_pb2.CancelTaskRequest(task_id=task_id,
+                                                                        reason=reason))
+
+    async def close(self) -> None:
+        """Close the channel."""
+        await self._channel.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,269 @@
+"""The Worker: handler registry, Lease session, heartbeats, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import secrets
+import signal
+import socket
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+
+from dtq_proto import dtq_pb2, dtq_pb2_grpc
+from dtq_pyworker import _session
+from dtq_pyworker._execute import Handler
+from dtq_pyworker._reporter import ResultReporter
+from dtq_pyworker._runtime import STOP_DRAIN, Runtime
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+SDK = "dtq-pyworker/0.1.0"
+STAT_NAMES = ("processed", "failed", "retried", "released", "cancelled", "lost", "stale",
+              "timeouts")
+
+
+def default_worker_id() -> str:
+    """``<hostname>-<pid>-<6 hex>``, restricted to the characters worker ids allow."""
+    host = re.sub(r"[^A-Za-z0-9_.:@-]", "_", socket.gethostname())[:96] or "host"
+    return f"{host}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+class Worker:
+    """Leases tasks from a dtq gateway and runs registered handlers.
+
+    Args:
+        queues: Queues to lease from (strict priority across them).
+        target: Gateway address; default env ``DTQ_GATEWAY`` or 127.0.0.1:50051.
+        concurrency: Handler slots (sync handlers run in a thread pool this size).
+        max_in_flight: Leases held at once (running + buffered); default 2 * concurrency.
+        worker_id: Stable id of this process; default ``<host>-<pid>-<random>``.
+        task_types: Filter sent with the Lease request; default the registered types.
+        drain_grace_s: On stop, how long running handlers may finish, in seconds.
+        ack_flush_ms: How long results wait to be batched, in ms (or 256 items).
+        labels: Free-form labels shown by ListWorkers.
+        rpc_timeout_s: Deadline of unary calls (Heartbeat, Ack, Fail), in seconds.
+        channel_options: Extra grpc channel options.
+    """
+
+    def __init__(self, queues: Iterable[str], target: str | None = None, *,
+                 concurrency: int = 8, max_in_flight: int | None = None,
+                 worker_id: str | None = None, task_types: Iterable[str] | None = None,
+                 drain_grace_s: float = 30.0, ack_flush_ms: float = 5,
+                 labels: Mapping[str, str] | None = None, rpc_timeout_s: float = 10.0,
+                 channel_options: list[tuple[str, Any]] | None = None) -> None:
+        self.queues = [queues] if isinstance(queues, str) else list(queues)
+        if not self.queues:
+            raise ValueError("queues must name at least one queue")
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        self.target = target or os.environ.get("DTQ_GATEWAY") or DEFAULT_TARGET
+        self.concurrency = concurrency
+        self.max_in_flight = max_in_flight or 2 * concurrency
+        if self.max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")
+        self.worker_id = worker_id or default_worker_id()
+        self.task_types = list(task_types) if task_types is not None else None
+        self.drain_grace_s = drain_grace_s
+        self.ack_flush_ms = ack_flush_ms
+        self.labels = dict(labels or {})
+        self.rpc_timeout_s = rpc_timeout_s
+        self.channel_options = list(channel_options or [])
+        self.hostname = socket.gethostname()
+        self.handlers: dict[str, Handler] = {}
+        self.stats: dict[str, int] = {name: 0 for name in STAT_NAMES}
+        self.session: dtq_pb2.SessionInfo | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._force: asyncio.Event | None = None
+        self._stop_requested = False
+        self._runtime: Runtime | None = None
+        self._executor: ThreadPoolExecutor | None = None
+
+    # -- registry -------------------------------------------------------------------
+    def task(self, task_type: str) -> Callable[[Callable], Callable]:
+        """Decorator registering ``fn(payload, ctx)`` for ``task_type``.
+
+        ``async def`` handlers run on the event loop; plain functions run in the
+        thread pool. Returns the function unchanged.
+        """
+        def register(fn: Callable) -> Callable:
+            self.register(task_type, fn)
+            return fn
+        return register
+
+    def register(self, task_type: str, fn: Callable) -> None:
+        """Register ``fn`` as the handler of ``task_type`` (replacing any earlier one)."""
+        if not task_type:
+            raise ValueError("task_type must not be empty")
+        self.handlers[task_type] = Handler.wrap(fn)
+
+    # -- lifecycle ------------------------------------------------------------------
+    def run(self) -> None:
+        """Run until SIGTERM/SIGINT (or :meth:`stop`), drain, and return."""
+        asyncio.run(self.run_async())
+
+    async def run_async(self, *, install_signal_handlers: bool = True) -> None:
+        """Run on the current loop until stopped, then drain and return.
+
+        Args:
+            install_signal_handlers: Drain on SIGTERM/SIGINT (main thread only;
+                a second signal cuts the grace period short).
+        """
+        if not self.handlers:
+            raise RuntimeError("no handlers registered")
+        self._loop = asyncio.get_running_loop()
+        self._stop, self._force = asyncio.Event(), asyncio.Event()
+        if self._stop_requested:
+            self._stop.set()
+        installed = self._install_signals() if install_signal_handlers else []
+        channel = grpc.aio.insecure_channel(self.target, options=self.channel_options)
+        self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix="dtq-handler")
+        try:
+            await self._serve(dtq_pb2_grpc.BrokerStub(channel))
+        finally:
+            for sig in installed:
+                self._loop.remove_signal_handler(sig)
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            await channel.close()
+            log.info("worker stopped", extra={"worker_id": self.worker_id, "stats": self.stats})
+
+    def stop(self) -> None:
+        """Request a graceful drain (safe from any thread and from signal handlers).
+
+        A second call while draining ends the grace period at once.
+        """
+        self._stop_requested = True
+        loop = self._loop
+        if loop is None or self._stop is None:
+            return
+        if _on_loop_thread(loop):
+            self._signal_stop()
+        else:
+            loop.call_soon_threadsafe(self._signal_stop)
+
+    @property
+    def active_tasks(self) -> int:
+        """Handlers running now."""
+        return len(self._runtime.running) if self._runtime else 0
+
+    @property
+    def threads_busy(self) -> int:
+        """Sync handlers still occupying a pool thread (even after being stopped)."""
+        return self._runtime.threads_busy() if self._runtime else 0
+
+    def _signal_stop(self) -> None:
+        assert self._stop is not None and self._force is not None
+        if self._stop.is_set():
+            log.warning("second stop request: ending the drain grace period now")
+            self._force.set()
+        self._stop.set()
+
+    def _install_signals(self) -> list[int]:
+        installed = []
+        if threading.current_thread() is not threading.main_thread():
+            return installed
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._loop.add_signal_handler(sig, self.stop)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
+        return installed
+
+    async def _serve(self, stub: dtq_pb2_grpc.BrokerStub) -> None:
+        reporter = ResultReporter(stub, flush_ms=self.ack_flush_ms, on_done=self._on_result,
+                                  rpc_timeout_s=self.rpc_timeout_s)
+        runtime = Runtime(self.handlers, self.concurrency, self._executor, reporter,
+                          self.worker_id, self._count)
+        self._runtime = runtime
+        reporter.start()
+        session_ready = asyncio.Event()
+        lease_task = asyncio.create_task(_session.lease_loop(self, stub, runtime, session_ready),
+                                         name="dtq-lease")
+        hb_stop = asyncio.Event()
+        hb_task = asyncio.create_task(
+            _session.heartbeat_loop(self, stub, runtime, session_ready, hb_stop),
+            name="dtq-heartbeat")
+        try:
+            await self._stop.wait()
+            log.info("draining", extra={"worker_id": self.worker_id})
+            await _cancel(lease_task)
+            await self._drain(runtime)
+            await reporter.close(timeout_s=max(5.0, self.rpc_timeout_s))
+        finally:
+            hb_stop.set()
+            await _cancel(lease_task)
+            await _cancel(hb_task)
+            for handle in list(runtime.running.values()):
+                handle.cancel()
+            await asyncio.gather(*runtime.running.values(), return_exceptions=True)
+
+    async def _drain(self, runtime: Runtime) -> None:
+        """Release buffered leases, let running handlers finish within the grace
+        period, then stop and release the rest."""
+        released = runtime.release_buffered()
+        if released:
+            log.info("released buffered tasks", extra={"count": released})
+        deadline = self._loop.time() + self.drain_grace_s
+        force = asyncio.ensure_future(self._force.wait())
+        try:
+            while runtime.running and not force.done():
+                remaining = deadline - self._loop.time()
+                if remaining <= 0:
+                    break
+                await asyncio.wait([*runtime.running.values(), force], timeout=remaining,
+                                   return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            force.cancel()
+        left = list(runtime.running)
+        if left:
+            log.warning("drain grace over, releasing running tasks", extra={"count": len(left)})
+            runtime.stop(left, STOP_DRAIN)
+            await asyncio.gather(*runtime.running.values(), return_exceptions=True)
+
+    # -- counters ---------------------------------------------------------------------
+    def _count(self, name: str, n: int = 1) -> None:
+        self.stats[name] = self.stats.get(name, 0) + n
+
+    def _on_result(self, item, result, err) -> None:
+        if err is not None:
+            self._count("stale" if err.reason == "STALE_LEASE" else "refused")
+            return
+        if isinstance(item, dtq_pb2.AckItem):
+            self._count("processed")
+        elif item.mode == dtq_pb2.FAIL_MODE_RELEASE:
+            self._count("released")
+        elif item.mode == dtq_pb2.FAIL_MODE_CANCELLED:
+            self._count("cancelled")
+        else:
+            self._count("failed")
+            if result is not None and result.status in (dtq_pb2.TASK_STATUS_SCHEDULED,
+                                                         dtq_pb2.TASK_STATUS_QUEUED):
+                self._count("retried")
+
+    def counters(self) -> dtq_pb2.WorkerCounters:
+        """Cumulative counters as sent in HeartbeatRequest.counters."""
+        return dtq_pb2.WorkerCounters(tasks_processed=self.stats["processed"],
+                                      tasks_failed=self.stats["failed"],
+                                      tasks_retried=self.stats["retried"])
+
+
+def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+async def _cancel(task: asyncio.Task) -> None:
+    if not task.done():
+        task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
