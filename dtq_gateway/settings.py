@@ -65,6 +65,8 @@ class Settings:
         "Largest max_in_flight granted to one Lease session."))
     scheduler_interval_ms: int = field(default=250, metadata=_meta(
         "Period of the scheduler leader's moves of due tasks (ms)."))
+    redis_max_connections: int = field(default=32, metadata=_meta(
+        "Size of the Redis connection pool shared by all RPCs and duties."))
     shutdown_grace_s: float = field(default=10.0, metadata=_meta(
         "On SIGTERM, unary calls get this long to finish (s)."))
     embedded_dir: str = field(default=".dtq/redis", metadata=_meta(
@@ -110,7 +112,7 @@ _POSITIVE = {
     "visibility_timeout_s", "heartbeat_interval_s", "task_retention_s", "result_retention_s",
     "idem_ttl_s", "dlq_maxlen", "audit_maxlen", "recent_max", "max_payload_bytes",
     "default_max_attempts", "default_timeout_ms", "backoff_base_ms", "backoff_cap_ms",
-    "max_in_flight_cap", "scheduler_interval_ms", "result_max_bytes",
+    "max_in_flight_cap", "scheduler_interval_ms", "result_max_bytes", "redis_max_connections",
 }
 _NON_NEGATIVE = {"metrics_port", "max_queue_depth", "lease_grace_ms", "shutdown_grace_s"}
 

