@@ -33,3 +33,44 @@ def own_redis() -> Iterator[RedisServer]:
     server = RedisServer(appendonly=True).start()
     yield server
     server.cleanup()
+
+
+def gateway_settings(redis_url: str, **overrides):
+    """Settings for an in-process test gateway (fast timings, no metrics port)."""
+    from dtq_gateway.settings import load
+
+    env = {"DTQ_REDIS_URL": redis_url, "DTQ_LISTEN": "127.0.0.1:0", "DTQ_METRICS_PORT": "0",
+           "DTQ_VISIBILITY_TIMEOUT_S": "2", "DTQ_HEARTBEAT_INTERVAL_S": "0.5",
+           "DTQ_SCHEDULER_INTERVAL_MS": "50", "DTQ_SHUTDOWN_GRACE_S": "1",
+           "DTQ_LOG_FORMAT": "text"}
+    env.update({f"DTQ_{k.upper()}": str(v) for k, v in overrides.items()})
+    return load([], environ=env)
+
+
+@pytest.fixture
+async def gateway(redis_url):
+    """An in-process gateway on 127.0.0.1:<free port>; yields it (``.port``)."""
+    from dtq_gateway.server import Gateway
+
+    gw = Gateway(gateway_settings(redis_url), redis_url)
+    await gw.start()
+    yield gw
+    await gw.stop()
+
+
+@pytest.fixture
+async def channel(gateway):
+    """A grpc.aio channel to the in-process gateway."""
+    import grpc
+
+    ch = grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}")
+    yield ch
+    await ch.close()
+
+
+@pytest.fixture
+def broker_stub(channel):
+    """dtq.v1.Broker stub on the test channel."""
+    from dtq_proto import dtq_pb2_grpc
+
+    return dtq_pb2_grpc.BrokerStub(channel)
