@@ -1,0 +1,418 @@
+"""Admin domain logic: queue statistics, pause/resume, workers, recent tasks, audit.
+
+Dead-letter operations live in :mod:`dtq_gateway.admin_dlq`. Everything here reads
+"now" from Redis TIME (one clock for every replica, see docs/design.md) and returns
+plain dataclasses; ``admin_servicer`` converts them to protobuf.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from dtq_gateway import keys
+from dtq_gateway.admin_scripts import PAUSE_QUEUE, TASK_SUMMARIES
+from dtq_gateway.audit import log_audit
+from dtq_gateway.errors import InvalidArgument, NotFound
+from dtq_gateway.task_record import normalize
+
+ENTRY_ID_RE = re.compile(r"^\d{1,20}-\d{1,20}$")
+#: Most members of dtq:retry:schedule examined to count one queue's scheduled tasks.
+SCHEDULE_SCAN_MAX = 10000
+_CHUNK = 500
+
+
+@dataclass(frozen=True, slots=True)
+class CallInfo:
+    """Who asked (audit actor) and the request id of the call."""
+
+    actor: str
+    request_id: str
+
+
+@dataclass(slots=True)
+class BandInfo:
+    """One band stream: depth, pending, and the first not-yet-delivered entry."""
+
+    band: int
+    depth: int = 0
+    pending: int = 0
+    exists: bool = False
+    oldest_undelivered_ms: int = 0  # epoch ms of that entry's id; 0 = none
+
+
+@dataclass(slots=True)
+class ConsumerInfo:
+    """A consumer aggregated across the bands of one queue."""
+
+    name: str
+    pending: int = 0
+    idle_ms: int = 0
+
+
+@dataclass(slots=True)
+class QueueStats:
+    """Statistics of one queue (GetQueueStats)."""
+
+    queue: str
+    bands: list[BandInfo]
+    scheduled: int = 0
+    oldest_task_age_ms: int = 0
+    paused: bool = False
+    dead_letter_depth: int = 0
+    consumers: list[ConsumerInfo] = field(default_factory=list)
+
+    @property
+    def depth(self) -> int:
+        """Sum of band depths (entries)."""
+        return sum(b.depth for b in self.bands)
+
+    @property
+    def pending(self) -> int:
+        """Sum of band pending counts (entries)."""
+        return sum(b.pending for b in self.bands)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSummary:
+    """Headline numbers of one queue (ListQueues)."""
+
+    name: str
+    depth: int
+    pending: int
+    paused: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRecord:
+    """One worker liveness record (ListWorkers)."""
+
+    worker_id: str
+    hostname: str
+    started_at_ms: int
+    last_heartbeat_at_ms: int
+    heartbeat_age_ms: int
+    active_tasks: int
+    concurrency: int
+    tasks_processed: int
+    tasks_failed: int
+    tasks_retried: int
+    status: str
+    alive: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AuditItem:
+    """One audit stream entry."""
+
+    entry_id: str
+    actor: str
+    action: str
+    task_id: str
+    ts_ms: int
+    request_id: str
+    detail: str
+
+
+def text(value: Any) -> str:
+    """Redis reply value as str."""
+    if value is None:
+        return ""
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def as_int(value: Any) -> int:
+    """Redis reply value as int (0 when empty or malformed)."""
+    try:
+        return int(float(text(value) or 0))
+    except ValueError:
+        return 0
+
+
+def entry_ms(entry_id: str) -> int:
+    """Epoch ms part of a stream entry id (Redis TIME at XADD)."""
+    return int(entry_id.split("-", 1)[0])
+
+
+def validate_queue(name: str, field_name: str = "queue") -> str:
+    """Check a queue name against ``keys.QUEUE_RE``.
+
+    Raises:
+        InvalidArgument: names ``field_name``.
+    """
+    if not keys.QUEUE_RE.match(name or ""):
+        raise InvalidArgument(f"{field_name}: queue name must match [A-Za-z0-9_.-]{{1,64}}",
+                              field=field_name)
+    return name
+
+
+def validate_page_token(token: str, field_name: str = "page_token") -> str:
+    """A page token is a stream entry id ("" = first page)."""
+    if token and not ENTRY_ID_RE.match(token):
+        raise InvalidArgument(f"{field_name}: malformed page token", field=field_name)
+    return token
+
+
+def page_size(value: int, field_name: str, default: int, maximum: int) -> int:
+    """Apply the "0 = default, 1..maximum" rule of the listing requests."""
+    if value == 0:
+        return default
+    if value > maximum:
+        raise InvalidArgument(f"{field_name}: at most {maximum}", field=field_name)
+    return value
+
+
+async def redis_now_ms(redis: Redis) -> int:
+    """Now in epoch ms from Redis TIME."""
+    sec, usec = await redis.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+async def _queue_names(redis: Redis) -> dict[str, list[int]]:
+    """Queue → bands with a stream, from SCAN over ``keys.BAND_STREAM_PATTERN``."""
+    found: dict[str, list[int]] = {}
+    async for key in redis.scan_iter(match=keys.BAND_STREAM_PATTERN, count=1000,
+                                     _type="stream"):
+        parsed = keys.parse_stream(text(key))
+        if parsed:
+            found.setdefault(parsed[0], []).append(parsed[1])
+    return found
+
+
+def _group_of(groups: Any) -> dict[str, Any] | None:
+    if isinstance(groups, Exception):
+        return None
+    for g in groups or ():
+        if text(g.get("name")) == keys.GROUP:
+            return g
+    return None
+
+
+async def band_infos(redis: Redis, queue: str) -> list[BandInfo]:
+    """Depth, pending and first undelivered entry of each band, p9 first.
+
+    The first undelivered entry is the first one after the group's
+    last-delivered-id (XRANGE exclusive start, COUNT 1); a band without the
+    consumer group counts every entry as undelivered.
+    """
+    streams = keys.queue_streams_desc(queue)
+    async with redis.pipeline(transaction=False) as pipe:
+        for s in streams:
+            pipe.xlen(s)
+            pipe.xinfo_groups(s)
+        replies = await pipe.execute(raise_on_error=False)
+    bands: list[BandInfo] = []
+    starts: list[tuple[BandInfo, str]] = []
+    for i, band in enumerate(keys.BANDS_DESC):
+        depth, groups = replies[2 * i], replies[2 * i + 1]
+        info = BandInfo(band=band, depth=depth if isinstance(depth, int) else 0,
+                        exists=not isinstance(groups, ResponseError))
+        group = _group_of(groups)
+        if group is not None:
+            info.pending = int(group.get("pending") or 0)
+        if info.depth > 0:
+            last = text(group.get("last-delivered-id")) if group else ""
+            starts.append((info, f"({last}" if last else "-"))
+        bands.append(info)
+    if starts:
+        async with redis.pipeline(transaction=False) as pipe:
+            for info, start in starts:
+                pipe.xrange(keys.stream(queue, info.band), min=start, max="+", count=1)
+            firsts = await pipe.execute(raise_on_error=False)
+        for (info, _), first in zip(starts, firsts):
+            if first and not isinstance(first, Exception):
+                info.oldest_undelivered_ms = entry_ms(text(first[0][0]))
+    return bands
+
+
+async def list_queues(redis: Redis) -> list[QueueSummary]:
+    """Every queue with a band stream, sorted by name."""
+    names = await _queue_names(redis)
+    out = []
+    for name in sorted(names):
+        bands = await band_infos(redis, name)
+        paused = bool(await redis.exists(keys.paused(name)))
+        out.append(QueueSummary(name=name, depth=sum(b.depth for b in bands),
+                                pending=sum(b.pending for b in bands), paused=paused))
+    return out
+
+
+async def _consumers(redis: Redis, queue: str, bands: Iterable[BandInfo]) -> list[ConsumerInfo]:
+    """XINFO CONSUMERS of every band, aggregated by consumer name."""
+    with_group = [b for b in bands if b.exists]
+    async with redis.pipeline(transaction=False) as pipe:
+        for b in with_group:
+            pipe.xinfo_consumers(keys.stream(queue, b.band), keys.GROUP)
+        replies = await pipe.execute(raise_on_error=False)
+    merged: dict[str, ConsumerInfo] = {}
+    for reply in replies:
+        if isinstance(reply, Exception):
+            continue  # band without the group
+        for c in reply:
+            name = text(c.get("name"))
+            idle = int(c.get("idle") or 0)
+            info = merged.get(name)
+            if info is None:
+                merged[name] = ConsumerInfo(name=name, pending=int(c.get("pending") or 0),
+                                            idle_ms=idle)
+            else:
+                info.pending += int(c.get("pending") or 0)
+                info.idle_ms = min(info.idle_ms, idle)
+    return [merged[n] for n in sorted(merged)]
+
+
+async def scheduled_count(redis: Redis, queue: str, scan_max: int = SCHEDULE_SCAN_MAX) -> int:
+    """Members of ``dtq:retry:schedule`` whose task belongs to ``queue``.
+
+    The schedule holds task ids of every queue; this reads the ``queue`` field of
+    at most ``scan_max`` of them (earliest due first), so with a larger schedule
+    the count is a lower bound.
+    """
+    ids = await redis.zrange(keys.RETRY_SCHEDULE, 0, scan_max - 1)
+    count = 0
+    for start in range(0, len(ids), _CHUNK):
+        async with redis.pipeline(transaction=False) as pipe:
+            for task_id in ids[start:start + _CHUNK]:
+                pipe.hget(keys.task(text(task_id)), "queue")
+            owners = await pipe.execute()
+        count += sum(1 for q in owners if text(q) == queue)
+    return count
+
+
+async def queue_stats(redis: Redis, queue: str) -> QueueStats:
+    """Statistics of one queue.
+
+    Raises:
+        InvalidArgument: bad queue name.
+        NotFound: the queue has no band stream.
+    """
+    from dtq_gateway.admin_dlq import dead_letter_depth  # admin_dlq imports this module
+
+    validate_queue(queue)
+    bands = await band_infos(redis, queue)
+    if not any(b.exists for b in bands):
+        raise NotFound(f"queue {queue!r} has no streams", reason="QUEUE_NOT_FOUND")
+    now = await redis_now_ms(redis)
+    oldest = [b.oldest_undelivered_ms for b in bands if b.oldest_undelivered_ms]
+    return QueueStats(
+        queue=queue, bands=bands, scheduled=await scheduled_count(redis, queue),
+        oldest_task_age_ms=max(0, now - min(oldest)) if oldest else 0,
+        paused=bool(await redis.exists(keys.paused(queue))),
+        dead_letter_depth=(await dead_letter_depth(redis)).get(queue, 0),
+        consumers=await _consumers(redis, queue, bands))
+
+
+async def set_paused(redis: Redis, queue: str, paused: bool, call: CallInfo, reason: str = "",
+                     *, audit_maxlen: int = 10000) -> bool:
+    """Pause or resume a queue (flag, CONFIGURATION_CHANGED event, audit entry).
+
+    Returns:
+        True when the flag changed.
+    """
+    validate_queue(queue)
+    mode = "pause" if paused else "resume"
+    changed, ts = await PAUSE_QUEUE(redis, [keys.paused(queue), keys.AUDIT], PAUSE_QUEUE.argv(
+        mode, audit_maxlen, call.actor, call.request_id, reason[:1024], queue))
+    log_audit(call.actor, f"{mode}_queue", queue, call.request_id, reason, int(ts))
+    return bool(changed)
+
+
+def _ms_field(f: dict[str, bytes], *names: str) -> int:
+    """First present field among ``names`` as epoch ms (seconds values are scaled)."""
+    for name in names:
+        if name in f and text(f[name]):
+            value = float(text(f[name]) or 0)
+            return int(value * 1000) if 0 < value < 1e11 else int(value)
+    return 0
+
+
+async def list_workers(redis: Redis, heartbeat_interval_ms: int) -> list[WorkerRecord]:
+    """Known workers (``dtq:workers`` members whose hash still exists), by id.
+
+    ``alive`` = last heartbeat younger than 3 heartbeat intervals. ``status`` is
+    "stopped" when the record says so, else "alive" or "stale" by that rule.
+    """
+    ids = sorted(text(m) for m in await redis.smembers(keys.WORKERS))
+    async with redis.pipeline(transaction=False) as pipe:
+        for worker_id in ids:
+            pipe.hgetall(keys.worker(worker_id))
+        hashes = await pipe.execute()
+    now = await redis_now_ms(redis)
+    out = []
+    for worker_id, raw in zip(ids, hashes):
+        if not raw:
+            continue  # record expired (3 heartbeat intervals); the set is best effort
+        f = normalize(raw)
+        last = _ms_field(f, "last_heartbeat_at_ms", "last_heartbeat_ms", "last_heartbeat")
+        age = max(0, now - last) if last else now
+        alive = age < 3 * heartbeat_interval_ms
+        stored = text(f.get("status"))
+        status = "stopped" if stored == "stopped" else ("alive" if alive else "stale")
+        out.append(WorkerRecord(
+            worker_id=worker_id, hostname=text(f.get("hostname")),
+            started_at_ms=_ms_field(f, "started_at_ms", "started_at"),
+            last_heartbeat_at_ms=last, heartbeat_age_ms=age,
+            active_tasks=as_int(f.get("active_tasks")), concurrency=as_int(f.get("concurrency")),
+            tasks_processed=as_int(f.get("tasks_processed")),
+            tasks_failed=as_int(f.get("tasks_failed")),
+            tasks_retried=as_int(f.get("tasks_retried")),
+            status=status, alive=alive and status != "stopped"))
+    return out
+
+
+async def task_summaries(redis: Redis, task_ids: list[str]) -> list[dict[str, bytes]]:
+    """Task hashes without payloads, in order ({} for expired records)."""
+    if not task_ids:
+        return []
+    rows = await TASK_SUMMARIES(redis, [keys.task(t) for t in task_ids], TASK_SUMMARIES.argv())
+    return [normalize(dict(zip(row[0::2], row[1::2]))) for row in rows]
+
+
+async def list_recent_tasks(redis: Redis, limit: int, queue: str = "",
+                            status: str = "") -> list[dict[str, bytes]]:
+    """Newest tasks of ``dtq:tasks:recent`` (payload omitted), filtered.
+
+    Args:
+        limit: most tasks returned.
+        queue: only this queue ("" = any).
+        status: only this hash status string ("" = any).
+    """
+    out: list[dict[str, bytes]] = []
+    start = 0
+    while len(out) < limit:
+        ids = [text(t) for t in await redis.zrevrange(keys.RECENT_TASKS, start,
+                                                      start + _CHUNK - 1)]
+        if not ids:
+            break
+        start += len(ids)
+        for f in await task_summaries(redis, ids):
+            if not f or (queue and text(f.get("queue")) != queue) or (
+                    status and text(f.get("status")) != status):
+                continue
+            out.append(f)
+            if len(out) == limit:
+                break
+    return out
+
+
+async def list_audit(redis: Redis, size: int, token: str = "") -> tuple[list[AuditItem], str]:
+    """One page of the audit stream, newest first.
+
+    Returns:
+        The entries and the next page token ("" at the end).
+    """
+    validate_page_token(token)
+    rows = await redis.xrevrange(keys.AUDIT, max=f"({token}" if token else "+", min="-",
+                                 count=size + 1)
+    items = []
+    for entry_id, raw in rows[:size]:
+        f = normalize(raw)
+        items.append(AuditItem(
+            entry_id=text(entry_id), actor=text(f.get("actor")), action=text(f.get("action")),
+            task_id=text(f.get("task_id")), ts_ms=as_int(f.get("ts")),
+            request_id=text(f.get("request_id")), detail=text(f.get("detail"))))
+    return items, (items[-1].entry_id if len(rows) > size else "")

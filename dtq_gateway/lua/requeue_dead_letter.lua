@@ -1,0 +1,59 @@
+-- requeue_dead_letter.lua: a dead-lettered task back into its band with a fresh
+-- attempt budget (attempt 1), in one step.
+-- KEYS[1]  task hash (dtq:task:<id>)
+-- KEYS[2]  dead-letter stream (dtq:stream:dead-letter)
+-- KEYS[3]  band stream of the task's queue and priority (dtq:stream:<q>:p<band>)
+-- KEYS[4]  audit stream (dtq:stream:audit)
+-- KEYS[5]  optional: idempotency record (dtq:idempotency:<q>:<digest>)
+-- ARGV[1..2] events channel, event id prefix (_lib.lua convention)
+-- ARGV[3]  approximate MAXLEN of the audit stream (entries)
+-- ARGV[4]  actor   ARGV[5] request_id   ARGV[6] audit action   ARGV[7] audit detail
+-- ARGV[8]  expected queue   ARGV[9] expected priority (the caller built KEYS[3] from them)
+-- ARGV[10] task retention (s)   ARGV[11] consumer group name
+-- Reply: {"OK", ts (epoch ms), new entry id}
+--     or {"NOT_FOUND"} (no hash), {"NO_ENTRY"} (no dead-letter entry: discarded,
+--     purged or trimmed), {"WRONG_STATE", status}, {"MISMATCH"} (KEYS[3] is not the
+--     task's band).
+-- Effects: XDEL of the dead-letter entry; the earlier attempt records move to the
+-- JSON array field prev_attempts; status queued, attempt 1, requeues + 1,
+-- expires_at_ms / due_at_ms cleared (an operator asked for this run); a new band
+-- entry (add_entry); idempotency record back to processing if it still names this
+-- task; TASK_QUEUED {requeued=true}; one audit entry.
+local task_key = KEYS[1]
+if redis.call('EXISTS', task_key) == 0 then return {'NOT_FOUND'} end
+local f = redis.call('HMGET', task_key, 'status', 'dlq_entry_id', 'queue', 'priority',
+  'task_id', 'task_type', 'discarded', 'prev_attempts')
+if f[1] ~= 'dead_lettered' then return {'WRONG_STATE', f[1] or ''} end
+if (not f[2]) or f[2] == '' or f[7] == '1' then return {'NO_ENTRY'} end
+if #redis.call('XRANGE', KEYS[2], f[2], f[2]) == 0 then return {'NO_ENTRY'} end
+if f[3] ~= ARGV[8] or f[4] ~= ARGV[9] then return {'MISMATCH'} end
+local ms = now_ms()
+
+-- Archive att:<n> (ordered by n) so the new attempt 1 does not overwrite history.
+local prev = {}
+if f[8] and f[8] ~= '' then prev = cjson.decode(f[8]) end
+local numbered = {}
+for _, k in ipairs(redis.call('HKEYS', task_key)) do
+  local n = string.match(k, '^att:(%d+)$')
+  if n then table.insert(numbered, tonumber(n)) end
+end
+table.sort(numbered)
+for _, n in ipairs(numbered) do
+  local rec = cjson.decode(redis.call('HGET', task_key, 'att:' .. n))
+  rec.attempt = n
+  table.insert(prev, rec)
+  redis.call('HDEL', task_key, 'att:' .. n)
+end
+if #prev > 0 then redis.call('HSET', task_key, 'prev_attempts', cjson.encode(prev)) end
+
+redis.call('XDEL', KEYS[2], f[2])
+redis.call('HSET', task_key, 'status', 'queued', 'dlq_entry_id', '', 'finished_at_ms', 0,
+  'started_at_ms', 0, 'cancel_requested', '0', 'due_at_ms', 0, 'expires_at_ms', 0)
+redis.call('HINCRBY', task_key, 'requeues', 1)
+pcall(redis.call, 'XGROUP', 'CREATE', KEYS[3], ARGV[11], '0', 'MKSTREAM')
+local entry_id = add_entry(KEYS[3], task_key, 1)
+if KEYS[5] then idem_update(KEYS[5], f[5], 'processing', ms) end
+touch(task_key, ms, ARGV[10])
+publish('TASK_QUEUED', ms, f[5], f[3], f[6], 1, '', {requeued = 'true'})
+audit(KEYS[4], ARGV[3], ms, ARGV[4], ARGV[6], f[5], ARGV[5], ARGV[7])
+return {'OK', ms, entry_id}
