@@ -1,0 +1,240 @@
+"""The scheduler leader: due-task mover, reaper and stale-worker sweep.
+
+Every gateway replica runs a :class:`Scheduler`; exactly one of them leads (see
+:mod:`dtq_gateway.leader`) and only the leader's duties do work:
+
+* :class:`Mover` moves due members of ``dtq:retry:schedule`` (delayed tasks and
+  retries waiting for their backoff) into their priority band. Due ids are read
+  with ``ZRANGEBYSCORE -inf <Redis TIME>`` and each is moved by ``move_due.lua``,
+  which re-checks the lock token, the schedule score and the task status and does
+  the whole move (ZREM + XADD + status) in one script. A move is therefore atomic:
+  a crash leaves the task either still scheduled or fully queued, and a second
+  attempt to move it finds it gone from the schedule and does nothing. That is why
+  the seed's ``dtq:retry:claimed`` hand-off zset is not used: there is no window
+  between "claimed" and "enqueued" for it to cover.
+* :class:`~dtq_gateway.reaper.Reaper` reclaims expired leases.
+* :class:`WorkerSweep` marks workers whose heartbeats stopped (WORKER_STALE).
+
+Due times come from Redis TIME (read by the scripts themselves), never from this
+process's clock, so replicas with drifting clocks agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+
+from redis.asyncio import Redis
+
+from dtq_gateway import keys
+from dtq_gateway.duty import PeriodicDuty, text
+from dtq_gateway.leader import LeaderLock, LockKeeper
+from dtq_gateway.reaper import Reaper
+from dtq_gateway.scripts import Script, execute
+from dtq_gateway.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_MOVE_DUE = Script("move_due")
+_WORKER_SWEEP = Script("worker_sweep")
+
+#: Due tasks read and moved per batch (one ZRANGEBYSCORE, one pipeline).
+MOVE_BATCH = 200
+#: Batches per mover tick; more due tasks wait for the next tick.
+MAX_BATCHES_PER_TICK = 10
+
+
+async def redis_now_ms(redis: Redis) -> int:
+    """Redis TIME as epoch ms (the one clock of dtq)."""
+    seconds, micros = await redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+class Mover(PeriodicDuty):
+    """Moves due tasks from the retry schedule into their bands (leader only).
+
+    Args:
+        redis: client.
+        settings: gateway settings (scheduler_interval_ms, task_retention_s).
+        lock: leadership; every move re-checks its token inside move_due.lua.
+    """
+
+    name = "scheduler-mover"
+
+    def __init__(self, redis: Redis, settings: Settings, lock: LeaderLock) -> None:
+        super().__init__()
+        self._redis = redis
+        self._settings = settings
+        self._lock = lock
+        #: Outcomes of move_due.lua since start.
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def interval_s(self) -> float:
+        """DTQ_SCHEDULER_INTERVAL_MS in seconds."""
+        return self._settings.scheduler_interval_ms / 1000
+
+    def active(self) -> bool:
+        """Only the scheduler leader moves tasks."""
+        return self._lock.is_leader
+
+    async def tick(self) -> None:
+        """Move due tasks in batches until none is due, leadership ends or the cap."""
+        for _ in range(MAX_BATCHES_PER_TICK):
+            if self.stopping or not self._lock.is_leader:
+                return
+            counts = await self.move_batch()
+            if sum(counts.values()) < MOVE_BATCH or counts["not_leader"]:
+                return
+
+    async def move_batch(self) -> collections.Counter[str]:
+        """Move up to MOVE_BATCH due tasks; returns move_due.lua outcome counts."""
+        counts: collections.Counter[str] = collections.Counter()
+        token = self._lock.token
+        if token is None:
+            return counts
+        now_ms = await redis_now_ms(self._redis)
+        due = [text(m) for m in await self._redis.zrangebyscore(
+            keys.RETRY_SCHEDULE, "-inf", now_ms, start=0, num=MOVE_BATCH)]
+        if not due:
+            return counts
+        pipe = self._redis.pipeline(transaction=False)
+        for task_id in due:
+            pipe.hmget(keys.task(task_id), "queue", "priority", "idem_digest")
+        records = await pipe.execute()
+        pipe = self._redis.pipeline(transaction=False)
+        for task_id, (queue, priority, digest) in zip(due, records):
+            _MOVE_DUE.queue(pipe, self._move_keys(task_id, queue, priority, digest),
+                            _MOVE_DUE.argv(token, task_id, self._settings.task_retention_s))
+        for task_id, reply in zip(due, await execute(self._redis, pipe)):
+            if isinstance(reply, Exception):
+                log.error("mover: move_due failed: %r", reply, extra={"task_id": task_id})
+                counts["error"] += 1
+            else:
+                counts[text(reply)] += 1
+        if counts["not_leader"]:
+            self._lock.lose("move_due found another lock value")
+        self.counts.update(counts)
+        return counts
+
+    @staticmethod
+    def _move_keys(task_id: str, queue: object, priority: object, digest: object) -> list[str]:
+        """KEYS of move_due.lua; without a readable hash only the first three."""
+        keys_ = [keys.SCHEDULER_LOCK, keys.RETRY_SCHEDULE, keys.task(task_id)]
+        q, band = text(queue), text(priority)
+        if not keys.QUEUE_RE.match(q) or not band.isdigit() or not 0 <= int(band) <= 9:
+            return keys_
+        keys_.append(keys.stream(q, int(band)))
+        if text(digest):
+            keys_.append(keys.idempotency(q, text(digest)))
+        return keys_
+
+
+class WorkerSweep(PeriodicDuty):
+    """Marks workers stale whose heartbeats stopped (leader only).
+
+    A worker hash that expired (3x the heartbeat interval without a heartbeat) is
+    removed from ``dtq:workers``; one whose status is alive but whose
+    ``last_heartbeat`` is older than 2x the interval becomes ``stale``. Either way
+    WORKER_STALE is published exactly once, decided inside worker_sweep.lua.
+    """
+
+    name = "worker-sweep"
+
+    def __init__(self, redis: Redis, settings: Settings, lock: LeaderLock) -> None:
+        super().__init__()
+        self._redis = redis
+        self._settings = settings
+        self._lock = lock
+
+    def interval_s(self) -> float:
+        """The heartbeat interval (s)."""
+        return self._settings.heartbeat_interval_s
+
+    def active(self) -> bool:
+        """Only the scheduler leader sweeps."""
+        return self._lock.is_leader
+
+    async def tick(self) -> None:
+        """Sweep every member of ``dtq:workers`` once."""
+        await self.sweep()
+
+    async def sweep(self) -> collections.Counter[str]:
+        """Check every known worker; returns worker_sweep.lua outcome counts."""
+        counts: collections.Counter[str] = collections.Counter()
+        members = [text(m) async for m in self._redis.sscan_iter(keys.WORKERS, count=500)]
+        stale_after_ms = 2 * self._settings.heartbeat_interval_ms
+        for start in range(0, len(members), 500):
+            pipe = self._redis.pipeline(transaction=False)
+            for worker_id in members[start:start + 500]:
+                _WORKER_SWEEP.queue(pipe, [keys.WORKERS, keys.worker(worker_id)],
+                                    _WORKER_SWEEP.argv(worker_id, stale_after_ms))
+            for reply in await execute(self._redis, pipe):
+                counts["error" if isinstance(reply, Exception) else text(reply)] += 1
+        if counts["removed"] or counts["stale"]:
+            log.info("worker sweep: %s", dict(counts))
+        return counts
+
+
+class Scheduler:
+    """Leader election plus the leader's duties, for one gateway replica.
+
+    Args:
+        redis: client (shared with the rest of the gateway).
+        settings: gateway settings; ``gateway_id`` prefixes the lock value.
+        lock_ttl_ms: TTL of ``dtq:lock:scheduler`` (ms).
+        refresh_interval_s: leader's lock refresh period (s).
+        acquire_interval_s: followers' mean retry period (s), jittered.
+    """
+
+    def __init__(self, redis: Redis, settings: Settings, *, lock_ttl_ms: int = 10_000,
+                 refresh_interval_s: float = 3.0, acquire_interval_s: float = 1.5) -> None:
+        self.lock = LeaderLock(redis, settings.gateway_id or "gateway", lock_ttl_ms)
+        self.mover = Mover(redis, settings, self.lock)
+        self.reaper = Reaper(redis, settings, self.lock)
+        self.worker_sweep = WorkerSweep(redis, settings, self.lock)
+        self.keeper = LockKeeper(self.lock, refresh_interval_s, acquire_interval_s,
+                                 on_acquired=self._on_acquired)
+        self._duties: list[PeriodicDuty] = [self.keeper, self.mover, self.reaper,
+                                            self.worker_sweep]
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def is_leader(self) -> bool:
+        """True while this replica holds the scheduler lock."""
+        return self.lock.is_leader
+
+    def _on_acquired(self) -> None:
+        for duty in (self.mover, self.reaper, self.worker_sweep):
+            duty.wake()
+
+    async def run(self) -> None:
+        """Run the lock keeper and the duties until :meth:`stop` (or cancellation)."""
+        self._tasks = [asyncio.create_task(d.run(), name=f"dtq-{d.name}") for d in self._duties]
+        try:
+            await asyncio.gather(*self._tasks)
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._release()
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop every duty (each finishes its current tick) and release the lock.
+
+        Args:
+            timeout_s: longest wait for the duties (s); stragglers are cancelled.
+        """
+        for duty in self._duties:
+            duty.stop()
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=timeout_s)
+            for task in pending:
+                task.cancel()
+        await self._release()
+
+    async def _release(self) -> None:
+        try:
+            await asyncio.wait_for(self.lock.release(), timeout=2.0)
+        except Exception as exc:  # noqa: BLE001 - the lock then expires by its TTL
+            log.warning("scheduler: could not release the lock: %r", exc)
