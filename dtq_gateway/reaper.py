@@ -118,7 +118,8 @@ class Reaper(PeriodicDuty):
                     return counts
                 raise
             cursor, entries, deleted = text(reply[0]), reply[1], reply[2]
-            counts["deleted"] += len(deleted)
+            if deleted:
+                counts["deleted"] += len(deleted)
             if entries:
                 counts.update(await self._reclaim(stream, entries))
             if cursor == "0-0":

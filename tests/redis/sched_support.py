@@ -6,10 +6,12 @@ import asyncio
 import json
 import time
 import uuid
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any, Self
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from dtq_gateway import keys
 
@@ -74,7 +76,7 @@ async def seed_lease(r: Redis, task_id: str, worker_id: str = "w1") -> tuple[str
     stream = keys.stream(t["queue"], int(t["priority"]))
     try:
         await r.xgroup_create(stream, keys.GROUP, id="$", mkstream=True)
-    except Exception as exc:  # noqa: BLE001 - BUSYGROUP on the second task
+    except ResponseError as exc:  # BUSYGROUP from the second task on
         if "BUSYGROUP" not in str(exc):
             raise
     entry_id = (await r.xadd(stream, {
@@ -117,7 +119,7 @@ class Events:
         self._ps = r.pubsub()
         self.events: list[dict[str, Any]] = []
 
-    async def __aenter__(self) -> "Events":
+    async def __aenter__(self) -> Self:
         await self._ps.subscribe(keys.EVENTS_CHANNEL)
         msg = await self._ps.get_message(timeout=5.0)
         assert msg and msg["type"] == "subscribe"

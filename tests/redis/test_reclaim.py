@@ -1,0 +1,215 @@
+"""autoclaim.lua + reclaim.lua through the Reaper: a lost lease counts as an attempt."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import pytest
+from redis.asyncio import Redis
+
+from dtq_gateway import keys
+from dtq_gateway.leader import LeaderLock
+from dtq_gateway.reaper import CLAIM_COUNT, Reaper
+from dtq_gateway.scripts import Script
+from dtq_gateway.settings import Settings
+from tests.redis.sched_support import (
+    Events,
+    r,
+    redis_ms,
+    seed_idem,
+    seed_lease,
+    seed_task,
+    task_fields,
+    wait_until,
+)
+
+__all__ = ["r"]
+
+VT_S = 0.05  # visibility timeout of these tests: entries idle 50 ms are reclaimable
+RECLAIM = Script("reclaim")
+
+
+@pytest.fixture
+def reaper(r: Redis) -> Reaper:
+    settings = Settings(visibility_timeout_s=VT_S, heartbeat_interval_s=0.01, gateway_id="gw")
+    return Reaper(r, settings, LeaderLock(r, "gw"))
+
+
+async def reap(reaper: Reaper, stream: str, outcome: str, n: int = 1) -> dict[str, int]:
+    """Reap the stream until `outcome` was counted n times (entries must idle VT_S first)."""
+    seen: collections.Counter[str] = collections.Counter()
+
+    async def step() -> bool:
+        seen.update(await reaper.reap_stream(stream))
+        return seen[outcome] >= n
+
+    await wait_until(step)
+    return dict(seen)
+
+
+async def pending_count(r: Redis, stream: str) -> int:
+    return (await r.xpending(stream, keys.GROUP))["pending"]
+
+
+async def test_lost_lease_with_attempts_left_is_retried_as_new_entry(r: Redis,
+                                                                     reaper: Reaper) -> None:
+    tid = await seed_task(r, attempt=1, max_attempts=3)
+    stream, old_id = await seed_lease(r, tid, "w1")
+    async with Events(r) as ev:
+        assert await reap(reaper, stream, "retried") == {"retried": 1}
+        retried = await ev.of_type("TASK_RETRIED")
+    assert await r.xrange(stream, old_id, old_id) == []
+    assert await pending_count(r, stream) == 0
+    entries = await r.xrange(stream)
+    assert len(entries) == 1
+    new_id, fields = entries[0]
+    assert fields[b"attempt"] == b"2" and fields[b"task_id"] == tid.encode()
+    t = await task_fields(r, tid)
+    assert t["status"] == "queued" and t["attempt"] == "2" and t["entry_id"] == new_id.decode()
+    assert t["worker_id"] == "" and t["last_error_class"] == "LeaseExpired"
+    att = json.loads(t["att:1"])
+    assert att["outcome"] == "lease_expired" and att["worker_id"] == "w1"
+    assert att["error_class"] == "LeaseExpired" and att["finished_at_ms"] >= att["started_at_ms"]
+    assert len(retried) == 1 and retried[0]["attempt"] == 2 and retried[0]["worker_id"] == "w1"
+
+
+async def test_lost_last_attempt_is_dead_lettered_as_lease_expired(r: Redis,
+                                                                   reaper: Reaper) -> None:
+    tid = await seed_task(r, attempt=3, max_attempts=3, idem_key="order-7", queue="billing")
+    idem = await seed_idem(r, "billing", "order-7", tid, ttl_s=7000)
+    stream, _ = await seed_lease(r, tid, "w9")
+    before_ms = await redis_ms(r)
+    async with Events(r) as ev:
+        assert await reap(reaper, stream, "dead_lettered") == {"dead_lettered": 1}
+        dead = await ev.of_type("TASK_DEAD_LETTERED")
+    assert await r.xlen(stream) == 0 and await pending_count(r, stream) == 0
+    [(dlq_id, f)] = await r.xrange(keys.DEAD_LETTER)
+    f = {k.decode(): v.decode() for k, v in f.items()}
+    assert f["task_id"] == tid and f["queue"] == "billing" and f["original_queue"] == "billing"
+    assert f["attempts_made"] == "3" and f["attempt"] == "3" and f["max_attempts"] == "3"
+    assert f["last_error_class"] == "LeaseExpired" and f["last_error"] == "lease expired"
+    assert f["retryable"] == "0" and f["worker_id"] == "w9"
+    assert f["idempotency_key"] == "order-7" and int(f["failed_at_ms"]) >= before_ms
+    for name in ("task_type", "payload", "priority", "timeout_ms"):
+        assert name in f
+    t = await task_fields(r, tid)
+    assert t["status"] == "dead_lettered" and t["dlq_entry_id"] == dlq_id.decode()
+    assert t["last_error_class"] == "LeaseExpired" and t["entry_id"] == ""
+    assert json.loads(await r.get(idem))["state"] == "failed"
+    assert 6900 < await r.ttl(idem) <= 7000
+    assert [e["metadata"]["error_class"] for e in dead] == ["LeaseExpired"]
+
+
+@pytest.mark.parametrize("change", ["newer_entry", "terminal", "missing"])
+async def test_stale_entry_is_absorbed(r: Redis, reaper: Reaper, change: str) -> None:
+    tid = await seed_task(r)
+    stream, entry_id = await seed_lease(r, tid, "w1")
+    if change == "newer_entry":
+        await r.hset(keys.task(tid), mapping={"entry_id": "9999999999999-0", "attempt": 2})
+    elif change == "terminal":
+        await r.hset(keys.task(tid), "status", "succeeded")
+    else:
+        await r.delete(keys.task(tid))
+    before = await task_fields(r, tid)
+    async with Events(r) as ev:
+        assert await reap(reaper, stream, "absorbed") == {"absorbed": 1}
+        absorbed = await ev.of_type("TASK_DUPLICATE_ABSORBED")
+    assert await r.xlen(stream) == 0 and await pending_count(r, stream) == 0
+    assert await task_fields(r, tid) == before
+    assert not await r.exists(keys.DEAD_LETTER)
+    assert len(absorbed) == (0 if change == "missing" else 1)
+
+
+async def test_entries_deleted_while_pending_are_acked_away(r: Redis, reaper: Reaper) -> None:
+    tid = await seed_task(r)
+    stream, entry_id = await seed_lease(r, tid, "w1")
+    await r.xdel(stream, entry_id)
+    assert await pending_count(r, stream) == 1
+    assert await reap(reaper, stream, "deleted") == {"deleted": 1}
+    assert await pending_count(r, stream) == 0
+    assert (await task_fields(r, tid))["status"] == "active"  # nothing else touched
+
+
+async def test_entry_not_owned_by_reaper_is_refused(r: Redis) -> None:
+    tid = await seed_task(r)
+    stream, entry_id = await seed_lease(r, tid, "w1")
+    before = await task_fields(r, tid)
+    reply = await RECLAIM(r, [stream, keys.task(tid), keys.DEAD_LETTER, keys.CANCELLED],
+                          RECLAIM.argv(entry_id, 1, 100, 3600, keys.GROUP,
+                                       keys.REAPER_CONSUMER))
+    assert reply == b"not_owned"
+    assert await task_fields(r, tid) == before
+    assert await pending_count(r, stream) == 1
+
+
+async def test_fresh_lease_is_not_claimed(r: Redis) -> None:
+    settings = Settings(visibility_timeout_s=60, heartbeat_interval_s=1, gateway_id="gw")
+    reaper = Reaper(r, settings, LeaderLock(r, "gw"))
+    tid = await seed_task(r)
+    stream, _ = await seed_lease(r, tid, "w1")
+    assert await reaper.reap_stream(stream) == {}
+    assert (await r.xpending_range(stream, keys.GROUP, "-", "+", 10))[0]["consumer"] == b"w1"
+
+
+async def test_cancel_requested_task_is_cancelled_not_retried(r: Redis, reaper: Reaper) -> None:
+    tid = await seed_task(r, attempt=1, max_attempts=3)
+    stream, _ = await seed_lease(r, tid, "w1")
+    await r.hset(keys.task(tid), "cancel_requested", "1")
+    await r.sadd(keys.CANCELLED, tid)
+    async with Events(r) as ev:
+        assert await reap(reaper, stream, "cancelled") == {"cancelled": 1}
+        cancelled = await ev.of_type("TASK_CANCELLED")
+    assert await r.xlen(stream) == 0 and await pending_count(r, stream) == 0
+    assert (await task_fields(r, tid))["status"] == "cancelled"
+    assert not await r.sismember(keys.CANCELLED, tid)
+    assert [e["task_id"] for e in cancelled] == [tid]
+
+
+async def test_read_but_never_activated_entry_is_requeued_without_spending_attempt(
+        r: Redis, reaper: Reaper) -> None:
+    tid = await seed_task(r, attempt=2)
+    stream, old_id = await seed_lease(r, tid, "w1")
+    await r.hset(keys.task(tid), mapping={"status": "queued", "worker_id": ""})
+    assert await reap(reaper, stream, "requeued") == {"requeued": 1}
+    [(new_id, fields)] = await r.xrange(stream)
+    assert new_id != old_id.encode() and fields[b"attempt"] == b"2"
+    t = await task_fields(r, tid)
+    assert t["status"] == "queued" and t["attempt"] == "2" and t["entry_id"] == new_id.decode()
+    assert "att:2" not in t
+
+
+async def test_stream_without_group_is_skipped(r: Redis, reaper: Reaper) -> None:
+    stream = keys.stream("orphan", 3)
+    await r.xadd(stream, {"task_id": "x"})
+    assert await reaper.reap_stream(stream) == {}
+    assert await reaper.reap_stream(keys.stream("nothing", 0)) == {}
+
+
+async def test_long_pel_is_reaped_across_cursor_rounds(r: Redis, reaper: Reaper) -> None:
+    n = CLAIM_COUNT * 2 + 17
+    tids = [await seed_task(r, max_attempts=1) for _ in range(n)]
+    streams = {(await seed_lease(r, tid, f"w{i % 4}"))[0] for i, tid in enumerate(tids)}
+    [stream] = streams
+    assert await reap(reaper, stream, "dead_lettered", n) == {"dead_lettered": n}
+    assert await pending_count(r, stream) == 0 and await r.xlen(stream) == 0
+    assert await r.xlen(keys.DEAD_LETTER) == n
+
+
+async def test_tick_finds_band_streams_and_only_leader_reaps(r: Redis) -> None:
+    settings = Settings(visibility_timeout_s=VT_S, heartbeat_interval_s=0.01, gateway_id="gw")
+    lock = LeaderLock(r, "gw")
+    reaper = Reaper(r, settings, lock)
+    tid = await seed_task(r, queue="a.b", priority=9)
+    stream, _ = await seed_lease(r, tid, "w1")
+    await r.set("dtq:stream:audit", "not a band stream")
+    assert not reaper.active()
+    assert await reaper.band_streams() == [stream]
+    assert await lock.acquire() and reaper.active()
+
+    async def retried() -> bool:
+        await reaper.tick()
+        return reaper.counts["retried"] == 1
+
+    await wait_until(retried)
+    assert (await task_fields(r, tid))["attempt"] == "2"
