@@ -1,0 +1,113 @@
+"""Flow control and result batching: max_in_flight, coalesced Ack/Fail, stale leases."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.worker.helpers import make_worker, running, wait_event
+
+
+async def test_many_acks_go_out_in_few_calls(fake):
+    worker = make_worker(fake, concurrency=50, max_in_flight=400, ack_flush_ms=20)
+
+    @worker.task("t")
+    async def t(payload, ctx):
+        return ctx.lease_id
+
+    @worker.task("bad")
+    async def bad(payload, ctx):
+        raise ValueError("x")
+
+    async with running(worker):
+        leases = [await fake.push("t") for _ in range(200)]
+        bad_leases = [await fake.push("bad") for _ in range(50)]
+        await fake.wait_for(lambda: set(leases) <= set(fake.acked())
+                            and set(bad_leases) <= set(fake.failed()), timeout_s=10)
+    assert sum(len(c) for c in fake.ack_calls) == 200
+    assert len(fake.ack_calls) <= 10, [len(c) for c in fake.ack_calls]
+    assert len(fake.fail_calls) <= 10, [len(c) for c in fake.fail_calls]
+    assert worker.stats["processed"] == 200 and worker.stats["failed"] == 50
+
+
+async def test_a_batch_holds_at_most_256_items(fake):
+    # a long flush window: only the 256-item cap sends before it ends
+    worker = make_worker(fake, concurrency=100, max_in_flight=1000, ack_flush_ms=1000)
+    worker.register("t", lambda p, c: None)
+    async with running(worker):
+        for _ in range(600):
+            await fake.push("t")
+        await fake.wait_for(lambda: sum(map(len, fake.ack_calls)) >= 512, timeout_s=10)
+        assert [len(c) for c in fake.ack_calls[:2]] == [256, 256]
+        await fake.wait_for(lambda: len(fake.acked()) == 600, timeout_s=10)
+    assert max(len(c) for c in fake.ack_calls) == 256
+
+
+async def test_concurrency_and_max_in_flight_respected(fake):
+    worker = make_worker(fake, concurrency=2, max_in_flight=5)
+    active = 0
+    peak = 0
+    held_peak = 0
+    gate = asyncio.Event()
+    both_running = asyncio.Event()
+
+    @worker.task("t")
+    async def t(payload, ctx):
+        nonlocal active, peak, held_peak
+        active += 1
+        peak = max(peak, active)
+        if active == 2:
+            both_running.set()
+        held_peak = max(held_peak, len(worker._runtime.held))
+        await gate.wait()
+        active -= 1
+
+    async with running(worker):
+        leases = [await fake.push("t") for _ in range(20)]
+        await wait_event(both_running)
+        await fake.wait_for(lambda: len(fake.delivered) == 5)
+        assert worker.active_tasks == 2
+        gate.set()
+        await fake.wait_for(lambda: set(leases) <= set(fake.acked()))
+    assert fake.lease_requests[0].max_in_flight == 5
+    assert peak == 2
+    assert held_peak <= 5 and fake.max_outstanding <= 5
+
+
+async def test_stale_single_item_ack_is_dropped_and_worker_continues(fake):
+    worker = make_worker(fake, concurrency=1)
+    worker.register("t", lambda p, c: "r")
+    async with running(worker):
+        stale = await fake.push("t")
+        fake.stale.add(stale)
+        await fake.wait_for(lambda: any(i.lease_id == stale for c in fake.ack_calls for i in c))
+        fresh = await fake.push("t")
+        await fake.wait_for(lambda: fresh in fake.acked())
+    assert worker.stats["stale"] == 1 and worker.stats["processed"] == 1
+
+
+async def test_stale_item_in_a_batch_is_dropped(fake):
+    worker = make_worker(fake, concurrency=10, ack_flush_ms=200)
+    gate = asyncio.Event()
+
+    @worker.task("t")
+    async def t(payload, ctx):
+        await gate.wait()
+
+    async with running(worker):
+        leases = [await fake.push("t") for _ in range(5)]
+        fake.stale.add(leases[0])
+        await fake.wait_for(lambda: len(fake.delivered) == 5)
+        gate.set()
+        await fake.wait_for(lambda: sum(map(len, fake.ack_calls)) == 5)
+    assert worker.stats["stale"] == 1 and worker.stats["processed"] == 4
+
+
+async def test_results_retried_while_gateway_unavailable(fake):
+    fake.unavailable_results = 2
+    worker = make_worker(fake)
+    worker.register("t", lambda p, c: "r")
+    async with running(worker):
+        lease = await fake.push("t")
+        await fake.wait_for(lambda: lease in fake.acked())
+    assert fake.unavailable_results == 0
+    assert worker.stats["processed"] == 1

@@ -1,0 +1,108 @@
+"""Heartbeats: held lease ids, counters, lost leases, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+
+from dtq_proto import dtq_pb2
+from tests.worker.helpers import make_worker, running, wait_event
+
+
+def _blocking_worker(fake, **kwargs):
+    """A worker whose "block" handler waits for ``release`` and records events."""
+    worker = make_worker(fake, **kwargs)
+    state = {"started": [], "cancelled": [], "release": asyncio.Event(),
+             "any_started": asyncio.Event(), "any_cancelled": asyncio.Event()}
+
+    @worker.task("block")
+    async def block(payload, ctx):
+        state["started"].append(ctx.lease_id)
+        state["any_started"].set()
+        try:
+            await state["release"].wait()
+        except asyncio.CancelledError:
+            state["cancelled"].append(ctx.lease_id)
+            state["any_cancelled"].set()
+            raise
+        return "done"
+
+    return worker, state
+
+
+async def test_heartbeat_lists_running_and_buffered_leases_with_counters(fake):
+    worker, state = _blocking_worker(fake, concurrency=1, max_in_flight=3)
+    worker.register("quick", lambda p, c: 1)
+    async with running(worker):
+        quick = await fake.push("quick")
+        await fake.wait_for(lambda: quick in fake.acked())
+        a = await fake.push("block")
+        b = await fake.push("block")
+        await fake.wait_for(lambda: any({a, b} <= set(h.lease_ids) for h in fake.heartbeats))
+        hb = next(h for h in fake.heartbeats if {a, b} <= set(h.lease_ids))
+        assert state["started"] == [a]  # b is buffered, yet heartbeated
+        assert hb.worker_id == "w-test" and hb.concurrency == 1 and hb.active_tasks == 1
+        assert hb.counters.tasks_processed == 1
+        state["release"].set()
+        await fake.wait_for(lambda: {a, b} <= set(fake.acked()))
+
+
+async def test_cancel_running_async_handler_reports_cancelled(fake):
+    worker, state = _blocking_worker(fake)
+    async with running(worker):
+        lease = await fake.push("block")
+        await wait_event(state["any_started"])
+        fake.cancelled.add(lease)
+        await fake.wait_for(lambda: lease in fake.failed())
+    item = fake.failed()[lease]
+    assert item.mode == dtq_pb2.FAIL_MODE_CANCELLED
+    assert state["cancelled"] == [lease]
+    assert lease not in fake.acked()
+    assert worker.stats["cancelled"] == 1 and worker.stats["failed"] == 0
+
+
+async def test_cancel_buffered_task_never_runs(fake):
+    worker, state = _blocking_worker(fake, concurrency=1, max_in_flight=2)
+    async with running(worker):
+        first = await fake.push("block")
+        second = await fake.push("block")
+        await wait_event(state["any_started"])
+        await fake.wait_for(lambda: len(fake.delivered) == 2)
+        fake.cancelled.add(second)
+        await fake.wait_for(lambda: second in fake.failed())
+        state["release"].set()
+        await fake.wait_for(lambda: first in fake.acked())
+    assert fake.failed()[second].mode == dtq_pb2.FAIL_MODE_CANCELLED
+    assert state["started"] == [first]
+
+
+async def test_lost_lease_stops_handler_and_is_never_reported(fake):
+    worker, state = _blocking_worker(fake)
+    async with running(worker):
+        lease = await fake.push("block")
+        await wait_event(state["any_started"])
+        fake.lost.add(lease)
+        await wait_event(state["any_cancelled"])
+        seen = len(fake.heartbeats)
+        # two more heartbeats: the lease is no longer listed, nothing was reported
+        await fake.wait_for(lambda: len(fake.heartbeats) >= seen + 2)
+        assert lease not in fake.heartbeats[-1].lease_ids
+    assert lease not in fake.reported()
+    assert worker.stats["lost"] == 1
+
+
+async def test_lost_buffered_lease_never_runs(fake):
+    worker, state = _blocking_worker(fake, concurrency=1, max_in_flight=2)
+    async with running(worker):
+        first = await fake.push("block")
+        second = await fake.push("block")
+        await wait_event(state["any_started"])
+        await fake.wait_for(lambda: len(fake.delivered) == 2)
+        fake.lost.add(second)
+        await fake.wait_for(lambda: any(second in h.lease_ids for h in fake.heartbeats))
+        seen = len(fake.heartbeats)
+        await fake.wait_for(lambda: len(fake.heartbeats) >= seen + 1)
+        assert second not in fake.heartbeats[-1].lease_ids
+        state["release"].set()
+        await fake.wait_for(lambda: first in fake.acked())
+    assert state["started"] == [first]
+    assert second not in fake.reported()
