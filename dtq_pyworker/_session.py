@@ -60,6 +60,7 @@ async def lease_loop(worker: Worker, stub, runtime: Runtime,
             log.exception("lease stream handling failed; reconnecting")
         finally:
             call.cancel()
+        worker._count("reconnects")
         await asyncio.sleep(backoff.next())
 
 

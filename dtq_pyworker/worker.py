@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TARGET = "127.0.0.1:50051"
 SDK = "dtq-pyworker/0.1.0"
 STAT_NAMES = ("processed", "failed", "retried", "released", "cancelled", "lost", "stale",
-              "timeouts")
+              "timeouts", "reconnects")
 
 
 def default_worker_id() -> str:

@@ -32,3 +32,12 @@ def make_worker(fake: FakeBroker, **kwargs) -> Worker:
 async def wait_event(event: asyncio.Event, timeout_s: float = 5.0) -> None:
     """Wait for ``event`` with a deadline."""
     await asyncio.wait_for(event.wait(), timeout_s)
+
+
+async def poll_until(predicate, timeout_s: float = 5.0, interval_s: float = 0.01) -> None:
+    """Poll ``predicate()`` until it holds; fail after ``timeout_s``."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError("condition not reached in time")
+        await asyncio.sleep(interval_s)
