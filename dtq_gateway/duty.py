@@ -103,6 +103,11 @@ class PeriodicDuty:
         self._wake.set()
 
     @property
+    def failures(self) -> int:
+        """Consecutive failed ticks (0 after a successful one)."""
+        return self._failures
+
+    @property
     def stopping(self) -> bool:
         """True once :meth:`stop` was called."""
         return self._stop.is_set()

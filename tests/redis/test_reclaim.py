@@ -104,7 +104,7 @@ async def test_lost_last_attempt_is_dead_lettered_as_lease_expired(r: Redis,
 @pytest.mark.parametrize("change", ["newer_entry", "terminal", "missing"])
 async def test_stale_entry_is_absorbed(r: Redis, reaper: Reaper, change: str) -> None:
     tid = await seed_task(r)
-    stream, entry_id = await seed_lease(r, tid, "w1")
+    stream, _ = await seed_lease(r, tid, "w1")
     if change == "newer_entry":
         await r.hset(keys.task(tid), mapping={"entry_id": "9999999999999-0", "attempt": 2})
     elif change == "terminal":
