@@ -1,0 +1,75 @@
+"""The dtq-pyworker CLI as a real process: loading module:attr, flags, SIGTERM drain."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = Path(sys.executable).parent / "dtq-pyworker"
+
+
+async def _spawn(*args: str) -> asyncio.subprocess.Process:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DTQ_")}
+    cmd = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "dtq_pyworker.cli"]
+    return await asyncio.create_subprocess_exec(
+        *cmd, *args, cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT)
+
+
+async def test_cli_runs_worker_and_exits_zero_after_sigterm_drain(fake):
+    proc = await _spawn("tests.worker.cli_app:worker", "--target", fake.target,
+                        "--queues", "a,b", "--concurrency", "3", "--worker-id", "cli-w")
+    try:
+        await fake.wait_for(lambda: fake.open_streams == 1, timeout_s=20)
+        req = fake.lease_requests[0]
+        assert (list(req.queues), req.concurrency, req.max_in_flight, req.worker_id) == (
+            ["a", "b"], 3, 6, "cli-w")
+        echo = await fake.push("echo", b'{"x": 1}')
+        await fake.wait_for(lambda: echo in fake.acked())
+        assert json.loads(fake.acked()[echo]) == {"echo": {"x": 1}, "worker_id": "cli-w"}
+        slow = await fake.push("slow", b'{"seconds": 0.5}')
+        await fake.wait_for(lambda: any(slow in h.lease_ids for h in fake.heartbeats))
+        proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.wait_for(proc.wait(), 20)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    output = (await proc.stdout.read()).decode()
+    assert rc == 0, output
+    assert json.loads(fake.acked()[slow]) == {"slept": 0.5}  # finished within the grace
+    assert "draining" in output
+
+
+async def test_cli_accepts_a_factory_and_env_defaults(fake):
+    env_target = fake.target
+    proc = await asyncio.create_subprocess_exec(
+        *([str(CLI)] if CLI.exists() else [sys.executable, "-m", "dtq_pyworker.cli"]),
+        "tests.worker.cli_app:build", cwd=ROOT,
+        env={**os.environ, "DTQ_GATEWAY": env_target, "DTQ_QUEUES": "envq",
+             "DTQ_CONCURRENCY": "2"},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        await fake.wait_for(lambda: fake.open_streams == 1, timeout_s=20)
+        req = fake.lease_requests[0]
+        assert (list(req.queues), req.concurrency, req.worker_id) == (["envq"], 2, "cli-built")
+        proc.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_cli_bad_spec_exits_2():
+    proc = await _spawn("tests.worker.cli_app:nope")
+    rc = await asyncio.wait_for(proc.wait(), 20)
+    output = (await proc.stdout.read()).decode()
+    assert rc == 2 and "cannot load" in output
+    proc = await _spawn("no_colon_here")
+    assert await asyncio.wait_for(proc.wait(), 20) == 2

@@ -1,0 +1,119 @@
+"""Producer clients against the fake Broker: enqueue, batch, get, wait, cancel, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import grpc
+import pytest
+
+from dtq_proto import dtq_pb2
+from dtq_pyworker import AsyncClient, Client, DtqRpcError, EnqueueResult
+from tests.worker.fake_broker import ThreadedFakeBroker
+
+
+@pytest.fixture
+def threaded():
+    fake = ThreadedFakeBroker()
+    yield fake
+    fake.close()
+
+
+def test_sync_enqueue_encodes_payload_and_options(threaded):
+    with Client(threaded.target) as client:
+        res = client.enqueue("demo", "file.stats", {"path": "/x.py"}, priority=7,
+                             max_attempts=2, idempotency_key="k1", metadata={"a": 1},
+                             retry_policy={"backoff_base_ms": 10})
+        again = client.enqueue("demo", "file.stats", {"path": "/x.py"}, idempotency_key="k1")
+        task = client.get_task(res.task_id)
+    assert isinstance(res, EnqueueResult) and not res.deduplicated
+    assert res.status == dtq_pb2.TASK_STATUS_QUEUED
+    assert again.deduplicated and again.task_id == res.task_id
+    assert json.loads(task.payload) == {"path": "/x.py"}
+    assert task.content_type == "application/json"
+    assert (task.priority, task.max_attempts, dict(task.metadata)) == (7, 2, {"a": "1"})
+
+
+def test_sync_bytes_payload_is_octet_stream(threaded):
+    with Client(threaded.target) as client:
+        task = client.get_task(client.enqueue("demo", "raw", b"\x00\xff").task_id)
+    assert task.payload == b"\x00\xff" and task.content_type == "application/octet-stream"
+
+
+def test_sync_error_carries_reason_and_field(threaded):
+    with Client(threaded.target) as client:
+        with pytest.raises(DtqRpcError) as info:
+            client.enqueue("", "t", {})
+        with pytest.raises(DtqRpcError) as missing:
+            client.get_task("0" * 32)
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert (info.value.reason, info.value.field) == ("INVALID_FIELD", "queue")
+    assert (missing.value.code, missing.value.reason) == (grpc.StatusCode.NOT_FOUND, "NOT_FOUND")
+
+
+def test_sync_batch_answers_per_item(threaded):
+    with Client(threaded.target) as client:
+        results = client.enqueue_batch([
+            {"queue": "demo", "task_type": "t", "payload": {"i": 1}, "priority": 9},
+            {"queue": "", "task_type": "t", "payload": {"i": 2}},
+        ])
+    assert isinstance(results[0], EnqueueResult) and results[0].task_id
+    assert isinstance(results[1], DtqRpcError)
+    assert (results[1].code, results[1].reason, results[1].field) == (
+        grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD", "queue")
+
+
+def test_sync_batch_rejects_unknown_options(threaded):
+    with Client(threaded.target) as client, pytest.raises(TypeError):
+        client.enqueue_batch([{"queue": "q", "task_type": "t", "colour": "red"}])
+
+
+def test_sync_wait_polls_until_terminal_and_cancel(threaded):
+    with Client(threaded.target) as client:
+        task_id = client.enqueue("demo", "t", {}).task_id
+        broker = threaded.broker
+
+        async def finish_after_two_polls():
+            await broker.wait_for(lambda: broker.get_task_calls >= 2)
+            broker.tasks[task_id].status = dtq_pb2.TASK_STATUS_SUCCEEDED
+
+        done = asyncio.run_coroutine_threadsafe(finish_after_two_polls(), threaded.loop)
+        task = client.wait(task_id, timeout_s=10)
+        done.result(5)
+        assert task.status == dtq_pb2.TASK_STATUS_SUCCEEDED
+        other = client.enqueue("demo", "t", {}).task_id
+        resp = client.cancel(other, reason="test")
+        assert resp.status == dtq_pb2.TASK_STATUS_CANCELLED
+        assert client.wait(other, timeout_s=1).status == dtq_pb2.TASK_STATUS_CANCELLED
+
+
+def test_sync_wait_times_out(threaded):
+    with Client(threaded.target) as client:
+        task_id = client.enqueue("demo", "t", {}).task_id
+        with pytest.raises(TimeoutError):
+            client.wait(task_id, timeout_s=0.1)
+
+
+async def test_async_client_roundtrip(fake):
+    async with AsyncClient(fake.target) as client:
+        res = await client.enqueue("demo", "t", {"x": 1}, delay_ms=5, timeout_ms=100)
+        task = await client.get_task(res.task_id)
+        assert task.timeout_ms == 100
+        batch = await client.enqueue_batch([{"queue": "demo", "task_type": "t"},
+                                            {"queue": "", "task_type": "t"}])
+        assert isinstance(batch[0], EnqueueResult) and isinstance(batch[1], DtqRpcError)
+        with pytest.raises(DtqRpcError) as info:
+            await client.enqueue("", "t")
+        assert info.value.field == "queue"
+        fake.tasks[res.task_id].status = dtq_pb2.TASK_STATUS_DEAD_LETTERED
+        assert (await client.wait(res.task_id, 5)).status == dtq_pb2.TASK_STATUS_DEAD_LETTERED
+        cancelled = await client.cancel(batch[0].task_id)
+        assert cancelled.status == dtq_pb2.TASK_STATUS_CANCELLED
+
+
+async def test_async_unreachable_gateway_is_unavailable(fake):
+    async with AsyncClient("127.0.0.1:1", timeout_s=2) as client:
+        with pytest.raises(DtqRpcError) as info:
+            await client.get_task("x")
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE
