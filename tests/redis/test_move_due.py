@@ -143,6 +143,7 @@ async def test_mover_moves_every_due_task_in_one_tick(r: Redis) -> None:
     for tid in due:
         await schedule(r, tid, -5)
     await schedule(r, later, 60_000)
+    await r.script_flush()  # the pipelined calls must survive NOSCRIPT
     await mover.tick()
     assert mover.counts == {"moved": len(due)}
     assert await r.zrange(keys.RETRY_SCHEDULE, 0, -1) == [later.encode()]

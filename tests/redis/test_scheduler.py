@@ -122,12 +122,15 @@ async def test_refresh_refused_ends_leadership(r: Redis) -> None:
     assert await r.get(keys.SCHEDULER_LOCK) == b"gw-b:x"  # never deletes a foreign lock
 
 
-async def test_leader_moves_due_tasks_and_reclaims_leases(r: Redis) -> None:
+@pytest.mark.parametrize("decode_responses", [False, True])
+async def test_leader_moves_due_tasks_and_reclaims_leases(r: Redis, redis_url: str,
+                                                          decode_responses: bool) -> None:
     due = await seed_task(r, priority=4)
     await r.zadd(keys.RETRY_SCHEDULE, {due: await redis_ms(r) - 1})
     lost = await seed_task(r, queue="other", max_attempts=2)
     await seed_lease(r, lost, "w-dead")
-    s = Scheduler(r, settings("gw-a"))
+    client = Redis.from_url(redis_url, decode_responses=decode_responses)
+    s = Scheduler(client, settings("gw-a"))
     async with Events(r) as ev:
         task = asyncio.create_task(s.run())
         try:
@@ -136,6 +139,7 @@ async def test_leader_moves_due_tasks_and_reclaims_leases(r: Redis) -> None:
         finally:
             await s.stop()
             await asyncio.wait_for(task, 5)
+            await client.aclose()
         events = await ev.collect()
     assert (await task_fields(r, due))["status"] == "queued"
     assert await r.xlen(keys.stream("emails", 4)) == 1
@@ -143,6 +147,11 @@ async def test_leader_moves_due_tasks_and_reclaims_leases(r: Redis) -> None:
     types = sorted(e["type"] for e in events)
     assert types == ["TASK_QUEUED", "TASK_RETRIED"]
     assert await r.get(keys.SCHEDULER_LOCK) is None
+    for key in await r.keys("*"):  # every key the duties wrote is bounded
+        if key.startswith(b"dtq:task:"):
+            assert await r.ttl(key) > 0
+        else:
+            assert await r.type(key) == b"stream", key
 
 
 async def test_stale_worker_sweep_emits_worker_stale_once(r: Redis) -> None:
