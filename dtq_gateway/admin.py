@@ -8,8 +8,9 @@ plain dataclasses; ``admin_servicer`` converts them to protobuf.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError

@@ -17,10 +17,21 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 
 from dtq_gateway import keys
-from dtq_gateway.admin import (CallInfo, as_int, entry_ms, redis_now_ms, text, validate_page_token,
-                               validate_queue)
-from dtq_gateway.admin_scripts import (DISCARD_DEAD_LETTER, DLQ_SCAN, PURGE_DEAD_LETTERS,
-                                       REQUEUE_DEAD_LETTER)
+from dtq_gateway.admin import (
+    CallInfo,
+    as_int,
+    entry_ms,
+    redis_now_ms,
+    text,
+    validate_page_token,
+    validate_queue,
+)
+from dtq_gateway.admin_scripts import (
+    DISCARD_DEAD_LETTER,
+    DLQ_SCAN,
+    PURGE_DEAD_LETTERS,
+    REQUEUE_DEAD_LETTER,
+)
 from dtq_gateway.audit import append_audit, log_audit
 from dtq_gateway.errors import DtqError, InvalidArgument, NotFound, WrongState
 from dtq_gateway.task_record import normalize

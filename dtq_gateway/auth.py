@@ -19,8 +19,9 @@ import hmac
 import inspect
 import logging
 import re
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any
 
 import grpc
 from grpc_status import rpc_status
@@ -47,7 +48,7 @@ OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerRefl
                  "/grpc.reflection.v1.ServerReflection/")
 _ADMIN_ONLY = frozenset({"admin"})
 
-_principal: contextvars.ContextVar["Principal | None"] = contextvars.ContextVar(
+_principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
     "dtq_principal", default=None)
 
 
@@ -141,9 +142,14 @@ def _bearer(metadata: Any) -> str:
     return ""
 
 
-def _wrap(handler: grpc.RpcMethodHandler, fn: Callable[[Callable[..., Any]], Any]
+def wrap_handler(handler: grpc.RpcMethodHandler, fn: Callable[[Callable[..., Any]], Any]
           ) -> grpc.RpcMethodHandler:
-    """Same kind of handler with its behavior replaced by ``fn(behavior)``."""
+    """Same kind of handler with its behavior replaced by ``fn(behavior)``.
+
+    Shared by the server interceptors (auth, metrics): ``fn`` receives the
+    original behavior (coroutine function or async generator function) and
+    returns the replacement.
+    """
     if handler.unary_unary:
         return grpc.unary_unary_rpc_method_handler(
             fn(handler.unary_unary), handler.request_deserializer, handler.response_serializer)
@@ -234,11 +240,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         principal = self._lookup(token) if token else None
         if principal is None:
             log.info("auth rejected", extra={"method": method, "reason": "UNAUTHENTICATED"})
-            return _wrap(handler, _rejecting(Unauthenticated(
+            return wrap_handler(handler, _rejecting(Unauthenticated(
                 "missing or unknown bearer token (metadata authorization: Bearer <token>)")))
         if principal.role not in roles:
             log.info("auth rejected", extra={"method": method, "identity": principal.identity,
                                              "reason": "PERMISSION_DENIED"})
-            return _wrap(handler, _rejecting(PermissionDenied(
+            return wrap_handler(handler, _rejecting(PermissionDenied(
                 f"role {principal.role!r} may not call {method}")))
-        return _wrap(handler, _with_principal(principal))
+        return wrap_handler(handler, _with_principal(principal))

@@ -1,0 +1,225 @@
+"""One shared Redis pub/sub subscriber per gateway, fanned out to local consumers.
+
+Lifecycle events are published by the Lua scripts on ``keys.EVENTS_CHANNEL``
+(pub/sub: no history, no buffering in Redis). The hub holds the single
+subscription of this replica and hands every event to
+
+* listeners (:meth:`EventsHub.add_listener`): internal, synchronous, cheap
+  callbacks, e.g. the lease dispatcher waking on TASK_QUEUED / TASK_RETRIED;
+* subscriptions (:meth:`EventsHub.subscribe`): bounded per-client buffers behind
+  ``Events.Subscribe``. A full buffer drops the newest event for that client only
+  and counts it; the next event that fits carries the count (``dropped``), so a
+  slow client learns exactly where it lost events and never slows anyone else.
+
+After a Redis outage the hub resubscribes by itself, with jittered exponential
+backoff (at most ``max_backoff_s``) and rate-limited logs. Events published while
+it was disconnected are lost, as pub/sub semantics say.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from redis.asyncio import Redis
+
+from dtq_gateway import keys
+from dtq_gateway.duty import OUTAGE_ERRORS, RateLimitedLog
+from dtq_gateway.metrics import EVENTS_DROPPED
+
+log = logging.getLogger(__name__)
+
+Event = dict[str, Any]
+Listener = Callable[[Event], None]
+
+
+class Subscription:
+    """A bounded buffer of events for one consumer, with a drop count.
+
+    Args:
+        queues: deliver only events of these queues (empty = all; events without
+            a queue, such as worker events, pass only an empty filter).
+        types: deliver only these event type strings, e.g. "TASK_QUEUED" (empty = all).
+        maxsize: buffer capacity (events).
+    """
+
+    def __init__(self, queues: Iterable[str] = (), types: Iterable[str] = (),
+                 maxsize: int = 1000) -> None:
+        self.queues = frozenset(queues)
+        self.types = frozenset(types)
+        self._buffer: asyncio.Queue[tuple[Event, int] | None] = asyncio.Queue(maxsize)
+        self._pending_drops = 0
+        self.dropped_total = 0
+        self.closed = False
+
+    def matches(self, event: Event) -> bool:
+        """True when the event passes the queue and type filters."""
+        if self.types and event.get("type") not in self.types:
+            return False
+        return not self.queues or event.get("queue") in self.queues
+
+    def offer(self, event: Event) -> bool:
+        """Buffer the event without waiting; False (and counted) when full."""
+        if self.closed:
+            return False
+        try:
+            self._buffer.put_nowait((event, self._pending_drops))
+        except asyncio.QueueFull:
+            self._pending_drops += 1
+            self.dropped_total += 1
+            EVENTS_DROPPED.inc()
+            return False
+        self._pending_drops = 0
+        return True
+
+    async def get(self) -> tuple[Event, int] | None:
+        """Next ``(event, dropped before it)``, or None once the hub closed this."""
+        if self.closed and self._buffer.empty():
+            return None
+        return await self._buffer.get()
+
+    def close(self) -> None:
+        """End the subscription: :meth:`get` returns None after buffered events."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._buffer.full():
+            self._buffer.get_nowait()  # make room for the end marker
+        self._buffer.put_nowait(None)
+
+
+class EventsHub:
+    """The replica's single subscriber of the events channel.
+
+    Args:
+        redis: the gateway's client (the hub takes one connection from its pool).
+        channel: pub/sub channel (default ``keys.EVENTS_CHANNEL``).
+        buffer_size: capacity of each subscription buffer (events).
+        max_backoff_s: longest wait between resubscribe attempts (s).
+    """
+
+    def __init__(self, redis: Redis, *, channel: str = keys.EVENTS_CHANNEL,
+                 buffer_size: int = 1000, max_backoff_s: float = 5.0) -> None:
+        self.redis = redis
+        self.channel = channel
+        self.buffer_size = buffer_size
+        self.max_backoff_s = max_backoff_s
+        self.connected = asyncio.Event()
+        self.subscribe_count = 0  # successful (re)subscriptions, for tests and logs
+        self._subs: set[Subscription] = set()
+        self._listeners: list[Listener] = []
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+        self._outage_log = RateLimitedLog(log)
+        self._bad_event_log = RateLimitedLog(log, every_s=60.0)
+
+    def add_listener(self, callback: Listener) -> None:
+        """Call ``callback(event)`` for every event (must be cheap, must not block)."""
+        self._listeners.append(callback)
+
+    def remove_listener(self, callback: Listener) -> None:
+        """Stop calling ``callback``."""
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(callback)
+
+    def subscribe(self, queues: Iterable[str] = (), types: Iterable[str] = (),
+                  buffer_size: int | None = None) -> Subscription:
+        """A new filtered subscription; pair with :meth:`unsubscribe`.
+
+        Args:
+            queues: queue filter (empty = all).
+            types: event type strings (empty = all).
+            buffer_size: capacity (events); default the hub's ``buffer_size``.
+        """
+        sub = Subscription(queues, types, buffer_size or self.buffer_size)
+        if self._stopped:
+            sub.close()
+        else:
+            self._subs.add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        """Forget a subscription."""
+        self._subs.discard(sub)
+
+    @property
+    def subscriber_count(self) -> int:
+        """Open subscriptions."""
+        return len(self._subs)
+
+    def start(self) -> None:
+        """Start the reader task (returns at once)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="dtq-events-hub")
+
+    async def stop(self) -> None:
+        """Stop reading and close every subscription (their streams end)."""
+        self._stopped = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        for sub in list(self._subs):
+            sub.close()
+        self._subs.clear()
+        self.connected.clear()
+
+    def dispatch(self, data: bytes | str) -> None:
+        """Hand one raw channel message to listeners and matching subscriptions."""
+        try:
+            event = json.loads(data)
+        except ValueError:
+            event = None
+        if not isinstance(event, dict):
+            self._bad_event_log.log(logging.WARNING, "events: ignoring malformed message")
+            return
+        for callback in list(self._listeners):
+            try:
+                callback(event)
+            except Exception:
+                log.exception("events: listener failed")
+        for sub in list(self._subs):
+            if sub.matches(event):
+                sub.offer(event)
+
+    async def _run(self) -> None:
+        failures = 0
+        while not self._stopped:
+            try:
+                await self._listen()
+            except asyncio.CancelledError:
+                raise
+            except OUTAGE_ERRORS as exc:
+                failures += 1
+                self._outage_log.log(logging.WARNING, "events: subscriber lost Redis, "
+                                     "resubscribing: %r", exc)
+            except Exception:  # noqa: BLE001 - keep the hub alive, log the bug
+                failures += 1
+                self._outage_log.log(logging.ERROR, "events: subscriber failed", exc_info=True)
+            self.connected.clear()
+            base = min(self.max_backoff_s, 0.05 * (2 ** min(failures, 10)))
+            await asyncio.sleep(random.uniform(base / 2, base))
+
+    async def _listen(self) -> None:
+        """Subscribe and deliver messages until the connection fails."""
+        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(self.channel)
+            self.subscribe_count += 1
+            if self.subscribe_count > 1:
+                log.info("events: resubscribed", extra={"channel": self.channel})
+                self._outage_log.reset()
+            self.connected.set()
+            while True:
+                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                if msg is not None and msg.get("type") == "message":
+                    self.dispatch(msg["data"])
+        finally:
+            self.connected.clear()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(pubsub.aclose(), timeout=1.0)

@@ -1,0 +1,209 @@
+"""Prometheus metrics of the gateway, each collector defined once, here.
+
+Labels are bounded: ``queue`` (validated names), ``band`` (0..9), ``method``
+(the fixed gRPC method paths) and ``code`` (gRPC status names). Task ids never
+become labels. Counters and histograms are updated by the code paths that cause
+them; the queue gauges are refreshed from Redis every ~5 s by
+:class:`QueueGaugeCollector` (on every replica: gauges are set, not summed, so
+any replica's scrape shows the cluster-wide Redis state).
+
+Histograms are in seconds: lease wait = enqueue (or due time) to lease, run time
+= lease to Ack/Fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from redis.asyncio import Redis
+
+from dtq_gateway import admin
+from dtq_gateway.auth import wrap_handler
+from dtq_gateway.duty import PeriodicDuty
+
+log = logging.getLogger(__name__)
+
+_WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900,
+                 3600)
+_RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+                10)
+
+TASKS_ENQUEUED = Counter("dtq_tasks_enqueued_total", "Tasks accepted by Enqueue/EnqueueBatch "
+                         "(deduplicated ones excluded).", ["queue"])
+TASKS_SUCCEEDED = Counter("dtq_tasks_succeeded_total", "Tasks acked.", ["queue"])
+TASKS_FAILED = Counter("dtq_tasks_failed_total", "Failed attempts (Fail, failure mode).",
+                       ["queue"])
+TASKS_RETRIED = Counter("dtq_tasks_retried_total", "Attempts scheduled or re-queued for retry.",
+                        ["queue"])
+TASKS_DEAD_LETTERED = Counter("dtq_tasks_dead_lettered_total",
+                              "Tasks moved to the dead-letter stream.", ["queue"])
+TASKS_EXPIRED = Counter("dtq_tasks_expired_total", "Tasks that expired before starting.",
+                        ["queue"])
+TASKS_CANCELLED = Counter("dtq_tasks_cancelled_total", "Tasks cancelled.", ["queue"])
+
+LEASE_WAIT_SECONDS = Histogram("dtq_lease_wait_seconds",
+                               "Time from enqueue (or due time) to lease (s).", ["queue"],
+                               buckets=_WAIT_BUCKETS)
+TASK_RUN_SECONDS = Histogram("dtq_task_run_seconds", "Time from lease to Ack/Fail (s).",
+                             ["queue"], buckets=_WAIT_BUCKETS)
+RPC_DURATION_SECONDS = Histogram("dtq_rpc_duration_seconds",
+                                 "gRPC call duration by method and status code (s).",
+                                 ["method", "code"], buckets=_RPC_BUCKETS)
+
+QUEUE_DEPTH = Gauge("dtq_queue_depth", "Entries in a band stream (queued + leased).",
+                    ["queue", "band"])
+QUEUE_PENDING = Gauge("dtq_queue_pending", "Entries leased and not yet finished (PEL).",
+                      ["queue", "band"])
+QUEUE_BACKLOG_AGE_SECONDS = Gauge("dtq_queue_backlog_age_seconds",
+                                  "Age of the oldest not-yet-leased entry (s).", ["queue"])
+WORKERS_LIVE = Gauge("dtq_workers_live", "Workers whose last heartbeat is younger than three "
+                     "heartbeat intervals.")
+EVENTS_DROPPED = Counter("dtq_events_dropped_total",
+                         "Events dropped for slow Events.Subscribe clients (full buffer).")
+LEASE_SESSIONS = Gauge("dtq_lease_sessions", "Open Lease streams on this gateway replica.")
+
+
+def start_metrics_server(host: str, port: int) -> Any:
+    """Serve ``/metrics`` over HTTP on ``host:port`` in a daemon thread.
+
+    Returns:
+        What prometheus-client returns (a ``(server, thread)`` pair); call
+        ``server.shutdown()`` to stop it.
+    """
+    result = start_http_server(port, addr=host)
+    log.info("metrics listening", extra={"host": host, "port": port})
+    return result
+
+
+class QueueGaugeCollector(PeriodicDuty):
+    """Refreshes the queue and worker gauges from Redis about every ``interval_s``.
+
+    Run with ``task = asyncio.create_task(collector.run())``; end with
+    ``collector.stop(); await task``. Queues that disappear lose their series.
+
+    Args:
+        redis: the gateway's client.
+        heartbeat_interval_ms: worker heartbeat interval (liveness = 3 intervals).
+        interval_s: refresh period before ±20 % jitter (s).
+    """
+
+    name = "metrics-refresh"
+
+    def __init__(self, redis: Redis, heartbeat_interval_ms: int,
+                 interval_s: float = 5.0) -> None:
+        super().__init__()
+        self.redis = redis
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self._interval_s = interval_s
+        self._queues: set[str] = set()
+
+    def interval_s(self) -> float:
+        """Refresh period (s)."""
+        return self._interval_s
+
+    async def tick(self) -> None:
+        """Read every queue's bands and the workers, and set the gauges."""
+        names = {q.name for q in await admin.list_queues(self.redis)}
+        now = await admin.redis_now_ms(self.redis)
+        for queue in sorted(names):
+            bands = await admin.band_infos(self.redis, queue)
+            for b in bands:
+                QUEUE_DEPTH.labels(queue=queue, band=str(b.band)).set(b.depth)
+                QUEUE_PENDING.labels(queue=queue, band=str(b.band)).set(b.pending)
+            oldest = [b.oldest_undelivered_ms for b in bands if b.oldest_undelivered_ms]
+            age_ms = max(0, now - min(oldest)) if oldest else 0
+            QUEUE_BACKLOG_AGE_SECONDS.labels(queue=queue).set(age_ms / 1000.0)
+        for gone in self._queues - names:
+            for band in range(10):
+                for gauge in (QUEUE_DEPTH, QUEUE_PENDING):
+                    _remove(gauge, gone, str(band))
+            _remove(QUEUE_BACKLOG_AGE_SECONDS, gone)
+        self._queues = names
+        workers = await admin.list_workers(self.redis, self.heartbeat_interval_ms)
+        WORKERS_LIVE.set(sum(1 for w in workers if w.alive))
+
+
+def _remove(gauge: Gauge, *labels: str) -> None:
+    try:
+        gauge.remove(*labels)
+    except KeyError:
+        pass
+
+
+_INT_CODES = {c.value[0]: c.name for c in grpc.StatusCode}
+
+
+def _code_name(context: Any, exc: BaseException | None) -> str:
+    """Status name of a finished call: the context's code, else from the outcome."""
+    try:
+        code = context.code()
+    except Exception:  # noqa: BLE001 - test doubles without code()
+        code = None
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    if isinstance(code, int):
+        return _INT_CODES.get(code, "UNKNOWN")
+    if exc is None:
+        return "OK"
+    return "CANCELLED" if isinstance(exc, asyncio.CancelledError) else "UNKNOWN"
+
+
+def _observed(method: str) -> Callable[[Callable[..., Any]], Any]:
+    def make(behavior: Callable[..., Any]) -> Any:
+        if inspect.isasyncgenfunction(behavior):
+            async def run_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                start, exc = time.perf_counter(), None
+                try:
+                    async for item in behavior(request, context):
+                        yield item
+                except BaseException as e:
+                    exc = e
+                    raise
+                finally:
+                    RPC_DURATION_SECONDS.labels(method=method, code=_code_name(context, exc)
+                                                ).observe(time.perf_counter() - start)
+
+            return run_stream
+
+        async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            start, exc = time.perf_counter(), None
+            try:
+                result = behavior(request, context)
+                return await result if inspect.isawaitable(result) else result
+            except BaseException as e:
+                exc = e
+                raise
+            finally:
+                RPC_DURATION_SECONDS.labels(method=method, code=_code_name(context, exc)
+                                            ).observe(time.perf_counter() - start)
+
+        return run
+
+    return make
+
+
+class MetricsInterceptor(grpc.aio.ServerInterceptor):
+    """Observes ``dtq_rpc_duration_seconds{method, code}`` for every known method.
+
+    Put it first in the interceptor list so calls refused by authentication are
+    measured too. Unknown methods (UNIMPLEMENTED) are not observed, which keeps
+    the ``method`` label bounded.
+    """
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        """Wrap the method's handler with a timer."""
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        return wrap_handler(handler, _observed(handler_call_details.method))

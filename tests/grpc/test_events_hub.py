@@ -1,0 +1,159 @@
+"""EventsHub: one shared subscriber, bounded fan-out, filters, resubscribe after restart.
+
+Events are published straight to the channel with redis-py, as the Lua scripts do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+import redis.asyncio as aioredis
+
+from dtq_gateway import keys
+from dtq_gateway.events_hub import EventsHub, Subscription
+
+
+def ev(n: int, type_: str = "TASK_QUEUED", queue: str = "q1") -> str:
+    return json.dumps({"event_id": f"e{n}", "ts": "2026-01-01T00:00:00.000Z", "type": type_,
+                       "task_id": f"t{n}", "queue": queue, "task_type": "x", "attempt": 1,
+                       "worker_id": ""})
+
+
+async def take(sub: Subscription, n: int, timeout_s: float = 5.0) -> list[tuple[dict, int]]:
+    out = []
+    for _ in range(n):
+        item = await asyncio.wait_for(sub.get(), timeout_s)
+        assert item is not None
+        out.append(item)
+    return out
+
+
+@pytest.fixture
+async def client(redis_url: str):
+    c = aioredis.from_url(redis_url)
+    yield c
+    await c.aclose()
+
+
+@pytest.fixture
+async def hub(client: aioredis.Redis):
+    h = EventsHub(client, buffer_size=1000)
+    h.start()
+    await asyncio.wait_for(h.connected.wait(), 5)
+    yield h
+    await h.stop()
+
+
+async def test_fan_out_to_subscribers_and_listeners(hub: EventsHub, client) -> None:
+    a, b = hub.subscribe(), hub.subscribe()
+    seen: list[str] = []
+    hub.add_listener(lambda e: seen.append(e["event_id"]))
+    for n in range(3):
+        await client.publish(keys.EVENTS_CHANNEL, ev(n))
+    for sub in (a, b):
+        got = await take(sub, 3)
+        assert [(e["event_id"], d) for e, d in got] == [("e0", 0), ("e1", 0), ("e2", 0)]
+    assert seen == ["e0", "e1", "e2"]
+    assert await client.pubsub_numsub(keys.EVENTS_CHANNEL) == [(keys.EVENTS_CHANNEL.encode(), 1)]
+
+
+async def test_filters_by_queue_and_type(hub: EventsHub, client) -> None:
+    by_queue = hub.subscribe(queues=["q2"])
+    by_type = hub.subscribe(types=["TASK_FAILED"])
+    await client.publish(keys.EVENTS_CHANNEL, ev(1, "TASK_QUEUED", "q1"))
+    await client.publish(keys.EVENTS_CHANNEL, ev(2, "TASK_FAILED", "q1"))
+    await client.publish(keys.EVENTS_CHANNEL, ev(3, "TASK_QUEUED", "q2"))
+    await client.publish(keys.EVENTS_CHANNEL, ev(4, "WORKER_STARTED", ""))
+    assert [e["event_id"] for e, _ in await take(by_queue, 1)] == ["e3"]
+    assert [e["event_id"] for e, _ in await take(by_type, 1)] == ["e2"]
+    marker = hub.subscribe()
+    await client.publish(keys.EVENTS_CHANNEL, ev(5, "TASK_QUEUED", "q9"))
+    await take(marker, 1)  # e5 was dispatched: anything before it was too
+    for sub in (by_queue, by_type):
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(sub.get(), 0.05)
+
+
+async def test_slow_subscriber_loses_events_and_is_told(client) -> None:
+    hub = EventsHub(client, buffer_size=5)
+    hub.start()
+    try:
+        await asyncio.wait_for(hub.connected.wait(), 5)
+        slow, fast = hub.subscribe(), hub.subscribe(buffer_size=1000)
+        fast_got: list[str] = []
+
+        async def drain_fast() -> None:
+            while len(fast_got) < 21:
+                event, dropped = await fast.get()
+                assert dropped == 0
+                fast_got.append(event["event_id"])
+
+        reader = asyncio.create_task(drain_fast())
+        for n in range(20):
+            await client.publish(keys.EVENTS_CHANNEL, ev(n))
+        deadline = time.monotonic() + 5
+        while len(fast_got) < 20 and not reader.done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # poll: the fast reader has seen e0..e19
+        first = await take(slow, 5)  # the buffer held e0..e4; e5..e19 were dropped
+        assert [(e["event_id"], d) for e, d in first] == [(f"e{n}", 0) for n in range(5)]
+        await client.publish(keys.EVENTS_CHANNEL, ev(99))
+        await asyncio.wait({reader}, timeout=5)
+        assert reader.done(), fast_got
+        assert fast_got == [f"e{n}" for n in range(20)] + ["e99"]
+        [(event, dropped)] = await take(slow, 1)
+        assert (event["event_id"], dropped) == ("e99", 15)
+        assert slow.dropped_total == 15 and fast.dropped_total == 0
+    finally:
+        await hub.stop()
+
+
+async def test_stop_ends_subscriptions(client) -> None:
+    hub = EventsHub(client)
+    hub.start()
+    await asyncio.wait_for(hub.connected.wait(), 5)
+    sub = hub.subscribe()
+    await hub.stop()
+    assert await asyncio.wait_for(sub.get(), 1) is None
+    assert await asyncio.wait_for(hub.subscribe().get(), 1) is None  # after stop
+
+
+async def test_malformed_messages_are_ignored(hub: EventsHub, client) -> None:
+    sub = hub.subscribe()
+    await client.publish(keys.EVENTS_CHANNEL, b"not json")
+    await client.publish(keys.EVENTS_CHANNEL, b"[1, 2]")
+    await client.publish(keys.EVENTS_CHANNEL, ev(1))
+    assert [e["event_id"] for e, _ in await take(sub, 1)] == ["e1"]
+
+
+async def test_resubscribes_after_redis_restart(own_redis) -> None:
+    client = aioredis.from_url(own_redis.url, socket_timeout=2, socket_connect_timeout=1)
+    publisher = aioredis.from_url(own_redis.url)
+    hub = EventsHub(client, max_backoff_s=0.5)
+    hub.start()
+    try:
+        await asyncio.wait_for(hub.connected.wait(), 5)
+        sub = hub.subscribe()
+        await asyncio.get_running_loop().run_in_executor(None, own_redis.restart)
+        # Publish until the hub hears us: proves it is subscribed again by itself.
+        deadline = time.monotonic() + 15
+        received = None
+        n = 0
+        while received is None and time.monotonic() < deadline:
+            n += 1
+            try:
+                await publisher.publish(keys.EVENTS_CHANNEL, ev(n))
+            except (aioredis.ConnectionError, OSError):
+                pass
+            try:
+                received = await asyncio.wait_for(sub.get(), 0.2)
+            except TimeoutError:
+                continue
+        assert received is not None, "no event delivered after the restart"
+        assert hub.connected.is_set()
+    finally:
+        await hub.stop()
+        await client.aclose()
+        await publisher.aclose()
