@@ -78,6 +78,13 @@ class LeaderLock:
         if self.is_leader:
             return True
         if self._token is not None:
+            # Leadership lapsed locally (refreshes failed); if Redis still holds our
+            # token nobody else led meanwhile, so keep the lock rather than wait out its TTL.
+            started = time.monotonic()
+            if int(await _REFRESH(self._redis, [keys.SCHEDULER_LOCK],
+                                  _REFRESH.argv(self._token, self.ttl_ms))) == 1:
+                self._extend(started)
+                return True
             self.lose("lock not refreshed within its TTL")
         token = f"{self._gateway_id}:{uuid.uuid4().hex[:16]}"
         started = time.monotonic()
@@ -139,6 +146,8 @@ class LockKeeper(PeriodicDuty):
         super().__init__()
         self._lock = lock
         self._refresh_s = refresh_interval_s
+        # A leader must retry a failed refresh well within the lock TTL.
+        self.max_backoff_s = min(self.max_backoff_s, refresh_interval_s)
         self._acquire_s = acquire_interval_s
         self._on_acquired = on_acquired
 

@@ -122,6 +122,19 @@ async def test_refresh_refused_ends_leadership(r: Redis) -> None:
     assert await r.get(keys.SCHEDULER_LOCK) == b"gw-b:x"  # never deletes a foreign lock
 
 
+async def test_lapsed_leader_keeps_lock_still_holding_its_token(r: Redis) -> None:
+    lock = LeaderLock(r, "gw-a", ttl_ms=TTL_MS)
+    assert await lock.acquire()
+    token = lock.token
+    lock._valid_until = 0.0  # as if every refresh had failed until the local deadline
+    assert not lock.is_leader and lock.token is None
+    assert await lock.acquire() and lock.token == token  # CAS on its own token, no wait
+    assert (await r.get(keys.SCHEDULER_LOCK)).decode() == token
+    lock._valid_until = 0.0
+    await r.set(keys.SCHEDULER_LOCK, "gw-b:x")
+    assert not await lock.acquire() and lock.token is None
+
+
 @pytest.mark.parametrize("decode_responses", [False, True])
 async def test_leader_moves_due_tasks_and_reclaims_leases(r: Redis, redis_url: str,
                                                           decode_responses: bool) -> None:
