@@ -136,7 +136,10 @@ class WorkerSweep(PeriodicDuty):
     A worker hash that expired (3x the heartbeat interval without a heartbeat) is
     removed from ``dtq:workers``; one whose status is alive but whose
     ``last_heartbeat`` is older than 2x the interval becomes ``stale``. Either way
-    WORKER_STALE is published exactly once, decided inside worker_sweep.lua.
+    WORKER_STALE is published exactly once, decided inside worker_sweep.lua. A
+    worker that stopped gracefully (status ``stopped``) is removed from the set
+    without an event once its last heartbeat is 2x the interval old, so the later
+    expiry of its hash is not mistaken for a crash.
     """
 
     name = "worker-sweep"

@@ -34,8 +34,7 @@ local entry_id, entry_attempt = ARGV[3], tonumber(ARGV[4]) or 0
 local dlq_maxlen, retention_s = tonumber(ARGV[5]), tonumber(ARGV[6])
 local group, reaper = ARGV[7], ARGV[8]
 
-local p = redis.call('XPENDING', stream_key, group, entry_id, entry_id, 1)
-if #p == 0 or p[1][2] ~= reaper then return 'not_owned' end
+if not owns(stream_key, group, entry_id, reaper) then return 'not_owned' end
 
 local now = now_ms()
 local function drop_entry()

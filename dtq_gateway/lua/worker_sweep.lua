@@ -11,7 +11,9 @@
 -- Reply (status string):
 --   "removed"  the hash expired: member removed, WORKER_STALE {reason: expired}
 --   "stale"    status was alive and last_heartbeat is too old: status stale, WORKER_STALE
---   "ok"       nothing to do (fresh, already stale/stopped, or already removed)
+--   "forgotten" status stopped (said goodbye with WORKER_STOPPED) and last_heartbeat too
+--              old: member removed silently, so its later expiry is not reported stale
+--   "ok"       nothing to do (fresh, already stale, or already removed)
 
 local set_key, worker_key, worker_id = KEYS[1], KEYS[2], ARGV[3]
 local stale_after_ms = tonumber(ARGV[4])
@@ -31,5 +33,9 @@ if f[1] == 'alive' and now - last > stale_after_ms then
   publish('WORKER_STALE', now, '', '', '', 0, worker_id,
     {reason = 'heartbeat_overdue', last_heartbeat_ms = last, age_ms = now - last})
   return 'stale'
+end
+if f[1] == 'stopped' and now - last > stale_after_ms then
+  redis.call('SREM', set_key, worker_id)
+  return 'forgotten'
 end
 return 'ok'
