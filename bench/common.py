@@ -7,9 +7,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 PAYLOAD_BYTES = 100
@@ -39,7 +40,7 @@ def percentile(samples: Sequence[float], q: float) -> float:
     ordered = sorted(samples)
     if not ordered:
         return float("nan")
-    rank = max(0, min(len(ordered) - 1, int(round(q / 100.0 * len(ordered) + 0.5)) - 1))
+    rank = max(0, min(len(ordered) - 1, round(q / 100.0 * len(ordered) + 0.5) - 1))
     return ordered[rank]
 
 
@@ -127,7 +128,7 @@ class Sizes:
     peer_timeout_s: float
 
     @classmethod
-    def for_mode(cls, quick: bool, repeat_n: int) -> "Sizes":
+    def for_mode(cls, quick: bool, repeat_n: int) -> Sizes:
         """Full sizes (issue 6) or quick smoke sizes."""
         if quick:
             return cls(enqueue_n=1000, backlog_n=3000, latency_rate=200, latency_s=2.0,

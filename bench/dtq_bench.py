@@ -60,9 +60,9 @@ class Processes:
         self.worker: subprocess.Popen[bytes] | None = None
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        log = open(self.dir / f"{name}.log", "ab")
-        return subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, **env), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        with open(self.dir / f"{name}.log", "ab") as log:  # the child keeps its own copy
+            return subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, **env), stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
 
     def start_gateway(self) -> None:
         """Start the gateway; logs at WARNING unless BENCH_DTQ_LOG_LEVEL says otherwise."""
@@ -171,9 +171,22 @@ class DtqBench:
             while not (self.out / "ready.json").exists() and time.monotonic() < deadline:
                 await self.stub.Enqueue(_request(self.pb, "w", 1))
                 await asyncio.sleep(0.05)
-            return await self._paced_windows()
+            idle = await self._idle_cpu_per_s(2.0)
+            figures = await self._paced_windows()
         finally:
             self.procs.stop_worker()
+        per_task_idle_us = idle / self.sizes.latency_rate * 1e6  # idle CPU spread over tasks
+        figures["gateway_idle_cpu_pct"] = idle * 100
+        figures["gateway_cpu_us_per_task_unary_net"] = max(
+            0.0, figures["gateway_cpu_us_per_task_unary"] - per_task_idle_us)
+        return figures
+
+    async def _idle_cpu_per_s(self, seconds: float) -> float:
+        """Gateway CPU s per s with the worker connected and no tasks (background duties)."""
+        pid = self.procs.gateway.pid  # type: ignore[union-attr]
+        cpu0, t0 = proc_cpu_s(pid), time.monotonic()
+        await asyncio.sleep(seconds)  # a measurement window, not synchronisation
+        return (proc_cpu_s(pid) - cpu0) / (time.monotonic() - t0)
 
     async def _paced_windows(self) -> dict[str, float]:
         rate = self.sizes.latency_rate
@@ -203,7 +216,7 @@ async def _wait_gateway(procs: Processes, channel: grpc.aio.Channel, timeout_s: 
         try:
             await asyncio.wait_for(channel.channel_ready(), timeout=0.5)
             return
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if procs.gateway and procs.gateway.poll() is not None:
                 raise RuntimeError(f"gateway exited: {procs.log_tail('gateway')}") from None
             if time.monotonic() > deadline:
@@ -242,7 +255,7 @@ def run_dtq(redis_url: str, sizes: Sizes) -> dict[str, Any]:
         result = asyncio.run(_run(redis_url, sizes, procs))
         shutil.rmtree(procs.dir, ignore_errors=True)
         return result
-    except Exception as exc:  # noqa: BLE001 - the bench reports, it does not crash
+    except Exception as exc:
         logger.exception("dtq bench failed")
         return {"peer": "dtq", "na": f"{type(exc).__name__}: {exc} (logs in {procs.dir})"}
     finally:

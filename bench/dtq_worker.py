@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dtq_pyworker import TaskContext, Worker
-
 from bench.peers import probe
+from dtq_pyworker import TaskContext, Worker
 
 
 def make_worker() -> Worker:

@@ -13,7 +13,8 @@ import asyncio
 import subprocess
 import sys
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 

@@ -33,7 +33,7 @@ ALL_PEERS = [*PYTHON_PEERS, "bullmq"]
 
 def _run(cmd: list[str], cwd: Path, timeout_s: float) -> None:
     """Run an install command; raise RuntimeError with its output tail on failure."""
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
+    proc = subprocess.run(cmd, check=False, cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         raise RuntimeError(f"{' '.join(cmd[:3])} failed: {' | '.join(tail)}")

@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _pct(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
-    rank = max(0, min(len(ordered) - 1, int(round(q / 100.0 * len(ordered) + 0.5)) - 1))
+    rank = max(0, min(len(ordered) - 1, round(q / 100.0 * len(ordered) + 0.5) - 1))
     return ordered[rank]
 
 
@@ -77,9 +77,9 @@ class Driver:
         """One worker process of the peer, in its own process group."""
         env = dict(os.environ, BENCH_OUT_DIR=str(self.out), BENCH_REDIS_URL=self.redis_url,
                    PYTHONPATH=str(REPO))
-        log = open(self.out / "worker.log", "ab")
-        return subprocess.Popen(self.adapter.worker_cmd(), cwd=REPO, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        with open(self.out / "worker.log", "ab") as log:  # the child keeps its own copy
+            return subprocess.Popen(self.adapter.worker_cmd(), cwd=REPO, env=env, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
 
     @staticmethod
     def stop_worker(proc: subprocess.Popen[Any]) -> None:
