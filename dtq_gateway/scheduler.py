@@ -201,6 +201,7 @@ class Scheduler:
         self._duties: list[PeriodicDuty] = [self.keeper, self.mover, self.reaper,
                                             self.worker_sweep]
         self._tasks: list[asyncio.Task[None]] = []
+        self._run_task: asyncio.Task[None] | None = None
 
     @property
     def is_leader(self) -> bool:
@@ -210,6 +211,11 @@ class Scheduler:
     def _on_acquired(self) -> None:
         for duty in (self.mover, self.reaper, self.worker_sweep):
             duty.wake()
+
+    def start(self) -> None:
+        """Run :meth:`run` as a background task (the gateway's duty interface)."""
+        if self._run_task is None:
+            self._run_task = asyncio.create_task(self.run(), name="dtq-scheduler")
 
     async def run(self) -> None:
         """Run the lock keeper and the duties until :meth:`stop` (or cancellation)."""
@@ -222,8 +228,11 @@ class Scheduler:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             await self._release()
 
-    async def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop every duty (each finishes its current tick) and release the lock.
+    async def stop(self, timeout_s: float = 1.0) -> None:
+        """Stop every duty and release the lock, so a follower takes over at once.
+
+        Each duty may finish its current tick; cancelling one mid-tick is safe too,
+        because every state change is one atomic script.
 
         Args:
             timeout_s: longest wait for the duties (s); stragglers are cancelled.
@@ -234,10 +243,12 @@ class Scheduler:
             _, pending = await asyncio.wait(self._tasks, timeout=timeout_s)
             for task in pending:
                 task.cancel()
+        if self._run_task is not None:
+            await asyncio.gather(self._run_task, return_exceptions=True)
         await self._release()
 
     async def _release(self) -> None:
         try:
-            await asyncio.wait_for(self.lock.release(), timeout=2.0)
+            await asyncio.wait_for(self.lock.release(), timeout=1.0)
         except Exception as exc:  # noqa: BLE001 - the lock then expires by its TTL
             log.warning("scheduler: could not release the lock: %r", exc)

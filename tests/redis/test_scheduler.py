@@ -111,6 +111,17 @@ async def test_default_timings_hand_over_within_lock_ttl(r: Redis) -> None:
     assert await r.get(keys.SCHEDULER_LOCK) is None
 
 
+async def test_start_and_stop_as_a_gateway_duty(r: Redis) -> None:
+    s = Scheduler(r, settings("gw-a"))
+    s.start()
+    await wait_until(lambda: s.is_leader)
+    started = time.monotonic()
+    await s.stop()
+    assert time.monotonic() - started < 2.0  # within the gateway's shutdown budget
+    assert not s.is_leader and await r.get(keys.SCHEDULER_LOCK) is None
+    assert all(t.done() for t in s._tasks)
+
+
 async def test_refresh_refused_ends_leadership(r: Redis) -> None:
     lock = LeaderLock(r, "gw-a", ttl_ms=TTL_MS)
     assert await lock.acquire() and await lock.refresh()
