@@ -82,9 +82,13 @@ class Reaper(PeriodicDuty):
             await self.reap_stream(stream)
 
     async def band_streams(self) -> list[str]:
-        """Every ``dtq:stream:<queue>:p<n>`` key (SCAN, cached STREAMS_CACHE_S)."""
+        """Every ``dtq:stream:<queue>:p<n>`` key.
+
+        The SCAN result is reused for STREAMS_CACHE_S, or for one visibility timeout
+        when that is shorter, so a new queue's leases are watched in time.
+        """
         now = time.monotonic()
-        if now - self._streams_at < STREAMS_CACHE_S:
+        if now - self._streams_at < min(STREAMS_CACHE_S, self._settings.visibility_timeout_s):
             return self._streams_cache
         found = set()
         async for key in self._redis.scan_iter(match=keys.BAND_STREAM_PATTERN, count=1000,
