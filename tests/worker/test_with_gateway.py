@@ -1,0 +1,140 @@
+"""The worker and clients against the real in-process gateway and a private Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from dtq_proto import dtq_pb2
+from dtq_pyworker import AsyncClient, PermanentError, Retry, Worker
+from tests.worker.helpers import running, wait_event
+
+
+def _worker(gateway, **kwargs) -> Worker:
+    kwargs.setdefault("worker_id", "w-e2e")
+    kwargs.setdefault("drain_grace_s", 5)
+    return Worker(["e2e"], f"127.0.0.1:{gateway.port}", **kwargs)
+
+
+async def test_success_retry_and_dead_letter_end_to_end(gateway):
+    worker = _worker(gateway)
+
+    @worker.task("ok")
+    def ok(payload, ctx):
+        return {"double": payload["n"] * 2}
+
+    @worker.task("later")
+    async def later(payload, ctx):
+        raise Retry(after_s=30)
+
+    @worker.task("corrupt")
+    def corrupt(payload, ctx):
+        raise PermanentError("bad input")
+
+    async with AsyncClient(f"127.0.0.1:{gateway.port}") as client, running(worker):
+        ok_id = (await client.enqueue("e2e", "ok", {"n": 21})).task_id
+        later_id = (await client.enqueue("e2e", "later", {}, max_attempts=3)).task_id
+        bad_id = (await client.enqueue("e2e", "corrupt", {}, max_attempts=5)).task_id
+        done = await asyncio.gather(*(client.wait(t, 20) for t in (ok_id, bad_id)))
+        scheduled = await _poll_task(client, later_id, lambda t: len(t.attempts) == 1
+                                     and t.status == dtq_pb2.TASK_STATUS_SCHEDULED)
+    assert done[0].status == dtq_pb2.TASK_STATUS_SUCCEEDED
+    assert json.loads(done[0].result) == {"double": 42}
+    assert done[1].status == dtq_pb2.TASK_STATUS_DEAD_LETTERED
+    assert (done[1].last_error_class, len(done[1].attempts)) == ("PermanentError", 1)
+    assert scheduled.last_error_class == "Retry"
+    delay_ms = scheduled.due_at_ms - scheduled.attempts[0].finished_at_ms
+    assert 29_000 <= delay_ms <= 31_000  # retry_after wins over the backoff
+    assert worker.stats["processed"] == 1 and worker.stats["failed"] == 2
+    assert worker.stats["retried"] == 1
+
+
+async def _poll_task(client, task_id, predicate, timeout_s=10.0):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        task = await client.get_task(task_id)
+        if predicate(task):
+            return task
+        assert asyncio.get_running_loop().time() < deadline, task
+        await asyncio.sleep(0.02)
+
+
+async def test_cancel_running_task_end_to_end(gateway):
+    worker = _worker(gateway)
+    started, stopped = asyncio.Event(), asyncio.Event()
+
+    @worker.task("long")
+    async def long(payload, ctx):
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            stopped.set()
+
+    async with AsyncClient(f"127.0.0.1:{gateway.port}") as client, running(worker):
+        task_id = (await client.enqueue("e2e", "long", {})).task_id
+        await wait_event(started, 10)
+        resp = await client.cancel(task_id, reason="test")
+        assert resp.cancel_requested
+        await wait_event(stopped, 10)
+        task = await client.wait(task_id, 10)
+    assert task.status == dtq_pb2.TASK_STATUS_CANCELLED
+    assert worker.stats["cancelled"] == 1
+
+
+async def test_drain_hands_tasks_back_without_spending_attempts(gateway):
+    worker = _worker(gateway, concurrency=1, max_in_flight=2, drain_grace_s=0.2)
+    started = asyncio.Event()
+
+    @worker.task("long")
+    async def long(payload, ctx):
+        started.set()
+        await asyncio.Event().wait()
+
+    async with AsyncClient(f"127.0.0.1:{gateway.port}") as client:
+        ids = [(await client.enqueue("e2e", "long", {})).task_id for _ in range(2)]
+        task = asyncio.create_task(worker.run_async(install_signal_handlers=False))
+        await wait_event(started, 10)
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+        tasks = [await client.get_task(t) for t in ids]
+    assert [t.status for t in tasks] == [dtq_pb2.TASK_STATUS_QUEUED] * 2
+    assert [t.attempt for t in tasks] == [1, 1]
+    assert worker.stats["released"] == 2
+
+
+async def test_worker_survives_gateway_restart(redis_url):
+    from dtq_gateway.server import Gateway
+    from tests.conftest import gateway_settings
+
+    first = Gateway(gateway_settings(redis_url), redis_url)
+    await first.start()
+    port = first.port
+    worker = _worker(first)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @worker.task("block")
+    async def block(payload, ctx):
+        started.set()
+        await release.wait()
+        return "after restart"
+
+    second = None
+    try:
+        async with AsyncClient(f"127.0.0.1:{port}") as client, running(worker):
+            task_id = (await client.enqueue("e2e", "block", {})).task_id
+            await wait_event(started, 10)
+            await first.stop()  # ends the Lease stream with UNAVAILABLE
+            second = Gateway(gateway_settings(redis_url, listen=f"127.0.0.1:{port}"), redis_url)
+            await second.start()
+            release.set()
+            task = await client.wait(task_id, 20)
+            assert task.status == dtq_pb2.TASK_STATUS_SUCCEEDED
+            assert json.loads(task.result) == "after restart"
+            assert [a.outcome for a in task.attempts] == ["succeeded"]
+            fresh = (await client.enqueue("e2e", "block", {})).task_id
+            assert (await client.wait(fresh, 20)).status == dtq_pb2.TASK_STATUS_SUCCEEDED
+        assert worker.stats["reconnects"] >= 1
+    finally:
+        if second is not None:
+            await second.stop()
