@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
 import urllib.error
 import urllib.request
@@ -40,6 +41,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="deadline for every task to be terminal, in s (default 600)")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH",
                         help="also write the summary as JSON to PATH")
+    parser.add_argument("--log-dir", type=Path, default=processes.DEFAULT_LOG_DIR, metavar="DIR",
+                        help="directory of the process logs (default .dtq/demo)")
     parser.add_argument("--log-level", default="WARNING", help="log level of the demo itself")
     args = parser.parse_args(argv)
     if args.files is not None and args.files < 1:
@@ -59,18 +62,18 @@ def _start_workers(args: argparse.Namespace, env: dict[str, str],
     workers, ids = [], []
     for i in range(1, args.workers + 1):
         worker_id = f"demo-py{i}-{os.getpid()}"
-        workers.append(processes.start_python_worker(i, env, ep.target, worker_id))
+        workers.append(processes.start_python_worker(i, env, ep.target, worker_id, args.log_dir))
         ids.append(worker_id)
     if not args.no_node and processes.node_worker_available():
-        workers.append(processes.start_node_worker(env))
+        workers.append(processes.start_node_worker(env, args.log_dir))
         print("workers: node worker started too (examples/node-worker)")
     elif not args.no_node:
         print("workers: Node worker not installed (npm ci in examples/node-worker); Python only")
     return workers, ids
 
 
-def _save_metrics(ep: Endpoints) -> str:
-    """Scrape the gateway's metrics once into .dtq/demo/metrics.txt; return the path."""
+def _save_metrics(ep: Endpoints, log_dir: Path) -> str:
+    """Scrape the gateway's metrics once into ``log_dir/metrics.txt``; return the path."""
     if not ep.metrics_url:
         return ""
     try:
@@ -79,17 +82,25 @@ def _save_metrics(ep: Endpoints) -> str:
     except (urllib.error.URLError, OSError) as exc:
         log.warning("could not scrape %s: %s", ep.metrics_url, exc)
         return ""
-    path = processes.LOG_DIR / "metrics.txt"
+    path = log_dir / "metrics.txt"
     path.write_bytes(body)
-    return str(path.relative_to(processes.ROOT))
+    return _show(path)
 
 
-def _shutdown(workers: list[Proc], gateway: Proc) -> bool:
+def _show(path: Path) -> str:
+    """A path relative to the repository when inside it."""
+    try:
+        return str(path.resolve().relative_to(processes.ROOT))
+    except ValueError:
+        return str(path)
+
+
+def _shutdown(workers: list[Proc], gateway: Proc, log_dir: Path) -> bool:
     """Stop workers (they drain), then the gateway; True when nothing had to be killed."""
     killed = processes.stop(workers, timeout_s=45.0)
     killed += processes.stop([gateway], timeout_s=30.0)
     codes = ", ".join(f"{p.name} {p.popen.returncode}" for p in workers + [gateway])
-    print(f"shutdown: {codes} (exit codes; logs in {processes.LOG_DIR.relative_to(processes.ROOT)})")
+    print(f"shutdown: exit codes {codes}; logs in {_show(log_dir)}")
     if killed:
         print(f"shutdown: had to kill {', '.join(killed)}", file=sys.stderr)
     return not killed
@@ -116,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"dtq demo: {len(specs):,} tasks ({n_stats:,} stdlib files + "
           f"{len(specs) - n_stats} that fail on purpose) on {ep.target}")
     env = processes.child_env(os.environ, ep)
-    gateway = processes.start_gateway(env)
+    gateway = processes.start_gateway(env, args.log_dir)
     workers: list[Proc] = []
     ok = clean = False
     try:
@@ -124,18 +135,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"gateway: {gateway.first_line()}")
         workers, ids = _start_workers(args, env, ep)
         ok = _run_workload(args, ep, specs, ids)
-        scraped = _save_metrics(ep)
+        scraped = _save_metrics(ep, args.log_dir)
     finally:
-        clean = _shutdown(workers, gateway)
+        clean = _shutdown(workers, gateway, args.log_dir)
     if ep.metrics_url:
         print(f"metrics: Prometheus metrics were served at {ep.metrics_url}"
               + (f" (last scrape saved to {scraped})" if scraped else ""))
     return 0 if ok and clean else 1
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m examples.demo``."""
     args = parse_args(argv)
+    # SIGTERM (e.g. from a CI timeout) stops the demo like Ctrl-C: children are stopped too.
+    signal.signal(signal.SIGTERM, _interrupt)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         return run(args)

@@ -1,6 +1,6 @@
 """Starts and stops the demo's processes: one gateway, Python and Node workers.
 
-Every process gets its own log file under ``.dtq/demo/`` so the progress bar and
+Every process gets its own log file (default under ``.dtq/demo/``) so the progress bar and
 the summary stay readable; the gateway's first log line (which says whether it
 started an embedded redis-server) is echoed to the terminal, and the tail of a
 log is shown when a process fails.
@@ -27,7 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
-LOG_DIR = ROOT / ".dtq" / "demo"
+DEFAULT_LOG_DIR = ROOT / ".dtq" / "demo"
 NODE_DIR = ROOT / "examples" / "node-worker"
 _WILDCARD_HOSTS = {"0.0.0.0", "::", "[::]", ""}
 
@@ -90,6 +90,9 @@ def ensure_port_free(host: str, port: int, what: str) -> None:
         host = host[1:-1]
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # SO_REUSEADDR: connections of an earlier run in TIME_WAIT do not count,
+        # a live listener still does.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:
@@ -129,9 +132,9 @@ class Proc:
         return line
 
 
-def _spawn(name: str, cmd: list[str], env: Mapping[str, str]) -> Proc:
-    LOG_DIR.mkdir(parents=True, exist_ok=True)
-    log_path = LOG_DIR / f"{name}.log"
+def _spawn(name: str, cmd: list[str], env: Mapping[str, str], log_dir: Path) -> Proc:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
     with log_path.open("wb") as fh:
         popen = subprocess.Popen(cmd, cwd=ROOT, env=dict(env), stdout=fh,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -149,9 +152,9 @@ def child_env(base: Mapping[str, str], endpoints: Endpoints) -> dict[str, str]:
     return env
 
 
-def start_gateway(env: Mapping[str, str]) -> Proc:
+def start_gateway(env: Mapping[str, str], log_dir: Path) -> Proc:
     """Start ``python -m dtq_gateway`` (it reads every ``DTQ_*`` variable itself)."""
-    return _spawn("gateway", [sys.executable, "-m", "dtq_gateway"], env)
+    return _spawn("gateway", [sys.executable, "-m", "dtq_gateway"], env, log_dir)
 
 
 def wait_gateway_ready(proc: Proc, target: str, timeout_s: float = 60.0) -> None:
@@ -205,11 +208,11 @@ def pyworker_command() -> list[str]:
 
 
 def start_python_worker(index: int, env: Mapping[str, str], target: str,
-                        worker_id: str) -> Proc:
+                        worker_id: str, log_dir: Path) -> Proc:
     """Start ``dtq-pyworker examples.demo.handlers:worker`` with the given worker id."""
     cmd = pyworker_command() + ["examples.demo.handlers:worker", "--target", target,
                                 "--queues", "demo", "--worker-id", worker_id]
-    return _spawn(f"pyworker-{index}", cmd, env)
+    return _spawn(f"pyworker-{index}", cmd, env, log_dir)
 
 
 def node_worker_available() -> bool:
@@ -218,11 +221,11 @@ def node_worker_available() -> bool:
         and shutil.which("node") is not None
 
 
-def start_node_worker(env: Mapping[str, str]) -> Proc:
+def start_node_worker(env: Mapping[str, str], log_dir: Path) -> Proc:
     """Start ``node examples/node-worker/index.js`` on queue demo."""
     node_env = dict(env, DTQ_QUEUES="demo")
     return _spawn("node-worker", [shutil.which("node") or "node",
-                                  str(NODE_DIR / "index.js")], node_env)
+                                  str(NODE_DIR / "index.js")], node_env, log_dir)
 
 
 def stop(procs: list[Proc], timeout_s: float) -> list[str]:

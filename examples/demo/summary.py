@@ -32,6 +32,7 @@ class Summary:
         dead_lettered: Tasks in status DEAD_LETTERED.
         other_terminal: Tasks CANCELLED or EXPIRED, by status name.
         left_open: Tasks not terminal (queued, scheduled, active or missing).
+        open_by_status: The non-terminal tasks by status name ("MISSING" = no record).
         retried_tasks: Tasks that needed more than one attempt.
         retries: Attempts beyond the first, summed over tasks.
         elapsed_s: First created_at to last finished_at (s).
@@ -51,6 +52,7 @@ class Summary:
     dead_lettered: int = 0
     other_terminal: dict[str, int] = field(default_factory=dict)
     left_open: int = 0
+    open_by_status: dict[str, int] = field(default_factory=dict)
     retried_tasks: int = 0
     retries: int = 0
     elapsed_s: float = 0.0
@@ -97,18 +99,24 @@ def _result(task: dtq_pb2.Task) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def _count_status(s: Summary, task: dtq_pb2.Task, other: Counter[str]) -> None:
+def _count_status(s: Summary, task: dtq_pb2.Task, other: Counter[str],
+                  open_: Counter[str]) -> None:
     if task.status == dtq_pb2.TASK_STATUS_SUCCEEDED:
         s.succeeded += 1
     elif task.status == dtq_pb2.TASK_STATUS_DEAD_LETTERED:
         s.dead_lettered += 1
     elif task.status in (dtq_pb2.TASK_STATUS_CANCELLED, dtq_pb2.TASK_STATUS_EXPIRED):
-        other[dtq_pb2.TaskStatus.Name(task.status)] += 1
+        other[_status_name(task.status)] += 1
     else:
         s.left_open += 1
+        open_[_status_name(task.status)] += 1
     if len(task.attempts) > 1:
         s.retried_tasks += 1
         s.retries += len(task.attempts) - 1
+
+
+def _status_name(status: int) -> str:
+    return dtq_pb2.TaskStatus.Name(status).removeprefix("TASK_STATUS_")
 
 
 def _count_result(s: Summary, result: dict, task_type: str, langs: Counter[str],
@@ -133,6 +141,7 @@ def build(tasks: Mapping[str, dtq_pb2.Task], types: Mapping[str, str]) -> Summar
     """
     s = Summary(tasks=len(types), by_type=dict(Counter(types.values())))
     other: Counter[str] = Counter()
+    open_: Counter[str] = Counter()
     langs: Counter[str] = Counter()
     words: Counter[str] = Counter()
     waits: list[int] = []
@@ -141,8 +150,9 @@ def build(tasks: Mapping[str, dtq_pb2.Task], types: Mapping[str, str]) -> Summar
         task = tasks.get(task_id)
         if task is None:
             s.left_open += 1
+            open_["MISSING"] += 1
             continue
-        _count_status(s, task, other)
+        _count_status(s, task, other, open_)
         wait = _queue_wait_ms(task)
         if wait is not None:
             waits.append(wait)
@@ -151,7 +161,7 @@ def build(tasks: Mapping[str, dtq_pb2.Task], types: Mapping[str, str]) -> Summar
         result = _result(task)
         if result is not None:
             _count_result(s, result, task_type, langs, words)
-    s.other_terminal, s.per_lang = dict(other), dict(langs)
+    s.other_terminal, s.open_by_status, s.per_lang = dict(other), dict(open_), dict(langs)
     s.top_words = words.most_common(TOP_WORDS)
     if last_ms > first_ms:
         s.elapsed_s = (last_ms - first_ms) / 1000.0
@@ -182,7 +192,8 @@ def render(s: Summary) -> str:
         ("by worker language", _fmt_counts(s.per_lang) or "-"),
         ("stdlib", f"{s.files:,} files, {s.lines:,} lines, {s.words:,} words"),
         ("top 10 words", ", ".join(f"{w} {c:,}" for w, c in s.top_words) or "-"),
-        (_OPEN_LABEL, f"{s.left_open:,}"),
+        (_OPEN_LABEL, f"{s.left_open:,}"
+                      + (f" ({_fmt_counts(s.open_by_status)})" if s.open_by_status else "")),
     ]
     width = max(len(label) for label, _ in rows)
     lines = ["", "dtq demo summary", "-" * 16]

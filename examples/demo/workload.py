@@ -16,6 +16,8 @@ from examples.demo.summary import Summary, build
 from examples.demo.tracker import Tracker, get_tasks
 
 log = logging.getLogger(__name__)
+#: Without a terminal (no progress bar), print a progress line this often (s).
+PLAIN_PROGRESS_S = 5.0
 
 
 async def wait_for_workers(admin: dtq_pb2_grpc.AdminStub, worker_ids: Sequence[str],
@@ -68,9 +70,15 @@ async def run(target: str, specs: Sequence[TaskSpec], worker_ids: Sequence[str],
         with tqdm(total=len(specs), unit="task", desc="tasks done", disable=None,
                   dynamic_ncols=True, mininterval=0.2) as bar:
 
+            last_line = [time.monotonic()]
+
             def progress(done: int, registered: int) -> None:
                 bar.set_postfix_str(f"enqueued {registered}", refresh=False)
                 bar.update(done - bar.n)
+                if bar.disable and time.monotonic() - last_line[0] >= PLAIN_PROGRESS_S:
+                    last_line[0] = time.monotonic()  # no terminal: a plain line now and then
+                    print(f"progress: {done:,}/{len(specs):,} tasks done, "
+                          f"{registered:,} enqueued", flush=True)
 
             tracker = Tracker(broker, dtq_pb2_grpc.EventsStub(channel), QUEUE, progress)
 

@@ -1,0 +1,101 @@
+'use strict';
+/**
+ * The Lease stream: open it, hand SessionInfo and LeasedTask messages to the
+ * worker, and reconnect with jittered exponential backoff when it ends.
+ *
+ * Reconnect rules (docs/protocol.md): a transient status (UNAVAILABLE,
+ * CANCELLED, DEADLINE_EXCEEDED, INTERNAL, ... or a clean end while the worker
+ * still runs) reconnects; UNAUTHENTICATED, PERMISSION_DENIED and
+ * INVALID_ARGUMENT are configuration problems: stop and report.
+ */
+const log = require('./log');
+const { Backoff, sleep } = require('./backoff');
+const { FATAL, codeName } = require('./codes');
+
+class LeaseSession {
+  /**
+   * @param {object} deps {config, broker, metadata}
+   * @param {object} callbacks {onSession(info), onTask(task), onFatal(err)}
+   */
+  constructor({ config, broker, metadata }, callbacks) {
+    this.config = config;
+    this.broker = broker;
+    this.metadata = metadata;
+    this.callbacks = callbacks;
+    this.backoff = new Backoff(config.reconnectBaseMs, config.reconnectMaxMs);
+    this.closed = new AbortController();
+    this.call = null;
+    this.sessions = 0;
+  }
+
+  /** The LeaseRequest this worker sends. */
+  request() {
+    const c = this.config;
+    return {
+      worker_id: c.workerId,
+      queues: c.queues,
+      task_types: c.taskTypes,
+      max_in_flight: c.maxInFlight,
+      hostname: c.hostname,
+      labels: { language: 'node', node_version: process.version },
+      concurrency: c.concurrency,
+      sdk: 'dtq-node-worker/0.1.0',
+    };
+  }
+
+  /** Run sessions until close() or a fatal status; resolves when done. */
+  async run() {
+    while (!this.closed.signal.aborted) {
+      const status = await this.once();
+      if (this.closed.signal.aborted) break;
+      if (FATAL.has(status.code)) {
+        const err = new Error(`Lease refused: ${codeName(status.code)}: ${status.details}`);
+        err.code = status.code;
+        this.callbacks.onFatal(err);
+        break;
+      }
+      const delayMs = this.backoff.next();
+      log.warn('lease stream ended; reconnecting',
+        { code: codeName(status.code), details: status.details, delay_ms: delayMs });
+      await sleep(delayMs, this.closed.signal);
+    }
+  }
+
+  /** Open one Lease stream; resolves with its final status. */
+  once() {
+    return new Promise((resolve) => {
+      const call = this.broker.Lease(this.request(), this.metadata());
+      this.call = call;
+      call.on('data', (msg) => this.onMessage(msg));
+      call.on('error', () => {}); // the 'status' event below carries the same information
+      call.on('status', (status) => {
+        this.call = null;
+        resolve(status);
+      });
+    });
+  }
+
+  onMessage(msg) {
+    if (msg.kind === 'session') {
+      this.sessions += 1;
+      this.backoff.reset();
+      log.info('lease session open', {
+        session_id: msg.session.session_id, gateway_id: msg.session.gateway_id,
+        heartbeat_interval_ms: msg.session.heartbeat_interval_ms,
+        visibility_timeout_ms: msg.session.visibility_timeout_ms,
+        max_in_flight: msg.session.max_in_flight,
+      });
+      this.callbacks.onSession(msg.session);
+    } else if (msg.kind === 'task') {
+      this.callbacks.onTask(msg.task);
+    }
+  }
+
+  /** End the stream and stop reconnecting (drain or shutdown). */
+  close() {
+    this.closed.abort();
+    if (this.call) this.call.cancel();
+  }
+}
+
+module.exports = { LeaseSession };
