@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dtq_gateway.settings import Settings, env_name  # noqa: E402
+from dtq_gateway.settings import Settings, env_name
 
 START, END = "<!-- config-table:start -->", "<!-- config-table:end -->"
 DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "configuration.md")
