@@ -1,13 +1,15 @@
-"""System test: the demo workload end to end with real processes on a few dozen files.
+"""The demo: its pure parts, then the workload end to end with real processes.
 
-The demo (``python -m examples.demo``) starts a real gateway against a private
-redis-server (``DTQ_REDIS_URL``), two ``dtq-pyworker`` processes and the producer.
-Afterwards Redis must hold only key families of the layout table, and the band
-streams must be empty (ack deletes the entry, it does not just XACK it).
+The system test runs ``python -m examples.demo`` on a few dozen files: a real
+gateway against a private redis-server (``DTQ_REDIS_URL``), two ``dtq-pyworker``
+processes and the producer. Afterwards Redis must hold only key families of the
+layout table, and the band streams must be empty (ack deletes the entry, it does
+not just XACK it).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -18,9 +20,11 @@ import pytest
 import redis
 
 from dtq_gateway import keys
+from dtq_proto import dtq_pb2
+from examples.demo import summary as demo_summary
+from examples.demo.producer import plan, priority_of, stdlib_files
+from examples.demo.textstats import file_stats
 from tests.support.redis_server import free_port
-
-pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = 30
@@ -72,6 +76,7 @@ def run_demo(redis_url: str, tmp_path: Path) -> tuple[subprocess.CompletedProces
     return proc, json.loads(summary_path.read_text())
 
 
+@pytest.mark.system
 def test_demo_finishes_every_task_and_leaves_only_layout_keys(redis_url: str,
                                                                 tmp_path: Path) -> None:
     proc, summary = run_demo(redis_url, tmp_path)
@@ -105,3 +110,79 @@ def test_demo_finishes_every_task_and_leaves_only_layout_keys(redis_url: str,
         assert dead == summary["dead_lettered"]
     finally:
         client.close()
+
+
+def test_file_stats_counts_lines_words_and_hashes_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "m.py"
+    path.write_bytes(b"def f(x):\n    return x_1 + X_1  # \xff\n")
+    stats = file_stats(str(path), top_n=2)
+    assert stats["lines"] == 2
+    assert stats["words"] == 6  # def f x return x_1 x_1 (lower-cased)
+    assert stats["top_words"] == [["x_1", 2], ["def", 1]]
+    assert stats["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_plan_has_one_stats_task_per_file_and_the_failing_kinds() -> None:
+    files = stdlib_files(limit=40)
+    specs = plan(files, flaky=4, poison=2, corrupt=1)
+    by_type = [s.task_type for s in specs]
+    assert by_type.count("file.stats") == 40 and [s.payload["path"] for s in specs[:40]] == files
+    assert (by_type.count("file.flaky"), by_type.count("file.poison"),
+            by_type.count("file.corrupt")) == (4, 2, 1)
+    assert [s.payload["fail_attempts"] for s in specs if s.task_type == "file.flaky"] == [1, 2, 1, 2]
+    assert all(s.max_attempts == 2 for s in specs if s.task_type == "file.poison")
+    assert {s.priority for s in specs} <= set(range(10)) and len({s.priority for s in specs}) > 5
+    assert priority_of(files[0]) == priority_of(files[0])  # stable across calls (crc32)
+    req = specs[-2].to_request()  # a poison task
+    assert (req.queue, req.retry_policy.backoff_base_ms) == ("demo", 50)
+
+
+def _task(status: int, created: int, starts: list[int], finished: int,
+          result: dict | None = None) -> dtq_pb2.Task:
+    task = dtq_pb2.Task(status=status, created_at_ms=created, finished_at_ms=finished)
+    for n, start in enumerate(starts, 1):
+        task.attempts.add(attempt=n, started_at_ms=start)
+    if result is not None:
+        task.result = json.dumps(result).encode()
+    return task
+
+
+def test_summary_counts_outcomes_retries_waits_and_words() -> None:
+    ok = dtq_pb2.TASK_STATUS_SUCCEEDED
+    result = {"lines": 3, "words": 5, "worker_lang": "python", "top_words": [["self", 4]]}
+    tasks = {
+        "a": _task(ok, 1000, [1010], 1100, result),
+        "b": _task(ok, 1000, [1030, 1200], 1300, dict(result, worker_lang="node")),
+        "c": _task(dtq_pb2.TASK_STATUS_DEAD_LETTERED, 1000, [1020], 1500),
+        "d": _task(dtq_pb2.TASK_STATUS_SCHEDULED, 1000, [1040], 0),
+    }
+    types = {"a": "file.stats", "b": "file.flaky", "c": "file.corrupt", "d": "file.poison",
+             "e": "file.stats"}
+    s = demo_summary.build(tasks, types)
+    assert (s.tasks, s.succeeded, s.dead_lettered, s.left_open) == (5, 2, 1, 2)
+    assert s.open_by_status == {"SCHEDULED": 1, "MISSING": 1}
+    assert (s.retried_tasks, s.retries) == (1, 1)
+    assert (s.queue_wait_p50_ms, s.queue_wait_p99_ms) == (20, 40)
+    assert s.per_lang == {"python": 1, "node": 1}
+    assert (s.files, s.lines, s.words, s.top_words) == (1, 3, 5, [("self", 4)])
+    assert s.elapsed_s == 0.5 and s.throughput_per_s == 6.0
+    assert "left queued or active: 2 (SCHEDULED 1, MISSING 1)" in demo_summary.render(s)
+
+
+def test_key_family_knows_the_layout_and_nothing_else() -> None:
+    task_id = "0" * 32
+    assert key_family(keys.stream("demo", 3)) == "band-stream"
+    assert key_family(keys.task(task_id)) == "task"
+    assert key_family(keys.result(task_id)) == "result"
+    assert key_family(keys.worker("w-1")) == "worker"
+    assert key_family(keys.idempotency("demo", keys.idempotency_digest("k"))) == "idempotency"
+    assert key_family(keys.paused("demo")) == "paused"
+    assert key_family(keys.DEAD_LETTER) == "dead-letter"
+    assert key_family(keys.task("not-a-task-id")) is None
+    assert key_family(keys.PREFIX + "something:else") is None
+
+
+def test_readme_and_configuration_doc_carry_the_current_settings_table() -> None:
+    proc = subprocess.run([sys.executable, "scripts/gen_config_doc.py", "--check"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
