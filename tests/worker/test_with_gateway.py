@@ -7,7 +7,7 @@ import json
 
 from dtq_proto import dtq_pb2
 from dtq_pyworker import AsyncClient, PermanentError, Retry, Worker
-from tests.worker.helpers import running, wait_event
+from tests.worker.helpers import poll_until, running, wait_event
 
 
 def _worker(gateway, **kwargs) -> Worker:
@@ -95,6 +95,8 @@ async def test_drain_hands_tasks_back_without_spending_attempts(gateway):
         ids = [(await client.enqueue("e2e", "long", {})).task_id for _ in range(2)]
         task = asyncio.create_task(worker.run_async(install_signal_handlers=False))
         await wait_event(started, 10)
+        # both leases reached the worker (one running, one buffered)
+        await poll_until(lambda: len(worker._runtime.held) == 2, 10)
         worker.stop()
         await asyncio.wait_for(task, 10)
         tasks = [await client.get_task(t) for t in ids]
