@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -121,10 +120,13 @@ async def _invoke(handler: Handler, payload: Any, ex: Execution, executor: Execu
             ex.in_thread = False
 
     try:
-        return await loop.run_in_executor(executor, functools.partial(call))
+        value = await loop.run_in_executor(executor, call)
     except asyncio.CancelledError:
         ex.ctx.cancelled.set()  # the thread cannot be killed: ask it to stop
         raise
+    if inspect.isawaitable(value):  # e.g. a lambda or wrapper around an async function
+        value = await value
+    return value
 
 
 def exception_outcome(lease_id: str, exc: BaseException) -> Outcome:

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TARGET = "127.0.0.1:50051"
 SDK = "dtq-pyworker/0.1.0"
 STAT_NAMES = ("processed", "failed", "retried", "released", "cancelled", "lost", "stale",
-              "timeouts", "reconnects")
+              "timeouts", "reconnects", "refused")
 
 
 def default_worker_id() -> str:
@@ -132,6 +132,7 @@ class Worker:
             for sig in installed:
                 self._loop.remove_signal_handler(sig)
             self._executor.shutdown(wait=False, cancel_futures=True)
+            self._stop_requested = False
             await channel.close()
             log.info("worker stopped", extra={"worker_id": self.worker_id, "stats": self.stats})
 

@@ -85,3 +85,32 @@ async def test_invalid_json_payload_is_a_permanent_failure(fake):
     item = fake.failed()[lease]
     assert item.error_class == "PayloadDecodeError" and item.retryable is False
     assert item.mode == dtq_pb2.FAIL_MODE_FAILURE
+
+
+async def test_sync_wrapper_returning_a_coroutine_is_awaited(fake):
+    worker = make_worker(fake)
+
+    async def real(payload, ctx):
+        return {"via": "wrapper"}
+
+    worker.register("wrapped", lambda payload, ctx: real(payload, ctx))
+    async with running(worker):
+        lease = await fake.push("wrapped")
+        await fake.wait_for(lambda: lease in fake.acked())
+    assert json.loads(fake.acked()[lease]) == {"via": "wrapper"}
+
+
+async def test_async_callable_object_runs_on_the_loop(fake):
+    worker = make_worker(fake)
+    threads = []
+
+    class Handler:
+        async def __call__(self, payload, ctx):
+            threads.append(threading.current_thread())
+            return 1
+
+    worker.register("obj", Handler())
+    async with running(worker):
+        lease = await fake.push("obj")
+        await fake.wait_for(lambda: lease in fake.acked())
+    assert threads == [threading.current_thread()]
