@@ -58,18 +58,21 @@ def _check_ports(ep: Endpoints) -> None:
 
 
 def _start_workers(args: argparse.Namespace, env: dict[str, str],
-                   ep: Endpoints) -> tuple[list[Proc], list[str]]:
-    workers, ids = [], []
+                   ep: Endpoints) -> tuple[list[Proc], dict[str, str]]:
+    """Start the workers; return them and worker_id -> language."""
+    workers, langs = [], {}
     for i in range(1, args.workers + 1):
         worker_id = f"demo-py{i}-{os.getpid()}"
         workers.append(processes.start_python_worker(i, env, ep.target, worker_id, args.log_dir))
-        ids.append(worker_id)
+        langs[worker_id] = "python"
     if not args.no_node and processes.node_worker_available():
-        workers.append(processes.start_node_worker(env, args.log_dir))
-        print("workers: node worker started too (examples/node-worker)")
+        worker_id = f"demo-node-{os.getpid()}"
+        workers.append(processes.start_node_worker(env, worker_id, args.log_dir))
+        langs[worker_id] = "node"
+        print("workers: a Node worker joins the Python ones (examples/node-worker)")
     elif not args.no_node:
         print("workers: Node worker not installed (npm ci in examples/node-worker); Python only")
-    return workers, ids
+    return workers, langs
 
 
 def _save_metrics(ep: Endpoints, log_dir: Path) -> str:
@@ -106,10 +109,11 @@ def _shutdown(workers: list[Proc], gateway: Proc, log_dir: Path) -> bool:
     return not killed
 
 
-def _run_workload(args: argparse.Namespace, ep: Endpoints, specs: list, ids: list[str]) -> bool:
+def _run_workload(args: argparse.Namespace, ep: Endpoints, specs: list,
+                  langs: dict[str, str]) -> bool:
     from examples.demo import workload  # imports tqdm and the stubs only when needed
 
-    summary, errors = asyncio.run(workload.run(ep.target, specs, ids, args.timeout))
+    summary, errors = asyncio.run(workload.run(ep.target, specs, langs, args.timeout))
     print(render(summary))
     if args.json:
         args.json.write_text(summary.to_json())
@@ -133,8 +137,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         processes.wait_gateway_ready(gateway, ep.target)
         print(f"gateway: {gateway.first_line()}")
-        workers, ids = _start_workers(args, env, ep)
-        ok = _run_workload(args, ep, specs, ids)
+        workers, langs = _start_workers(args, env, ep)
+        ok = _run_workload(args, ep, specs, langs)
         scraped = _save_metrics(ep, args.log_dir)
     finally:
         clean = _shutdown(workers, gateway, args.log_dir)

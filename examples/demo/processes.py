@@ -221,9 +221,9 @@ def node_worker_available() -> bool:
         and shutil.which("node") is not None
 
 
-def start_node_worker(env: Mapping[str, str], log_dir: Path) -> Proc:
+def start_node_worker(env: Mapping[str, str], worker_id: str, log_dir: Path) -> Proc:
     """Start ``node examples/node-worker/index.js`` on queue demo."""
-    node_env = dict(env, DTQ_QUEUES="demo")
+    node_env = dict(env, DTQ_QUEUES="demo", DTQ_WORKER_ID=worker_id)
     return _spawn("node-worker", [shutil.which("node") or "node",
                                   str(NODE_DIR / "index.js")], node_env, log_dir)
 

@@ -39,7 +39,8 @@ class Summary:
         throughput_per_s: Terminal tasks per second over elapsed_s.
         queue_wait_p50_ms: Median of first start minus creation (ms).
         queue_wait_p99_ms: 99th percentile of the same (ms).
-        per_lang: Succeeded tasks per worker language (result ``worker_lang``).
+        per_lang: Succeeded tasks per worker language (result ``worker_lang``, else
+            the language of the worker id that ran the task).
         files: Files counted (successful file.stats tasks).
         lines: Lines over those files.
         words: Words over those files.
@@ -119,9 +120,9 @@ def _status_name(status: int) -> str:
     return dtq_pb2.TaskStatus.Name(status).removeprefix("TASK_STATUS_")
 
 
-def _count_result(s: Summary, result: dict, task_type: str, langs: Counter[str],
+def _count_result(s: Summary, result: dict, task_type: str, lang: str, langs: Counter[str],
                   words: Counter[str]) -> None:
-    langs[str(result.get("worker_lang", "unknown"))] += 1
+    langs[str(result.get("worker_lang") or lang)] += 1
     if task_type == "file.stats":
         s.files += 1
         s.lines += int(result.get("lines", 0))
@@ -129,12 +130,15 @@ def _count_result(s: Summary, result: dict, task_type: str, langs: Counter[str],
         words.update({w: int(c) for w, c in result.get("top_words", [])})
 
 
-def build(tasks: Mapping[str, dtq_pb2.Task], types: Mapping[str, str]) -> Summary:
+def build(tasks: Mapping[str, dtq_pb2.Task], types: Mapping[str, str],
+          worker_langs: Mapping[str, str] | None = None) -> Summary:
     """Aggregate the final task records.
 
     Args:
         tasks: task_id -> Task as fetched with GetTask (missing ids count as open).
         types: task_id -> task_type of every task the demo enqueued.
+        worker_langs: worker_id -> language of the workers the demo started; used
+            for results that do not say ``worker_lang`` themselves.
 
     Returns:
         The summary.
@@ -160,7 +164,8 @@ def build(tasks: Mapping[str, dtq_pb2.Task], types: Mapping[str, str]) -> Summar
         last_ms = max(last_ms, task.finished_at_ms)
         result = _result(task)
         if result is not None:
-            _count_result(s, result, task_type, langs, words)
+            lang = (worker_langs or {}).get(task.worker_id, "unknown")
+            _count_result(s, result, task_type, lang, langs, words)
     s.other_terminal, s.open_by_status, s.per_lang = dict(other), dict(open_), dict(langs)
     s.top_words = words.most_common(TOP_WORDS)
     if last_ms > first_ms:

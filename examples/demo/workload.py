@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import grpc
 from tqdm import tqdm
@@ -50,14 +50,15 @@ async def wait_for_workers(admin: dtq_pb2_grpc.AdminStub, worker_ids: Sequence[s
     return False
 
 
-async def run(target: str, specs: Sequence[TaskSpec], worker_ids: Sequence[str],
+async def run(target: str, specs: Sequence[TaskSpec], worker_langs: Mapping[str, str],
               timeout_s: float) -> tuple[Summary, list[str]]:
     """Enqueue every task, show progress until all are terminal, build the summary.
 
     Args:
         target: Gateway address.
         specs: Tasks to enqueue.
-        worker_ids: Ids of the workers started for the demo (waited for first).
+        worker_langs: worker_id -> language of the workers started for the demo
+            (waited for first).
         timeout_s: Deadline for every task to be terminal (s).
 
     Returns:
@@ -65,7 +66,7 @@ async def run(target: str, specs: Sequence[TaskSpec], worker_ids: Sequence[str],
     """
     async with grpc.aio.insecure_channel(target) as channel:
         broker = dtq_pb2_grpc.BrokerStub(channel)
-        await wait_for_workers(dtq_pb2_grpc.AdminStub(channel), worker_ids)
+        await wait_for_workers(dtq_pb2_grpc.AdminStub(channel), list(worker_langs))
         types: dict[str, str] = {}
         with tqdm(total=len(specs), unit="task", desc="tasks done", disable=None,
                   dynamic_ncols=True, mininterval=0.2) as bar:
@@ -96,4 +97,4 @@ async def run(target: str, specs: Sequence[TaskSpec], worker_ids: Sequence[str],
             if not await waiter:
                 log.error("not every task was terminal within %.0f s", timeout_s)
         tasks = await get_tasks(broker, types)
-    return build(tasks, types), errors
+    return build(tasks, types, worker_langs), errors

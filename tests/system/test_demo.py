@@ -138,8 +138,9 @@ def test_plan_has_one_stats_task_per_file_and_the_failing_kinds() -> None:
 
 
 def _task(status: int, created: int, starts: list[int], finished: int,
-          result: dict | None = None) -> dtq_pb2.Task:
-    task = dtq_pb2.Task(status=status, created_at_ms=created, finished_at_ms=finished)
+          result: dict | None = None, worker_id: str = "") -> dtq_pb2.Task:
+    task = dtq_pb2.Task(status=status, created_at_ms=created, finished_at_ms=finished,
+                        worker_id=worker_id)
     for n, start in enumerate(starts, 1):
         task.attempts.add(attempt=n, started_at_ms=start)
     if result is not None:
@@ -152,13 +153,13 @@ def test_summary_counts_outcomes_retries_waits_and_words() -> None:
     result = {"lines": 3, "words": 5, "worker_lang": "python", "top_words": [["self", 4]]}
     tasks = {
         "a": _task(ok, 1000, [1010], 1100, result),
-        "b": _task(ok, 1000, [1030, 1200], 1300, dict(result, worker_lang="node")),
+        "b": _task(ok, 1000, [1030, 1200], 1300, dict(result, worker_lang=""), "n1"),
         "c": _task(dtq_pb2.TASK_STATUS_DEAD_LETTERED, 1000, [1020], 1500),
         "d": _task(dtq_pb2.TASK_STATUS_SCHEDULED, 1000, [1040], 0),
     }
     types = {"a": "file.stats", "b": "file.flaky", "c": "file.corrupt", "d": "file.poison",
              "e": "file.stats"}
-    s = demo_summary.build(tasks, types)
+    s = demo_summary.build(tasks, types, {"n1": "node"})  # b's result names no language
     assert (s.tasks, s.succeeded, s.dead_lettered, s.left_open) == (5, 2, 1, 2)
     assert s.open_by_status == {"SCHEDULED": 1, "MISSING": 1}
     assert (s.retried_tasks, s.retries) == (1, 1)
