@@ -1,0 +1,148 @@
+"""Fixtures of the worker conformance suite.
+
+The suite starts its own redis-server and gateway and runs the worker under test
+from a shell command. By default it runs every test against both reference
+workers (dtq-pyworker and the Node.js worker); set DTQ_CONFORMANCE_WORKER_CMD to
+run it against another implementation instead (see README.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import shutil
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conformance.client import ConformanceClient
+from tests.conformance.processes import REPO_ROOT, Gateway, Worker
+from tests.support.redis_server import RedisServer, free_port
+
+VISIBILITY_TIMEOUT_S = 2.0
+HEARTBEAT_INTERVAL_S = 0.5
+WARM_UP_TIMEOUT_S = 30.0
+NODE_WORKER = REPO_ROOT / "examples" / "node-worker"
+
+
+def _worker_params() -> list[object]:
+    custom = os.environ.get("DTQ_CONFORMANCE_WORKER_CMD", "").strip()
+    if custom:
+        return [pytest.param(("custom", custom), id="custom")]
+    return [pytest.param("pyworker", id="pyworker"), pytest.param("node", id="node")]
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Remember each phase's report so fixtures can dump process logs on failure."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
+
+
+def _failed(request: pytest.FixtureRequest) -> bool:
+    report = getattr(request.node, "rep_call", None)
+    return report is None or report.failed
+
+
+@pytest.fixture(params=_worker_params())
+def worker_command(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """(implementation name, shell command) of the worker under test."""
+    param = request.param
+    if isinstance(param, tuple):
+        return param
+    if param == "node":
+        if shutil.which("node") is None:
+            pytest.skip("node is not on PATH")
+        if not (NODE_WORKER / "node_modules" / "@grpc" / "grpc-js").is_dir():
+            pytest.skip("examples/node-worker/node_modules missing: run "
+                        "`cd examples/node-worker && npm ci` (make install does)")
+        return "node", "exec node examples/node-worker/index.js"
+    spec = importlib.util.find_spec("dtq_pyworker")
+    if spec is None or not hasattr(importlib.import_module("dtq_pyworker"), "Worker"):
+        pytest.skip("dtq_pyworker.Worker is not available yet")
+    script = "tests/conformance/workers/pyworker_conf.py"
+    return "pyworker", f"exec {shlex.quote(sys.executable)} {script}"
+
+
+@pytest.fixture(scope="session")
+def conformance_redis() -> Iterator[RedisServer]:
+    """The suite's own redis-server (never the shared one)."""
+    server = RedisServer(appendonly=False).start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def gateway(conformance_redis: RedisServer, tmp_path: Path,
+            request: pytest.FixtureRequest) -> Iterator[Gateway]:
+    """A fresh gateway on its own port: visibility timeout 2 s, heartbeat interval 0.5 s."""
+    if importlib.util.find_spec("dtq_gateway.__main__") is None:
+        pytest.skip("the gateway is not built yet (dtq_gateway/__main__.py missing)")
+    gw = Gateway(conformance_redis.url, free_port(), tmp_path,
+                 visibility_timeout_s=VISIBILITY_TIMEOUT_S,
+                 heartbeat_interval_s=HEARTBEAT_INTERVAL_S).start()
+    yield gw
+    gw.stop()
+    if _failed(request):
+        print(gw.output())
+
+
+@pytest.fixture
+def client(gateway: Gateway) -> Iterator[ConformanceClient]:
+    """Producer/observer client connected to the gateway."""
+    c = ConformanceClient(gateway.address)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def queue() -> str:
+    """A queue name of this test alone (tests share one Redis)."""
+    return f"conf-{uuid.uuid4().hex[:12]}"
+
+
+StartWorker = Callable[..., Worker]
+
+
+@pytest.fixture
+def start_worker(worker_command: tuple[str, str], gateway: Gateway, client: ConformanceClient,
+                 queue: str, tmp_path: Path,
+                 request: pytest.FixtureRequest) -> Iterator[StartWorker]:
+    """Factory: start the worker under test on ``queue`` and wait until it runs a task.
+
+    Keyword args: concurrency (default 2), max_in_flight (default 2 * concurrency),
+    drain_grace_ms (default 10000), warm_up (default True: enqueue one conf.echo
+    and wait for it, which proves the worker is connected).
+    """
+    impl, command = worker_command
+    started: list[Worker] = []
+
+    def start(*, concurrency: int = 2, max_in_flight: int | None = None,
+              drain_grace_ms: int = 10000, warm_up: bool = True) -> Worker:
+        env = {
+            "DTQ_GATEWAY": gateway.address, "DTQ_QUEUE": queue, "DTQ_QUEUES": queue,
+            "DTQ_CONCURRENCY": str(concurrency),
+            "DTQ_MAX_IN_FLIGHT": str(max_in_flight or 2 * concurrency),
+            "DTQ_DRAIN_GRACE_MS": str(drain_grace_ms), "DTQ_LOG_LEVEL": "info",
+        }
+        worker_id = f"conf-{impl}-{uuid.uuid4().hex[:8]}"
+        worker = Worker(command, worker_id, tmp_path, env).start()
+        started.append(worker)
+        if warm_up:
+            task_id = client.enqueue(queue, "conf.echo", {"warm_up": True})
+            try:
+                client.wait_terminal(task_id, WARM_UP_TIMEOUT_S)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{worker.output()}") from None
+        return worker
+
+    yield start
+    for worker in started:
+        worker.kill()
+        if _failed(request):
+            print(worker.output())
