@@ -134,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     gateway = processes.start_gateway(env, args.log_dir)
     workers: list[Proc] = []
     ok = clean = False
+    scraped = ""
     try:
         processes.wait_gateway_ready(gateway, ep.target)
         print(f"gateway: {gateway.first_line()}")
@@ -142,9 +143,11 @@ def run(args: argparse.Namespace) -> int:
         scraped = _save_metrics(ep, args.log_dir)
     finally:
         clean = _shutdown(workers, gateway, args.log_dir)
-    if ep.metrics_url:
-        print(f"metrics: Prometheus metrics were served at {ep.metrics_url}"
-              + (f" (last scrape saved to {scraped})" if scraped else ""))
+    if scraped:
+        print(f"metrics: Prometheus metrics were at {ep.metrics_url} "
+              f"(last scrape saved to {scraped})")
+    elif ep.metrics_url:
+        print(f"metrics: nothing answered at {ep.metrics_url}")
     return 0 if ok and clean else 1
 
 

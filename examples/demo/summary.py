@@ -144,10 +144,7 @@ def build(tasks: Mapping[str, dtq_pb2.Task], types: Mapping[str, str],
         The summary.
     """
     s = Summary(tasks=len(types), by_type=dict(Counter(types.values())))
-    other: Counter[str] = Counter()
-    open_: Counter[str] = Counter()
-    langs: Counter[str] = Counter()
-    words: Counter[str] = Counter()
+    other, open_, langs, words = Counter[str](), Counter[str](), Counter[str](), Counter[str]()
     waits: list[int] = []
     first_ms, last_ms = math.inf, 0
     for task_id, task_type in types.items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import grpc
 from tqdm import tqdm
@@ -50,6 +50,22 @@ async def wait_for_workers(admin: dtq_pb2_grpc.AdminStub, worker_ids: Sequence[s
     return False
 
 
+def _progress(bar: tqdm, total: int) -> Callable[[int, int], None]:
+    """A Tracker progress callback that drives ``bar`` (or prints plain lines without a TTY)."""
+    last_line = time.monotonic()
+
+    def progress(done: int, registered: int) -> None:
+        nonlocal last_line
+        bar.set_postfix_str(f"enqueued {registered}", refresh=False)
+        bar.update(done - bar.n)
+        if bar.disable and time.monotonic() - last_line >= PLAIN_PROGRESS_S:
+            last_line = time.monotonic()
+            print(f"progress: {done:,}/{total:,} tasks done, {registered:,} enqueued",
+                  flush=True)
+
+    return progress
+
+
 async def run(target: str, specs: Sequence[TaskSpec], worker_langs: Mapping[str, str],
               timeout_s: float) -> tuple[Summary, list[str]]:
     """Enqueue every task, show progress until all are terminal, build the summary.
@@ -70,17 +86,7 @@ async def run(target: str, specs: Sequence[TaskSpec], worker_langs: Mapping[str,
         types: dict[str, str] = {}
         with tqdm(total=len(specs), unit="task", desc="tasks done", disable=None,
                   dynamic_ncols=True, mininterval=0.2) as bar:
-
-            last_line = [time.monotonic()]
-
-            def progress(done: int, registered: int) -> None:
-                bar.set_postfix_str(f"enqueued {registered}", refresh=False)
-                bar.update(done - bar.n)
-                if bar.disable and time.monotonic() - last_line[0] >= PLAIN_PROGRESS_S:
-                    last_line[0] = time.monotonic()  # no terminal: a plain line now and then
-                    print(f"progress: {done:,}/{len(specs):,} tasks done, "
-                          f"{registered:,} enqueued", flush=True)
-
+            progress = _progress(bar, len(specs))
             tracker = Tracker(broker, dtq_pb2_grpc.EventsStub(channel), QUEUE, progress)
 
             def on_batch(batch: list[tuple[str, TaskSpec]]) -> None:

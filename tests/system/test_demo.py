@@ -67,8 +67,8 @@ def run_demo(redis_url: str, tmp_path: Path) -> tuple[subprocess.CompletedProces
     env.pop("DTQ_GATEWAY", None)
     summary_path = tmp_path / "summary.json"
     cmd = [sys.executable, "-m", "examples.demo", "--files", str(FILES), "--no-node",
-           "--timeout", "120", "--json", str(summary_path), "--log-dir", str(tmp_path / "logs")]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
+           "--timeout", "60", "--json", str(summary_path), "--log-dir", str(tmp_path / "logs")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
                           check=False)
     logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
                      for p in sorted((tmp_path / "logs").glob("*.log")))

@@ -1,22 +1,22 @@
 'use strict';
 /**
  * Demo task types (queue "demo"), the same contract as the Python demo
- * handlers so that a task gives the same result whichever language ran it.
+ * handlers (examples/demo/handlers.py, textstats.py) so that a task gives the
+ * same result whichever language ran it; only "worker_lang" differs.
  */
 const fs = require('node:fs/promises');
 const crypto = require('node:crypto');
 const { TaskError, PermanentError } = require('../errors');
 
 const WORD_RE = /[A-Za-z_][A-Za-z0-9_]*/g;
-// Line boundaries of Python's str.splitlines().
-const LINE_BREAK_RE = /\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]/;
 const TOP_WORDS = 20;
+const WORKER_LANG = 'node';
 
-/** Number of lines as Python's len(text.splitlines()) counts them. */
+/** Lines: newline characters, plus one for a last line without a newline. */
 function countLines(text) {
-  if (text === '') return 0;
-  const parts = text.split(LINE_BREAK_RE);
-  return parts[parts.length - 1] === '' ? parts.length - 1 : parts.length;
+  let count = 0;
+  for (let i = text.indexOf('\n'); i !== -1; i = text.indexOf('\n', i + 1)) count += 1;
+  return count + (text !== '' && !text.endsWith('\n') ? 1 : 0);
 }
 
 /**
@@ -52,24 +52,24 @@ async function fileStats(path) {
 }
 
 async function stats(payload) {
-  return fileStats(payload?.path);
+  return { ...(await fileStats(payload?.path)), worker_lang: WORKER_LANG };
 }
 
 async function flaky(payload, ctx) {
-  const failAttempts = Number(payload?.fail_attempts ?? 0);
+  const failAttempts = Number(payload?.fail_attempts ?? 1);
   if (ctx.attempt <= failAttempts) {
-    throw new TaskError(`flaky failure on attempt ${ctx.attempt} of ${failAttempts} planned`,
-      { errorClass: 'FlakyError' });
+    throw new TaskError(`flaky failure on attempt ${ctx.attempt}`, { errorClass: 'FlakyError' });
   }
-  return fileStats(payload?.path);
+  return stats(payload);
 }
 
-async function poison(payload) {
-  throw new TaskError(`poison task for ${payload?.path}`, { errorClass: 'PoisonError' });
+async function poison(_payload, ctx) {
+  throw new TaskError(`poison task failed on attempt ${ctx.attempt} of ${ctx.maxAttempts}`,
+    { errorClass: 'FlakyError' });
 }
 
 async function corrupt(payload) {
-  throw new PermanentError(`corrupt input ${payload?.path}`, { errorClass: 'CorruptFileError' });
+  throw new PermanentError(`refusing ${payload?.path ?? '?'}: marked corrupt`);
 }
 
 module.exports = {
