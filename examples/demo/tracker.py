@@ -100,6 +100,7 @@ class Tracker:
         self._registration_open = True
         self._last_event = 0.0
         self._events_seen = 0
+        self._polls = 0  # GetTask calls made while tracking
         self._changed = asyncio.Event()
 
     def register(self, tasks: Sequence[tuple[str, int]]) -> None:
@@ -155,6 +156,7 @@ class Tracker:
         if not ids:
             return 0.0
         tasks = await get_tasks(self._broker, ids)
+        self._polls += len(ids)
         hits = 0
         for task_id, task in tasks.items():
             if task.status in TERMINAL:
@@ -195,6 +197,8 @@ class Tracker:
             if follower:
                 follower.cancel()
                 await asyncio.gather(follower, return_exceptions=True)
+            log.info("tracked %d tasks: %d terminal events, %d GetTask polls",
+                     len(self._order), self._events_seen, self._polls)
 
     async def _wait_changed(self, timeout_s: float) -> None:
         self._changed.clear()
