@@ -19,6 +19,8 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+import grpc
+
 from examples.demo import processes
 from examples.demo.processes import DemoError, Endpoints, Proc
 from examples.demo.producer import plan, stdlib_files
@@ -166,6 +168,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DemoError as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 2
+    except grpc.RpcError as exc:  # the gateway went away or refused a call mid-run
+        print(f"demo: gateway call failed: {exc.code().name} {exc.details()} "
+              f"(see the logs in {_show(args.log_dir)})", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("demo: interrupted", file=sys.stderr)
         return 130
