@@ -41,27 +41,41 @@ async def lease_loop(worker: Worker, stub, runtime: Runtime,
     """
     backoff = Backoff(0.1, 5.0)
     request = lease_request(worker)
+    failures = 0  # consecutive sessions that ended without delivering SessionInfo
     while True:
         call = stub.Lease(request)
+        opened = False
         try:
             async for response in call:
                 if response.HasField("session"):
                     _on_session(worker, response.session)
                     session_ready.set()
                     backoff.reset()
+                    opened, failures = True, 0
                 elif response.HasField("task"):
                     runtime.add(response.task)
             log.info("lease stream ended by the gateway; reconnecting")
         except grpc.aio.AioRpcError as exc:
-            err = DtqRpcError.from_rpc_error(exc)
-            level = logging.ERROR if err.code in _CONFIG_ERRORS else logging.WARNING
-            log.log(level, "lease stream failed; reconnecting: %s", err)
+            _log_stream_error(DtqRpcError.from_rpc_error(exc), failures)
         except Exception:
             log.exception("lease stream handling failed; reconnecting")
         finally:
             call.cancel()
+        failures = 1 if opened else failures + 1
         worker._count("reconnects")
         await asyncio.sleep(backoff.next())
+
+
+def _log_stream_error(err: DtqRpcError, failures: int) -> None:
+    """Warn on the first failure of a streak and every 10th; the rest at debug level."""
+    if err.code in _CONFIG_ERRORS:
+        level = logging.ERROR
+    elif failures % 10 == 0:
+        level = logging.WARNING
+    else:
+        level = logging.DEBUG
+    log.log(level, "lease stream failed; reconnecting: %s", err,
+             extra={"consecutive_failures": failures + 1})
 
 
 def _on_session(worker: Worker, session: dtq_pb2.SessionInfo) -> None:
@@ -85,31 +99,38 @@ async def heartbeat_loop(worker: Worker, stub, runtime: Runtime,
     """
     await session_ready.wait()
     interval_ms = worker.session.heartbeat_interval_ms or 5000
+    failures = 0
     while True:
+        # after a failed heartbeat, try again sooner: the leases are running out
+        wait_ms = interval_ms / 3 if failures else interval_ms
         try:
-            await asyncio.wait_for(stop.wait(), interval_ms / 1000.0)
+            await asyncio.wait_for(stop.wait(), wait_ms / 1000.0)
             return
         except TimeoutError:
             pass
         if worker.session and worker.session.heartbeat_interval_ms:
             interval_ms = worker.session.heartbeat_interval_ms
-        response = await _heartbeat_once(worker, stub, runtime, interval_ms)
-        if response is not None and response.heartbeat_interval_ms:
+        try:
+            response = await _heartbeat_once(worker, stub, runtime, interval_ms)
+        except grpc.aio.AioRpcError as exc:
+            level = logging.WARNING if failures % 10 == 0 else logging.DEBUG
+            failures += 1
+            log.log(level, "heartbeat failed: %s", DtqRpcError.from_rpc_error(exc),
+                    extra={"consecutive_failures": failures})
+            continue
+        failures = 0
+        if response.heartbeat_interval_ms:
             interval_ms = response.heartbeat_interval_ms
 
 
 async def _heartbeat_once(worker: Worker, stub, runtime: Runtime,
-                          interval_ms: int) -> dtq_pb2.HeartbeatResponse | None:
+                          interval_ms: int) -> dtq_pb2.HeartbeatResponse:
     ids = runtime.all_lease_ids()[:MAX_HEARTBEAT_IDS]
     request = dtq_pb2.HeartbeatRequest(
         worker_id=worker.worker_id, lease_ids=ids, counters=worker.counters(),
         active_tasks=len(runtime.running), concurrency=worker.concurrency,
         hostname=worker.hostname)
-    try:
-        response = await stub.Heartbeat(request, timeout=max(1.0, interval_ms / 1000.0))
-    except grpc.aio.AioRpcError as exc:
-        log.warning("heartbeat failed: %s", DtqRpcError.from_rpc_error(exc))
-        return None
+    response = await stub.Heartbeat(request, timeout=max(1.0, interval_ms / 1000.0))
     lost = runtime.stop(response.lost_lease_ids, STOP_LOST)
     cancelled = runtime.stop(response.cancelled_lease_ids, STOP_CANCELLED)
     if lost or cancelled:

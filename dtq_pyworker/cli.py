@@ -88,11 +88,36 @@ def apply_flags(worker: Worker, args: argparse.Namespace) -> None:
         worker.drain_grace_s = args.drain_grace
 
 
+_RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
+    "message", "asctime", "taskName"}
+
+
+class _ExtraFormatter(logging.Formatter):
+    """Plain-text lines with the record's ``extra`` fields appended as key=value."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        extras = [f"{k}={v}" for k, v in vars(record).items() if k not in _RECORD_ATTRS]
+        return f"{line} {' '.join(extras)}" if extras else line
+
+
+def configure_logging(level: str) -> None:
+    """Log to stderr with extras visible (the CLI only; the library never does this)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(_ExtraFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``dtq-pyworker``; returns the exit status."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        configure_logging(args.log_level)
+    except ValueError:
+        print(f"dtq-pyworker: unknown log level {args.log_level!r}", file=sys.stderr)
+        return 2
     try:
         worker = load_worker(args.spec)
     except (ImportError, AttributeError, ValueError, TypeError) as exc:

@@ -63,6 +63,8 @@ class FakeBroker(dtq_pb2_grpc.BrokerServicer):
         self.cancelled: set[str] = set()
         self.stale: set[str] = set()
         self.unavailable_results = 0  # fail this many Ack/Fail calls with UNAVAILABLE
+        self.unavailable_heartbeats = 0  # fail this many Heartbeat calls with UNAVAILABLE
+        self.failed_heartbeats = 0
         self.tasks: dict[str, dtq_pb2.Task] = {}
         self.get_task_calls = 0
         self._abort_epoch = 0
@@ -141,6 +143,11 @@ class FakeBroker(dtq_pb2_grpc.BrokerServicer):
             await self.notify()
 
     async def Heartbeat(self, request, context):
+        if self.unavailable_heartbeats > 0:
+            self.unavailable_heartbeats -= 1
+            self.failed_heartbeats += 1
+            await self.notify()
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "redis unreachable")
         self.heartbeats.append(request)
         ids = set(request.lease_ids)
         lost = sorted(ids & self.lost)

@@ -106,3 +106,18 @@ async def test_lost_buffered_lease_never_runs(fake):
         await fake.wait_for(lambda: first in fake.acked())
     assert state["started"] == [first]
     assert second not in fake.reported()
+
+
+async def test_failed_heartbeats_are_retried_and_leases_kept(fake):
+    worker, state = _blocking_worker(fake)
+    async with running(worker):
+        lease = await fake.push("block")
+        await wait_event(state["any_started"])
+        fake.unavailable_heartbeats = 3
+        await fake.wait_for(lambda: fake.failed_heartbeats == 3)
+        seen = len(fake.heartbeats)
+        await fake.wait_for(lambda: len(fake.heartbeats) > seen)
+        assert lease in fake.heartbeats[-1].lease_ids
+        state["release"].set()
+        await fake.wait_for(lambda: lease in fake.acked())
+    assert state["cancelled"] == []
