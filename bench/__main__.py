@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import platform
+import subprocess
 import sys
 import time
 from datetime import UTC, datetime
@@ -56,7 +57,18 @@ def _host() -> dict[str, Any]:
     from redis import __version__ as redis_py
 
     return {"python": platform.python_version(), "cpus": os.cpu_count(),
-            "platform": platform.platform(), "grpcio": grpc.__version__, "redis_py": redis_py}
+            "platform": platform.platform(), "grpcio": grpc.__version__, "redis_py": redis_py,
+            "commit": _git("rev-parse", "--short", "HEAD"),
+            "dirty": bool(_git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def _git(*args: str) -> str:
+    """Output of a git command in the repo ("" when git is unavailable)."""
+    try:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                              check=False, timeout=10).stdout.strip()
+    except OSError:
+        return ""
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
