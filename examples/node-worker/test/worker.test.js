@@ -1,0 +1,155 @@
+'use strict';
+// Protocol behaviour of the Worker against a scripted in-process fake Broker.
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const grpc = require('@grpc/grpc-js');
+const protoLoader = require('@grpc/proto-loader');
+
+const { loadConfig } = require('../src/config');
+const { createBroker, LOADER_OPTIONS } = require('../src/rpc');
+const { Worker } = require('../src/worker');
+const { handlers } = require('../src/handlers');
+
+const PROTO = loadConfig({ DTQ_QUEUE: 'q' }).protoPath;
+
+/** A fake Broker whose answers each test scripts through `script`. */
+async function fakeBroker(script) {
+  const def = protoLoader.loadSync(PROTO, LOADER_OPTIONS);
+  const { Broker } = grpc.loadPackageDefinition(def).dtq.v1;
+  const seen = { heartbeats: [], acks: [], fails: [], leases: 0 };
+  const server = new grpc.Server();
+  server.addService(Broker.service, {
+    Lease(call) {
+      seen.leases += 1;
+      if (script.leaseError) {
+        call.emit('error', { code: script.leaseError, details: 'scripted' });
+        return;
+      }
+      call.write({ session: { session_id: 's', heartbeat_interval_ms: 50, visibility_timeout_ms: 1000,
+        max_in_flight: 4, gateway_id: 'fake', result_max_bytes: 8192, lease_grace_ms: 0 } });
+      for (const task of script.tasks || []) call.write({ task });
+    },
+    Heartbeat(call, cb) {
+      seen.heartbeats.push(call.request.lease_ids);
+      cb(null, { lost_lease_ids: script.lost?.(call.request.lease_ids) || [],
+        cancelled_lease_ids: script.cancelled?.(call.request.lease_ids) || [],
+        heartbeat_interval_ms: 50 });
+    },
+    Ack(call, cb) {
+      seen.acks.push(...call.request.items);
+      if (script.ackError) return cb({ code: script.ackError, details: 'stale lease' });
+      return cb(null, { results: call.request.items.map((i) => ({ lease_id: i.lease_id,
+        status: 'TASK_STATUS_SUCCEEDED' })) });
+    },
+    Fail(call, cb) {
+      seen.fails.push(...call.request.items);
+      cb(null, { results: call.request.items.map((i) => ({ lease_id: i.lease_id,
+        status: 'TASK_STATUS_QUEUED' })) });
+    },
+  });
+  const port = await new Promise((resolve, reject) => {
+    server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(),
+      (err, p) => (err ? reject(err) : resolve(p)));
+  });
+  return { seen, port, close: () => server.forceShutdown() };
+}
+
+function task(n, taskType, payload, extra = {}) {
+  return { lease_id: `lease-${n}`, task_id: `${n}`.padStart(32, '0'), queue: 'q', task_type: taskType,
+    payload: Buffer.from(JSON.stringify(payload)), content_type: 'application/json', attempt: 1,
+    max_attempts: 3, timeout_ms: 60000, ...extra };
+}
+
+function startWorker(port, env = {}) {
+  const config = loadConfig({ DTQ_QUEUE: 'q', DTQ_GATEWAY: `127.0.0.1:${port}`, DTQ_WORKER_ID: 'w1',
+    DTQ_LOG_LEVEL: 'error', DTQ_DRAIN_GRACE_MS: '5000', ...env });
+  const { broker, metadata } = createBroker(config);
+  const worker = new Worker(config, { broker, metadata, handlers });
+  return { worker, done: worker.run() };
+}
+
+async function until(predicate, timeoutMs = 5000) {
+  const deadline = Date.now() + timeoutMs;
+  while (!predicate()) {
+    if (Date.now() > deadline) throw new Error('condition not reached');
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+test('a lost lease is stopped and never reported', async () => {
+  const fake = await fakeBroker({ tasks: [task(1, 'conf.sleep', { ms: 10000 })],
+    lost: (ids) => ids.filter((id) => id === 'lease-1') });
+  const { worker, done } = startWorker(fake.port);
+  await until(() => worker.stats.lost === 1);
+  assert.equal(worker.held.size, 0);
+  assert.equal(worker.stop() instanceof Promise, true);
+  assert.equal(await done, 0);
+  assert.deepEqual([fake.seen.acks.length, fake.seen.fails.length], [0, 0]);
+  fake.close();
+});
+
+test('a cancelled running task is reported with FAIL_MODE_CANCELLED', async () => {
+  const fake = await fakeBroker({ tasks: [task(1, 'conf.sleep', { ms: 10000 })],
+    cancelled: (ids) => ids });
+  const { worker, done } = startWorker(fake.port);
+  await until(() => fake.seen.fails.length === 1);
+  assert.equal(fake.seen.fails[0].mode, 'FAIL_MODE_CANCELLED');
+  await until(() => worker.stats.cancelled === 1);
+  worker.stop();
+  assert.equal(await done, 0);
+  fake.close();
+});
+
+test('a stale single-item Ack is dropped, not resent', async () => {
+  const fake = await fakeBroker({ tasks: [task(1, 'conf.echo', { a: 1 })],
+    ackError: grpc.status.FAILED_PRECONDITION });
+  const { worker, done } = startWorker(fake.port);
+  await until(() => worker.stats.stale === 1);
+  await new Promise((r) => setTimeout(r, 300));
+  assert.equal(fake.seen.acks.length, 1);
+  assert.equal(worker.stats.processed, 0);
+  worker.stop();
+  await done;
+  fake.close();
+});
+
+test('heartbeats list buffered leases; drain releases them and finishes the running one', async () => {
+  const tasks = [1, 2, 3].map((n) => task(n, 'conf.sleep', { ms: 300 }));
+  const fake = await fakeBroker({ tasks });
+  const { worker, done } = startWorker(fake.port, { DTQ_CONCURRENCY: '1' });
+  await until(() => fake.seen.heartbeats.some((ids) => ids.length === 3));
+  worker.stop();
+  assert.equal(await done, 0);
+  const released = fake.seen.fails.filter((f) => f.mode === 'FAIL_MODE_RELEASE');
+  assert.deepEqual(released.map((f) => f.lease_id).sort(), ['lease-2', 'lease-3']);
+  assert.deepEqual(fake.seen.acks.map((a) => a.lease_id), ['lease-1']);
+  fake.close();
+});
+
+test('a timed-out handler fails with error class Timeout', async () => {
+  const fake = await fakeBroker({ tasks: [task(1, 'conf.sleep', { ms: 10000 }, { timeout_ms: 100 })] });
+  const { worker, done } = startWorker(fake.port);
+  await until(() => fake.seen.fails.length === 1);
+  assert.equal(fake.seen.fails[0].error_class, 'Timeout');
+  assert.equal(fake.seen.fails[0].retryable, true);
+  worker.stop();
+  await done;
+  fake.close();
+});
+
+test('UNAUTHENTICATED on Lease stops the worker with exit code 3', async () => {
+  const fake = await fakeBroker({ leaseError: grpc.status.UNAUTHENTICATED });
+  const { done } = startWorker(fake.port);
+  assert.equal(await done, 3);
+  assert.equal(fake.seen.leases, 1);
+  fake.close();
+});
+
+test('UNAVAILABLE on Lease reconnects', async () => {
+  const fake = await fakeBroker({ leaseError: grpc.status.UNAVAILABLE });
+  const { worker, done } = startWorker(fake.port, { DTQ_RECONNECT_BASE_MS: '10', DTQ_RECONNECT_MAX_MS: '20' });
+  await until(() => fake.seen.leases >= 3);
+  worker.stop();
+  assert.equal(await done, 0);
+  fake.close();
+});
