@@ -34,6 +34,9 @@ from dtq_gateway.metrics import EVENTS_DROPPED
 
 log = logging.getLogger(__name__)
 
+#: Longest wait of one pub/sub read; bounds how long stop() takes (s).
+POLL_S = 0.25
+
 Event = dict[str, Any]
 Listener = Callable[[Event], None]
 
@@ -158,12 +161,19 @@ class EventsHub:
             self._task = asyncio.create_task(self._run(), name="dtq-events-hub")
 
     async def stop(self) -> None:
-        """Stop reading and close every subscription (their streams end)."""
+        """Stop reading and close every subscription (their streams end).
+
+        The reader notices the stop flag within one poll (``POLL_S``); it is not
+        cancelled first because redis-py's pub/sub read may swallow a
+        cancellation that races with its own read timeout.
+        """
         self._stopped = True
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        task, self._task = self._task, None
+        if task is not None:
+            done, _ = await asyncio.wait({task}, timeout=POLL_S * 4 + 1.0)
+            if not done:
+                task.cancel()
+                await asyncio.wait({task}, timeout=1.0)
         for sub in list(self._subs):
             sub.close()
         self._subs.clear()
@@ -202,6 +212,8 @@ class EventsHub:
                 failures += 1
                 self._outage_log.log(logging.ERROR, "events: subscriber failed", exc_info=True)
             self.connected.clear()
+            if self._stopped:
+                return
             base = min(self.max_backoff_s, 0.05 * (2 ** min(failures, 10)))
             await asyncio.sleep(random.uniform(base / 2, base))
 
@@ -215,8 +227,8 @@ class EventsHub:
                 log.info("events: resubscribed", extra={"channel": self.channel})
                 self._outage_log.reset()
             self.connected.set()
-            while True:
-                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            while not self._stopped:
+                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=POLL_S)
                 if msg is not None and msg.get("type") == "message":
                     self.dispatch(msg["data"])
         finally:
