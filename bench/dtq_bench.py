@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 QUEUE = "bench"  # drained by the worker: backlog and latency tasks
 ENQUEUE_QUEUE = "bench_enqueue"  # unary enqueue figures: never consumed
 WORKER_CONCURRENCY = 32
+DTQ_TIMEOUT_S = {False: 480.0, True: 180.0}  # whole dtq part, full / quick (s)
 
 
 def _pb() -> tuple[Any, Any]:
@@ -252,7 +253,8 @@ def run_dtq(redis_url: str, sizes: Sizes) -> dict[str, Any]:
         return {"peer": "dtq", "na": missing}
     procs = Processes(redis_url)
     try:
-        result = asyncio.run(_run(redis_url, sizes, procs))
+        result = asyncio.run(asyncio.wait_for(_run(redis_url, sizes, procs),
+                                              timeout=DTQ_TIMEOUT_S[sizes.backlog_n < 20000]))
         shutil.rmtree(procs.dir, ignore_errors=True)
         return result
     except Exception as exc:

@@ -35,7 +35,8 @@ def _run(cmd: list[str], cwd: Path, timeout_s: float) -> None:
     """Run an install command; raise RuntimeError with its output tail on failure."""
     proc = subprocess.run(cmd, check=False, cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        tail = [ln for ln in lines if not ln.startswith("WARNING")][-3:]
         raise RuntimeError(f"{' '.join(cmd[:3])} failed: {' | '.join(tail)}")
 
 
@@ -43,7 +44,9 @@ def ensure_python_peers() -> None:
     """Create bench/.peers-venv from requirements-peers.txt unless it is up to date.
 
     Lines marked ``# no-deps`` are installed in a second call with ``--no-deps``.
-    A stamp holding the requirements' sha256 skips the work on later runs.
+    When a joint install fails, each line is tried alone so that one broken peer
+    does not take the others down. A stamp holding the requirements' sha256 (written
+    only after a complete install) skips the work on later runs.
 
     Raises:
         RuntimeError: venv creation or pip failed (message has the output tail).
@@ -60,10 +63,30 @@ def ensure_python_peers() -> None:
     lines = [ln.split("#")[0].strip() for ln in text.splitlines()]
     with_deps = [ln for ln, raw in zip(lines, text.splitlines()) if ln and "no-deps" not in raw]
     no_deps = [ln for ln, raw in zip(lines, text.splitlines()) if ln and "no-deps" in raw]
-    _run(pip + with_deps, BENCH, 900)
-    if no_deps:
-        _run(pip + ["--no-deps"] + no_deps, BENCH, 300)
+    failed = _install(pip, with_deps) + _install(pip + ["--no-deps"], no_deps)
+    if failed:
+        # The peers that did install still run; the others report their import error.
+        logger.warning("peer packages that did not install: %s", "; ".join(failed))
+        return
     stamp.write_text(digest)
+
+
+def _install(pip: list[str], requirements: list[str]) -> list[str]:
+    """pip-install ``requirements`` together, else one by one; the failures' messages."""
+    if not requirements:
+        return []
+    try:
+        _run(pip + requirements, BENCH, 900)
+        return []
+    except (RuntimeError, subprocess.TimeoutExpired):
+        pass
+    failed = []
+    for req in requirements:
+        try:
+            _run(pip + [req], BENCH, 600)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            failed.append(f"{req}: {exc}")
+    return failed
 
 
 def ensure_bullmq() -> None:
