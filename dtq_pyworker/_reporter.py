@@ -43,20 +43,25 @@ class ResultReporter:
         max_items: Items per call; a full batch is sent at once.
         on_done: Callback per finished item (for counters).
         rpc_timeout_s: Deadline of each Ack/Fail call in seconds.
+        flush_early: Called with the number of queued items after each push;
+            True sends at once instead of waiting for the window (the worker says
+            so when holding results back would starve its lease credit).
     """
 
     def __init__(self, stub, *, flush_ms: float = 5.0, max_items: int = 256,
-                 on_done: DoneCallback | None = None, rpc_timeout_s: float = 10.0) -> None:
+                 on_done: DoneCallback | None = None, rpc_timeout_s: float = 10.0,
+                 flush_early: Callable[[int], bool] | None = None) -> None:
         self._stub = stub
         self._flush_s = max(0.0, flush_ms) / 1000.0
         self._max_items = max(1, min(1000, max_items))
         self._on_done = on_done
+        self._flush_early = flush_early
         self._rpc_timeout_s = rpc_timeout_s
         self._acks: deque[dtq_pb2.AckItem] = deque()
         self._fails: deque[dtq_pb2.FailItem] = deque()
         self._sending: set[str] = set()
         self._has_items = asyncio.Event()
-        self._full = asyncio.Event()
+        self._flush_now = asyncio.Event()
         self._closing = False
         self._backoff = Backoff(0.1, 5.0)
         self._task: asyncio.Task | None = None
@@ -90,7 +95,7 @@ class ResultReporter:
         """
         self._closing = True
         self._has_items.set()
-        self._full.set()
+        self._flush_now.set()
         if self._task is None:
             return
         try:
@@ -103,8 +108,10 @@ class ResultReporter:
     def _push(self, queue: deque, item: Item) -> None:
         queue.append(item)
         self._has_items.set()
-        if len(queue) >= self._max_items:
-            self._full.set()
+        queued = len(self._acks) + len(self._fails)
+        if len(queue) >= self._max_items or (
+                self._flush_early is not None and self._flush_early(queued)):
+            self._flush_now.set()
 
     async def _run(self) -> None:
         while True:
@@ -114,9 +121,9 @@ class ResultReporter:
                 self._has_items.clear()
                 await self._has_items.wait()
                 continue
-            if not self._closing and self._flush_s > 0 and not self._full.is_set():
+            if not self._closing and self._flush_s > 0 and not self._flush_now.is_set():
                 try:
-                    await asyncio.wait_for(self._full.wait(), self._flush_s)
+                    await asyncio.wait_for(self._flush_now.wait(), self._flush_s)
                 except TimeoutError:
                     pass
             await self._send_round()
@@ -125,7 +132,7 @@ class ResultReporter:
         acks = _take(self._acks, self._max_items)
         fails = _take(self._fails, self._max_items)
         if len(self._acks) < self._max_items and len(self._fails) < self._max_items:
-            self._full.clear()
+            self._flush_now.clear()
         self._sending = {i.lease_id for i in acks} | {i.lease_id for i in fails}
         try:
             retry_acks, retry_fails = await asyncio.gather(

@@ -181,7 +181,8 @@ class Worker:
 
     async def _serve(self, stub: dtq_pb2_grpc.BrokerStub) -> None:
         reporter = ResultReporter(stub, flush_ms=self.ack_flush_ms, on_done=self._on_result,
-                                  rpc_timeout_s=self.rpc_timeout_s)
+                                  rpc_timeout_s=self.rpc_timeout_s,
+                                  flush_early=lambda queued: self._flush_early(queued))
         runtime = Runtime(self.handlers, self.concurrency, self._executor, reporter,
                           self.worker_id, self._count)
         self._runtime = runtime
@@ -206,6 +207,13 @@ class Worker:
             for handle in list(runtime.running.values()):
                 handle.cancel()
             await asyncio.gather(*runtime.running.values(), return_exceptions=True)
+
+    def _flush_early(self, queued: int) -> bool:
+        """Send results now when waiting would starve the lease credit: the
+        gateway sends no new task while results hold half of max_in_flight, and
+        with nothing left running no further result can join the batch."""
+        runtime = self._runtime
+        return runtime is None or not runtime.running or queued * 2 >= self.max_in_flight
 
     async def _drain(self, runtime: Runtime) -> None:
         """Release buffered leases, let running handlers finish within the grace

@@ -4,42 +4,64 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.worker.helpers import make_worker, running, wait_event
+from tests.worker.helpers import make_worker, poll_until, running, wait_event
 
 
-async def test_many_acks_go_out_in_few_calls(fake):
-    worker = make_worker(fake, concurrency=50, max_in_flight=400, ack_flush_ms=20)
+def _gated_worker(fake, **kwargs):
+    """A worker whose "ok" and "bad" handlers all wait for one gate."""
+    worker = make_worker(fake, **kwargs)
+    gate = asyncio.Event()
 
-    @worker.task("t")
-    async def t(payload, ctx):
+    @worker.task("ok")
+    async def ok(payload, ctx):
+        await gate.wait()
         return ctx.lease_id
 
     @worker.task("bad")
     async def bad(payload, ctx):
+        await gate.wait()
         raise ValueError("x")
 
+    return worker, gate
+
+
+async def test_many_results_go_out_in_few_calls(fake):
+    worker, gate = _gated_worker(fake, concurrency=250, max_in_flight=400,
+                                ack_flush_ms=20)
     async with running(worker):
-        leases = [await fake.push("t") for _ in range(200)]
-        bad_leases = [await fake.push("bad") for _ in range(50)]
-        await fake.wait_for(lambda: set(leases) <= set(fake.acked())
-                            and set(bad_leases) <= set(fake.failed()), timeout_s=10)
+        ok = [await fake.push("ok") for _ in range(200)]
+        bad = [await fake.push("bad") for _ in range(50)]
+        await fake.wait_for(lambda: len(fake.delivered) == 250)
+        await poll_until(lambda: worker.active_tasks == 250)
+        gate.set()
+        await fake.wait_for(lambda: set(ok) <= set(fake.acked())
+                            and set(bad) <= set(fake.failed()), timeout_s=10)
     assert sum(len(c) for c in fake.ack_calls) == 200
-    assert len(fake.ack_calls) <= 10, [len(c) for c in fake.ack_calls]
-    assert len(fake.fail_calls) <= 10, [len(c) for c in fake.fail_calls]
+    assert len(fake.ack_calls) <= 3, [len(c) for c in fake.ack_calls]
+    assert len(fake.fail_calls) <= 3, [len(c) for c in fake.fail_calls]
     assert worker.stats["processed"] == 200 and worker.stats["failed"] == 50
 
 
 async def test_a_batch_holds_at_most_256_items(fake):
-    # a long flush window: only the 256-item cap sends before it ends
-    worker = make_worker(fake, concurrency=100, max_in_flight=1000, ack_flush_ms=1000)
-    worker.register("t", lambda p, c: None)
+    worker, gate = _gated_worker(fake, concurrency=600, max_in_flight=1000,
+                                ack_flush_ms=1000)
     async with running(worker):
-        for _ in range(600):
-            await fake.push("t")
-        await fake.wait_for(lambda: sum(map(len, fake.ack_calls)) >= 512, timeout_s=10)
-        assert [len(c) for c in fake.ack_calls[:2]] == [256, 256]
-        await fake.wait_for(lambda: len(fake.acked()) == 600, timeout_s=10)
-    assert max(len(c) for c in fake.ack_calls) == 256
+        leases = [await fake.push("ok") for _ in range(600)]
+        await fake.wait_for(lambda: len(fake.delivered) == 600)
+        await poll_until(lambda: worker.active_tasks == 600)
+        gate.set()
+        await fake.wait_for(lambda: set(leases) <= set(fake.acked()), timeout_s=10)
+    sizes = [len(c) for c in fake.ack_calls]
+    assert max(sizes) == 256 and sum(sizes) == 600 and len(sizes) <= 4, sizes
+
+
+async def test_lone_result_is_sent_without_waiting_for_the_window(fake):
+    # nothing else is running, so no other result could join the batch
+    worker = make_worker(fake, ack_flush_ms=60_000)
+    worker.register("t", lambda p, c: 1)
+    async with running(worker):
+        lease = await fake.push("t")
+        await fake.wait_for(lambda: lease in fake.acked())
 
 
 async def test_concurrency_and_max_in_flight_respected(fake):
