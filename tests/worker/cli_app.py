@@ -23,6 +23,12 @@ def slow(payload, ctx):
     return {"slept": payload["seconds"]}
 
 
+@worker.task("hang")
+def hang(payload, ctx):
+    # A handler that ignores ctx.cancelled: the process must still exit after the drain.
+    time.sleep(120)
+
+
 def build() -> Worker:
     """Factory form: ``dtq-pyworker tests.worker.cli_app:build``."""
     w = Worker(["unused"], worker_id="cli-built")

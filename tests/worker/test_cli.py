@@ -9,6 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
+from dtq_proto import dtq_pb2
+
 ROOT = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).parent / "dtq-pyworker"
 
@@ -73,3 +75,22 @@ async def test_cli_bad_spec_exits_2():
     assert rc == 2 and "cannot load" in output
     proc = await _spawn("no_colon_here")
     assert await asyncio.wait_for(proc.wait(), 20) == 2
+
+
+async def test_cli_exits_zero_when_a_sync_handler_ignores_cancellation(fake):
+    proc = await _spawn("tests.worker.cli_app:worker", "--target", fake.target,
+                        "--queues", "q", "--drain-grace", "0.3")
+    try:
+        await fake.wait_for(lambda: fake.open_streams == 1, timeout_s=20)
+        lease = await fake.push("hang")
+        await fake.wait_for(lambda: any(lease in h.lease_ids for h in fake.heartbeats))
+        proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.wait_for(proc.wait(), 20)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    output = (await proc.stdout.read()).decode()
+    assert rc == 0, output
+    assert fake.failed()[lease].mode == dtq_pb2.FAIL_MODE_RELEASE
+    assert "still running" in output
