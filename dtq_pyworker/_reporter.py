@@ -105,6 +105,12 @@ class ResultReporter:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
+    async def abort(self) -> None:
+        """Stop the background sender at once, dropping anything unsent."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
     def _push(self, queue: deque, item: Item) -> None:
         queue.append(item)
         self._has_items.set()

@@ -182,7 +182,7 @@ class Worker:
     async def _serve(self, stub: dtq_pb2_grpc.BrokerStub) -> None:
         reporter = ResultReporter(stub, flush_ms=self.ack_flush_ms, on_done=self._on_result,
                                   rpc_timeout_s=self.rpc_timeout_s,
-                                  flush_early=lambda queued: self._flush_early(queued))
+                                  flush_early=self._flush_early)
         runtime = Runtime(self.handlers, self.concurrency, self._executor, reporter,
                           self.worker_id, self._count)
         self._runtime = runtime
@@ -205,8 +205,9 @@ class Worker:
             await _cancel(lease_task)
             await _cancel(hb_task)
             for handle in list(runtime.running.values()):
-                handle.cancel()
+                handle.cancel()  # only left when the run itself was cancelled
             await asyncio.gather(*runtime.running.values(), return_exceptions=True)
+            await reporter.abort()
 
     def _flush_early(self, queued: int) -> bool:
         """Send results now when waiting would starve the lease credit: the

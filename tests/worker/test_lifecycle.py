@@ -154,3 +154,23 @@ def test_worker_requires_queues_and_handlers():
         Worker([])
     with pytest.raises(RuntimeError):
         asyncio.run(Worker(["q"]).run_async(install_signal_handlers=False))
+
+
+async def test_cancelling_the_run_tears_down_without_reports(fake):
+    worker = make_worker(fake)
+    started = asyncio.Event()
+
+    @worker.task("hang")
+    async def hang(payload, ctx):
+        started.set()
+        await asyncio.Event().wait()
+
+    task = asyncio.create_task(worker.run_async(install_signal_handlers=False))
+    lease = await fake.push("hang")
+    await wait_event(started)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    leftovers = [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("dtq-")]
+    assert leftovers == []
+    assert lease not in fake.reported()
