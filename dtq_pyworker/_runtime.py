@@ -56,8 +56,6 @@ class Runtime:
         self.held: dict[str, Execution] = {}
         self.buffer: deque[str] = deque()
         self.running: dict[str, asyncio.Task] = {}
-        self.idle = asyncio.Event()
-        self.idle.set()
         self._threaded: set[Execution] = set()
 
     # -- intake -------------------------------------------------------------------
@@ -73,7 +71,6 @@ class Runtime:
             priority=task.priority, content_type=task.content_type)
         self.held[task.lease_id] = Execution(task=task, ctx=ctx)
         self.buffer.append(task.lease_id)
-        self.idle.clear()
         self.pump()
 
     def pump(self) -> None:
@@ -87,7 +84,6 @@ class Runtime:
                 self._run(ex), name=f"dtq-task-{ex.task.task_id}")
             ex.handle.add_done_callback(lambda _t, ex=ex: self._after(ex))
             self.running[lease_id] = ex.handle
-        self._update_idle()
 
     # -- stops ----------------------------------------------------------------------
     def stop(self, lease_ids: Iterable[str], reason: str) -> int:
@@ -113,7 +109,6 @@ class Runtime:
                 self._drop_buffered(ex)
             else:
                 ex.handle.cancel()
-        self._update_idle()
         return hit
 
     def release_buffered(self) -> int:
@@ -186,7 +181,6 @@ class Runtime:
     def _forget(self, lease_id: str) -> None:
         self.held.pop(lease_id, None)
         self.running.pop(lease_id, None)
-        self._update_idle()
 
     def _report(self, ex: Execution, outcome: Outcome) -> None:
         lease_id = ex.task.lease_id
@@ -200,12 +194,6 @@ class Runtime:
             self._count("lost")
             log.info("lease lost, task stopped without report",
                      extra={"lease_id": lease_id, "task_id": ex.task.task_id})
-
-    def _update_idle(self) -> None:
-        if self.held:
-            self.idle.clear()
-        else:
-            self.idle.set()
 
 
 __all__ = ["STOP_CANCELLED", "STOP_DRAIN", "STOP_LOST", "Runtime", "release_item"]
