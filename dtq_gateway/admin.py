@@ -173,7 +173,7 @@ async def redis_now_ms(redis: Redis) -> int:
     return int(sec) * 1000 + int(usec) // 1000
 
 
-async def _queue_names(redis: Redis) -> dict[str, list[int]]:
+async def queue_names(redis: Redis) -> dict[str, list[int]]:
     """Queue → bands with a stream, from SCAN over ``keys.BAND_STREAM_PATTERN``."""
     found: dict[str, list[int]] = {}
     async for key in redis.scan_iter(match=keys.BAND_STREAM_PATTERN, count=1000,
@@ -232,7 +232,7 @@ async def band_infos(redis: Redis, queue: str) -> list[BandInfo]:
 
 async def list_queues(redis: Redis) -> list[QueueSummary]:
     """Every queue with a band stream, sorted by name."""
-    names = await _queue_names(redis)
+    names = await queue_names(redis)
     out = []
     for name in sorted(names):
         bands = await band_infos(redis, name)

@@ -110,7 +110,7 @@ class QueueGaugeCollector(PeriodicDuty):
 
     async def tick(self) -> None:
         """Read every queue's bands and the workers, and set the gauges."""
-        names = {q.name for q in await admin.list_queues(self.redis)}
+        names = set(await admin.queue_names(self.redis))
         now = await admin.redis_now_ms(self.redis)
         for queue in sorted(names):
             bands = await admin.band_infos(self.redis, queue)

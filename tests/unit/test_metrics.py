@@ -1,0 +1,110 @@
+"""Metrics: collector names and labels, gauge refresh from (fake) Redis, RPC timing."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import fakeredis
+import grpc
+import pytest
+from prometheus_client import REGISTRY
+
+from dtq_gateway import keys, metrics
+
+
+def sample(name: str, **labels: str) -> float | None:
+    return REGISTRY.get_sample_value(name, labels)
+
+
+def test_every_collector_has_dtq_prefix_and_bounded_labels() -> None:
+    allowed = {"queue", "band", "method", "code"}
+    found = 0
+    for value in vars(metrics).values():
+        if hasattr(value, "_labelnames") and hasattr(value, "_name"):
+            found += 1
+            assert value._name.startswith("dtq_")
+            assert set(value._labelnames) <= allowed
+    assert found >= 15
+
+
+@pytest.fixture
+async def fake() -> fakeredis.FakeAsyncRedis:
+    r = fakeredis.FakeAsyncRedis()
+    yield r
+    await r.aclose()
+
+
+async def test_collector_sets_depth_pending_age_and_live_workers(fake) -> None:
+    s9, s2 = keys.stream("mq", 9), keys.stream("mq", 2)
+    await fake.xgroup_create(s9, keys.GROUP, id="0", mkstream=True)
+    await fake.xgroup_create(s2, keys.GROUP, id="0", mkstream=True)
+    sec, _ = await fake.time()
+    await fake.xadd(s9, {"task_id": "a"}, id=f"{(sec - 30) * 1000}-0")
+    await fake.xadd(s9, {"task_id": "b"})
+    await fake.xadd(s2, {"task_id": "c"})
+    await fake.xreadgroup(keys.GROUP, "w1", {s9: ">"}, count=1)
+    now_ms = sec * 1000
+    await fake.hset(keys.worker("w1"), mapping={"last_heartbeat_at_ms": now_ms})
+    await fake.hset(keys.worker("w2"), mapping={"last_heartbeat_at_ms": now_ms - 120_000})
+    await fake.sadd(keys.WORKERS, "w1", "w2")
+    collector = metrics.QueueGaugeCollector(fake, heartbeat_interval_ms=10_000)
+    await collector.tick()
+    assert sample("dtq_queue_depth", queue="mq", band="9") == 2
+    assert sample("dtq_queue_pending", queue="mq", band="9") == 1
+    assert sample("dtq_queue_depth", queue="mq", band="2") == 1
+    age = sample("dtq_queue_backlog_age_seconds", queue="mq")
+    assert age is not None and 0 <= age < 25  # "a" was leased; "b"/"c" are fresh
+    assert sample("dtq_workers_live") == 1
+    await fake.delete(s9, s2)
+    await collector.tick()
+    assert sample("dtq_queue_depth", queue="mq", band="9") is None  # series removed
+
+
+class Ctx:
+    def __init__(self, code: object = None) -> None:
+        self._code = code
+
+    def code(self) -> object:
+        return self._code
+
+
+async def test_interceptor_observes_method_and_code() -> None:
+    async def ok(request: object, context: object) -> str:
+        return "fine"
+
+    async def bad(request: object, context: Ctx) -> str:
+        context._code = grpc.StatusCode.NOT_FOUND
+        raise RuntimeError("aborted")
+
+    async def stream(request: object, context: object):
+        yield 1
+        yield 2
+
+    cases = [("/dtq.v1.Admin/ListQueues", grpc.unary_unary_rpc_method_handler(ok), "OK"),
+             ("/dtq.v1.Admin/GetQueueStats", grpc.unary_unary_rpc_method_handler(bad),
+              "NOT_FOUND"),
+             ("/dtq.v1.Events/Subscribe", grpc.unary_stream_rpc_method_handler(stream), "OK")]
+    for method, handler, code in cases:
+        before = sample("dtq_rpc_duration_seconds_count", method=method, code=code) or 0
+
+        async def continuation(details: object, h=handler) -> grpc.RpcMethodHandler:
+            return h
+
+        wrapped = await metrics.MetricsInterceptor().intercept_service(
+            continuation, SimpleNamespace(method=method, invocation_metadata=()))
+        if wrapped.unary_stream:
+            assert [x async for x in wrapped.unary_stream(None, Ctx())] == [1, 2]
+        else:
+            try:
+                await wrapped.unary_unary(None, Ctx())
+            except RuntimeError:
+                pass
+        assert sample("dtq_rpc_duration_seconds_count", method=method, code=code) == before + 1
+
+
+async def test_interceptor_passes_unknown_methods_through() -> None:
+    async def continuation(details: object) -> None:
+        return None
+
+    assert await metrics.MetricsInterceptor().intercept_service(
+        continuation, SimpleNamespace(method="/x.Y/Z", invocation_metadata=())) is None
