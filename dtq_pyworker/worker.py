@@ -214,7 +214,10 @@ class Worker:
         gateway sends no new task while results hold half of max_in_flight, and
         with nothing left running no further result can join the batch."""
         runtime = self._runtime
-        return runtime is None or not runtime.running or queued * 2 >= self.max_in_flight
+        credit = self.max_in_flight
+        if self.session is not None and self.session.max_in_flight:
+            credit = min(credit, self.session.max_in_flight)
+        return runtime is None or not runtime.running or queued * 2 >= credit
 
     async def _drain(self, runtime: Runtime) -> None:
         """Release buffered leases, let running handlers finish within the grace
