@@ -7,6 +7,7 @@ captured in files so a failing test can show what the process said.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -100,7 +101,9 @@ class Gateway(Process):
 
     def start(self, timeout_s: float = 20.0) -> Gateway:
         """Start the gateway and wait until its Broker answers."""
-        args = [sys.executable, "-m", "dtq_gateway", "--redis-url", self.redis_url,
+        prefix = os.environ.get("DTQ_CONFORMANCE_GATEWAY_CMD", "").strip()
+        base = shlex.split(prefix) if prefix else [sys.executable, "-m", "dtq_gateway"]
+        args = [*base, "--redis-url", self.redis_url,
                 "--listen", self.address, "--metrics-port", "0",
                 "--visibility-timeout-s", str(self.visibility_timeout_s),
                 "--heartbeat-interval-s", str(self.heartbeat_interval_s)]
