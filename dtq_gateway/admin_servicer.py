@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import grpc
 from redis.asyncio import Redis
 
-from dtq_gateway import admin, admin_dlq, keys
+from dtq_gateway import admin, admin_dlq, admin_lists, keys
 from dtq_gateway.admin import CallInfo, as_int, page_size, text
 from dtq_gateway.audit import request_id_of
 from dtq_gateway.auth import actor_of
@@ -76,7 +76,7 @@ def _queue_stats(s: admin.QueueStats) -> pb.GetQueueStatsResponse:
                    for c in s.consumers])
 
 
-def _worker(w: admin.WorkerRecord) -> pb.WorkerInfo:
+def _worker(w: admin_lists.WorkerRecord) -> pb.WorkerInfo:
     return pb.WorkerInfo(
         worker_id=w.worker_id, hostname=w.hostname, started_at_ms=w.started_at_ms,
         last_heartbeat_at_ms=w.last_heartbeat_at_ms, heartbeat_age_ms=w.heartbeat_age_ms,
@@ -204,7 +204,7 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
     async def ListWorkers(self, request: pb.ListWorkersRequest, context: Any
                           ) -> pb.ListWorkersResponse:
         """Known workers with heartbeat age and liveness."""
-        workers = await admin.list_workers(self.redis, self.settings.heartbeat_interval_ms)
+        workers = await admin_lists.list_workers(self.redis, self.settings.heartbeat_interval_ms)
         return pb.ListWorkersResponse(workers=[_worker(w) for w in workers])
 
     @_rpc
@@ -219,7 +219,7 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
             status = NAME_BY_STATUS.get(request.status, "")
             if not status:
                 raise InvalidArgument("status: unknown task status", field="status")
-        rows = await admin.list_recent_tasks(self.redis, limit, request.queue, status)
+        rows = await admin_lists.list_recent_tasks(self.redis, limit, request.queue, status)
         return pb.ListRecentTasksResponse(
             tasks=[task_from_hash(f, None, include_payload=False) for f in rows])
 
@@ -227,7 +227,7 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
     async def ListAudit(self, request: pb.ListAuditRequest, context: Any) -> pb.ListAuditResponse:
         """One page of the audit stream, newest first."""
         size = page_size(request.page_size, "page_size", 50, 500)
-        items, token = await admin.list_audit(self.redis, size, request.page_token)
+        items, token = await admin_lists.list_audit(self.redis, size, request.page_token)
         return pb.ListAuditResponse(next_page_token=token, entries=[pb.AuditEntry(
             entry_id=a.entry_id, actor=a.actor, action=a.action, task_id=a.task_id,
             ts_ms=a.ts_ms, request_id=a.request_id, detail=a.detail) for a in items])

@@ -24,7 +24,7 @@ import grpc
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 from redis.asyncio import Redis
 
-from dtq_gateway import admin
+from dtq_gateway import admin, admin_lists
 from dtq_gateway.auth import wrap_handler
 from dtq_gateway.duty import PeriodicDuty
 
@@ -126,7 +126,7 @@ class QueueGaugeCollector(PeriodicDuty):
                     _remove(gauge, gone, str(band))
             _remove(QUEUE_BACKLOG_AGE_SECONDS, gone)
         self._queues = names
-        workers = await admin.list_workers(self.redis, self.heartbeat_interval_ms)
+        workers = await admin_lists.list_workers(self.redis, self.heartbeat_interval_ms)
         WORKERS_LIVE.set(sum(1 for w in workers if w.alive))
 
 

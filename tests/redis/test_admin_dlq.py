@@ -7,7 +7,7 @@ import json
 import pytest
 import redis.asyncio as aioredis
 
-from dtq_gateway import admin, admin_dlq, keys
+from dtq_gateway import admin, admin_dlq, admin_lists, keys
 from dtq_gateway.errors import InvalidArgument, NotFound, WrongState
 from tests.support.admin_seed import dead_letter, now_ms, put_task
 
@@ -74,7 +74,7 @@ async def test_requeue_fresh_budget_entry_event_audit_idempotency(r: aioredis.Re
     await pubsub.aclose()
     event = json.loads(msg["data"])
     assert (event["type"], event["task_id"], event["attempt"]) == ("TASK_QUEUED", tid, 1)
-    audit, _ = await admin.list_audit(r, 5)
+    audit, _ = await admin_lists.list_audit(r, 5)
     assert [(a.action, a.task_id, a.actor, a.request_id) for a in audit] == [
         ("requeue_dead_letter", tid, "ops", "r-42")]
 
@@ -114,7 +114,7 @@ async def test_discard_keeps_dead_lettered_and_marks_discarded(r: aioredis.Redis
         await admin_dlq.discard(r, tid, CALL, CFG)
     with pytest.raises(NotFound):
         await admin_dlq.requeue(r, tid, CALL, CFG)
-    audit, _ = await admin.list_audit(r, 5)
+    audit, _ = await admin_lists.list_audit(r, 5)
     assert [(a.action, a.task_id) for a in audit] == [("discard_dead_letter", tid)]
 
 
@@ -123,7 +123,7 @@ async def test_purge_exact_trim_to_zero_with_audit(r: aioredis.Redis) -> None:
     assert await admin_dlq.purge(r, CALL, CFG) == 250
     assert await r.xlen(keys.DEAD_LETTER) == 0
     assert await r.hget(keys.task(ids[0]), "status") == b"dead_lettered"
-    audit, _ = await admin.list_audit(r, 5)
+    audit, _ = await admin_lists.list_audit(r, 5)
     assert [(a.action, a.detail) for a in audit] == [("purge_dead_letters", "purged=250")]
 
 
@@ -146,7 +146,7 @@ async def test_redrive_filters_dry_run_and_audit(r: aioredis.Redis) -> None:
     assert (done.matched, done.requeued) == (1, 1)
     assert await r.hget(keys.task(old_match), "status") == b"queued"
     assert await r.xlen(keys.DEAD_LETTER) == 4
-    audit, _ = await admin.list_audit(r, 10)
+    audit, _ = await admin_lists.list_audit(r, 10)
     actions = [(a.action, a.task_id) for a in reversed(audit)]
     assert actions == [("redrive_dead_letters", ""), ("requeue_dead_letter", old_match),
                        ("redrive_dead_letters", "")]

@@ -7,7 +7,7 @@ import json
 import pytest
 import redis.asyncio as aioredis
 
-from dtq_gateway import admin, keys
+from dtq_gateway import admin, admin_lists, keys
 from dtq_gateway.errors import InvalidArgument, NotFound
 from tests.support.admin_seed import dead_letter, ensure_group, now_ms, put_task
 
@@ -105,7 +105,7 @@ async def test_pause_resume_changed_flags_event_and_audit(r: aioredis.Redis) -> 
     await pubsub.aclose()
     assert [(e["type"], e["queue"], e["metadata"]["paused"]) for e in events] == [
         ("CONFIGURATION_CHANGED", "q1", "true"), ("CONFIGURATION_CHANGED", "q1", "false")]
-    audit, _ = await admin.list_audit(r, 10)
+    audit, _ = await admin_lists.list_audit(r, 10)
     assert [(a.action, a.task_id, a.actor, a.request_id) for a in reversed(audit)] == [
         ("pause_queue", "q1", "alice", "req-1"), ("pause_queue", "q1", "alice", "req-1"),
         ("resume_queue", "q1", "alice", "req-1"), ("resume_queue", "q1", "alice", "req-1")]
