@@ -75,14 +75,14 @@ async def list_workers(redis: Redis, heartbeat_interval_ms: int) -> list[WorkerR
         if not raw:
             continue  # record expired (3 heartbeat intervals); the set is best effort
         f = normalize(raw)
-        last = _ms_field(f, "last_heartbeat_at_ms", "last_heartbeat_ms", "last_heartbeat")
+        last = _ms_field(f, "last_heartbeat", "last_heartbeat_at_ms")
         age = max(0, now - last) if last else now
         alive = age < 3 * heartbeat_interval_ms
         stored = text(f.get("status"))
         status = "stopped" if stored == "stopped" else ("alive" if alive else "stale")
         out.append(WorkerRecord(
             worker_id=worker_id, hostname=text(f.get("hostname")),
-            started_at_ms=_ms_field(f, "started_at_ms", "started_at"),
+            started_at_ms=_ms_field(f, "started_at", "started_at_ms"),
             last_heartbeat_at_ms=last, heartbeat_age_ms=age,
             active_tasks=as_int(f.get("active_tasks")), concurrency=as_int(f.get("concurrency")),
             tasks_processed=as_int(f.get("tasks_processed")),

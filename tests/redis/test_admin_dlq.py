@@ -161,3 +161,12 @@ async def test_redrive_limit_and_max_age(r: aioredis.Redis) -> None:
     res = await admin_dlq.redrive(r, flt, CALL, CFG, dry_run=False, max_per_second=1000,
                                   limit=2)
     assert (res.matched, res.requeued, res.task_ids) == (2, 2, young[:2])
+
+
+async def test_requeued_entry_is_delivered_to_the_existing_group(r: aioredis.Redis) -> None:
+    await put_task(r, "q1", band=5)  # creates the band's group, one entry
+    await r.xreadgroup(keys.GROUP, "w1", {keys.stream("q1", 5): ">"}, count=10)
+    tid = await dead_letter(r, "q1", band=5)
+    await admin_dlq.requeue(r, tid, CALL, CFG)
+    got = await r.xreadgroup(keys.GROUP, "w2", {keys.stream("q1", 5): ">"}, count=10)
+    assert [e[1][b"task_id"].decode() for e in got[0][1]] == [tid]

@@ -97,8 +97,8 @@ async def put_worker(r: aioredis.Redis, worker_id: str, *, last_heartbeat_ms: in
                      status: str = "alive", ttl_s: int = 30) -> None:
     """A worker liveness hash and its dtq:workers membership."""
     await r.hset(keys.worker(worker_id), mapping={
-        "worker_id": worker_id, "hostname": "h1", "started_at_ms": last_heartbeat_ms - 1000,
-        "last_heartbeat_at_ms": last_heartbeat_ms, "active_tasks": 2, "concurrency": 4,
+        "worker_id": worker_id, "hostname": "h1", "started_at": last_heartbeat_ms - 1000,
+        "last_heartbeat": last_heartbeat_ms, "active_tasks": 2, "concurrency": 4,
         "tasks_processed": 10, "tasks_failed": 1, "tasks_retried": 1, "status": status})
     await r.expire(keys.worker(worker_id), ttl_s)
     await r.sadd(keys.WORKERS, worker_id)

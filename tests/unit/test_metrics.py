@@ -44,8 +44,8 @@ async def test_collector_sets_depth_pending_age_and_live_workers(fake) -> None:
     await fake.xadd(s2, {"task_id": "c"})
     await fake.xreadgroup(keys.GROUP, "w1", {s9: ">"}, count=1)
     now_ms = sec * 1000
-    await fake.hset(keys.worker("w1"), mapping={"last_heartbeat_at_ms": now_ms})
-    await fake.hset(keys.worker("w2"), mapping={"last_heartbeat_at_ms": now_ms - 120_000})
+    await fake.hset(keys.worker("w1"), mapping={"last_heartbeat": now_ms})
+    await fake.hset(keys.worker("w2"), mapping={"last_heartbeat": now_ms - 120_000})
     await fake.sadd(keys.WORKERS, "w1", "w2")
     collector = metrics.QueueGaugeCollector(fake, heartbeat_interval_ms=10_000)
     await collector.tick()
