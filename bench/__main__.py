@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from bench import report
@@ -36,6 +37,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"comma list of peers (default {','.join(ALL_PEERS)})")
     p.add_argument("--repeat", type=int, default=None,
                    help="runs per figure, medians reported (default 3; 1 with --quick)")
+    p.add_argument("--profile", action="store_true",
+                   help="py-spy the gateway during drain and the 200/s windows (perturbs "
+                        "the dtq figures); collapsed stacks go next to the JSON")
     p.add_argument("--out", default=str(REPO / "bench" / "results"),
                    help="directory for the JSON result")
     args = p.parse_args(argv)
@@ -91,7 +95,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             from bench.dtq_bench import run_dtq
 
             logger.warning("dtq ...")
-            results["dtq"] = run_dtq(server.url, sizes)
+            profile_dir = None
+            if args.profile:
+                stamp = results["started_at"].replace(":", "")
+                profile_dir = Path(args.out) / f"profile-{stamp}"
+            results["dtq"] = run_dtq(server.url, sizes, profile_dir)
         if "peers" in args.only:
             from bench.peers.orchestrate import run_peers
 

@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import redis
 
 from bench.common import REPO, Sizes, latency_summary, median_of, proc_cpu_s, stop_process
 from bench.peers import probe
+from bench.profile import GatewayProfile, top_frames
 from tests.support.redis_server import free_port
 
 logger = logging.getLogger(__name__)
@@ -37,6 +39,26 @@ def _pb() -> tuple[Any, Any]:
     from dtq_proto import dtq_pb2, dtq_pb2_grpc
 
     return dtq_pb2, dtq_pb2_grpc
+
+
+def commandstats(r: redis.Redis) -> dict[str, int]:
+    """Redis calls so far per command (INFO commandstats), e.g. ``{"evalsha": 120}``."""
+    return {k.removeprefix("cmdstat_"): v["calls"] for k, v in r.info("commandstats").items()}
+
+
+def per_task_commands(before: dict[str, int], after: dict[str, int],
+                      tasks: int) -> dict[str, float]:
+    """Redis commands per task by command between two snapshots, plus ``total``.
+
+    Commands run inside Lua scripts count too (Redis counts them in commandstats).
+
+    The bench's own INFO calls are excluded; everything else in the window is the
+    gateway's (it is the only other Redis client while the phase runs).
+    """
+    out = {cmd: round((after[cmd] - before.get(cmd, 0)) / tasks, 2) for cmd in after
+           if cmd != "info" and after[cmd] != before.get(cmd, 0)}
+    out["total"] = round(sum(out.values()), 2)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def gateway_available() -> str | None:
@@ -117,11 +139,15 @@ async def _wait_file(path: Path, timeout_s: float) -> dict:
 class DtqBench:
     """The throughput and latency measurements against a running gateway."""
 
-    def __init__(self, procs: Processes, sizes: Sizes, channel: grpc.aio.Channel) -> None:
+    def __init__(self, procs: Processes, sizes: Sizes, channel: grpc.aio.Channel,
+                 profile_dir: Path | None = None) -> None:
         self.procs = procs
+        self.profile_dir = profile_dir
         self.sizes = sizes
         self.pb, grpc_mod = _pb()
         self.stub = grpc_mod.BrokerStub(channel)
+        self.redis = redis.Redis.from_url(procs.redis_url)
+        self.commands: dict[str, dict[str, float]] = {}  # phase -> Redis calls per task
         self.out = procs.dir / "probe"
         self.out.mkdir(exist_ok=True)
 
@@ -150,14 +176,16 @@ class DtqBench:
             f.unlink()
         n = self.sizes.backlog_n
         pid = self.procs.gateway.pid  # type: ignore[union-attr]
-        cpu0 = proc_cpu_s(pid)
+        cpu0, cmds0 = proc_cpu_s(pid), commandstats(self.redis)
         batch = await self.enqueue_batch(n)
         self.procs.start_worker(self.out)
         try:
-            done = await _wait_file(self.out / "drain.json", self.sizes.peer_timeout_s)
-            cpu1 = proc_cpu_s(pid)
+            with GatewayProfile(pid, self._profile_path("drain")):
+                done = await _wait_file(self.out / "drain.json", self.sizes.peer_timeout_s)
+            cpu1, cmds1 = proc_cpu_s(pid), commandstats(self.redis)
         finally:
             self.procs.stop_worker()
+        self.commands["batch"] = per_task_commands(cmds0, cmds1, n)
         return {"enqueue_batch_per_s": batch,
                 "drain_per_s": (done["n"] - 1) / ((done["last_ns"] - done["first_ns"]) / 1e9),
                 "gateway_cpu_us_per_task_batch": (cpu1 - cpu0) / n * 1e6}
@@ -173,7 +201,9 @@ class DtqBench:
                 await self.stub.Enqueue(_request(self.pb, "w", 1))
                 await asyncio.sleep(0.05)
             idle = await self._idle_cpu_per_s(2.0)
-            figures = await self._paced_windows()
+            with GatewayProfile(self.procs.gateway.pid,  # type: ignore[union-attr]
+                                self._profile_path("steady_200")):
+                figures = await self._paced_windows()
         finally:
             self.procs.stop_worker()
         per_task_idle_us = idle / self.sizes.latency_rate * 1e6  # idle CPU spread over tasks
@@ -181,6 +211,20 @@ class DtqBench:
         figures["gateway_cpu_us_per_task_unary_net"] = max(
             0.0, figures["gateway_cpu_us_per_task_unary"] - per_task_idle_us)
         return figures
+
+    def _profile_path(self, phase: str) -> Path | None:
+        return self.profile_dir / f"gateway-{phase}.txt" if self.profile_dir else None
+
+    def profile_summary(self) -> dict[str, Any]:
+        """Top self-time frames of each profiled phase (empty without ``--profile``)."""
+        if not self.profile_dir:
+            return {}
+        top: dict[str, Any] = {}
+        for phase in ("drain", "steady_200"):
+            path = self.profile_dir / f"gateway-{phase}.txt"
+            top[f"{phase} self"] = top_frames(path)
+            top[f"{phase} dtq_gateway inclusive"] = top_frames(path, contains="dtq_gateway")
+        return {"profile_dir": str(self.profile_dir), "profile_top": top}
 
     async def _idle_cpu_per_s(self, seconds: float) -> float:
         """Gateway CPU s per s with the worker connected and no tasks (background duties)."""
@@ -196,7 +240,7 @@ class DtqBench:
         runs = []
         for w in range(self.sizes.repeat):
             (self.out / "latency.json").unlink(missing_ok=True)
-            cpu0 = proc_cpu_s(pid)
+            cpu0, cmds0 = proc_cpu_s(pid), commandstats(self.redis)
             t0 = time.monotonic()
             for i in range(count):
                 delay = t0 + i / rate - time.monotonic()
@@ -205,6 +249,8 @@ class DtqBench:
                 await self.stub.Enqueue(_request(self.pb, "l", (w + 1) * count))
             lat = (await _wait_file(self.out / "latency.json", 60))["latencies_ms"][-count:]
             cpu_us = (proc_cpu_s(pid) - cpu0) / count * 1e6
+            self.commands["unary_200"] = per_task_commands(
+                cmds0, commandstats(self.redis), count)
             s = latency_summary(lat)
             runs.append({"e2e_p50_ms": s["p50_ms"], "e2e_p99_ms": s["p99_ms"],
                          "gateway_cpu_us_per_task_unary": cpu_us})
@@ -225,13 +271,14 @@ async def _wait_gateway(procs: Processes, channel: grpc.aio.Channel, timeout_s: 
                                    f"{timeout_s:.0f} s: {procs.log_tail('gateway')}") from None
 
 
-async def _run(redis_url: str, sizes: Sizes, procs: Processes) -> dict[str, Any]:
+async def _run(redis_url: str, sizes: Sizes, procs: Processes,
+               profile_dir: Path | None) -> dict[str, Any]:
     from bench import dtq_scale
 
     procs.start_gateway()
     async with grpc.aio.insecure_channel(procs.target) as channel:
         await _wait_gateway(procs, channel, 30)
-        bench = DtqBench(procs, sizes, channel)
+        bench = DtqBench(procs, sizes, channel, profile_dir)
         result: dict[str, Any] = {"peer": "dtq"}
         ones, sixteens = [], []
         for _ in range(sizes.repeat):
@@ -243,17 +290,29 @@ async def _run(redis_url: str, sizes: Sizes, procs: Processes) -> dict[str, Any]
         result.update(await bench.latency())
         through = sizes.repeat * (sizes.backlog_n + int(sizes.latency_rate * sizes.latency_s))
         result.update(await dtq_scale.run_scale(redis_url, sizes, procs, channel, through))
+        result.update(bench.profile_summary())
+        result["redis_commands_per_task"] = bench.commands
+        for phase, calls in bench.commands.items():
+            result[f"gateway_redis_cmds_per_task_{phase}"] = calls["total"]
     return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in result.items()}
 
 
-def run_dtq(redis_url: str, sizes: Sizes) -> dict[str, Any]:
-    """All dtq figures, or ``{"na": reason}`` when the gateway is missing or fails."""
+def run_dtq(redis_url: str, sizes: Sizes, profile_dir: Path | None = None) -> dict[str, Any]:
+    """All dtq figures, or ``{"na": reason}`` when the gateway is missing or fails.
+
+    Args:
+        redis_url: the private server (db 0 is used).
+        sizes: workload sizes.
+        profile_dir: when set, py-spy profiles of the gateway are written there.
+    """
     missing = gateway_available()
     if missing:
         return {"peer": "dtq", "na": missing}
     procs = Processes(redis_url)
     try:
-        result = asyncio.run(asyncio.wait_for(_run(redis_url, sizes, procs),
+        if profile_dir:
+            profile_dir.mkdir(parents=True, exist_ok=True)
+        result = asyncio.run(asyncio.wait_for(_run(redis_url, sizes, procs, profile_dir),
                                               timeout=DTQ_TIMEOUT_S[sizes.backlog_n < 20000]))
         shutil.rmtree(procs.dir, ignore_errors=True)
         return result

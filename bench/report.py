@@ -164,6 +164,16 @@ def render(results: dict[str, Any]) -> str:
     if peers:
         parts += ["", "== dtq vs peers", ratios_table(dtq, peers)]
     scale = {k: v for k, v in dtq.items() if k.startswith(("scale_", "mem_", "rest_", "gateway_"))}
+    cmds = dtq.get("redis_commands_per_task") or {}
+    if cmds:
+        names = sorted({c for phase in cmds.values() for c in phase},
+                       key=lambda c: -max(p.get(c, 0) for p in cmds.values()))[:12]
+        parts += ["", "== dtq: Redis commands per task (incl. inside Lua)",
+                  _table(["command", *cmds], [[c, *(fmt(p.get(c)) for p in cmds.values())]
+                                              for c in names])]
+    for phase, frames in (dtq.get("profile_top") or {}).items():
+        parts += ["", f"== gateway profile, {phase}: top self-time frames (% of samples)",
+                  _table(["frame", "%"], [[f[:110], fmt(pct)] for f, pct in frames])]
     if scale:
         parts += ["", "== dtq scale and cost", _table(["figure", "value"],
                                                        [[k, fmt(v)] for k, v in scale.items()])]
