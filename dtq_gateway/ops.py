@@ -1,0 +1,101 @@
+"""Operations surface in one bundle: Admin and Events services, the shared events
+hub, the queue-gauge refresher, the Prometheus endpoint and the interceptors.
+
+Wiring in the gateway::
+
+    server = grpc.aio.server(interceptors=server_interceptors(settings))
+    ops = Operations(redis, settings)
+    ops.add_to_server(server)
+    ops.hub.add_listener(dispatcher.on_event)
+    ops.start()          # after the server started
+    ...
+    await ops.stop()     # right after draining starts: ends Subscribe streams
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import grpc
+from redis.asyncio import Redis
+
+from dtq_gateway.admin_servicer import AdminServicer
+from dtq_gateway.auth import AuthInterceptor, parse_tokens
+from dtq_gateway.events_hub import EventsHub
+from dtq_gateway.events_servicer import EventsServicer
+from dtq_gateway.metrics import MetricsInterceptor, QueueGaugeCollector, start_metrics_server
+from dtq_gateway.settings import Settings
+from dtq_proto import dtq_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+def server_interceptors(settings: Settings) -> list[grpc.aio.ServerInterceptor]:
+    """Interceptors in order: metrics first (so refused calls are measured), then
+    auth when ``DTQ_AUTH_TOKENS`` is set."""
+    interceptors: list[grpc.aio.ServerInterceptor] = [MetricsInterceptor()]
+    if settings.auth_tokens:
+        interceptors.append(AuthInterceptor(parse_tokens(settings.auth_tokens)))
+    return interceptors
+
+
+class Operations:
+    """Admin + Events services and their background parts.
+
+    Args:
+        redis: the gateway's client.
+        settings: gateway settings (metrics port 0 = no HTTP endpoint).
+        gauge_interval_s: period of the queue-gauge refresh (s).
+    """
+
+    def __init__(self, redis: Redis, settings: Settings, *, gauge_interval_s: float = 5.0) -> None:
+        self.settings = settings
+        self.hub = EventsHub(redis)
+        self.admin = AdminServicer(redis, settings)
+        self.events = EventsServicer(self.hub)
+        self.gauges = QueueGaugeCollector(redis, settings.heartbeat_interval_ms,
+                                          interval_s=gauge_interval_s)
+        self._gauge_task: asyncio.Task[None] | None = None
+        self._http: Any = None
+
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        """Register the Admin and Events services."""
+        dtq_pb2_grpc.add_AdminServicer_to_server(self.admin, server)
+        dtq_pb2_grpc.add_EventsServicer_to_server(self.events, server)
+
+    def start(self) -> None:
+        """Start the hub, the gauge refresher and (if configured) the metrics endpoint.
+
+        Raises:
+            OSError: the metrics port cannot be bound.
+        """
+        if self.settings.metrics_port:
+            host = self.settings.listen.rpartition(":")[0].strip("[]")
+            self._http = start_metrics_server(host, self.settings.metrics_port)
+        self.hub.start()
+        self._gauge_task = asyncio.create_task(self.gauges.run(), name="dtq-metrics-refresh")
+
+    @property
+    def metrics_port(self) -> int:
+        """Bound port of the metrics endpoint (0 when disabled)."""
+        return self._http[0].server_port if self._http else 0
+
+    async def stop(self) -> None:
+        """Stop the hub (Subscribe streams end with UNAVAILABLE), the refresher and
+        the metrics endpoint."""
+        await self.hub.stop()
+        self.gauges.stop()
+        if self._gauge_task is not None:
+            _, pending = await asyncio.wait({self._gauge_task}, timeout=5.0)
+            for task in pending:
+                task.cancel()
+            self._gauge_task = None
+        if self._http is not None:
+            server, _thread = self._http
+            with contextlib.suppress(Exception):
+                await asyncio.get_running_loop().run_in_executor(None, server.shutdown)
+                server.server_close()
+            self._http = None
