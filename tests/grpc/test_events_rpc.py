@@ -43,6 +43,8 @@ async def test_subscribe_converts_events(ops) -> None:
     assert dict(msg.metadata) == {"paused": "true", "n": "3", "ok": "true"}
     assert (msg.event_id, msg.ts, msg.task_type) == ("ab" * 16, "2026-01-01T00:00:00.000Z", "t.x")
     call.cancel()
+    # the server side lets go of the subscription when the client leaves
+    await poll(lambda: asyncio.sleep(0, ops.hub.subscriber_count), lambda n: n == 0)
 
 
 async def test_subscribe_filters_queue_and_type(ops) -> None:
