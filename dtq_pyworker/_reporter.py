@@ -84,6 +84,16 @@ class ResultReporter:
         ids.update(i.lease_id for i in self._fails)
         return ids | self._sending
 
+    def discard(self, lease_ids) -> int:
+        """Drop queued (not yet sent) items of lost leases; return how many."""
+        lost = set(lease_ids)
+        if not lost:
+            return 0
+        before = len(self._acks) + len(self._fails)
+        self._acks = deque(i for i in self._acks if i.lease_id not in lost)
+        self._fails = deque(i for i in self._fails if i.lease_id not in lost)
+        return before - len(self._acks) - len(self._fails)
+
     def __len__(self) -> int:
         return len(self._acks) + len(self._fails) + len(self._sending)
 

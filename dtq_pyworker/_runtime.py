@@ -147,7 +147,7 @@ class Runtime:
             if handler is None:
                 outcome = Outcome(fail=fail_item(
                     lease_id, "UnknownTaskType",
-                    f"no handler for task type {ex.task.task_type!r}", True))
+                    f"no handler for task type {ex.task.task_type!r}", False))
             else:
                 if not handler.is_async:
                     self._threaded.add(ex)

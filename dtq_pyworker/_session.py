@@ -19,8 +19,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_HEARTBEAT_IDS = 10_000
-_CONFIG_ERRORS = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED,
-                            grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
+MAX_RETRY_INFO_S = 30.0
+#: Codes after which retrying cannot help: the worker stops (docs/protocol.md §10).
+AUTH_ERRORS = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
+FATAL_LEASE_ERRORS = AUTH_ERRORS | {grpc.StatusCode.INVALID_ARGUMENT}
 
 
 def lease_request(worker: Worker) -> dtq_pb2.LeaseRequest:
@@ -44,7 +46,7 @@ async def lease_loop(worker: Worker, stub, runtime: Runtime,
     failures = 0  # consecutive sessions that ended without delivering SessionInfo
     while True:
         call = stub.Lease(request)
-        opened = False
+        opened, floor_s = False, 0.0
         try:
             async for response in call:
                 if response.HasField("session"):
@@ -56,19 +58,24 @@ async def lease_loop(worker: Worker, stub, runtime: Runtime,
                     runtime.add(response.task)
             log.info("lease stream ended by the gateway; reconnecting")
         except grpc.aio.AioRpcError as exc:
-            _log_stream_error(DtqRpcError.from_rpc_error(exc), failures)
+            err = DtqRpcError.from_rpc_error(exc)
+            if err.code in FATAL_LEASE_ERRORS:
+                worker._stop_fatally(err)
+                return
+            _log_stream_error(err, failures)
+            floor_s = min(MAX_RETRY_INFO_S, err.retry_after_s or 0.0)
         except Exception:
             log.exception("lease stream handling failed; reconnecting")
         finally:
             call.cancel()
         failures = 1 if opened else failures + 1
         worker._count("reconnects")
-        await asyncio.sleep(backoff.next())
+        await asyncio.sleep(max(floor_s, backoff.next()))  # RetryInfo is a lower bound
 
 
 def _log_stream_error(err: DtqRpcError, failures: int) -> None:
     """Warn on the first failure of a streak and every 10th; the rest at debug level."""
-    if err.code in _CONFIG_ERRORS:
+    if err.code == grpc.StatusCode.UNIMPLEMENTED:
         level = logging.ERROR
     elif failures % 10 == 0:
         level = logging.WARNING
@@ -80,6 +87,8 @@ def _log_stream_error(err: DtqRpcError, failures: int) -> None:
 
 def _on_session(worker: Worker, session: dtq_pb2.SessionInfo) -> None:
     worker.session = session
+    if session.heartbeat_interval_ms:
+        worker._heartbeat_interval_ms = session.heartbeat_interval_ms
     log.info("lease session open", extra={
         "session_id": session.session_id, "gateway_id": session.gateway_id,
         "heartbeat_interval_ms": session.heartbeat_interval_ms,
@@ -94,13 +103,15 @@ async def heartbeat_loop(worker: Worker, stub, runtime: Runtime,
                          session_ready: asyncio.Event, stop: asyncio.Event) -> None:
     """Send a Heartbeat every interval listing every held lease, until ``stop``.
 
-    The first heartbeat goes out one interval after the first session opened.
-    Lost leases are stopped silently, cancelled ones stopped and reported.
+    The first heartbeat goes out one interval after the first session opened;
+    each next one an interval after the previous answer, using the interval of
+    the latest SessionInfo or HeartbeatResponse. Lost leases are stopped
+    silently, cancelled ones stopped and reported.
     """
     await session_ready.wait()
-    interval_ms = worker.session.heartbeat_interval_ms or 5000
     failures = 0
     while True:
+        interval_ms = worker._heartbeat_interval_ms or 5000
         # after a failed heartbeat, try again sooner: the leases are running out
         wait_ms = interval_ms / 3 if failures else interval_ms
         try:
@@ -108,19 +119,19 @@ async def heartbeat_loop(worker: Worker, stub, runtime: Runtime,
             return
         except TimeoutError:
             pass
-        if worker.session and worker.session.heartbeat_interval_ms:
-            interval_ms = worker.session.heartbeat_interval_ms
         try:
             response = await _heartbeat_once(worker, stub, runtime, interval_ms)
         except grpc.aio.AioRpcError as exc:
+            err = DtqRpcError.from_rpc_error(exc)
+            if err.code in AUTH_ERRORS:
+                worker._stop_fatally(err)
             level = logging.WARNING if failures % 10 == 0 else logging.DEBUG
             failures += 1
-            log.log(level, "heartbeat failed: %s", DtqRpcError.from_rpc_error(exc),
-                    extra={"consecutive_failures": failures})
+            log.log(level, "heartbeat failed: %s", err, extra={"consecutive_failures": failures})
             continue
         failures = 0
         if response.heartbeat_interval_ms:
-            interval_ms = response.heartbeat_interval_ms
+            worker._heartbeat_interval_ms = response.heartbeat_interval_ms
 
 
 async def _heartbeat_once(worker: Worker, stub, runtime: Runtime,
@@ -132,7 +143,9 @@ async def _heartbeat_once(worker: Worker, stub, runtime: Runtime,
         hostname=worker.hostname)
     response = await stub.Heartbeat(request, timeout=max(1.0, interval_ms / 1000.0))
     lost = runtime.stop(response.lost_lease_ids, STOP_LOST)
+    dropped = runtime.reporter.discard(response.lost_lease_ids)
     cancelled = runtime.stop(response.cancelled_lease_ids, STOP_CANCELLED)
-    if lost or cancelled:
-        log.info("heartbeat stopped tasks", extra={"lost": lost, "cancelled": cancelled})
+    if lost or cancelled or dropped:
+        log.info("heartbeat stopped tasks", extra={
+            "lost": lost, "cancelled": cancelled, "unsent_results_dropped": dropped})
     return response

@@ -2,7 +2,11 @@
 
 ``attr`` names a :class:`~dtq_pyworker.Worker` or a zero-argument callable
 returning one. Flags override the Worker's own settings; environment variables
-``DTQ_GATEWAY``, ``DTQ_QUEUES`` and ``DTQ_CONCURRENCY`` are the flag defaults.
+``DTQ_GATEWAY``, ``DTQ_QUEUES``, ``DTQ_CONCURRENCY``, ``DTQ_MAX_IN_FLIGHT``,
+``DTQ_WORKER_ID``, ``DTQ_DRAIN_GRACE_MS``, ``DTQ_ACK_FLUSH_MS`` and
+``DTQ_LOG_LEVEL`` are the flag defaults (``DTQ_TOKEN``, ``DTQ_TLS`` and
+``DTQ_TLS_CA`` are read by the Worker itself). Exit status: 0 after a drain,
+1 when the gateway refused the worker (auth, bad request), 2 for a bad spec.
 This module is the only place that configures logging.
 """
 
@@ -15,13 +19,14 @@ import os
 import sys
 from collections.abc import Sequence
 
+from dtq_pyworker.errors import DtqRpcError
 from dtq_pyworker.worker import Worker
 
 log = logging.getLogger("dtq_pyworker.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``dtq-pyworker``."""
+    """The argument parser of ``dtq-pyworker`` (env ``DTQ_*`` give the defaults)."""
     env = os.environ
     p = argparse.ArgumentParser(prog="dtq-pyworker",
                                 description="Run a dtq Worker defined as module:attr.")
@@ -32,18 +37,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated queues (env DTQ_QUEUES)")
     p.add_argument("--concurrency", type=int, default=_int_env("DTQ_CONCURRENCY"),
                    help="handler slots (env DTQ_CONCURRENCY)")
-    p.add_argument("--max-in-flight", type=int, default=None,
-                   help="leases held at once (default 2 * concurrency)")
-    p.add_argument("--worker-id", default=None, help="worker id (default host-pid-random)")
-    p.add_argument("--drain-grace", type=float, default=None, metavar="SECONDS",
-                   help="grace period for running handlers on SIGTERM/SIGINT")
+    p.add_argument("--max-in-flight", type=int, default=_int_env("DTQ_MAX_IN_FLIGHT"),
+                   help="leases held at once, default 2 * concurrency (env DTQ_MAX_IN_FLIGHT)")
+    p.add_argument("--worker-id", default=env.get("DTQ_WORKER_ID"),
+                   help="worker id, default host-pid-random (env DTQ_WORKER_ID)")
+    grace_ms = _int_env("DTQ_DRAIN_GRACE_MS")
+    p.add_argument("--drain-grace", type=float, metavar="SECONDS",
+                   default=grace_ms / 1000.0 if grace_ms is not None else None,
+                   help="grace for running handlers on SIGTERM/SIGINT, in s "
+                        "(env DTQ_DRAIN_GRACE_MS, in ms)")
+    p.add_argument("--ack-flush-ms", type=float, default=_int_env("DTQ_ACK_FLUSH_MS"),
+                   help="how long results wait to be batched, in ms (env DTQ_ACK_FLUSH_MS)")
     p.add_argument("--log-level", default=env.get("DTQ_LOG_LEVEL", "INFO"),
-                   help="DEBUG, INFO, WARNING or ERROR")
+                   help="DEBUG, INFO, WARNING or ERROR (env DTQ_LOG_LEVEL)")
     return p
 
 
 def _int_env(name: str) -> int | None:
-    value = os.environ.get(name)
+    value = os.environ.get(name, "").strip()
     return int(value) if value else None
 
 
@@ -86,6 +97,8 @@ def apply_flags(worker: Worker, args: argparse.Namespace) -> None:
         worker.worker_id = args.worker_id
     if args.drain_grace is not None:
         worker.drain_grace_s = args.drain_grace
+    if args.ack_flush_ms is not None:
+        worker.ack_flush_ms = args.ack_flush_ms
 
 
 _RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
@@ -126,7 +139,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     apply_flags(worker, args)
     log.info("starting worker %s on %s, queues=%s, concurrency=%d", worker.worker_id,
              worker.target, ",".join(worker.queues), worker.concurrency)
-    worker.run()
+    try:
+        worker.run()
+    except DtqRpcError as exc:
+        log.error("worker %s stopped: the gateway refused it: %s", worker.worker_id, exc)
+        return 1
     log.info("worker %s drained: %s", worker.worker_id, worker.stats)
     if worker.threads_busy:
         # A stopped sync handler that ignores ctx.cancelled would keep the

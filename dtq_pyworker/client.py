@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Self
 
 import grpc
 
-from dtq_proto import dtq_pb2, dtq_pb2_grpc
+from dtq_proto import dtq_pb2
+from dtq_pyworker._channel import Connection
 from dtq_pyworker._requests import (
     EnqueueResult,
     batch_request,
@@ -21,13 +21,8 @@ from dtq_pyworker._requests import (
 )
 from dtq_pyworker.errors import DtqRpcError
 
-DEFAULT_TARGET = "127.0.0.1:50051"
 POLL_FIRST_S = 0.02
 POLL_MAX_S = 0.5
-
-
-def _target(target: str | None) -> str:
-    return target or os.environ.get("DTQ_GATEWAY") or DEFAULT_TARGET
 
 
 def _next_poll(delay_s: float) -> float:
@@ -41,16 +36,25 @@ class Client:
         target: Gateway address; default env ``DTQ_GATEWAY`` or 127.0.0.1:50051.
         timeout_s: Deadline of each call in seconds.
         channel_options: Extra grpc channel options.
+        token: Bearer token; default env ``DTQ_TOKEN`` (none when unset).
+        tls: Use TLS; default env ``DTQ_TLS``, or on when a CA/client cert is given.
+        tls_ca: CA bundle PEM path; default env ``DTQ_TLS_CA``.
+        tls_cert: Client certificate PEM path (mTLS).
+        tls_key: Client private key PEM path (mTLS).
 
     Every method raises :class:`DtqRpcError` when the gateway refuses the call.
     """
 
     def __init__(self, target: str | None = None, *, timeout_s: float = 10.0,
-                 channel_options: list[tuple[str, Any]] | None = None) -> None:
-        self.target = _target(target)
+                 channel_options: list[tuple[str, Any]] | None = None,
+                 token: str | None = None, tls: bool | None = None, tls_ca: str | None = None,
+                 tls_cert: str | None = None, tls_key: str | None = None) -> None:
+        conn = Connection.resolve(target, token=token, tls=tls, tls_ca=tls_ca,
+                                  tls_cert=tls_cert, tls_key=tls_key)
+        self.target = conn.target
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(self.target, options=channel_options or [])
-        self._stub = dtq_pb2_grpc.BrokerStub(self._channel)
+        self._channel = conn.channel(aio=False, options=channel_options)
+        self._stub = conn.stub(self._channel)
 
     def _call(self, method: str, request: Any) -> Any:
         try:
@@ -141,11 +145,15 @@ class AsyncClient:
     """
 
     def __init__(self, target: str | None = None, *, timeout_s: float = 10.0,
-                 channel_options: list[tuple[str, Any]] | None = None) -> None:
-        self.target = _target(target)
+                 channel_options: list[tuple[str, Any]] | None = None,
+                 token: str | None = None, tls: bool | None = None, tls_ca: str | None = None,
+                 tls_cert: str | None = None, tls_key: str | None = None) -> None:
+        conn = Connection.resolve(target, token=token, tls=tls, tls_ca=tls_ca,
+                                  tls_cert=tls_cert, tls_key=tls_key)
+        self.target = conn.target
         self.timeout_s = timeout_s
-        self._channel = grpc.aio.insecure_channel(self.target, options=channel_options or [])
-        self._stub = dtq_pb2_grpc.BrokerStub(self._channel)
+        self._channel = conn.channel(aio=True, options=channel_options)
+        self._stub = conn.stub(self._channel)
 
     async def _call(self, method: str, request: Any) -> Any:
         try:

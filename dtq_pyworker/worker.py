@@ -14,17 +14,16 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import grpc
-
-from dtq_proto import dtq_pb2, dtq_pb2_grpc
+from dtq_proto import dtq_pb2
 from dtq_pyworker import _session
+from dtq_pyworker._channel import DEFAULT_TARGET, Connection
 from dtq_pyworker._execute import Handler
 from dtq_pyworker._reporter import ResultReporter
 from dtq_pyworker._runtime import STOP_DRAIN, Runtime
+from dtq_pyworker.errors import DtqRpcError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TARGET = "127.0.0.1:50051"
 SDK = "dtq-pyworker/0.1.0"
 STAT_NAMES = ("processed", "failed", "retried", "released", "cancelled", "lost", "stale",
               "timeouts", "reconnects", "refused")
@@ -51,6 +50,15 @@ class Worker:
         labels: Free-form labels shown by ListWorkers.
         rpc_timeout_s: Deadline of unary calls (Heartbeat, Ack, Fail), in seconds.
         channel_options: Extra grpc channel options.
+        token: Bearer token; default env ``DTQ_TOKEN`` (none when unset).
+        tls: Use TLS; default env ``DTQ_TLS``, or on when a CA/client cert is given.
+        tls_ca: CA bundle PEM path; default env ``DTQ_TLS_CA``.
+        tls_cert: Client certificate PEM path (mTLS).
+        tls_key: Client private key PEM path (mTLS).
+
+    Raises from :meth:`run` / :meth:`run_async`:
+        DtqRpcError: The gateway refused the worker for good (UNAUTHENTICATED,
+            PERMISSION_DENIED, or INVALID_ARGUMENT on Lease); raised after the drain.
     """
 
     def __init__(self, queues: Iterable[str], target: str | None = None, *,
@@ -58,13 +66,17 @@ class Worker:
                  worker_id: str | None = None, task_types: Iterable[str] | None = None,
                  drain_grace_s: float = 30.0, ack_flush_ms: float = 5,
                  labels: Mapping[str, str] | None = None, rpc_timeout_s: float = 10.0,
-                 channel_options: list[tuple[str, Any]] | None = None) -> None:
+                 channel_options: list[tuple[str, Any]] | None = None,
+                 token: str | None = None, tls: bool | None = None, tls_ca: str | None = None,
+                 tls_cert: str | None = None, tls_key: str | None = None) -> None:
         self.queues = [queues] if isinstance(queues, str) else list(queues)
         if not self.queues:
             raise ValueError("queues must name at least one queue")
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
         self.target = target or os.environ.get("DTQ_GATEWAY") or DEFAULT_TARGET
+        self._tls_args = {"token": token, "tls": tls, "tls_ca": tls_ca, "tls_cert": tls_cert,
+                          "tls_key": tls_key}
         self.concurrency = concurrency
         self.max_in_flight = max_in_flight or 2 * concurrency
         if self.max_in_flight < 1:
@@ -86,6 +98,8 @@ class Worker:
         self._stop_requested = False
         self._runtime: Runtime | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._fatal: DtqRpcError | None = None
+        self._heartbeat_interval_ms = 0
 
     # -- registry -------------------------------------------------------------------
     def task(self, task_type: str) -> Callable[[Callable], Callable]:
@@ -123,11 +137,15 @@ class Worker:
         self._stop, self._force = asyncio.Event(), asyncio.Event()
         if self._stop_requested:
             self._stop.set()
+        self._fatal = None
+        conn = Connection.resolve(self.target, **self._tls_args)
         installed = self._install_signals() if install_signal_handlers else []
-        channel = grpc.aio.insecure_channel(self.target, options=self.channel_options)
+        channel = conn.channel(aio=True, options=self.channel_options)
         self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix="dtq-handler")
         try:
-            await self._serve(dtq_pb2_grpc.BrokerStub(channel))
+            await self._serve(conn.stub(channel))
+            if self._fatal is not None:
+                raise self._fatal
         finally:
             for sig in installed:
                 self._loop.remove_signal_handler(sig)
@@ -160,6 +178,13 @@ class Worker:
         """Sync handlers still occupying a pool thread (even after being stopped)."""
         return self._runtime.threads_busy() if self._runtime else 0
 
+    def _stop_fatally(self, err: DtqRpcError) -> None:
+        """The gateway refused this worker for good: drain, then raise ``err``."""
+        if self._fatal is None:
+            log.error("gateway refused the worker, stopping: %s", err)
+            self._fatal = err
+        self.stop()
+
     def _signal_stop(self) -> None:
         assert self._stop is not None and self._force is not None
         if self._stop.is_set():
@@ -179,7 +204,7 @@ class Worker:
                 pass
         return installed
 
-    async def _serve(self, stub: dtq_pb2_grpc.BrokerStub) -> None:
+    async def _serve(self, stub: Any) -> None:
         reporter = ResultReporter(stub, flush_ms=self.ack_flush_ms, on_done=self._on_result,
                                   rpc_timeout_s=self.rpc_timeout_s,
                                   flush_early=self._flush_early)

@@ -67,6 +67,8 @@ class FakeBroker(dtq_pb2_grpc.BrokerServicer):
         self.failed_heartbeats = 0
         self.tasks: dict[str, dtq_pb2.Task] = {}
         self.get_task_calls = 0
+        self.lease_error: tuple[grpc.StatusCode, str] | None = None  # refuse Lease with it
+        self.metadata: list[dict[str, str]] = []  # call metadata of Lease and Enqueue calls
         self._abort_epoch = 0
         self._ids = itertools.count(1)
 
@@ -115,6 +117,10 @@ class FakeBroker(dtq_pb2_grpc.BrokerServicer):
     # -- Broker RPCs --------------------------------------------------------------------
     async def Lease(self, request, context):
         self.lease_requests.append(request)
+        self.metadata.append(dict(context.invocation_metadata() or ()))
+        if self.lease_error is not None:
+            await self.notify()
+            await context.abort_with_status(_status(*self.lease_error, "refused"))
         granted = request.max_in_flight
         if self.grant_max_in_flight:
             granted = min(granted, self.grant_max_in_flight)
@@ -187,6 +193,7 @@ class FakeBroker(dtq_pb2_grpc.BrokerServicer):
         return results
 
     async def Enqueue(self, request, context):
+        self.metadata.append(dict(context.invocation_metadata() or ()))
         if not request.queue:
             await context.abort_with_status(_status(
                 grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD", "queue is required", "queue"))

@@ -94,3 +94,28 @@ async def test_cli_exits_zero_when_a_sync_handler_ignores_cancellation(fake):
     assert rc == 0, output
     assert fake.failed()[lease].mode == dtq_pb2.FAIL_MODE_RELEASE
     assert "still running" in output
+
+
+async def test_cli_exits_1_when_the_gateway_refuses_the_worker(fake):
+    import grpc
+
+    fake.lease_error = (grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED")
+    proc = await _spawn("tests.worker.cli_app:worker", "--target", fake.target)
+    rc = await asyncio.wait_for(proc.wait(), 20)
+    output = (await proc.stdout.read()).decode()
+    assert rc == 1, output
+    assert "refused" in output and len(fake.lease_requests) == 1
+
+
+def test_cli_flags_from_env(monkeypatch):
+    from dtq_pyworker.cli import apply_flags, build_parser
+    from dtq_pyworker.worker import Worker
+
+    for name, value in {"DTQ_MAX_IN_FLIGHT": "7", "DTQ_WORKER_ID": "env-w",
+                        "DTQ_DRAIN_GRACE_MS": "1500", "DTQ_ACK_FLUSH_MS": "2",
+                        "DTQ_CONCURRENCY": "3", "DTQ_QUEUES": "x, y"}.items():
+        monkeypatch.setenv(name, value)
+    worker = Worker(["q"], "h:1")
+    apply_flags(worker, build_parser().parse_args(["m:w"]))
+    assert (worker.max_in_flight, worker.worker_id, worker.drain_grace_s) == (7, "env-w", 1.5)
+    assert (worker.ack_flush_ms, worker.concurrency, worker.queues) == (2, 3, ["x", "y"])

@@ -103,14 +103,14 @@ async def test_handler_raising_timeout_error_itself_is_not_a_timeout(fake):
     assert fake.failed()[lease].error_class == "TimeoutError"
 
 
-async def test_unknown_task_type_fails_retryable(fake):
+async def test_unknown_task_type_fails_permanently(fake):
     worker = make_worker(fake, task_types=["known", "other"])
     worker.register("known", lambda p, c: None)
     async with running(worker):
         lease = await fake.push("other")
         await fake.wait_for(lambda: lease in fake.failed())
     item = fake.failed()[lease]
-    assert (item.error_class, item.retryable) == ("UnknownTaskType", True)
+    assert (item.error_class, item.retryable) == ("UnknownTaskType", False)
     assert list(fake.lease_requests[0].task_types) == ["known", "other"]
 
 

@@ -121,3 +121,22 @@ async def test_failed_heartbeats_are_retried_and_leases_kept(fake):
         state["release"].set()
         await fake.wait_for(lambda: lease in fake.acked())
     assert state["cancelled"] == []
+
+
+async def test_unsent_result_of_a_lost_lease_is_discarded(fake):
+    worker, state = _blocking_worker(fake, concurrency=2, ack_flush_ms=60_000)
+    worker.register("quick", lambda p, c: "late")
+    async with running(worker):
+        blocker = await fake.push("block")
+        await wait_event(state["any_started"])
+        quick = await fake.push("quick")
+        # its result waits in the batch (a handler still runs, the window is long)
+        await fake.wait_for(lambda: any(quick in h.lease_ids for h in fake.heartbeats)
+                            and quick not in worker._runtime.held)
+        fake.lost.add(quick)
+        seen = len(fake.heartbeats)
+        await fake.wait_for(lambda: len(fake.heartbeats) >= seen + 2)
+        assert quick not in fake.heartbeats[-1].lease_ids
+        state["release"].set()
+        await fake.wait_for(lambda: blocker in fake.acked())
+    assert quick not in fake.reported()
