@@ -12,7 +12,7 @@ from typing import Awaitable, Callable
 
 from redis.asyncio import Redis
 
-from dtq_gateway import keys
+from dtq_gateway import keys, observe
 from dtq_gateway.errors import DtqError, NotFound, QueueFull, WrongState
 from dtq_gateway.groups import Groups
 from dtq_gateway.scripts import Script, execute
@@ -79,6 +79,9 @@ class Broker:
             if isinstance(reply, Exception):
                 raise reply
             out.append(await self._outcome(task, reply))
+        fresh = [o.queue for o in out if isinstance(o, Enqueued) and not o.deduplicated]
+        for q in set(fresh):
+            observe.enqueued(q, fresh.count(q))
         for q in {o.queue for o in out if isinstance(o, Enqueued) and o.status == "queued"}:
             self.on_queued(q)
         return out

@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from dtq_gateway import keys
+from dtq_gateway import keys, observe
 from dtq_gateway.groups import Groups
 from dtq_gateway.leaseid import Lease
 from dtq_gateway.scripts import Script
@@ -60,7 +60,6 @@ class Session:
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     full: bool = False
     closed: bool = False
-    on_delivered: Callable[[dtq_pb2.LeasedTask], None] = lambda t: None
 
 
 class Dispatcher:
@@ -239,7 +238,7 @@ class Dispatcher:
             if _s(rep[0]) != "ok":
                 continue
             task = self._leased_task(session, stream, entry_id, f, digest, rep)
-            session.on_delivered(task)
+            observe.delivered(task)
             session.out.put_nowait(task)
             delivered += 1
         return delivered

@@ -18,12 +18,18 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from dtq_gateway import keys
+from dtq_gateway import auth, metrics, observe
+from dtq_gateway.admin_servicer import AdminServicer
+from dtq_gateway.audit import request_id_of
 from dtq_gateway.broker import Broker
 from dtq_gateway.broker_servicer import BrokerServicer
 from dtq_gateway.completion import Completion, ItemOutcome
 from dtq_gateway.dispatch import Dispatcher
+from dtq_gateway.duty import PeriodicDuty
+from dtq_gateway.events_hub import EventsHub
+from dtq_gateway.events_servicer import EventsServicer
 from dtq_gateway.groups import Groups
+from dtq_gateway.scheduler import Scheduler
 from dtq_gateway.settings import Settings
 from dtq_proto import dtq_pb2, dtq_pb2_grpc
 
@@ -98,6 +104,26 @@ class HealthProbe:
         await self._set(False)
 
 
+class DutyTask:
+    """Runs a :class:`PeriodicDuty` as a task with the start()/stop() shape of the others."""
+
+    def __init__(self, duty: PeriodicDuty) -> None:
+        self.duty = duty
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        """Start the duty's loop."""
+        self._task = asyncio.create_task(self.duty.run())
+
+    async def stop(self) -> None:
+        """Ask the duty to stop and wait (cancel after 2 s)."""
+        self.duty.stop()
+        if self._task:
+            done, _ = await asyncio.wait({self._task}, timeout=2)
+            if not done:
+                self._task.cancel()
+
+
 class Gateway:
     """One gateway replica. ``await start()``, then ``await stop()``."""
 
@@ -113,16 +139,27 @@ class Gateway:
         self.broker = Broker(self.redis, settings, self.groups, on_queued=self.dispatcher.notify)
         self.health = health.aio.HealthServicer()
         self.probe = HealthProbe(self.redis, self.health, self.draining)
+        self.hub = EventsHub(self.redis)
+        self.hub.add_listener(self.dispatcher.on_event)
+        self.scheduler = Scheduler(self.redis, settings)
         self.port = 0
-        self._duties: list = []
+        self._metrics_http = None
+        self._duties: list = [self.hub, self.scheduler]
+        if settings.metrics_port:
+            self._duties.append(DutyTask(metrics.QueueGaugeCollector(
+                self.redis, settings.heartbeat_interval_ms)))
 
     def _interceptors(self) -> list:
-        return []
+        chain: list = [metrics.MetricsInterceptor()]
+        if self.settings.auth_tokens:
+            chain.append(auth.AuthInterceptor(auth.parse_tokens(self.settings.auth_tokens)))
+        return chain
 
     def _on_done(self, worker_id: str, queue: str, outcome: ItemOutcome) -> None:
         self.dispatcher.credit_freed(worker_id)
         if outcome.status == "queued":
             self.dispatcher.notify(queue)
+        observe.outcome(queue, outcome.kind, outcome.started_at_ms, outcome.finished_at_ms)
 
     async def _release(self, lease_ids: list[str]) -> None:
         items = [dtq_pb2.FailItem(lease_id=lid, mode=dtq_pb2.FAIL_MODE_RELEASE)
@@ -132,8 +169,11 @@ class Gateway:
 
     def _add_services(self) -> None:
         dtq_pb2_grpc.add_BrokerServicer_to_server(BrokerServicer(
-            self.settings, self.broker, self.completion, self.dispatcher, self.draining),
-            self.server)
+            self.settings, self.broker, self.completion, self.dispatcher, self.draining,
+            actor_of=auth.actor_of, request_id_of=request_id_of), self.server)
+        dtq_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.redis, self.settings),
+                                                 self.server)
+        dtq_pb2_grpc.add_EventsServicer_to_server(EventsServicer(self.hub), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -157,6 +197,9 @@ class Gateway:
         if not self.port:
             raise OSError(f"could not bind {self.settings.listen}")
         await self.probe.check_once()
+        if self.settings.metrics_port:
+            host = self.settings.listen.rpartition(":")[0].strip("[]")
+            self._metrics_http = metrics.start_metrics_server(host, self.settings.metrics_port)
         await self.server.start()
         self.probe.start()
         self.dispatcher.start()
@@ -175,4 +218,6 @@ class Gateway:
         for duty in reversed(self._duties):
             await duty.stop()
         await self.redis.aclose()
+        if self._metrics_http:
+            self._metrics_http[0].shutdown()
         log.info("stopped", extra={"drain_s": round(time.monotonic() - started, 3)})

@@ -1,0 +1,259 @@
+"""dtq.v1.Broker through a real gRPC channel against an in-process gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import grpc
+import pytest
+import redis.asyncio as aioredis
+
+from dtq_proto import dtq_pb2 as pb
+from tests.support.leasing import LeaseStream, error_field, error_reason, poll
+
+
+def enq(queue="q", task_type="t", payload=b"{}", **kw) -> pb.EnqueueRequest:
+    return pb.EnqueueRequest(queue=queue, task_type=task_type, payload=payload, **kw)
+
+
+async def test_enqueue_lease_ack_roundtrip(broker_stub):
+    r = await broker_stub.Enqueue(enq(payload=b'{"n": 1}', metadata={"k": "v"}))
+    assert r.status == pb.TASK_STATUS_QUEUED and not r.deduplicated
+    lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
+    assert lease.session.heartbeat_interval_ms == 500
+    task = await lease.next()
+    assert (task.task_id, task.payload, task.attempt, task.metadata["k"]) == \
+        (r.task_id, b'{"n": 1}', 1, "v")
+    ack = await broker_stub.Ack(pb.AckRequest(items=[pb.AckItem(lease_id=task.lease_id,
+                                                                result=b'{"ok":true}')]))
+    assert ack.results[0].status == pb.TASK_STATUS_SUCCEEDED
+    got = (await broker_stub.GetTask(pb.GetTaskRequest(task_id=r.task_id))).task
+    assert got.status == pb.TASK_STATUS_SUCCEEDED
+    assert got.result == b'{"ok":true}'
+    assert [a.outcome for a in got.attempts] == ["succeeded"]
+    lease.close()
+
+
+async def test_strict_priority_across_queues(broker_stub):
+    for queue, prio in [("a", 1), ("b", 9), ("a", 5), ("b", 0), ("a", 9)]:
+        await broker_stub.Enqueue(enq(queue=queue, priority=prio,
+                                      payload=json.dumps([queue, prio]).encode()))
+    lease = await LeaseStream(broker_stub, "w1", ["a", "b"], max_in_flight=5).open()
+    tasks = await lease.take(5)
+    assert [t.priority for t in tasks] == [9, 9, 5, 1, 0]
+    lease.close()
+
+
+async def test_max_in_flight_is_never_exceeded(broker_stub):
+    await broker_stub.EnqueueBatch(pb.EnqueueBatchRequest(items=[enq() for _ in range(6)]))
+    lease = await LeaseStream(broker_stub, "w1", ["q"], max_in_flight=2).open()
+    first = await lease.take(2)
+    with pytest.raises(asyncio.TimeoutError):
+        await lease.next(timeout_s=0.5)
+    await broker_stub.Ack(pb.AckRequest(items=[pb.AckItem(lease_id=first[0].lease_id)]))
+    third = await lease.next()
+    assert third.task_id not in {t.task_id for t in first}
+    lease.close()
+
+
+async def test_pel_limit_holds_across_sessions_of_one_worker(broker_stub):
+    await broker_stub.EnqueueBatch(pb.EnqueueBatchRequest(items=[enq() for _ in range(4)]))
+    first = await LeaseStream(broker_stub, "w1", ["q"], max_in_flight=2).open()
+    await first.take(2)
+    first.close()  # the leases stay with worker w1 in the PEL
+    second = await LeaseStream(broker_stub, "w1", ["q"], max_in_flight=2).open()
+    with pytest.raises(asyncio.TimeoutError):
+        await second.next(timeout_s=0.5)
+    second.close()
+
+
+async def test_idle_worker_gets_new_task_quickly(broker_stub):
+    lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
+    await broker_stub.Enqueue(enq(priority=0))
+    task = await lease.next(timeout_s=0.5)  # well below the 1 s dispatcher tick
+    assert task.priority == 0
+    lease.close()
+
+
+async def test_stale_and_duplicate_ack(broker_stub):
+    await broker_stub.Enqueue(enq())
+    lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
+    task = await lease.next()
+    await broker_stub.Ack(pb.AckRequest(items=[pb.AckItem(lease_id=task.lease_id)]))
+    again = await broker_stub.Ack(pb.AckRequest(items=[pb.AckItem(lease_id=task.lease_id)]))
+    assert again.results[0].duplicate
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await broker_stub.Fail(pb.FailRequest(items=[pb.FailItem(lease_id=task.lease_id)]))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_reason(err.value) == "STALE_LEASE"
+    lease.close()
+
+
+async def test_batch_items_answered_individually(broker_stub):
+    await broker_stub.Enqueue(enq())
+    lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
+    task = await lease.next()
+    res = await broker_stub.Ack(pb.AckRequest(items=[
+        pb.AckItem(lease_id=task.lease_id), pb.AckItem(lease_id="garbage")]))
+    assert res.results[0].status == pb.TASK_STATUS_SUCCEEDED
+    assert res.results[1].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert res.results[1].error.field == "items[1].lease_id"
+    lease.close()
+
+
+async def test_retry_then_dead_letter(broker_stub, redis_url):
+    r = await broker_stub.Enqueue(enq(max_attempts=2, retry_policy=pb.RetryPolicy(
+        backoff_base_ms=1, backoff_cap_ms=1)))
+    lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
+    first = await lease.next()
+    await broker_stub.Fail(pb.FailRequest(items=[pb.FailItem(
+        lease_id=first.lease_id, error_message="boom", error_class="ValueError")]))
+    client = aioredis.Redis.from_url(redis_url)
+    second = await lease.next(timeout_s=5)
+    assert second.attempt == 2 and second.task_id == r.task_id
+    await broker_stub.Fail(pb.FailRequest(items=[pb.FailItem(
+        lease_id=second.lease_id, error_message="boom again", error_class="ValueError")]))
+    got = (await broker_stub.GetTask(pb.GetTaskRequest(task_id=r.task_id))).task
+    assert got.status == pb.TASK_STATUS_DEAD_LETTERED
+    assert [a.outcome for a in got.attempts] == ["failed", "failed"]
+    entries = await client.xrange("dtq:stream:dead-letter")
+    assert entries[0][1][b"last_error_class"] == b"ValueError"
+    assert entries[0][1][b"attempts_made"] == b"2"
+    await client.aclose()
+    lease.close()
+
+
+async def test_release_keeps_the_attempt(broker_stub):
+    r = await broker_stub.Enqueue(enq())
+    lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
+    task = await lease.next()
+    res = await broker_stub.Fail(pb.FailRequest(items=[pb.FailItem(
+        lease_id=task.lease_id, mode=pb.FAIL_MODE_RELEASE)]))
+    assert res.results[0].status == pb.TASK_STATUS_QUEUED
+    again = await lease.next()
+    assert (again.task_id, again.attempt) == (r.task_id, 1)
+    lease.close()
+
+
+async def test_non_retryable_goes_straight_to_dlq(broker_stub):
+    r = await broker_stub.Enqueue(enq(max_attempts=5))
+    lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
+    task = await lease.next()
+    res = await broker_stub.Fail(pb.FailRequest(items=[pb.FailItem(
+        lease_id=task.lease_id, retryable=False, error_class="Corrupt")]))
+    assert res.results[0].status == pb.TASK_STATUS_DEAD_LETTERED
+    lease.close()
+
+
+async def test_idempotent_enqueue(broker_stub):
+    a = await broker_stub.Enqueue(enq(idempotency_key="order-1"))
+    b = await broker_stub.Enqueue(enq(idempotency_key="order-1"))
+    other_queue = await broker_stub.Enqueue(enq(queue="other", idempotency_key="order-1"))
+    assert b.deduplicated and b.task_id == a.task_id
+    assert not other_queue.deduplicated
+
+
+@pytest.mark.parametrize("request_, field", [
+    (enq(queue="bad queue"), "queue"),
+    (enq(task_type=""), "task_type"),
+    (enq(priority=10), "priority"),
+    (enq(payload=b"{not json"), "payload"),
+    (enq(delay_ms=5, not_before_ms=5), "delay_ms"),
+    (enq(max_attempts=1000), "max_attempts"),
+])
+async def test_bad_enqueue_names_the_field_and_writes_nothing(broker_stub, redis_url,
+                                                              request_, field):
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await broker_stub.Enqueue(request_)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_reason(err.value) == "INVALID_FIELD"
+    assert error_field(err.value) == field
+    client = aioredis.Redis.from_url(redis_url)
+    assert [k async for k in client.scan_iter("dtq:task:*")] == []
+    await client.aclose()
+
+
+async def test_depth_gate(redis_url):
+    from dtq_gateway.server import Gateway
+    from dtq_proto import dtq_pb2_grpc
+    from tests.conftest import gateway_settings
+
+    gw = Gateway(gateway_settings(redis_url, max_queue_depth=2), redis_url)
+    await gw.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+            stub = dtq_pb2_grpc.BrokerStub(ch)
+            await stub.Enqueue(enq())
+            await stub.Enqueue(enq())
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.Enqueue(enq())
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert error_reason(err.value) == "QUEUE_FULL"
+    finally:
+        await gw.stop()
+
+
+async def test_cancel_queued_task_is_never_delivered(broker_stub):
+    a = await broker_stub.Enqueue(enq(priority=9))
+    b = await broker_stub.Enqueue(enq(priority=1))
+    c = await broker_stub.CancelTask(pb.CancelTaskRequest(task_id=a.task_id, reason="test"))
+    assert c.status == pb.TASK_STATUS_CANCELLED
+    lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
+    task = await lease.next()
+    assert task.task_id == b.task_id
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await broker_stub.CancelTask(pb.CancelTaskRequest(task_id=a.task_id))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    lease.close()
+
+
+async def test_cancel_running_task_reported_by_heartbeat(broker_stub):
+    r = await broker_stub.Enqueue(enq())
+    lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
+    task = await lease.next()
+    c = await broker_stub.CancelTask(pb.CancelTaskRequest(task_id=r.task_id))
+    assert c.cancel_requested and c.status == pb.TASK_STATUS_ACTIVE
+    hb = await broker_stub.Heartbeat(pb.HeartbeatRequest(worker_id="w1",
+                                                         lease_ids=[task.lease_id]))
+    assert list(hb.cancelled_lease_ids) == [task.lease_id]
+    res = await broker_stub.Fail(pb.FailRequest(items=[pb.FailItem(
+        lease_id=task.lease_id, mode=pb.FAIL_MODE_CANCELLED)]))
+    assert res.results[0].status == pb.TASK_STATUS_CANCELLED
+    lease.close()
+
+
+async def test_heartbeat_reports_foreign_and_unknown_leases_lost(broker_stub):
+    await broker_stub.Enqueue(enq())
+    lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
+    task = await lease.next()
+    hb = await broker_stub.Heartbeat(pb.HeartbeatRequest(
+        worker_id="w2", lease_ids=[task.lease_id, "nonsense"]))
+    assert set(hb.lost_lease_ids) == {task.lease_id, "nonsense"}
+    ok = await broker_stub.Heartbeat(pb.HeartbeatRequest(worker_id="w1",
+                                                         lease_ids=[task.lease_id]))
+    assert not ok.lost_lease_ids and not ok.cancelled_lease_ids
+    lease.close()
+
+
+async def test_get_unknown_task(broker_stub):
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await broker_stub.GetTask(pb.GetTaskRequest(task_id="0" * 32))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await broker_stub.GetTask(pb.GetTaskRequest(task_id="x"))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_closing_a_session_releases_undelivered_leases(broker_stub, gateway):
+    # Nothing is lost when a stream closes: leases still queued in the gateway are handed
+    # back at once, and those already written to the dead stream are reclaimed by the
+    # reaper after the visibility timeout (2 s here).
+    await broker_stub.EnqueueBatch(pb.EnqueueBatchRequest(items=[enq() for _ in range(3)]))
+    lease = await LeaseStream(broker_stub, "w1", ["q"], max_in_flight=3).open()
+    await lease.next()
+    lease.close()
+    other = await LeaseStream(broker_stub, "w2", ["q"], max_in_flight=3).open()
+    got = await other.take(2, timeout_s=10)
+    assert len({t.task_id for t in got}) == 2
+    other.close()

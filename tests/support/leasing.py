@@ -1,0 +1,92 @@
+"""Helpers for tests that act as a worker over the raw dtq.v1 stubs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Awaitable, Callable
+
+import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from dtq_proto import dtq_pb2
+
+
+class LeaseStream:
+    """An open Lease call: ``session`` is the first message, ``next()`` the next task."""
+
+    def __init__(self, stub, worker_id: str, queues: list[str], max_in_flight: int = 10,
+                 task_types: list[str] | None = None) -> None:
+        self.call = stub.Lease(dtq_pb2.LeaseRequest(
+            worker_id=worker_id, queues=queues, max_in_flight=max_in_flight,
+            task_types=task_types or [], hostname="test"))
+        self.session: dtq_pb2.SessionInfo | None = None
+        self.tasks: asyncio.Queue = asyncio.Queue()
+        self._reader: asyncio.Task | None = None
+
+    async def open(self) -> "LeaseStream":
+        """Wait for SessionInfo, then read tasks in the background (a cancelled read
+        would cancel the whole call, so reads are never timed out directly)."""
+        it = self.call.__aiter__()
+        first = await asyncio.wait_for(it.__anext__(), 5)
+        self.session = first.session
+
+        async def read() -> None:
+            try:
+                async for msg in it:
+                    self.tasks.put_nowait(msg.task)
+            except grpc.aio.AioRpcError as exc:
+                self.tasks.put_nowait(exc)
+
+        self._reader = asyncio.create_task(read())
+        return self
+
+    async def next(self, timeout_s: float = 5.0) -> dtq_pb2.LeasedTask:
+        """The next leased task (raises TimeoutError when none arrives in time)."""
+        item = await asyncio.wait_for(self.tasks.get(), timeout_s)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    async def take(self, n: int, timeout_s: float = 5.0) -> list[dtq_pb2.LeasedTask]:
+        """The next ``n`` tasks."""
+        return [await self.next(timeout_s) for _ in range(n)]
+
+    def close(self) -> None:
+        self.call.cancel()
+
+
+def error_reason(err: grpc.aio.AioRpcError) -> str:
+    """ErrorInfo.reason from a failed call's grpc-status-details-bin trailer."""
+    status = rpc_status.from_call(err)
+    if status is None:
+        return ""
+    for detail in status.details:
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return info.reason
+    return ""
+
+
+def error_field(err: grpc.aio.AioRpcError) -> str:
+    """ErrorInfo.metadata['field'] of a failed call."""
+    status = rpc_status.from_call(err)
+    for detail in (status.details if status else []):
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return info.metadata.get("field", "")
+    return ""
+
+
+async def poll(fn: Callable[[], Awaitable[Any]], pred: Callable[[Any], bool],
+               timeout_s: float = 10.0, interval_s: float = 0.02) -> Any:
+    """Call ``fn`` until ``pred(result)`` holds; return the result or raise TimeoutError."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await fn()
+        if pred(value):
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"condition not met within {timeout_s}s; last value: {value!r}")
+        await asyncio.sleep(interval_s)
