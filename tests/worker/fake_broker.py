@@ -253,11 +253,17 @@ def _status_after_fail(item: dtq_pb2.FailItem) -> int:
     return dtq_pb2.TASK_STATUS_SCHEDULED if retryable else dtq_pb2.TASK_STATUS_DEAD_LETTERED
 
 
-async def start_server(broker: FakeBroker, port: int = 0) -> tuple[grpc.aio.Server, str]:
-    """Serve ``broker`` on 127.0.0.1:``port`` (0 = a free one); return (server, "host:port")."""
+async def start_server(broker: FakeBroker, port: int = 0,
+                       credentials: grpc.ServerCredentials | None = None,
+                       ) -> tuple[grpc.aio.Server, str]:
+    """Serve ``broker`` on 127.0.0.1:``port`` (0 = a free one, TLS with ``credentials``);
+    return (server, "host:port")."""
     server = grpc.aio.server()
     dtq_pb2_grpc.add_BrokerServicer_to_server(broker, server)
-    port = server.add_insecure_port(f"127.0.0.1:{port}")
+    if credentials is None:
+        port = server.add_insecure_port(f"127.0.0.1:{port}")
+    else:
+        port = server.add_secure_port(f"127.0.0.1:{port}", credentials)
     await server.start()
     return server, f"127.0.0.1:{port}"
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
 
 import grpc
 import pytest
 
 from dtq_pyworker import AsyncClient, DtqRpcError
 from dtq_pyworker._channel import MAX_MESSAGE_BYTES, Connection
-from tests.worker.helpers import make_worker
+from tests.worker.fake_broker import FakeBroker, start_server
+from tests.worker.helpers import make_worker, running
 
 
 async def test_token_is_sent_as_bearer_metadata(fake, monkeypatch):
@@ -64,3 +67,38 @@ async def test_client_sends_token(fake):
     async with AsyncClient(fake.target, token="abc") as client:
         await client.enqueue("q", "t", {})
     assert fake.metadata[-1]["authorization"] == "Bearer abc"
+
+
+@pytest.fixture
+def self_signed(tmp_path):
+    """A self-signed certificate for localhost/127.0.0.1 made with the openssl CLI."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+async def test_worker_and_client_over_tls(self_signed):
+    cert, key = self_signed
+    broker = FakeBroker()
+    creds = grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])
+    server, target = await start_server(broker, credentials=creds)
+    broker.target = target
+    try:
+        worker = make_worker(broker, tls_ca=str(cert))
+        worker.register("t", lambda p, c: "tls")
+        async with running(worker):
+            lease = await broker.push("t")
+            await broker.wait_for(lambda: lease in broker.acked())
+        async with AsyncClient(target, tls_ca=str(cert)) as client:
+            await client.enqueue("q", "t", {})
+        async with AsyncClient(target, tls=False, timeout_s=2) as plain:
+            with pytest.raises(DtqRpcError) as info:
+                await plain.enqueue("q", "t", {})
+        assert info.value.code == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await server.stop(None)
