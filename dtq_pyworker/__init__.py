@@ -14,12 +14,11 @@ Example::
 """
 
 from dtq_pyworker._requests import TERMINAL_STATUSES, EnqueueResult
+from dtq_pyworker._version import __version__
 from dtq_pyworker.client import AsyncClient, Client
 from dtq_pyworker.context import TaskContext
 from dtq_pyworker.errors import DtqRpcError, PermanentError, Retry
 from dtq_pyworker.worker import Worker
-
-__version__ = "0.1.0"
 
 __all__ = [
     "TERMINAL_STATUSES",

@@ -11,6 +11,7 @@ import grpc
 from dtq_proto import dtq_pb2
 from dtq_pyworker._backoff import Backoff
 from dtq_pyworker._runtime import STOP_CANCELLED, STOP_LOST, Runtime
+from dtq_pyworker._version import SDK
 from dtq_pyworker.errors import DtqRpcError
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ def lease_request(worker: Worker) -> dtq_pb2.LeaseRequest:
     return dtq_pb2.LeaseRequest(
         worker_id=worker.worker_id, queues=worker.queues, task_types=task_types,
         max_in_flight=worker.max_in_flight, hostname=worker.hostname, labels=worker.labels,
-        concurrency=worker.concurrency, sdk="dtq-pyworker/0.1.0")
+        concurrency=worker.concurrency, sdk=SDK)
 
 
 async def lease_loop(worker: Worker, stub, runtime: Runtime,

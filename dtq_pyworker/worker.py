@@ -24,7 +24,6 @@ from dtq_pyworker.errors import DtqRpcError
 
 log = logging.getLogger(__name__)
 
-SDK = "dtq-pyworker/0.1.0"
 STAT_NAMES = ("processed", "failed", "retried", "released", "cancelled", "lost", "stale",
               "timeouts", "reconnects", "refused")
 
