@@ -56,7 +56,7 @@ class Runtime:
         self.held: dict[str, Execution] = {}
         self.buffer: deque[str] = deque()
         self.running: dict[str, asyncio.Task] = {}
-        self._threaded: set[Execution] = set()
+        self._orphans: set[Execution] = set()  # stopped, but their sync thread runs on
 
     # -- intake -------------------------------------------------------------------
     def add(self, task: dtq_pb2.LeasedTask) -> None:
@@ -124,9 +124,8 @@ class Runtime:
 
     def threads_busy(self) -> int:
         """Sync handlers still in a pool thread, including ones already stopped."""
-        self._threaded = {ex for ex in self._threaded if ex.in_thread or ex.handle is None
-                          or not ex.handle.done()}
-        return sum(1 for ex in self._threaded if ex.in_thread)
+        self._orphans = {ex for ex in self._orphans if ex.in_thread}
+        return len(self._orphans) + sum(1 for ex in self.held.values() if ex.in_thread)
 
     def _drop_buffered(self, ex: Execution) -> None:
         lease_id = ex.task.lease_id
@@ -149,8 +148,6 @@ class Runtime:
                     lease_id, "UnknownTaskType",
                     f"no handler for task type {ex.task.task_type!r}", False))
             else:
-                if not handler.is_async:
-                    self._threaded.add(ex)
                 outcome = await execute(handler, ex, self.executor)
             if ex.stop_reason is not None:  # the handler swallowed our cancellation
                 outcome = stop_outcome(lease_id, ex.stop_reason)
@@ -179,8 +176,11 @@ class Runtime:
         self.pump()
 
     def _forget(self, lease_id: str) -> None:
-        self.held.pop(lease_id, None)
+        ex = self.held.pop(lease_id, None)
         self.running.pop(lease_id, None)
+        if ex is not None and ex.in_thread:
+            self._orphans = {o for o in self._orphans if o.in_thread}
+            self._orphans.add(ex)
 
     def _report(self, ex: Execution, outcome: Outcome) -> None:
         lease_id = ex.task.lease_id
