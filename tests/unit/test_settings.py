@@ -1,0 +1,56 @@
+"""Settings: env and flags, validation with one clear line, secrets redacted."""
+
+from __future__ import annotations
+
+import pytest
+
+from dtq_gateway.settings import SettingsError, load
+
+
+def test_defaults_match_the_seed():
+    s = load([], environ={})
+    assert (s.visibility_timeout_s, s.heartbeat_interval_s) == (30.0, 10.0)
+    assert s.task_retention_s == 7 * 86400 and s.result_retention_s == 3600
+    assert s.result_max_bytes == 8192 and s.idem_ttl_s == 86400 and s.dlq_maxlen == 10000
+    assert s.listen == "127.0.0.1:50051" and s.metrics_port == 9464
+    assert s.worker_ttl_s == 30
+
+
+def test_flag_wins_over_env():
+    s = load(["--listen", "0.0.0.0:1234"], environ={"DTQ_LISTEN": "127.0.0.1:1"})
+    assert s.listen == "0.0.0.0:1234"
+
+
+def test_env_is_read():
+    s = load([], environ={"DTQ_VISIBILITY_TIMEOUT_S": "5", "DTQ_HEARTBEAT_INTERVAL_S": "1"})
+    assert s.visibility_timeout_ms == 5000 and s.heartbeat_interval_ms == 1000
+
+
+@pytest.mark.parametrize("env, needle", [
+    ({"DTQ_HEARTBEAT_INTERVAL_S": "30"}, "DTQ_HEARTBEAT_INTERVAL_S"),
+    ({"DTQ_VISIBILITY_TIMEOUT_S": "abc"}, "DTQ_VISIBILITY_TIMEOUT_S"),
+    ({"DTQ_LISTEN": "nohost"}, "DTQ_LISTEN"),
+    ({"DTQ_REDIS_URL": "http://x"}, "DTQ_REDIS_URL"),
+    ({"DTQ_DLQ_MAXLEN": "0"}, "DTQ_DLQ_MAXLEN"),
+    ({"DTQ_TLS_CERT": "/nonexistent.pem"}, "DTQ_TLS"),
+    ({"DTQ_LOG_FORMAT": "xml"}, "DTQ_LOG_FORMAT"),
+])
+def test_invalid_settings_name_the_variable(env, needle):
+    with pytest.raises(SettingsError) as err:
+        load([], environ=env)
+    assert needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_secrets_are_redacted_in_repr():
+    s = load([], environ={"DTQ_REDIS_URL": "redis://:hunter2@h:6379/0"})
+    assert "hunter2" not in repr(s)
+    assert "***" in repr(s)
+
+
+def test_cli_exits_2_with_one_line(capsys):
+    from dtq_gateway.cli import main
+
+    assert main(["--heartbeat-interval-s", "40"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "DTQ_HEARTBEAT_INTERVAL_S" in err[0]

@@ -1,0 +1,55 @@
+"""Enqueue validation: defaults, limits, the field named in each error."""
+
+from __future__ import annotations
+
+import pytest
+
+from dtq_gateway.errors import InvalidArgument, TooLarge
+from dtq_gateway.settings import load
+from dtq_gateway.validation import validate_enqueue
+from dtq_proto import dtq_pb2 as pb
+
+SETTINGS = load([], environ={"DTQ_MAX_PAYLOAD_BYTES": "100"})
+
+
+def test_defaults_applied():
+    t = validate_enqueue(pb.EnqueueRequest(queue="q", task_type="t"), SETTINGS)
+    assert (t.priority, t.max_attempts, t.timeout_ms) == (5, 3, 60000)
+    assert (t.backoff_base_ms, t.backoff_cap_ms) == (1000, 300000)
+    assert t.content_type == "application/json" and len(t.task_id) == 32
+    assert t.idem_digest == "" and t.metadata_json == "{}"
+
+
+def test_explicit_priority_zero_is_kept():
+    t = validate_enqueue(pb.EnqueueRequest(queue="q", task_type="t", priority=0), SETTINGS)
+    assert t.priority == 0
+
+
+def test_non_json_content_type_skips_json_check():
+    t = validate_enqueue(pb.EnqueueRequest(queue="q", task_type="t", payload=b"\xff\x00",
+                                           content_type="application/octet-stream"), SETTINGS)
+    assert t.payload == b"\xff\x00"
+
+
+def test_payload_limit_is_resource_exhausted():
+    with pytest.raises(TooLarge) as err:
+        validate_enqueue(pb.EnqueueRequest(queue="q", task_type="t", payload=b"1" * 101),
+                         SETTINGS)
+    assert err.value.field == "payload"
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"payload": b"\xff"}, "payload"),
+    ({"timeout_ms": 86_400_001}, "timeout_ms"),
+    ({"expires_at_ms": 5, "ttl_ms": 5}, "ttl_ms"),
+    ({"metadata": {"k": "v" * 2000}}, "metadata"),
+    ({"idempotency_key": "k" * 300}, "idempotency_key"),
+    ({"retry_policy": pb.RetryPolicy(backoff_base_ms=4_000_000)},
+     "retry_policy.backoff_base_ms"),
+    ({"task_type": "has space"}, "task_type"),
+])
+def test_bad_fields_are_named(kwargs, field):
+    base = {"queue": "q", "task_type": "t"} | kwargs
+    with pytest.raises(InvalidArgument) as err:
+        validate_enqueue(pb.EnqueueRequest(**base), SETTINGS, prefix="items[2].")
+    assert err.value.field == "items[2]." + field
