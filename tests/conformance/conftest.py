@@ -1,9 +1,10 @@
 """Fixtures of the worker conformance suite.
 
 The suite starts its own redis-server and gateway and runs the worker under test
-from a shell command. By default it runs every test against both reference
-workers (dtq-pyworker and the Node.js worker); set DTQ_CONFORMANCE_WORKER_CMD to
-run it against another implementation instead (see README.md).
+from a shell command. By default it runs every test against dtq-pyworker, the
+Node.js worker and the minimal raw-stub worker of examples/raw-python-worker;
+set DTQ_CONFORMANCE_WORKER_CMD to run it against another implementation instead
+(see README.md).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _worker_params() -> list[object]:
     custom = os.environ.get("DTQ_CONFORMANCE_WORKER_CMD", "").strip()
     if custom:
         return [pytest.param(("custom", custom), id="custom")]
-    return [pytest.param("pyworker", id="pyworker"), pytest.param("node", id="node")]
+    return [pytest.param(name, id=name) for name in ("pyworker", "node", "raw-python")]
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -62,6 +63,9 @@ def worker_command(request: pytest.FixtureRequest) -> tuple[str, str]:
             pytest.skip("examples/node-worker/node_modules missing: run "
                         "`cd examples/node-worker && npm ci` (make install does)")
         return "node", "exec node examples/node-worker/index.js"
+    if param == "raw-python":
+        script = "examples/raw-python-worker/worker.py"
+        return "raw-python", f"exec {shlex.quote(sys.executable)} {script}"
     spec = importlib.util.find_spec("dtq_pyworker")
     if spec is None or not hasattr(importlib.import_module("dtq_pyworker"), "Worker"):
         pytest.skip("dtq_pyworker.Worker is not available yet")
