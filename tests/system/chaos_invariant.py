@@ -9,8 +9,9 @@ event, and the queue's band streams and pending-entries lists are empty again.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import redis
 
@@ -19,7 +20,13 @@ from dtq_proto import dtq_pb2
 from dtq_pyworker import TERMINAL_STATUSES, Client
 from tests.support.redis_server import RedisServer
 from tests.system.chaos_support import (
-    TERMINAL_EVENTS, EventRecorder, GatewayProc, Proc, WorkerProc, read_run_log, wait_until,
+    TERMINAL_EVENTS,
+    EventRecorder,
+    GatewayProc,
+    Proc,
+    WorkerProc,
+    read_run_log,
+    wait_until,
 )
 
 #: Terminal status -> the one event that announces it.

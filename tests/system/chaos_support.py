@@ -16,8 +16,9 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import redis
 
@@ -144,7 +145,7 @@ class GatewayProc(Proc):
         """host:port for clients and workers."""
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 20.0) -> "GatewayProc":
+    def start(self, timeout_s: float = 20.0) -> GatewayProc:
         """Start and wait for the "listening" log line."""
         args = [sys.executable, "-m", "dtq_gateway", "--redis-url", self.redis_url,
                 "--listen", self.target, "--metrics-port", "0",
@@ -187,7 +188,7 @@ class WorkerProc(Proc):
         self.concurrency = concurrency
         self.max_in_flight = max_in_flight
 
-    def start(self) -> "WorkerProc":
+    def start(self) -> WorkerProc:
         """Start the worker (it connects in the background)."""
         exe = str(Path(sys.executable).with_name("dtq-pyworker"))
         args = [exe, APP, "--target", self.target, "--queues", self.queue,
@@ -228,7 +229,7 @@ class EventRecorder:
         self._subscribed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chaos-events", daemon=True)
 
-    def start(self) -> "EventRecorder":
+    def start(self) -> EventRecorder:
         """Subscribe and wait until the subscription is confirmed."""
         self._thread.start()
         assert self._subscribed.wait(10), "events subscription not confirmed"
