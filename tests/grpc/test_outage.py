@@ -1,0 +1,43 @@
+"""Redis outages: UNAVAILABLE to callers, health NOT_SERVING, recovery after restart."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from dtq_gateway.server import Gateway
+from dtq_proto import dtq_pb2 as pb
+from dtq_proto import dtq_pb2_grpc
+from tests.conftest import gateway_settings
+from tests.support.leasing import LeaseStream, error_reason, poll
+
+
+async def test_outage_is_unavailable_and_not_serving_then_recovers(own_redis):
+    gw = Gateway(gateway_settings(own_redis.url), own_redis.url)
+    await gw.start()
+    ch = grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}")
+    broker = dtq_pb2_grpc.BrokerStub(ch)
+    health = health_pb2_grpc.HealthStub(ch)
+
+    async def status():
+        return (await health.Check(health_pb2.HealthCheckRequest(service=""))).status
+
+    try:
+        assert await status() == health_pb2.HealthCheckResponse.SERVING
+        done = await broker.Enqueue(pb.EnqueueRequest(queue="q", task_type="t"))
+        own_redis.kill()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await broker.Enqueue(pb.EnqueueRequest(queue="q", task_type="t"))
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert error_reason(err.value) == "REDIS_UNAVAILABLE"
+        await poll(status, lambda s: s == health_pb2.HealthCheckResponse.NOT_SERVING)
+        own_redis.start()  # same port and directory: the AOF brings the task back
+        await poll(status, lambda s: s == health_pb2.HealthCheckResponse.SERVING)
+        lease = await LeaseStream(broker, "w1", ["q"]).open()
+        task = await lease.next(timeout_s=10)
+        assert task.task_id == done.task_id
+        lease.close()
+    finally:
+        await ch.close()
+        await gw.stop()
