@@ -13,11 +13,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import redis
 
 from dtq_gateway import keys
 from dtq_proto import dtq_pb2
-from dtq_pyworker import TERMINAL_STATUSES, Client
+from dtq_pyworker import TERMINAL_STATUSES, Client, DtqRpcError
 from tests.support.redis_server import RedisServer
 from tests.system.chaos_support import (
     TERMINAL_EVENTS,
@@ -114,7 +115,12 @@ def band_backlog(rds: redis.Redis, queue: str) -> dict[str, tuple[int, int]]:
 
 def _all_terminal(client: Client, events: EventRecorder, ids: list[str],
                   events_complete: bool) -> dict[str, dtq_pb2.Task] | None:
-    tasks = {tid: client.get_task(tid) for tid in ids}
+    try:
+        tasks = {tid: client.get_task(tid) for tid in ids}
+    except DtqRpcError as err:  # a pooled connection that predates a Redis restart
+        if err.code != grpc.StatusCode.UNAVAILABLE:
+            raise
+        return None
     if any(t.status not in TERMINAL_STATUSES for t in tasks.values()):
         return None
     if events_complete:
