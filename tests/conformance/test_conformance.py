@@ -129,14 +129,18 @@ def test_handler_timeout_is_enforced_by_the_worker(
     assert task.last_error_class == "Timeout", describe(task)
 
 
+@pytest.mark.parametrize("how", ["sigkill", "sigterm"])
 def test_worker_reconnects_after_gateway_restart(
         start_worker: StartWorker, client: ConformanceClient, queue: str,
-        gateway: Gateway) -> None:
+        gateway: Gateway, how: str) -> None:
     worker = start_worker(concurrency=2)
     in_flight = client.enqueue(queue, "conf.sleep", {"ms": 1500}, timeout_ms=60000)
     client.wait_for(in_flight, lambda t: t.status == S.TASK_STATUS_ACTIVE, 10, "ACTIVE")
 
-    gateway.kill()
+    if how == "sigkill":
+        gateway.kill()  # connections just break
+    else:
+        gateway.stop()  # graceful drain: Lease streams end with UNAVAILABLE
     gateway.start()
     assert worker.running, "the worker exited when the gateway went away\n" + worker.output()
     ids = [client.enqueue(queue, "conf.echo", {"after_restart": i}) for i in range(5)]
