@@ -1,0 +1,371 @@
+"""Helpers of the retention proof (tests/system/test_retention.py).
+
+Three parts:
+
+* the key table of ``docs/redis-layout.md``, parsed from the document itself and
+  turned into one regex per row, so "no key outside the table" is checked against
+  the table an operator reads, not against a copy of it (``key_families``);
+* TTL probes: mark a key with a short TTL before a transition, assert after it
+  that the gateway set the TTL back to the retention (``TtlProbe``);
+* a worker acting over the raw stubs with a heartbeat loop (``RawWorker``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis.asyncio as aioredis
+
+from dtq_gateway import keys
+from dtq_proto import dtq_pb2 as pb
+from tests.support.leasing import LeaseStream
+
+LAYOUT_DOC = Path(__file__).resolve().parents[2] / "docs" / "redis-layout.md"
+#: Placeholders of the table's key column and the names they stand for.
+_PLACEHOLDERS = {
+    "<queue>": keys.QUEUE_RE.pattern.strip("^$"),
+    "<0-9>": "[0-9]",
+    "<sha256(key)>": "[0-9a-f]{64}",
+}
+#: ``<id>`` names a worker in the worker row and a task everywhere else.
+_WORKER_ID = keys.WORKER_ID_RE.pattern.strip("^$")
+_TASK_ID = keys.TASK_ID_RE.pattern.strip("^$")
+#: One key built by dtq_gateway.keys per family; each must match exactly one row.
+FAMILY_EXAMPLES = {
+    "band-stream": keys.stream("q-1", 7),
+    "dead-letter": keys.DEAD_LETTER,
+    "audit": keys.AUDIT,
+    "retry-schedule": keys.RETRY_SCHEDULE,
+    "retry-claimed": keys.RETRY_CLAIMED,
+    "task": keys.task("0" * 32),
+    "result": keys.result("0" * 32),
+    "idempotency": keys.idempotency("q-1", keys.idempotency_digest("k")),
+    "worker": keys.worker("host-1:w@1"),
+    "workers": keys.WORKERS,
+    "paused": keys.paused("q-1"),
+    "cancelled": keys.CANCELLED,
+    "recent": keys.RECENT_TASKS,
+    "scheduler-lock": keys.SCHEDULER_LOCK,
+    "events-channel": keys.EVENTS_CHANNEL,
+}
+#: Statuses after which nothing happens to a task on its own.
+TERMINAL = {pb.TASK_STATUS_SUCCEEDED, pb.TASK_STATUS_DEAD_LETTERED,
+            pb.TASK_STATUS_CANCELLED, pb.TASK_STATUS_EXPIRED}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One row of the layout table.
+
+    Attributes:
+        name: family name (a key of FAMILY_EXAMPLES).
+        pattern: the key column as written in the document.
+        regex: compiled full-match regex of the key column.
+        redis_type: Redis TYPE the row promises ("" for the pub/sub channel).
+    """
+
+    name: str
+    pattern: str
+    regex: re.Pattern
+    redis_type: str
+
+
+def _row_regex(pattern: str) -> re.Pattern:
+    out = re.escape(pattern)
+    for placeholder, body in _PLACEHOLDERS.items():
+        out = out.replace(re.escape(placeholder), f"(?:{body})")
+    ident = _WORKER_ID if pattern.startswith(keys.worker("")) else _TASK_ID
+    out = out.replace(re.escape("<id>"), f"(?:{ident})")
+    return re.compile(f"^{out}$")
+
+
+def layout_rows(doc: Path = LAYOUT_DOC) -> list[tuple[str, str]]:
+    """``(key pattern, type column)`` of every row of the table in ``doc``."""
+    rows = []
+    for line in doc.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 4 and cells[0].startswith(f"`{keys.PREFIX}"):
+            rows.append((cells[0].strip("`"), cells[1]))
+    return rows
+
+
+def key_families(doc: Path = LAYOUT_DOC) -> dict[str, Family]:
+    """The table's rows by family name (names from FAMILY_EXAMPLES).
+
+    Raises:
+        AssertionError: a family example matches no row or several rows, or a row is
+            matched by no example (the table and dtq_gateway.keys disagree).
+    """
+    rows = [(p, t, _row_regex(p)) for p, t in layout_rows(doc)]
+    families: dict[str, Family] = {}
+    for name, example in FAMILY_EXAMPLES.items():
+        hits = [(p, t, rx) for p, t, rx in rows if rx.match(example)]
+        assert len(hits) == 1, (f"keys.py builds {example!r} ({name}); it matches "
+                                f"{len(hits)} rows of {doc.name}: {[h[0] for h in hits]}")
+        pattern, type_col, rx = hits[0]
+        redis_type = "" if type_col.startswith("pub/sub") else type_col.split()[0]
+        families[name] = Family(name, pattern, rx, redis_type)
+    unclaimed = {p for p, _, _ in rows} - {f.pattern for f in families.values()}
+    assert not unclaimed, f"rows of {doc.name} no keys.py builder produces: {unclaimed}"
+    return families
+
+
+def classify(key: str, families: dict[str, Family]) -> list[str]:
+    """Names of every family whose regex matches ``key`` (exactly one when valid)."""
+    return [f.name for f in families.values() if f.regex.match(key)]
+
+
+async def now_ms(r: aioredis.Redis) -> int:
+    """Redis TIME in epoch ms (the clock the gateway stamps records with)."""
+    sec, usec = await r.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+async def scan_all(r: aioredis.Redis, match: str = "*") -> list[str]:
+    """Every key matching ``match`` (SCAN, never KEYS)."""
+    return sorted([k.decode() async for k in r.scan_iter(match=match, count=1000)])
+
+
+@dataclass
+class TtlProbe:
+    """Proves that a transition reset a key's TTL: lower it first, check it after.
+
+    The marker TTL is far below the retention, so a PTTL back near the retention
+    can only come from the gateway's EXPIRE in the transition's script.
+
+    Attributes:
+        r: Redis client of the test.
+        retention_ms: the TTL the gateway must set (ms).
+        marker_ms: the TTL the probe sets before the transition (ms).
+        slack_ms: how far below retention_ms a fresh TTL may be (ms).
+    """
+
+    r: aioredis.Redis
+    retention_ms: int
+    marker_ms: int
+    slack_ms: int = 3000
+
+    async def mark(self, key: str) -> None:
+        """Lower the TTL of ``key`` to the marker (the key must exist)."""
+        assert await self.r.pexpire(key, self.marker_ms), f"{key} missing before marking"
+
+    async def assert_fresh(self, key: str, what: str) -> int:
+        """Assert PTTL of ``key`` is within slack of the retention; returns it (ms)."""
+        pttl = await self.r.pttl(key)
+        assert self.retention_ms - self.slack_ms < pttl <= self.retention_ms, (
+            f"{what}: PTTL of {key} is {pttl} ms, expected it reset to the retention "
+            f"{self.retention_ms} ms (marker was {self.marker_ms} ms)")
+        return pttl
+
+    async def assert_kept(self, key: str, what: str) -> int:
+        """Assert the TTL of ``key`` was kept (0 < PTTL <= marker); returns it (ms)."""
+        pttl = await self.r.pttl(key)
+        assert 0 < pttl <= self.marker_ms, (
+            f"{what}: PTTL of {key} is {pttl} ms, expected the earlier TTL kept "
+            f"(<= marker {self.marker_ms} ms, and not -1 = TTL lost)")
+        return pttl
+
+    @contextlib.asynccontextmanager
+    async def refreshed(self, key: str, what: str) -> AsyncIterator[None]:
+        """Mark ``key`` on entry; on exit assert the body's transition reset its TTL."""
+        await self.mark(key)
+        yield
+        await self.assert_fresh(key, what)
+
+
+@dataclass
+class RawWorker:
+    """A worker over the raw stubs: one Lease stream plus a heartbeat loop.
+
+    Attributes:
+        broker: dtq.v1.Broker stub.
+        worker_id: the worker's id.
+        queues: queues it leases from.
+        interval_s: heartbeat period (s).
+        held: leases received and not yet reported, by task id.
+        cancelled: task ids the heartbeat answered as cancelled.
+    """
+
+    broker: object
+    worker_id: str
+    queues: list[str]
+    interval_s: float
+    max_in_flight: int = 500
+    held: dict[str, pb.LeasedTask] = field(default_factory=dict)
+    cancelled: set[str] = field(default_factory=set)
+    lease: LeaseStream | None = None
+    _beat: asyncio.Task | None = None
+
+    async def start(self) -> RawWorker:
+        """Open the Lease stream and start heartbeating."""
+        self.lease = await LeaseStream(self.broker, self.worker_id, self.queues,
+                                       self.max_in_flight).open()
+        self._beat = asyncio.create_task(self._beat_loop())
+        return self
+
+    async def heartbeat(self) -> pb.HeartbeatResponse:
+        """One Heartbeat with every held lease; records cancelled tasks."""
+        by_lease = {t.lease_id: tid for tid, t in self.held.items()}
+        resp = await self.broker.Heartbeat(pb.HeartbeatRequest(
+            worker_id=self.worker_id, lease_ids=list(by_lease), hostname="retention",
+            active_tasks=len(by_lease), concurrency=4,
+            counters=pb.WorkerCounters(tasks_processed=1)))
+        self.cancelled.update(by_lease[lid] for lid in resp.cancelled_lease_ids
+                              if lid in by_lease)
+        return resp
+
+    async def _beat_loop(self) -> None:
+        while True:
+            await self.heartbeat()
+            await asyncio.sleep(self.interval_s)  # the heartbeat cadence, not a sync wait
+
+    async def wait_leased(self, task_ids: set[str], timeout_s: float = 10.0) -> None:
+        """Read the stream until every id in ``task_ids`` is held (others are kept too)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not task_ids <= set(self.held):
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TimeoutError(f"{self.worker_id}: not leased within {timeout_s}s: "
+                                   f"{sorted(task_ids - set(self.held))}")
+            task = await self.lease.next(timeout_s=left)
+            self.held[task.task_id] = task
+
+    async def ack(self, task_id: str, result: bytes = b'{"ok":true}') -> pb.LeaseResult:
+        """Ack a held lease with ``result``; asserts the item succeeded."""
+        task = self.held.pop(task_id)
+        res = (await self.broker.Ack(pb.AckRequest(items=[pb.AckItem(
+            lease_id=task.lease_id, result=result)]))).results[0]
+        assert not res.HasField("error"), f"ack of {task_id}: {res.error}"
+        return res
+
+    async def fail(self, task_ids: list[str], **item_fields) -> list[pb.LeaseResult]:
+        """Fail held leases with the same FailItem fields; asserts every item took."""
+        items = [pb.FailItem(lease_id=self.held.pop(tid).lease_id, error_message="boom",
+                             error_class="RetentionError", **item_fields)
+                 for tid in task_ids]
+        results = []
+        for i in range(0, len(items), 1000):
+            results += (await self.broker.Fail(pb.FailRequest(items=items[i:i + 1000]))).results
+        errors = [r.error for r in results if r.HasField("error")]
+        assert not errors, f"fail items refused: {errors[:3]}"
+        return results
+
+    async def stop(self) -> None:
+        """Stop heartbeating and close the Lease stream."""
+        if self._beat:
+            self._beat.cancel()
+            await asyncio.gather(self._beat, return_exceptions=True)
+        if self.lease:
+            self.lease.close()
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What the table promises, in the units the checks use.
+
+    Attributes:
+        task_ms: task hash TTL, DTQ_TASK_RETENTION_S (ms).
+        result_ms: result TTL, DTQ_RESULT_RETENTION_S (ms).
+        idem_ms: idempotency record TTL, DTQ_IDEM_TTL_S (ms).
+        worker_ms: worker hash TTL, 3 x the heartbeat interval (ms).
+        lock_ms: scheduler lock PX (ms).
+        dlq_maxlen: approximate MAXLEN of the dead-letter stream (entries).
+        audit_maxlen: approximate MAXLEN of the audit stream (entries).
+        recent_max: size of the recent-tasks zset (entries).
+        node_max: stream-node-max-entries of the server: ``MAXLEN ~`` trims whole
+            nodes only, so a trimmed stream may exceed its MAXLEN by this much.
+    """
+
+    task_ms: int
+    result_ms: int
+    idem_ms: int
+    worker_ms: int
+    lock_ms: int
+    dlq_maxlen: int
+    audit_maxlen: int
+    recent_max: int
+    node_max: int
+
+
+async def inventory(r: aioredis.Redis, families: dict[str, Family]) -> dict[str, list[str]]:
+    """SCAN every key, assert each is in exactly one row and has the row's type.
+
+    Returns:
+        Keys by family name.
+    """
+    every = await scan_all(r)
+    outside = [k for k in every if not k.startswith(keys.PREFIX)]
+    assert not outside, f"keys outside the {keys.PREFIX!r} prefix: {outside}"
+    by_family: dict[str, list[str]] = {name: [] for name in families}
+    unknown, ambiguous, mistyped = [], [], []
+    for key in every:
+        names = classify(key, families)
+        if not names:
+            unknown.append(key)
+        elif len(names) > 1:
+            ambiguous.append((key, names))
+        else:
+            by_family[names[0]].append(key)
+            actual = (await r.type(key)).decode()
+            if actual != families[names[0]].redis_type:
+                mistyped.append((key, actual, families[names[0]].redis_type))
+    assert not unknown, f"{len(unknown)} keys match no row of the layout table: {unknown}"
+    assert not ambiguous, f"keys matching several rows of the layout table: {ambiguous}"
+    assert not mistyped, f"keys whose TYPE differs from the table (key, is, table): {mistyped}"
+    return by_family
+
+
+async def ttl_problems(r: aioredis.Redis, names: list[str], low_ms: int,
+                       high_ms: int) -> list[str]:
+    """Keys whose PTTL is outside ``(low_ms, high_ms]`` (-1 = no TTL, -2 = gone)."""
+    problems = []
+    for key in names:
+        pttl = await r.pttl(key)
+        if pttl != -2 and not low_ms < pttl <= high_ms:
+            problems.append(f"{key}: PTTL {pttl} ms not in ({low_ms}, {high_ms}]")
+    return problems
+
+
+async def task_hash_problems(r: aioredis.Redis, names: list[str], task_ms: int,
+                             tolerance_ms: int = 1500) -> list[str]:
+    """Task hashes whose TTL is not ``retention - (now - updated_at_ms)``.
+
+    Every script that writes a task hash stamps ``updated_at_ms`` and sets
+    ``EXPIRE retention`` together, so the remaining TTL must equal the retention
+    minus the age of the last update: a write that forgot the EXPIRE leaves the TTL
+    of an older write and shows up here.
+    """
+    problems = []
+    now = await now_ms(r)
+    for key in names:
+        pttl = await r.pttl(key)
+        updated = await r.hget(key, "updated_at_ms")
+        if pttl == -2:
+            continue
+        if not 0 < pttl <= task_ms or updated is None:
+            problems.append(f"{key}: PTTL {pttl} ms, updated_at_ms {updated}")
+            continue
+        expected = task_ms - (now - int(updated))
+        if abs(pttl - expected) > tolerance_ms:
+            problems.append(f"{key}: PTTL {pttl} ms but last update {now - int(updated)} ms "
+                            f"ago implies {expected} ms: TTL not refreshed by the last write")
+    return problems
+
+
+async def stream_rest_problems(r: aioredis.Redis, streams: list[str]) -> list[str]:
+    """Band streams holding entries, lacking the one ``workers`` group, or with a PEL."""
+    problems = []
+    for key in streams:
+        length = await r.xlen(key)
+        groups = await r.xinfo_groups(key)
+        names = [g["name"].decode() for g in groups]
+        pending = sum(int(g["pending"]) for g in groups)
+        if length or pending or names != [keys.GROUP]:
+            problems.append(f"{key}: XLEN {length}, groups {names}, pending {pending}")
+    return problems
