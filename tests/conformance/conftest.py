@@ -66,9 +66,6 @@ def worker_command(request: pytest.FixtureRequest) -> tuple[str, str]:
     if param == "raw-python":
         script = "examples/raw-python-worker/worker.py"
         return "raw-python", f"exec {shlex.quote(sys.executable)} {script}"
-    spec = importlib.util.find_spec("dtq_pyworker")
-    if spec is None or not hasattr(importlib.import_module("dtq_pyworker"), "Worker"):
-        pytest.skip("dtq_pyworker.Worker is not available yet")
     script = "tests/conformance/workers/pyworker_conf.py"
     return "pyworker", f"exec {shlex.quote(sys.executable)} {script}"
 
