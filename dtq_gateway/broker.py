@@ -7,8 +7,8 @@ Redis consistent. Batches are pipelined: one Redis round trip per batch.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 
 from redis.asyncio import Redis
 

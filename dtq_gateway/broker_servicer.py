@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator
-
-import grpc
+from collections.abc import AsyncIterator
 
 from dtq_gateway import grpc_errors
 from dtq_gateway.broker import Broker, Enqueued
@@ -137,8 +135,8 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
             try:
                 await self.completion.worker_event(session.worker_id, request.hostname,
                                                    "stopped")
-            except Exception:  # noqa: BLE001 - best effort on a closing stream
-                pass
+            except Exception as exc:  # noqa: BLE001 - best effort on a closing stream
+                log.debug("could not record worker stop", extra={"error": repr(exc)})
             log.info("lease session closed", extra={"worker_id": session.worker_id,
                                                      "session_id": session.session_id})
         await grpc_errors.abort(context, Unavailable("gateway is draining; reconnect",

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import signal
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from dtq_gateway import logconf
 from dtq_gateway.settings import SettingsError, load

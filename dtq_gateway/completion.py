@@ -8,8 +8,8 @@ go out as one pipeline, so a batch of acks costs one Redis round trip.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from redis.asyncio import Redis
 

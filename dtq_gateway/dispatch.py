@@ -19,14 +19,14 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from dtq_gateway import keys, observe
+from dtq_gateway import keys, metrics, observe
 from dtq_gateway.groups import Groups
 from dtq_gateway.leaseid import Lease
 from dtq_gateway.scripts import Script
@@ -77,6 +77,7 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._dirty_queues: set[str] = set()
         self._dirty_workers: set[str] = set()
+        self._new_sessions: set[str] = set()
         self._task: asyncio.Task | None = None
         self._rr = itertools.count()
         self._last_error_log = 0.0
@@ -88,15 +89,26 @@ class Dispatcher:
         self._wake.set()
 
     def credit_freed(self, worker_id: str) -> None:
-        """A lease of ``worker_id`` finished; its session may take more."""
-        self._dirty_workers.add(worker_id)
-        self._wake.set()
+        """A lease of ``worker_id`` finished; if its session was full it may take more."""
+        if worker_id in self._full_workers():
+            self._dirty_workers.add(worker_id)
+            self._wake.set()
+
+    def _full_workers(self) -> set[str]:
+        return {s.worker_id for s in self.sessions.values() if s.full}
+
+    @property
+    def wants_free_events(self) -> bool:
+        """True while some session is full (only then do other replicas' acks matter)."""
+        return any(s.full for s in self.sessions.values())
 
     def on_event(self, event: dict) -> None:
         """Listener for the shared events subscriber (other replicas' activity)."""
         etype = event.get("type")
         if etype in WAKE_EVENTS and event.get("queue"):
             self.notify(event["queue"])
+        elif etype == "CONFIGURATION_CHANGED" and event.get("queue"):
+            self.notify(event["queue"])  # a resumed queue leases at once, not at the tick
         if etype in FREE_EVENTS and event.get("worker_id"):
             self.credit_freed(event["worker_id"])
 
@@ -104,13 +116,15 @@ class Dispatcher:
     def register(self, session: Session) -> None:
         """Start feeding a session."""
         self.sessions[session.session_id] = session
-        self._dirty_workers.add(session.worker_id)
+        metrics.LEASE_SESSIONS.set(len(self.sessions))
+        self._new_sessions.add(session.session_id)
         self._wake.set()
 
     async def unregister(self, session: Session) -> None:
         """Stop feeding a session and hand back leases it never delivered."""
         session.closed = True
         self.sessions.pop(session.session_id, None)
+        metrics.LEASE_SESSIONS.set(len(self.sessions))
         undelivered = []
         while not session.out.empty():
             item = session.out.get_nowait()
@@ -142,7 +156,7 @@ class Dispatcher:
             tick = False
             try:
                 await asyncio.wait_for(self._wake.wait(), self.tick_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 tick = True
             self._wake.clear()
             try:
@@ -167,8 +181,8 @@ class Dispatcher:
             log.warning(msg, extra={"error": repr(exc)}, exc_info=exc_info)
 
     def _candidates(self, tick: bool) -> list[Session]:
-        queues, workers = self._dirty_queues, self._dirty_workers
-        self._dirty_queues, self._dirty_workers = set(), set()
+        queues, workers, new = self._dirty_queues, self._dirty_workers, self._new_sessions
+        self._dirty_queues, self._dirty_workers, self._new_sessions = set(), set(), set()
         sessions = list(self.sessions.values())
         if sessions:
             start = next(self._rr) % len(sessions)
@@ -179,7 +193,8 @@ class Dispatcher:
                 continue
             if s.worker_id in workers:
                 s.full = False
-            if tick or s.worker_id in workers or (not s.full and queues.intersection(s.queues)):
+            if (tick or s.worker_id in workers or s.session_id in new
+                    or (not s.full and queues.intersection(s.queues))):
                 picked.append(s)
         return picked
 

@@ -92,7 +92,8 @@ class EmbeddedRedis:
         if self.unix_socket:
             cmd += ["--unixsocket", self.unix_socket, "--unixsocketperm", "700"]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                                     stderr=subprocess.DEVNULL,
+                                     preexec_fn=_die_with_parent)  # noqa: PLW1509 - set at startup, before threads
         client = redis.Redis.from_url(self.url, socket_timeout=1)
         deadline = time.monotonic() + timeout_s
         try:

@@ -67,4 +67,4 @@ async def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> NoRetu
     raise AssertionError("unreachable")  # abort_with_status raises
 
 
-__all__ = ["abort", "item_error", "status_of", "to_dtq_error", "code_pb2"]
+__all__ = ["abort", "code_pb2", "item_error", "status_of", "to_dtq_error"]

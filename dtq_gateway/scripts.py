@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
@@ -55,7 +56,7 @@ class Script:
     def queue(self, pipe: Any, keys_: Sequence[str], args: Sequence[Any]) -> None:
         """Add one call to a pipeline; run it with :func:`execute`."""
         pipe.execute_command("EVALSHA", self.sha, len(keys_), *keys_, *args)
-        pipe._dtq_calls = getattr(pipe, "_dtq_calls", [])  # noqa: SLF001
+        pipe._dtq_calls = getattr(pipe, "_dtq_calls", [])
         pipe._dtq_calls.append((self, keys_, args))
 
 

@@ -18,17 +18,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from dtq_gateway import auth, metrics, observe
-from dtq_gateway.admin_servicer import AdminServicer
+from dtq_gateway import auth, observe
 from dtq_gateway.audit import request_id_of
 from dtq_gateway.broker import Broker
 from dtq_gateway.broker_servicer import BrokerServicer
 from dtq_gateway.completion import Completion, ItemOutcome
 from dtq_gateway.dispatch import Dispatcher
-from dtq_gateway.duty import PeriodicDuty
-from dtq_gateway.events_hub import EventsHub
-from dtq_gateway.events_servicer import EventsServicer
 from dtq_gateway.groups import Groups
+from dtq_gateway.ops import Operations, server_interceptors
 from dtq_gateway.scheduler import Scheduler
 from dtq_gateway.settings import Settings
 from dtq_proto import dtq_pb2, dtq_pb2_grpc
@@ -104,26 +101,6 @@ class HealthProbe:
         await self._set(False)
 
 
-class DutyTask:
-    """Runs a :class:`PeriodicDuty` as a task with the start()/stop() shape of the others."""
-
-    def __init__(self, duty: PeriodicDuty) -> None:
-        self.duty = duty
-        self._task: asyncio.Task | None = None
-
-    def start(self) -> None:
-        """Start the duty's loop."""
-        self._task = asyncio.create_task(self.duty.run())
-
-    async def stop(self) -> None:
-        """Ask the duty to stop and wait (cancel after 2 s)."""
-        self.duty.stop()
-        if self._task:
-            done, _ = await asyncio.wait({self._task}, timeout=2)
-            if not done:
-                self._task.cancel()
-
-
 class Gateway:
     """One gateway replica. ``await start()``, then ``await stop()``."""
 
@@ -133,27 +110,16 @@ class Gateway:
         self.draining = asyncio.Event()
         self.groups = Groups()
         self.server = grpc.aio.server(options=GRPC_OPTIONS,
-                                      interceptors=self._interceptors())
+                                      interceptors=server_interceptors(settings))
         self.completion = Completion(self.redis, settings, on_done=self._on_done)
         self.dispatcher = Dispatcher(self.redis, settings, self.groups, release=self._release)
         self.broker = Broker(self.redis, settings, self.groups, on_queued=self.dispatcher.notify)
         self.health = health.aio.HealthServicer()
         self.probe = HealthProbe(self.redis, self.health, self.draining)
-        self.hub = EventsHub(self.redis)
-        self.hub.add_listener(self.dispatcher.on_event)
+        self.ops = Operations(self.redis, settings)
+        self.ops.hub.add_listener(self.dispatcher.on_event)
         self.scheduler = Scheduler(self.redis, settings)
         self.port = 0
-        self._metrics_http = None
-        self._duties: list = [self.hub, self.scheduler]
-        if settings.metrics_port:
-            self._duties.append(DutyTask(metrics.QueueGaugeCollector(
-                self.redis, settings.heartbeat_interval_ms)))
-
-    def _interceptors(self) -> list:
-        chain: list = [metrics.MetricsInterceptor()]
-        if self.settings.auth_tokens:
-            chain.append(auth.AuthInterceptor(auth.parse_tokens(self.settings.auth_tokens)))
-        return chain
 
     def _on_done(self, worker_id: str, queue: str, outcome: ItemOutcome) -> None:
         self.dispatcher.credit_freed(worker_id)
@@ -171,9 +137,7 @@ class Gateway:
         dtq_pb2_grpc.add_BrokerServicer_to_server(BrokerServicer(
             self.settings, self.broker, self.completion, self.dispatcher, self.draining,
             actor_of=auth.actor_of, request_id_of=request_id_of), self.server)
-        dtq_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.redis, self.settings),
-                                                 self.server)
-        dtq_pb2_grpc.add_EventsServicer_to_server(EventsServicer(self.hub), self.server)
+        self.ops.add_to_server(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -184,7 +148,10 @@ class Gateway:
         if s.tls_cert:
             with open(s.tls_key, "rb") as fk, open(s.tls_cert, "rb") as fc:
                 pair = [(fk.read(), fc.read())]
-            ca = open(s.tls_client_ca, "rb").read() if s.tls_client_ca else None
+            ca = None
+            if s.tls_client_ca:
+                with open(s.tls_client_ca, "rb") as fca:
+                    ca = fca.read()
             creds = grpc.ssl_server_credentials(pair, root_certificates=ca,
                                                 require_client_auth=bool(ca))
             return self.server.add_secure_port(s.listen, creds)
@@ -197,14 +164,11 @@ class Gateway:
         if not self.port:
             raise OSError(f"could not bind {self.settings.listen}")
         await self.probe.check_once()
-        if self.settings.metrics_port:
-            host = self.settings.listen.rpartition(":")[0].strip("[]")
-            self._metrics_http = metrics.start_metrics_server(host, self.settings.metrics_port)
         await self.server.start()
+        self.ops.start()
         self.probe.start()
         self.dispatcher.start()
-        for duty in self._duties:
-            duty.start()
+        self.scheduler.start()
         log.info("listening", extra={"listen": self.settings.listen, "port": self.port,
                                      "gateway_id": self.settings.gateway_id})
 
@@ -213,11 +177,9 @@ class Gateway:
         started = time.monotonic()
         self.draining.set()
         await self.probe.stop()
-        await self.dispatcher.stop()
+        await self.ops.stop()  # Subscribe streams end with UNAVAILABLE
+        await self.dispatcher.stop()  # Lease streams end with UNAVAILABLE
         await self.server.stop(self.settings.shutdown_grace_s)
-        for duty in reversed(self._duties):
-            await duty.stop()
+        await self.scheduler.stop()
         await self.redis.aclose()
-        if self._metrics_http:
-            self._metrics_http[0].shutdown()
         log.info("stopped", extra={"drain_s": round(time.monotonic() - started, 3)})

@@ -13,8 +13,9 @@ import dataclasses
 import os
 import socket
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 
 class SettingsError(ValueError):
@@ -105,7 +106,7 @@ class Settings:
     @property
     def worker_ttl_s(self) -> int:
         """TTL of worker hashes: three heartbeat intervals, at least 1 s."""
-        return max(1, int(round(3 * self.heartbeat_interval_s)))
+        return max(1, round(3 * self.heartbeat_interval_s))
 
 
 _POSITIVE = {

@@ -11,12 +11,21 @@ local max_in_flight, max_count, m = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumb
 local n_streams = #KEYS - m
 local missing = {}
 local pending = 0
+-- XLEN counts queued and pending entries alike (entries are deleted when their lease
+-- ends), so an empty stream needs no further call; at rest most bands are empty.
+local live = {}
 for i = 1, n_streams do
-  local r = redis.pcall('XPENDING', KEYS[m + i], group, '-', '+', max_in_flight, consumer)
-  if type(r) == 'table' and r.err then
-    missing[#missing + 1] = i
-  else
-    pending = pending + #r
+  if redis.call('XLEN', KEYS[m + i]) > 0 then
+    live[#live + 1] = i
+    -- summary form: O(consumers holding entries), not O(entries held)
+    local r = redis.pcall('XPENDING', KEYS[m + i], group)
+    if type(r) == 'table' and r.err then
+      missing[#missing + 1] = i
+    elseif r[4] then
+      for _, c in ipairs(r[4]) do
+        if c[1] == consumer then pending = pending + tonumber(c[2]) end
+      end
+    end
   end
 end
 local reply = {pending, missing}
@@ -28,7 +37,7 @@ for q = 1, m do paused[q] = redis.call('EXISTS', KEYS[q]) == 1 end
 local skip = {}
 for _, i in ipairs(missing) do skip[i] = true end
 
-for i = 1, n_streams do
+for _, i in ipairs(live) do
   local q = ((i - 1) % m) + 1
   if not paused[q] and not skip[i] then
     local r = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', credit,
