@@ -109,27 +109,38 @@ class Proc:
     log_path: Path
 
     def tail(self, lines: int = 20) -> str:
-        """The last lines of the process log."""
+        """The last lines of the process log (JSON records shown as level and message)."""
         try:
             text = self.log_path.read_text(errors="replace")
         except OSError:
             return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return "\n".join(_readable(line) for line in text.splitlines()[-lines:])
 
     def first_line(self) -> str:
-        """The first log line, with a JSON log record reduced to its message."""
+        """The first log line, reduced to its message when it is a JSON record."""
         try:
             with self.log_path.open(errors="replace") as fh:
                 line = fh.readline().strip()
         except OSError:
             return ""
-        try:
-            record = json.loads(line)
-        except ValueError:
-            return line
-        if isinstance(record, dict):
-            return str(record.get("message") or record.get("msg") or line)
+        record = _json_record(line)
+        return str(record.get("message") or record.get("msg") or line) if record else line
+
+
+def _json_record(line: str) -> dict | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _readable(line: str) -> str:
+    record = _json_record(line)
+    if not record:
         return line
+    message = record.get("message") or record.get("msg") or line
+    return f"  {str(record.get('level', '')).upper()} {message}"
 
 
 def _spawn(name: str, cmd: list[str], env: Mapping[str, str], log_dir: Path) -> Proc:
