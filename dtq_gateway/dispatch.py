@@ -97,9 +97,11 @@ class Dispatcher:
     def _full_workers(self) -> set[str]:
         return {s.worker_id for s in self.sessions.values() if s.full}
 
-    @property
-    def wants_free_events(self) -> bool:
-        """True while some session is full (only then do other replicas' acks matter)."""
+    def wants_raw_event(self, raw: bytes) -> bool:
+        """Raw pre-filter for the events hub: wake-up types always, lease-ending types
+        only while some session is full (only then do other replicas' acks matter)."""
+        if b"TASK_QUEUED" in raw or b"TASK_RETRIED\"" in raw or b"CONFIGURATION_CHANGED" in raw:
+            return True
         return any(s.full for s in self.sessions.values())
 
     def on_event(self, event: dict) -> None:

@@ -88,7 +88,10 @@ class EmbeddedRedis:
         cmd = [self.binary, "--dir", str(self.dir), "--appendonly", "yes",
                "--appendfsync", "everysec", "--save", "", "--bind", "127.0.0.1",
                "--port", str(self.port), "--logfile", str(self.dir / "redis.log"),
-               "--daemonize", "no"]
+               "--daemonize", "no",
+               # keep task hashes (payloads up to 1 KiB) in the compact listpack encoding;
+               # see docs/operations.md, "Redis settings"
+               "--hash-max-listpack-value", "1024"]
         if self.unix_socket:
             cmd += ["--unixsocket", self.unix_socket, "--unixsocketperm", "700"]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -117,7 +117,7 @@ class Gateway:
         self.health = health.aio.HealthServicer()
         self.probe = HealthProbe(self.redis, self.health, self.draining)
         self.ops = Operations(self.redis, settings)
-        self.ops.hub.add_listener(self.dispatcher.on_event)
+        self.ops.hub.add_listener(self.dispatcher.on_event, self.dispatcher.wants_raw_event)
         self.scheduler = Scheduler(self.redis, settings)
         self.port = 0
 
