@@ -91,7 +91,7 @@ class EmbeddedRedis:
                "--daemonize", "no",
                # keep task hashes (payloads up to 1 KiB) in the compact listpack encoding;
                # see docs/operations.md, "Redis settings"
-               "--hash-max-listpack-value", "1024"]
+               "--hash-max-ziplist-value", "1024"]  # 6.2 name, an alias in 7.x
         if self.unix_socket:
             cmd += ["--unixsocket", self.unix_socket, "--unixsocketperm", "700"]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
