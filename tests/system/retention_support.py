@@ -15,15 +15,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis.asyncio as aioredis
 
 from dtq_gateway import keys
 from dtq_proto import dtq_pb2 as pb
-from tests.support.leasing import LeaseStream
+from tests.support.leasing import LeaseStream, poll
 
 LAYOUT_DOC = Path(__file__).resolve().parents[2] / "docs" / "redis-layout.md"
 #: Placeholders of the table's key column and the names they stand for.
@@ -131,6 +132,34 @@ async def scan_all(r: aioredis.Redis, match: str = "*") -> list[str]:
     return sorted([k.decode() async for k in r.scan_iter(match=match, count=1000)])
 
 
+async def wait_until(fn: Callable[[], Awaitable[Any]], pred: Callable[[Any], bool],
+                     what: str, timeout_s: float = 10.0) -> Any:
+    """:func:`poll` that fails the test with ``what`` when the deadline passes."""
+    try:
+        return await poll(fn, pred, timeout_s=timeout_s)
+    except TimeoutError as exc:
+        raise AssertionError(f"{what}: {exc}") from None
+
+
+async def orphaned_cancels(r: aioredis.Redis) -> list[str]:
+    """Members of the cancelled set whose task has no stream entry left to absorb.
+
+    A queued task cancelled before a worker saw its entry stays in the set until
+    the lease path acks the entry away; a member without a live entry would stay
+    forever.
+    """
+    orphans = []
+    for raw in await r.smembers(keys.CANCELLED):
+        task_id = raw.decode()
+        queue, band, entry_id = await r.hmget(keys.task(task_id), "queue", "priority",
+                                              "entry_id")
+        live = bool(entry_id) and queue is not None and bool(await r.xrange(
+            keys.stream(queue.decode(), int(band)), entry_id, entry_id))
+        if not live:
+            orphans.append(f"{task_id} (entry_id {entry_id!r})")
+    return orphans
+
+
 @dataclass
 class TtlProbe:
     """Proves that a transition reset a key's TTL: lower it first, check it after.
@@ -157,9 +186,10 @@ class TtlProbe:
     async def assert_fresh(self, key: str, what: str) -> int:
         """Assert PTTL of ``key`` is within slack of the retention; returns it (ms)."""
         pttl = await self.r.pttl(key)
+        marker = f" (marker was {self.marker_ms} ms)" if self.marker_ms else ""
         assert self.retention_ms - self.slack_ms < pttl <= self.retention_ms, (
-            f"{what}: PTTL of {key} is {pttl} ms, expected it reset to the retention "
-            f"{self.retention_ms} ms (marker was {self.marker_ms} ms)")
+            f"{what}: PTTL of {key} is {pttl} ms, expected it (re)set to the retention "
+            f"{self.retention_ms} ms{marker}")
         return pttl
 
     async def assert_kept(self, key: str, what: str) -> int:
@@ -315,7 +345,8 @@ async def inventory(r: aioredis.Redis, families: dict[str, Family]) -> dict[str,
             actual = (await r.type(key)).decode()
             if actual != families[names[0]].redis_type:
                 mistyped.append((key, actual, families[names[0]].redis_type))
-    assert not unknown, f"{len(unknown)} keys match no row of the layout table: {unknown}"
+    assert not unknown, (f"{len(unknown)} keys match no row of the layout table "
+                         f"(first 20): {unknown[:20]}")
     assert not ambiguous, f"keys matching several rows of the layout table: {ambiguous}"
     assert not mistyped, f"keys whose TYPE differs from the table (key, is, table): {mistyped}"
     return by_family

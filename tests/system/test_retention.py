@@ -29,16 +29,15 @@ from dtq_gateway.settings import Settings
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
 from tests.conftest import gateway_settings
-from tests.support.leasing import poll
 from tests.system import retention_support as rs
 from tests.system.retention_support import Bounds, RawWorker, TtlProbe
 
 Q, BULK = "ret", "ret-bulk"
 #: Dead letters and audit entries written in bulk: far above the small MAXLENs.
 BULK_N = 250
-SETTINGS = dict(task_retention_s=600, result_retention_s=300, idem_ttl_s=900,
-                dlq_maxlen=10, audit_maxlen=10, recent_max=5, heartbeat_interval_s=1.0,
-                visibility_timeout_s=10)
+SETTINGS = {"task_retention_s": 600, "result_retention_s": 300, "idem_ttl_s": 900,
+            "dlq_maxlen": 10, "audit_maxlen": 10, "recent_max": 5,
+            "heartbeat_interval_s": 1.0, "visibility_timeout_s": 10}
 #: Idempotency state the record must hold for each terminal task status.
 IDEM_STATE = {b"succeeded": "completed", b"dead_lettered": "failed",
               b"cancelled": "failed", b"expired": "failed"}
@@ -141,6 +140,10 @@ async def _duplicate_and_queued_cancel(e: Env, ids: dict[str, str]) -> None:
         resp = await e.broker.CancelTask(pb.CancelTaskRequest(task_id=cq, reason="ret"))
     assert resp.status == pb.TASK_STATUS_CANCELLED, f"queued cancel answered {resp}"
     assert await e.r.sismember(keys.CANCELLED, cq), "queued cancel not in the cancelled set"
+    assert not await rs.orphaned_cancels(e.r), "cancelled set names a task without entry"
+    audit = await e.r.xrevrange(keys.AUDIT, count=1)
+    assert audit and audit[0][1][b"action"] == b"cancel_task" and \
+        audit[0][1][b"task_id"] == cq.encode(), f"cancel not audited: {audit}"
 
 
 async def _lease_after_resume(e: Env, ids: dict[str, str]) -> None:
@@ -153,9 +156,11 @@ async def _lease_after_resume(e: Env, ids: dict[str, str]) -> None:
     await e.worker.wait_leased({ids[n] for n in active[:-1] + ["delayed"]})
     for name in active[:-1]:
         await e.task_probe.assert_fresh(keys.task(ids[name]), f"lease of {name}")
-    await poll(lambda: e.status(ids["expired_past"]), lambda s: s == b"expired")
+    await rs.wait_until(lambda: e.status(ids["expired_past"]), lambda s: s == b"expired",
+                        "task past expires_at_ms not expired at lease time")
     await e.task_probe.assert_fresh(keys.task(ids["expired_past"]), "expiry at lease time")
-    await poll(lambda: e.r.sismember(keys.CANCELLED, ids["cancel_queued"]), lambda m: not m)
+    await rs.wait_until(lambda: e.r.sismember(keys.CANCELLED, ids["cancel_queued"]),
+                        lambda m: not m, "cancelled entry not absorbed at lease time")
 
 
 async def _finish_leases(e: Env, ids: dict[str, str]) -> None:
@@ -174,7 +179,8 @@ async def _finish_leases(e: Env, ids: dict[str, str]) -> None:
     async with probe.refreshed(keys.task(ca), "cancel of an active task"):
         resp = await e.broker.CancelTask(pb.CancelTaskRequest(task_id=ca))
     assert resp.cancel_requested and resp.status == pb.TASK_STATUS_ACTIVE, f"{resp}"
-    await poll(w.heartbeat, lambda _: ca in w.cancelled, timeout_s=5)
+    await rs.wait_until(w.heartbeat, lambda _: ca in w.cancelled,
+                        "heartbeat never reported the cancellation", timeout_s=5)
     async with probe.refreshed(keys.task(ca), "fail(cancelled)"):
         res = await w.fail([ca], mode=pb.FAIL_MODE_CANCELLED)
     assert res[0].status == pb.TASK_STATUS_CANCELLED, f"cancelled fail answered {res[0]}"
@@ -192,7 +198,8 @@ async def _retry_then_success(e: Env, task_id: str) -> None:
     assert res[0].status == pb.TASK_STATUS_SCHEDULED, f"retry answered {res[0]}"
     await e.task_probe.mark(key)
     assert await e.status(task_id) == b"scheduled", "retry moved before its TTL marker"
-    await poll(lambda: e.status(task_id), lambda s: s == b"queued", timeout_s=5)
+    await rs.wait_until(lambda: e.status(task_id), lambda s: s == b"queued",
+                        "scheduler did not move the due retry", timeout_s=5)
     await e.task_probe.assert_fresh(key, "scheduler move of a due retry")
     await e.task_probe.mark(key)
     await e.admin.ResumeQueue(pb.ResumeQueueRequest(queue=Q))
@@ -226,8 +233,9 @@ async def _workers(e: Env) -> None:
     await e.broker.Heartbeat(pb.HeartbeatRequest(worker_id="w-gone", hostname="h"))
     assert await e.r.sismember(keys.WORKERS, "w-gone"), "heartbeat did not register w-gone"
     await e.r.pexpire(keys.worker("w-gone"), 1)  # as if it had stopped beating 3 s ago
-    await poll(lambda: e.r.sismember(keys.WORKERS, "w-gone"), lambda m: not m,
-               timeout_s=5 * e.settings.heartbeat_interval_s)
+    await rs.wait_until(lambda: e.r.sismember(keys.WORKERS, "w-gone"), lambda m: not m,
+                        "sweep kept a worker whose hash expired",
+                        timeout_s=5 * e.settings.heartbeat_interval_s)
 
 
 async def _bulk(e: Env) -> list[str]:
@@ -268,7 +276,7 @@ async def _wait_terminal(e: Env, task_ids: list[str]) -> None:
     async def open_tasks() -> list[str]:
         tasks = await asyncio.gather(*(e.get(t) for t in task_ids))
         return [t.task_id for t in tasks if t.status not in rs.TERMINAL]
-    await poll(open_tasks, lambda left: not left, timeout_s=10)
+    await rs.wait_until(open_tasks, lambda left: not left, "tasks not terminal")
 
 
 async def _bounds(e: Env) -> Bounds:
@@ -283,6 +291,7 @@ async def _bounds(e: Env) -> Bounds:
 async def _walk(e: Env, bounds: Bounds, all_ids: list[str]) -> None:
     """SCAN every key; each family against its row of the table."""
     inv = await rs.inventory(e.r, rs.key_families())
+    assert not await rs.orphaned_cancels(e.r), "cancelled set names tasks without entry"
     for family in ("events-channel", "retry-claimed", "paused", "retry-schedule", "cancelled"):
         assert not inv[family], f"{family} keys left at rest: {inv[family]}"
     assert len(inv["band-stream"]) >= 2, f"band streams missing: {inv['band-stream']}"
@@ -324,7 +333,8 @@ async def test_mixed_workload_leaves_only_bounded_keys(env: Env):
     await _lease_after_resume(env, ids)
     await _finish_leases(env, ids)
     await _retry_then_success(env, ids["retry"])
-    await poll(lambda: env.status(ids["expired_delayed"]), lambda s: s == b"expired")
+    await rs.wait_until(lambda: env.status(ids["expired_delayed"]), lambda s: s == b"expired",
+                        "task whose ttl_ms ran out during its delay not expired")
     await env.task_probe.assert_fresh(keys.task(ids["expired_delayed"]),
                                       "expiry at the scheduler's move")
     await _check_idempotency_kept(env, ids)
