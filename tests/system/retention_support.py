@@ -1,13 +1,15 @@
 """Helpers of the retention proof (tests/system/test_retention.py).
 
-Three parts:
+Four parts:
 
 * the key table of ``docs/redis-layout.md``, parsed from the document itself and
   turned into one regex per row, so "no key outside the table" is checked against
   the table an operator reads, not against a copy of it (``key_families``);
 * TTL probes: mark a key with a short TTL before a transition, assert after it
   that the gateway set the TTL back to the retention (``TtlProbe``);
-* a worker acting over the raw stubs with a heartbeat loop (``RawWorker``).
+* a worker acting over the raw stubs with a heartbeat loop (``RawWorker``);
+* the walk: every key classified (``inventory``) and checked against its row's
+  bound (``Bounds``, ``task_hash_problems``, ``ttl_problems``, ...).
 """
 
 from __future__ import annotations
