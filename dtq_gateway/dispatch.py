@@ -29,7 +29,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from dtq_gateway import keys, metrics, observe
 from dtq_gateway.groups import Groups
 from dtq_gateway.leaseid import Lease
-from dtq_gateway.scripts import Script
+from dtq_gateway.scripts import EVENT_ID_PREFIX, Script
 from dtq_gateway.settings import Settings
 from dtq_proto import dtq_pb2
 
@@ -39,6 +39,7 @@ LEASE_READ = Script("lease_read")
 ACTIVATE = Script("activate")
 #: Most entries one lease_read returns (bounds script run time).
 BATCH_MAX = 256
+_OWN_EVENT = b'"event_id":"' + EVENT_ID_PREFIX.encode()
 WAKE_EVENTS = frozenset({"TASK_QUEUED", "TASK_RETRIED"})
 FREE_EVENTS = frozenset({"TASK_SUCCEEDED", "TASK_RETRY_SCHEDULED", "TASK_DEAD_LETTERED",
                          "TASK_CANCELLED", "TASK_QUEUED"})
@@ -98,8 +99,11 @@ class Dispatcher:
         return {s.worker_id for s in self.sessions.values() if s.full}
 
     def wants_raw_event(self, raw: bytes) -> bool:
-        """Raw pre-filter for the events hub: wake-up types always, lease-ending types
-        only while some session is full (only then do other replicas' acks matter)."""
+        """Raw pre-filter for the events hub: this process's own events never (it already
+        acted on them), wake-up types always, lease-ending types only while some session
+        is full (only then do other replicas' acks matter)."""
+        if _OWN_EVENT in raw:
+            return False
         if b"TASK_QUEUED" in raw or b"TASK_RETRIED\"" in raw or b"CONFIGURATION_CHANGED" in raw:
             return True
         return any(s.full for s in self.sessions.values())

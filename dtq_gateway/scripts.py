@@ -13,7 +13,8 @@ Convention: ARGV[1] is the events channel and ARGV[2] a fresh event-id prefix;
 from __future__ import annotations
 
 import hashlib
-import uuid
+import itertools
+import os
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
@@ -25,6 +26,16 @@ from redis.exceptions import NoScriptError, ResponseError
 from dtq_gateway import keys
 
 LUA_DIR = Path(__file__).parent / "lua"
+
+#: First 8 hex characters of every event id published by this process; lets the
+#: process recognise (and skip) its own events when they come back over pub/sub.
+EVENT_ID_PREFIX = os.urandom(4).hex()
+_calls = itertools.count()
+
+
+def event_id_prefix() -> str:
+    """A fresh 24-hex-character event-id prefix: process prefix + call counter."""
+    return f"{EVENT_ID_PREFIX}{next(_calls) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
 @cache
@@ -43,7 +54,7 @@ class Script:
     @staticmethod
     def argv(*args: Any) -> list[Any]:
         """ARGV with the events channel and a fresh event-id prefix in front."""
-        return [keys.EVENTS_CHANNEL, uuid.uuid4().hex[:24], *args]
+        return [keys.EVENTS_CHANNEL, event_id_prefix(), *args]
 
     async def __call__(self, client: Redis, keys_: Sequence[str], args: Sequence[Any]) -> Any:
         """Run the script once (EVALSHA, NOSCRIPT → SCRIPT LOAD and retry)."""

@@ -66,7 +66,7 @@ class Settings:
         "Largest max_in_flight granted to one Lease session."))
     scheduler_interval_ms: int = field(default=250, metadata=_meta(
         "Period of the scheduler leader's moves of due tasks (ms)."))
-    redis_max_connections: int = field(default=32, metadata=_meta(
+    redis_max_connections: int = field(default=16, metadata=_meta(
         "Size of the Redis connection pool shared by all RPCs and duties."))
     shutdown_grace_s: float = field(default=10.0, metadata=_meta(
         "On SIGTERM, unary calls get this long to finish (s)."))
