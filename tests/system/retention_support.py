@@ -29,6 +29,7 @@ from dtq_proto import dtq_pb2 as pb
 from tests.support.leasing import LeaseStream, poll
 
 LAYOUT_DOC = Path(__file__).resolve().parents[2] / "docs" / "redis-layout.md"
+DESIGN_DOC = LAYOUT_DOC.with_name("design.md")
 #: Placeholders of the table's key column and the names they stand for.
 _PLACEHOLDERS = {
     "<queue>": keys.QUEUE_RE.pattern.strip("^$"),
@@ -70,12 +71,14 @@ class Family:
         pattern: the key column as written in the document.
         regex: compiled full-match regex of the key column.
         redis_type: Redis TYPE the row promises ("" for the pub/sub channel).
+        fields: field names the row's "holds" column lists (empty when none).
     """
 
     name: str
     pattern: str
     regex: re.Pattern
     redis_type: str
+    fields: frozenset[str] = frozenset()
 
 
 def _row_regex(pattern: str) -> re.Pattern:
@@ -87,14 +90,27 @@ def _row_regex(pattern: str) -> re.Pattern:
     return re.compile(f"^{out}$")
 
 
-def layout_rows(doc: Path = LAYOUT_DOC) -> list[tuple[str, str]]:
-    """``(key pattern, type column)`` of every row of the table in ``doc``."""
+def layout_rows(doc: Path = LAYOUT_DOC) -> list[tuple[str, str, str]]:
+    """``(key pattern, type column, holds column)`` of every row of the table in ``doc``."""
     rows = []
     for line in doc.read_text(encoding="utf-8").splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) >= 4 and cells[0].startswith(f"`{keys.PREFIX}"):
-            rows.append((cells[0].strip("`"), cells[1]))
+            rows.append((cells[0].strip("`"), cells[1], cells[2]))
     return rows
+
+
+def listed_fields(text: str) -> frozenset[str]:
+    """Field names of every backticked comma list in ``text`` ("`{a, b}`" -> {a, b})."""
+    spans = [s for s in re.findall(r"`([^`]*)`", text) if "," in s]
+    return frozenset(f.strip(" {}\n") for span in spans for f in span.split(","))
+
+
+def entry_fields(doc: Path = DESIGN_DOC) -> frozenset[str]:
+    """Fields of a band-stream entry, from the "Stream entry" section of ``doc``."""
+    text = doc.read_text(encoding="utf-8")
+    section = text[text.index("## Stream entry"):]
+    return listed_fields(section[:section.index("`.") + 2])
 
 
 def key_families(doc: Path = LAYOUT_DOC) -> dict[str, Family]:
@@ -104,16 +120,16 @@ def key_families(doc: Path = LAYOUT_DOC) -> dict[str, Family]:
         AssertionError: a family example matches no row or several rows, or a row is
             matched by no example (the table and dtq_gateway.keys disagree).
     """
-    rows = [(p, t, _row_regex(p)) for p, t in layout_rows(doc)]
+    rows = [(p, t, h, _row_regex(p)) for p, t, h in layout_rows(doc)]
     families: dict[str, Family] = {}
     for name, example in FAMILY_EXAMPLES.items():
-        hits = [(p, t, rx) for p, t, rx in rows if rx.match(example)]
+        hits = [row for row in rows if row[3].match(example)]
         assert len(hits) == 1, (f"keys.py builds {example!r} ({name}); it matches "
                                 f"{len(hits)} rows of {doc.name}: {[h[0] for h in hits]}")
-        pattern, type_col, rx = hits[0]
+        pattern, type_col, holds, rx = hits[0]
         redis_type = "" if type_col.startswith("pub/sub") else type_col.split()[0]
-        families[name] = Family(name, pattern, rx, redis_type)
-    unclaimed = {p for p, _, _ in rows} - {f.pattern for f in families.values()}
+        families[name] = Family(name, pattern, rx, redis_type, listed_fields(holds))
+    unclaimed = {row[0] for row in rows} - {f.pattern for f in families.values()}
     assert not unclaimed, f"rows of {doc.name} no keys.py builder produces: {unclaimed}"
     return families
 
@@ -352,6 +368,20 @@ async def inventory(r: aioredis.Redis, families: dict[str, Family]) -> dict[str,
     assert not ambiguous, f"keys matching several rows of the layout table: {ambiguous}"
     assert not mistyped, f"keys whose TYPE differs from the table (key, is, table): {mistyped}"
     return by_family
+
+
+async def field_problems(r: aioredis.Redis, stream: str, expected: frozenset[str],
+                         count: int = 50) -> list[str]:
+    """The newest ``count`` entries of ``stream`` whose field names are not ``expected``."""
+    problems = []
+    for entry_id, entry in await r.xrevrange(stream, count=count):
+        got = {f.decode() for f in entry}
+        if got != expected:
+            problems.append(f"{stream} {entry_id.decode()}: extra {sorted(got - expected)}, "
+                            f"missing {sorted(expected - got)}")
+    if len(problems) > 3:
+        problems[3:] = [f"... and {len(problems) - 3} more entries like these"]
+    return problems
 
 
 async def ttl_problems(r: aioredis.Redis, names: list[str], low_ms: int,

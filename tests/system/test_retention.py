@@ -93,6 +93,10 @@ def test_layout_table_and_key_builders_agree():
         f"docs/redis-layout.md has {len(rows)} key rows, expected one per family "
         f"{sorted(rs.FAMILY_EXAMPLES)}")
     assert families["events-channel"].redis_type == "", "dtq:events must be a channel row"
+    for name in ("dead-letter", "audit", "worker", "idempotency"):
+        assert families[name].fields, f"no field list parsed from the {name} row"
+    assert {"task_id", "attempt", "idempotency_key"} <= rs.entry_fields(), \
+        "stream entry fields not parsed from docs/design.md"
 
 
 async def _enqueue_scenarios(e: Env) -> dict[str, str]:
@@ -115,6 +119,8 @@ async def _enqueue_scenarios(e: Env) -> dict[str, str]:
         await e.task_probe.assert_fresh(keys.task(resp.task_id), f"enqueue of {name}")
         if req.idempotency_key:
             await e.idem_probe.assert_fresh(_idem_key(req), f"idempotency record of {name}")
+    problems = await rs.field_problems(e.r, keys.stream(Q, 5), rs.entry_fields())
+    assert not problems, f"band-stream entries differ from docs/design.md: {problems}"
     await e.task_probe.mark(keys.task(ids["expired_delayed"]))
     assert await e.status(ids["expired_delayed"]) == b"scheduled", \
         "expired_delayed moved before its TTL marker was set (delay too short here)"
@@ -290,7 +296,8 @@ async def _bounds(e: Env) -> Bounds:
 
 async def _walk(e: Env, bounds: Bounds, all_ids: list[str]) -> None:
     """SCAN every key; each family against its row of the table."""
-    inv = await rs.inventory(e.r, rs.key_families())
+    families = rs.key_families()
+    inv = await rs.inventory(e.r, families)
     assert not await rs.orphaned_cancels(e.r), "cancelled set names tasks without entry"
     for family in ("events-channel", "retry-claimed", "paused", "retry-schedule", "cancelled"):
         assert not inv[family], f"{family} keys left at rest: {inv[family]}"
@@ -308,6 +315,22 @@ async def _walk(e: Env, bounds: Bounds, all_ids: list[str]) -> None:
         assert not problems, f"{family} TTLs outside (0, {high}] ms: {problems}"
     await _check_trimmed(e, bounds)
     await _check_records(e, inv)
+    await _check_fields(e, inv, families)
+
+
+async def _check_fields(e: Env, inv: dict[str, list[str]],
+                        families: dict[str, rs.Family]) -> None:
+    """Entries, worker hashes and idempotency records hold the fields the table lists."""
+    dlq = rs.entry_fields() | families["dead-letter"].fields
+    for stream, expected in ((keys.DEAD_LETTER, dlq), (keys.AUDIT, families["audit"].fields)):
+        problems = await rs.field_problems(e.r, stream, expected)
+        assert not problems, f"entries differ from the layout table: {problems}"
+    for key in inv["worker"]:
+        extra = {f.decode() for f in await e.r.hkeys(key)} - families["worker"].fields
+        assert not extra, f"{key} holds fields the layout table does not list: {extra}"
+    for key in inv["idempotency"]:
+        got = set(json.loads(await e.r.get(key)))
+        assert got == families["idempotency"].fields, f"{key} holds JSON fields {got}"
 
 
 async def _check_records(e: Env, inv: dict[str, list[str]]) -> None:
