@@ -197,6 +197,11 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
     the ``method`` label bounded.
     """
 
+    def __init__(self) -> None:
+        # method -> (handler, wrapped handler): the registry hands out the same handler
+        # object per method, so each method is wrapped once, not once per call.
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -206,4 +211,10 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        return wrap_handler(handler, _observed(handler_call_details.method))
+        method = handler_call_details.method
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = wrap_handler(handler, _observed(method))
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
