@@ -30,7 +30,8 @@ from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
 from tests.conftest import gateway_settings
 from tests.system import retention_support as rs
-from tests.system.retention_support import Bounds, RawWorker, TtlProbe
+from tests.system.retention_support import Bounds, TtlProbe
+from tests.system.retention_worker import RawWorker
 
 Q, BULK = "ret", "ret-bulk"
 #: Dead letters and audit entries written in bulk: far above the small MAXLENs.
