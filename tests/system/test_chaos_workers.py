@@ -81,7 +81,7 @@ def stale_calls(target: str, worker_id: str, lease_ids: list[str]) -> tuple[list
 def test_sigstopped_worker_late_ack_and_heartbeat_are_rejected(chaos: ChaosEnv) -> None:
     gw = chaos.gateway()
     client = chaos.client(gw.target)
-    ids = [client.enqueue("chaos", "chaos.sleep", {"sleep_s": 0.6}).task_id for _ in range(4)]
+    ids = [client.enqueue("chaos", "chaos.sleep", {"sleep_s": 1.2}).task_id for _ in range(4)]
     frozen = chaos.worker(gw.target, "w-frozen", concurrency=4, max_in_flight=4)
     wait_until(lambda: len(started_by(chaos, "w-frozen")) == 4, 20, "w-frozen to start 4 tasks")
     frozen.send(signal.SIGSTOP)
