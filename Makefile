@@ -11,7 +11,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,demo]'
+	$(PY) -m pip install -q -e '.[dev,demo,embedded]'
 	touch $(STAMP)
 
 proto: install
@@ -21,6 +21,7 @@ proto-check: install
 	$(PY) scripts/gen_proto.py --check
 	$(VENV)/bin/buf lint
 	$(VENV)/bin/buf format --diff --exit-code
+	$(PY) scripts/gen_config_doc.py --check
 
 lint: proto-check
 	$(VENV)/bin/ruff check dtq_gateway dtq_pyworker tests examples bench

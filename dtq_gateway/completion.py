@@ -178,10 +178,10 @@ class Completion:
     def queue_worker_beat(self, pipe, worker_id: str, hostname: str, event: str,
                           active: int | str = "", concurrency: int | str = "",
                           counters: dtq_pb2.WorkerCounters | None = None) -> None:
-        """Queue a refresh of dtq:worker:<id> (TTL 3x heartbeat) on a pipeline."""
+        """Queue a refresh of dtq:worker:<id> (PEXPIRE 3x heartbeat) on a pipeline."""
         c = counters or dtq_pb2.WorkerCounters()
         WORKER_BEAT.queue(pipe, [keys.worker(worker_id), keys.WORKERS], Script.argv(
-            worker_id, hostname, self.settings.worker_ttl_s, event, active, concurrency,
+            worker_id, hostname, self.settings.worker_ttl_ms, event, active, concurrency,
             c.tasks_processed, c.tasks_failed, c.tasks_retried, "1" if counters else "0"))
 
     async def worker_event(self, worker_id: str, hostname: str, event: str,

@@ -104,9 +104,9 @@ class Settings:
         return int(self.heartbeat_interval_s * 1000)
 
     @property
-    def worker_ttl_s(self) -> int:
-        """TTL of worker hashes: three heartbeat intervals, at least 1 s."""
-        return max(1, round(3 * self.heartbeat_interval_s))
+    def worker_ttl_ms(self) -> int:
+        """TTL of worker hashes: three heartbeat intervals (ms)."""
+        return 3 * self.heartbeat_interval_ms
 
 
 _POSITIVE = {

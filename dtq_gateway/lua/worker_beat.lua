@@ -1,6 +1,6 @@
 -- worker_beat: refresh a worker's liveness record; optionally mark start/stop.
 -- KEYS[1] worker hash dtq:worker:<id>  [2] known workers set dtq:workers
--- ARGV[3] worker id  [4] hostname  [5] TTL s (3 x heartbeat interval)
+-- ARGV[3] worker id  [4] hostname  [5] TTL ms (3 x heartbeat interval)
 -- ARGV[6] event: '' | 'started' | 'stopped'  [7] active tasks  [8] concurrency
 -- ARGV[9] tasks_processed  [10] tasks_failed  [11] tasks_retried  [12] '1' = counters given
 -- Reply: now (epoch ms)
@@ -17,7 +17,7 @@ if ARGV[12] == '1' then
   redis.call('HSET', key, 'tasks_processed', ARGV[9], 'tasks_failed', ARGV[10],
     'tasks_retried', ARGV[11])
 end
-redis.call('EXPIRE', key, tonumber(ARGV[5]))
+redis.call('PEXPIRE', key, tonumber(ARGV[5]))
 redis.call('SADD', KEYS[2], worker)
 if ARGV[6] == 'started' then
   publish('WORKER_STARTED', now, '', '', '', 0, worker, nil)

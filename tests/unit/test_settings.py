@@ -13,7 +13,7 @@ def test_defaults_match_the_seed():
     assert s.task_retention_s == 7 * 86400 and s.result_retention_s == 3600
     assert s.result_max_bytes == 8192 and s.idem_ttl_s == 86400 and s.dlq_maxlen == 10000
     assert s.listen == "127.0.0.1:50051" and s.metrics_port == 9464
-    assert s.worker_ttl_s == 30
+    assert s.worker_ttl_ms == 30_000
 
 
 def test_flag_wins_over_env():
