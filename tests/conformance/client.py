@@ -22,11 +22,29 @@ def status_name(status: int) -> str:
     return TaskStatus.Name(status)
 
 
-class ConformanceClient:
-    """Enqueue tasks and watch their records through Broker and Admin."""
+class _BearerToken(grpc.UnaryUnaryClientInterceptor):
+    """Adds ``authorization: Bearer <token>`` to every unary call."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, token: str) -> None:
+        self.entry = ("authorization", f"Bearer {token}")
+
+    def intercept_unary_unary(self, continuation, details, request):
+        metadata = [*(details.metadata or []), self.entry]
+        return continuation(details._replace(metadata=metadata), request)
+
+
+class ConformanceClient:
+    """Enqueue tasks and watch their records through Broker and Admin.
+
+    Args:
+        address: gateway host:port.
+        token: bearer token sent with every call ("" = none).
+    """
+
+    def __init__(self, address: str, token: str = "") -> None:
         self.channel = grpc.insecure_channel(address)
+        if token:
+            self.channel = grpc.intercept_channel(self.channel, _BearerToken(token))
         self.broker = dtq_pb2_grpc.BrokerStub(self.channel)
         self.admin = dtq_pb2_grpc.AdminStub(self.channel)
 

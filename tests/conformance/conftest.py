@@ -28,6 +28,16 @@ VISIBILITY_TIMEOUT_S = 2.0
 HEARTBEAT_INTERVAL_S = 0.5
 WARM_UP_TIMEOUT_S = 30.0
 NODE_WORKER = REPO_ROOT / "examples" / "node-worker"
+#: Tokens of gateways started for tests marked ``gateway_auth``.
+ADMIN_TOKEN = "conf-admin-token"
+WORKER_TOKEN = "conf-worker-token"
+AUTH_TOKENS = f"{ADMIN_TOKEN}=admin:conf-admin,{WORKER_TOKEN}=worker:conf-worker"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the suite's marker."""
+    config.addinivalue_line("markers", "gateway_auth: the gateway requires bearer tokens "
+                            "(DTQ_AUTH_TOKENS); workers get DTQ_TOKEN")
 
 
 def _worker_params() -> list[object]:
@@ -84,9 +94,11 @@ def gateway(conformance_redis: RedisServer, tmp_path: Path,
     """A fresh gateway on its own port: visibility timeout 2 s, heartbeat interval 0.5 s."""
     if importlib.util.find_spec("dtq_gateway.__main__") is None:
         pytest.skip("the gateway is not built yet (dtq_gateway/__main__.py missing)")
+    auth = request.node.get_closest_marker("gateway_auth") is not None
     gw = Gateway(conformance_redis.url, free_port(), tmp_path,
                  visibility_timeout_s=VISIBILITY_TIMEOUT_S,
-                 heartbeat_interval_s=HEARTBEAT_INTERVAL_S).start()
+                 heartbeat_interval_s=HEARTBEAT_INTERVAL_S,
+                 extra_args=["--auth-tokens", AUTH_TOKENS] if auth else None).start()
     yield gw
     gw.stop()
     if _failed(request):
@@ -95,8 +107,8 @@ def gateway(conformance_redis: RedisServer, tmp_path: Path,
 
 @pytest.fixture
 def client(gateway: Gateway) -> Iterator[ConformanceClient]:
-    """Producer/observer client connected to the gateway."""
-    c = ConformanceClient(gateway.address)
+    """Producer/observer client connected to the gateway (admin token when auth is on)."""
+    c = ConformanceClient(gateway.address, ADMIN_TOKEN if gateway.extra_args else "")
     yield c
     c.close()
 
@@ -118,19 +130,25 @@ def start_worker(worker_command: tuple[str, str], gateway: Gateway, client: Conf
 
     Keyword args: concurrency (default 2), max_in_flight (default 2 * concurrency),
     drain_grace_ms (default 10000), warm_up (default True: enqueue one conf.echo
-    and wait for it, which proves the worker is connected).
+    and wait for it, which proves the worker is connected), token (DTQ_TOKEN;
+    default the worker token when the gateway requires auth, else none).
     """
     impl, command = worker_command
     started: list[Worker] = []
 
     def start(*, concurrency: int = 2, max_in_flight: int | None = None,
-              drain_grace_ms: int = 10000, warm_up: bool = True) -> Worker:
+              drain_grace_ms: int = 10000, warm_up: bool = True,
+              token: str | None = None) -> Worker:
         env = {
             "DTQ_GATEWAY": gateway.address, "DTQ_QUEUE": queue, "DTQ_QUEUES": queue,
             "DTQ_CONCURRENCY": str(concurrency),
             "DTQ_MAX_IN_FLIGHT": str(max_in_flight or 2 * concurrency),
             "DTQ_DRAIN_GRACE_MS": str(drain_grace_ms), "DTQ_LOG_LEVEL": "info",
         }
+        if token is None and gateway.extra_args:
+            token = WORKER_TOKEN
+        if token:
+            env["DTQ_TOKEN"] = token
         worker_id = f"conf-{impl}-{uuid.uuid4().hex[:8]}"
         worker = Worker(command, worker_id, tmp_path, env).start()
         started.append(worker)

@@ -87,8 +87,10 @@ class Gateway(Process):
     """The dtq gateway under test, on a fixed port so it can be restarted in place."""
 
     def __init__(self, redis_url: str, port: int, log_dir: Path, *,
-                 visibility_timeout_s: float, heartbeat_interval_s: float) -> None:
+                 visibility_timeout_s: float, heartbeat_interval_s: float,
+                 extra_args: list[str] | None = None) -> None:
         super().__init__(f"gateway-{port}", log_dir)
+        self.extra_args = list(extra_args or [])
         self.redis_url = redis_url
         self.port = port
         self.visibility_timeout_s = visibility_timeout_s
@@ -106,14 +108,14 @@ class Gateway(Process):
         args = [*base, "--redis-url", self.redis_url,
                 "--listen", self.address, "--metrics-port", "0",
                 "--visibility-timeout-s", str(self.visibility_timeout_s),
-                "--heartbeat-interval-s", str(self.heartbeat_interval_s)]
+                "--heartbeat-interval-s", str(self.heartbeat_interval_s), *self.extra_args]
         env = {k: v for k, v in os.environ.items() if not k.startswith("DTQ_")}
         self.spawn(args, env, shell=False)
         self.wait_ready(timeout_s)
         return self
 
     def wait_ready(self, timeout_s: float) -> None:
-        """Poll GetTask for an unknown id until it answers NOT_FOUND (Broker and Redis up)."""
+        """Poll GetTask for an unknown id until the gateway answers it (Broker and Redis up)."""
         deadline = time.monotonic() + timeout_s
         probe = dtq_pb2.GetTaskRequest(task_id=uuid.uuid4().hex)
         with grpc.insecure_channel(self.address) as channel:
@@ -124,7 +126,10 @@ class Gateway(Process):
                 try:
                     stub.GetTask(probe, timeout=2)
                 except grpc.RpcError as exc:
-                    if exc.code() == grpc.StatusCode.NOT_FOUND:
+                    # NOT_FOUND: Broker and Redis answer; UNAUTHENTICATED: the same
+                    # behind the auth check of a gateway that requires tokens.
+                    if exc.code() in (grpc.StatusCode.NOT_FOUND,
+                                      grpc.StatusCode.UNAUTHENTICATED):
                         return
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"gateway not ready after {timeout_s}s\n{self.output()}")

@@ -180,3 +180,22 @@ def test_sigterm_drains_without_losing_or_double_running_tasks(
         assert outcomes.count("succeeded") == 1, describe(task)
         assert not {"failed", "lease_expired", "cancelled"} & set(outcomes), describe(task)
 
+
+
+@pytest.mark.gateway_auth
+def test_worker_sends_its_bearer_token(
+        start_worker: StartWorker, client: ConformanceClient, queue: str) -> None:
+    worker = start_worker()  # warm-up: a task was leased and acked with DTQ_TOKEN
+    task_id = client.enqueue(queue, "conf.echo", {"auth": True})
+    task = client.wait_terminal(task_id, 10)
+    assert task.status == S.TASK_STATUS_SUCCEEDED, describe(task)
+    assert task.worker_id == worker.worker_id
+
+
+@pytest.mark.gateway_auth
+def test_worker_stops_when_its_token_is_refused(start_worker: StartWorker) -> None:
+    worker = start_worker(token="not-a-known-token", warm_up=False)
+    # UNAUTHENTICATED is not transient: the worker must stop and report, not retry.
+    code = worker.wait(15)
+    assert code is not None, "worker kept running after UNAUTHENTICATED\n" + worker.output()
+    assert code != 0, "a refused worker must exit with a non-zero status"

@@ -2,7 +2,7 @@
 
 Configured like any conformance worker through the environment: DTQ_GATEWAY,
 DTQ_QUEUES (or DTQ_QUEUE), DTQ_WORKER_ID, DTQ_CONCURRENCY, DTQ_MAX_IN_FLIGHT,
-DTQ_DRAIN_GRACE_MS, DTQ_LOG_LEVEL. Prints a one-line JSON summary on exit.
+DTQ_DRAIN_GRACE_MS, DTQ_TOKEN, DTQ_LOG_LEVEL. Prints a one-line JSON summary on exit.
 
 Run: python tests/conformance/workers/pyworker_conf.py
 """
@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from dtq_pyworker import PermanentError, TaskContext, Worker
+from dtq_pyworker import DtqRpcError, PermanentError, TaskContext, Worker
 
 
 class ConfFailure(RuntimeError):
@@ -76,10 +76,15 @@ def main() -> int:
                         format="%(asctime)s %(levelname)s %(name)s %(message)s",
                         stream=sys.stderr)
     worker = build_worker()
-    worker.run()
-    print(json.dumps({"worker": "python", "worker_id": worker.worker_id, **worker.stats}),
-          flush=True)
-    return 0
+    code = 0
+    try:
+        worker.run()
+    except DtqRpcError as exc:  # refused for good (auth, bad request): stop and report
+        logging.getLogger("pyworker_conf").error("gateway refused the worker: %s", exc)
+        code = 3
+    print(json.dumps({"worker": "python", "worker_id": worker.worker_id, **worker.stats,
+                      "exit_code": code}), flush=True)
+    return code
 
 
 if __name__ == "__main__":
