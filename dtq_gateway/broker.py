@@ -55,7 +55,7 @@ class Broker:
                  keys.RETRY_SCHEDULE, keys.RECENT_TASKS, *keys.queue_streams_desc(task.queue)]
         if task.idem_key:
             keys_.append(keys.idempotency(task.queue, task.idem_digest))
-        args = Script.argv(
+        args = Script.argv_notified(
             task.task_id, task.queue, task.task_type, task.payload, task.content_type,
             task.priority, task.max_attempts, task.timeout_ms, task.idem_key, task.idem_digest,
             task.metadata_json, task.backoff_base_ms, task.backoff_cap_ms, task.delay_ms,

@@ -87,7 +87,7 @@ class Completion:
             result = it.result[: s.result_max_bytes]
             ACK.queue(pipe, [le.stream, keys.task(le.task_id), keys.result(le.task_id),
                              _idem_key(le)],
-                      Script.argv(keys.GROUP, le.entry_id, le.attempt, le.worker_id, le.task_id,
+                      Script.argv_notified(keys.GROUP, le.entry_id, le.attempt, le.worker_id, le.task_id,
                                   result, "1" if len(it.result) > len(result) else "0",
                                   s.result_retention_s, s.task_retention_s,
                                   "1" if le.idem_digest else "0"))
@@ -108,7 +108,7 @@ class Completion:
             retryable = it.retryable if it.HasField("retryable") else True
             FAIL.queue(pipe, [le.stream, keys.task(le.task_id), keys.DEAD_LETTER,
                               keys.RETRY_SCHEDULE, _idem_key(le)],
-                       Script.argv(keys.GROUP, le.entry_id, le.attempt, le.worker_id, le.task_id,
+                       Script.argv_notified(keys.GROUP, le.entry_id, le.attempt, le.worker_id, le.task_id,
                                    _MODES.get(it.mode, "failure"), "1" if retryable else "0",
                                    min(it.retry_after_ms, 86_400_000), random.random(),
                                    it.error_message[:4096], it.error_class[:128],

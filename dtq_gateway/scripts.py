@@ -27,15 +27,17 @@ from dtq_gateway import keys
 
 LUA_DIR = Path(__file__).parent / "lua"
 
-#: First 8 hex characters of every event id published by this process; lets the
-#: process recognise (and skip) its own events when they come back over pub/sub.
+#: First 8 hex characters of the event ids of calls whose wake-up this process's
+#: lease dispatcher already got directly (enqueue, ack/fail): it skips those events
+#: when they come back over pub/sub. Every other call uses OTHER_EVENT_ID_PREFIX.
 EVENT_ID_PREFIX = os.urandom(4).hex()
+OTHER_EVENT_ID_PREFIX = os.urandom(4).hex()
 _calls = itertools.count()
 
 
-def event_id_prefix() -> str:
+def event_id_prefix(process_prefix: str = OTHER_EVENT_ID_PREFIX) -> str:
     """A fresh 24-hex-character event-id prefix: process prefix + call counter."""
-    return f"{EVENT_ID_PREFIX}{next(_calls) & 0xFFFFFFFFFFFFFFFF:016x}"
+    return f"{process_prefix}{next(_calls) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
 @cache
@@ -55,6 +57,12 @@ class Script:
     def argv(*args: Any) -> list[Any]:
         """ARGV with the events channel and a fresh event-id prefix in front."""
         return [keys.EVENTS_CHANNEL, event_id_prefix(), *args]
+
+    @staticmethod
+    def argv_notified(*args: Any) -> list[Any]:
+        """Like :meth:`argv`, for calls whose caller wakes the local dispatcher itself:
+        their events carry EVENT_ID_PREFIX, which the dispatcher skips."""
+        return [keys.EVENTS_CHANNEL, event_id_prefix(EVENT_ID_PREFIX), *args]
 
     async def __call__(self, client: Redis, keys_: Sequence[str], args: Sequence[Any]) -> Any:
         """Run the script once (EVALSHA, NOSCRIPT → SCRIPT LOAD and retry)."""
