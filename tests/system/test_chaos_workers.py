@@ -79,19 +79,27 @@ def stale_calls(target: str, worker_id: str, lease_ids: list[str]) -> tuple[list
 
 
 def test_sigstopped_worker_late_ack_and_heartbeat_are_rejected(chaos: ChaosEnv) -> None:
-    gw = chaos.gateway()
-    client = chaos.client(gw.target)
-    ids = [client.enqueue("chaos", "chaos.sleep", {"sleep_s": 1.2}).task_id for _ in range(4)]
-    frozen = chaos.worker(gw.target, "w-frozen", concurrency=4, max_in_flight=4)
+    # The frozen worker sits on the scheduler leader (whose reaper reclaims), the new
+    # owner on a second gateway, which the reclaim's TASK_RETRIED wakes at once. On
+    # one gateway the stopped worker's open Lease stream would take the re-leased
+    # attempts back (test_stalled_worker_gets_no_new_leases); spare attempts cover
+    # the rare round it still wins.
+    leader = chaos.gateway("chaos-gw-a")
+    wait_until(lambda: chaos.rds.get(keys.SCHEDULER_LOCK), 15, "a scheduler leader")
+    other = chaos.gateway("chaos-gw-b")
+    client = chaos.client(leader.target)
+    ids = [client.enqueue("chaos", "chaos.sleep", {"sleep_s": 1.2}, max_attempts=20).task_id
+           for _ in range(4)]
+    frozen = chaos.worker(leader.target, "w-frozen", concurrency=4, max_in_flight=4)
     wait_until(lambda: len(started_by(chaos, "w-frozen")) == 4, 20, "w-frozen to start 4 tasks")
     frozen.send(signal.SIGSTOP)
-    rescue = chaos.worker(gw.target, "w-rescue", concurrency=4)
+    rescue = chaos.worker(other.target, "w-rescue", concurrency=4)
     # The pause lasts until every task was re-leased to and acked by the new owner.
-    wait_until(lambda: all(client.get_task(t).status == SUCCEEDED for t in ids), 20,
+    wait_until(lambda: all(client.get_task(t).status == SUCCEEDED for t in ids), 30,
                f"w-rescue to finish the frozen worker's tasks\n{chaos.logs()}")
     stale = [started_by(chaos, "w-frozen")[t]["lease_id"] for t in ids]
 
-    acks, lost = stale_calls(gw.target, "w-frozen", stale)
+    acks, lost = stale_calls(leader.target, "w-frozen", stale)
 
     assert acks == [(grpc.StatusCode.FAILED_PRECONDITION, "STALE_LEASE")] * 4
     assert sorted(lost) == sorted(stale)
@@ -108,9 +116,32 @@ def test_sigstopped_worker_late_ack_and_heartbeat_are_rejected(chaos: ChaosEnv) 
     assert any(s in told for s in ("lease no longer current", "lease lost", "heartbeat stopped"))
     tasks = check_invariant(chaos, client, [*ids, marker])
     for tid in ids:
-        assert (tasks[tid].worker_id, tasks[tid].attempt) == ("w-rescue", 2)
-        assert tasks[tid].attempts[0].outcome == "lease_expired"
+        task = tasks[tid]
+        assert task.worker_id == "w-rescue" and task.attempt >= 2, task
+        assert [(a.worker_id, a.outcome) for a in task.attempts[:-1]] == [
+            ("w-frozen", "lease_expired")] * (task.attempt - 1)
         assert chaos.events.count("TASK_SUCCEEDED", tid) == 1
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "gateway bug (reported): a Lease session whose worker stopped heartbeating and was "
+    "marked WORKER_STALE still receives new leases, which expire unread and burn attempts"))
+def test_stalled_worker_gets_no_new_leases(chaos: ChaosEnv) -> None:
+    gw = chaos.gateway()
+    client = chaos.client(gw.target)
+    frozen = chaos.worker(gw.target, "w-frozen", concurrency=1, max_in_flight=4)
+    first = client.enqueue("chaos", "chaos.sleep", {"sleep_s": 0}).task_id
+    wait_until(lambda: client.get_task(first).status == SUCCEEDED, 20, "the session to work")
+    frozen.send(signal.SIGSTOP)
+    wait_until(lambda: any(e["type"] == "WORKER_STALE" and e["worker_id"] == "w-frozen"
+                           for e in chaos.events.snapshot()), 10, "WORKER_STALE for w-frozen")
+
+    task_id = client.enqueue("chaos", "chaos.sleep", {"sleep_s": 0}).task_id
+    chaos.worker(gw.target, "w-rescue", concurrency=1)
+
+    task = check_invariant(chaos, client, [first, task_id])[task_id]
+    assert (task.status, task.worker_id) == (SUCCEEDED, "w-rescue")
+    assert [a.outcome for a in task.attempts] == ["succeeded"], "no attempt lost to w-frozen"
 
 
 class Supervisor:
