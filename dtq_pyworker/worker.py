@@ -206,7 +206,7 @@ class Worker:
     async def _serve(self, stub: Any) -> None:
         reporter = ResultReporter(stub, flush_ms=self.ack_flush_ms, on_done=self._on_result,
                                   rpc_timeout_s=self.rpc_timeout_s,
-                                  flush_early=self._flush_early)
+                                  flush_early=self._flush_early, idle=self._idle)
         runtime = Runtime(self.handlers, self.concurrency, self._executor, reporter,
                           self.worker_id, self._count)
         self._runtime = runtime
@@ -235,13 +235,17 @@ class Worker:
 
     def _flush_early(self, queued: int) -> bool:
         """Send results now when waiting would starve the lease credit: the
-        gateway sends no new task while results hold half of max_in_flight, and
-        with nothing left running no further result can join the batch."""
+        gateway sends no new task while results hold half of max_in_flight."""
         runtime = self._runtime
         credit = self.max_in_flight
         if self.session is not None and self.session.max_in_flight:
             credit = min(credit, self.session.max_in_flight)
-        return runtime is None or not runtime.running or queued * 2 >= credit
+        return runtime is None or queued * 2 >= credit
+
+    def _idle(self) -> bool:
+        """Nothing is running or buffered: results wait only the short idle window."""
+        runtime = self._runtime
+        return runtime is None or not (runtime.running or runtime.buffer)
 
     async def _drain(self, runtime: Runtime) -> None:
         """Release buffered leases, let running handlers finish within the grace
