@@ -15,19 +15,33 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 PAYLOAD_BYTES = 100
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+#: CONFIG SET on the bench's private redis-server (docs/operations.md, "Redis settings").
+#: hash-max-ziplist-value is the 6.2 name; 7.x takes it as an alias of the listpack one.
+RECOMMENDED_REDIS_CONFIG = {"hash-max-ziplist-value": "1024", "maxmemory-policy": "noeviction"}
 
 
 def private_redis() -> Any:
-    """Start a private redis-server (AOF off, own port and directory).
+    """Start a private redis-server (AOF off, own port and directory), configured like
+    the production Redis docs/operations.md recommends: ``hash-max-listpack-value 1024``
+    (task records holding a ~100-byte payload keep the compact hash encoding) and
+    ``maxmemory-policy noeviction``. Every system in the run uses this server.
 
     Returns:
         A started ``tests.support.redis_server.RedisServer``; call ``cleanup()``.
     """
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
+    import redis
     from tests.support.redis_server import RedisServer
 
-    return RedisServer(appendonly=False).start()
+    server = RedisServer(appendonly=False).start()
+    client = redis.Redis.from_url(server.url)
+    try:
+        for name, value in RECOMMENDED_REDIS_CONFIG.items():
+            client.config_set(name, value)
+    finally:
+        client.close()
+    return server
 
 
 def redis_db_url(base_url: str, db: int) -> str:
