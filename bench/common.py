@@ -32,6 +32,7 @@ def private_redis() -> Any:
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
     import redis
+
     from tests.support.redis_server import RedisServer
 
     server = RedisServer(appendonly=False).start()
