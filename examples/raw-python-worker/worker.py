@@ -32,6 +32,7 @@ log = logging.getLogger("raw-worker")
 C = grpc.StatusCode
 FATAL = {C.UNAUTHENTICATED, C.PERMISSION_DENIED, C.INVALID_ARGUMENT}
 STALE = {C.FAILED_PRECONDITION, C.NOT_FOUND}
+SETTLE_S = 0.3
 
 
 class Stopped(Exception):
@@ -104,6 +105,7 @@ class RawWorker:
         self.ready: queue.Queue[Lease | None] = queue.Queue()
         self.heartbeat_s = 10.0
         self.draining = threading.Event()
+        self.stream_closed = threading.Event()
         self.stopped = threading.Event()
         self.stream: grpc.Future | None = None
         self.exit_code = 0
@@ -145,10 +147,9 @@ class RawWorker:
         lease = Lease(task)
         with self.lock:
             self.held[task.lease_id] = lease
-        if self.draining.is_set():
-            self.report_release(lease)
-        else:
+        if not self.draining.is_set():
             self.ready.put(lease)
+        # While draining, the lease stays held and buffered: released once the stream is closed.
 
     # -- Running -------------------------------------------------------------------
     def slot_loop(self) -> None:
@@ -157,8 +158,8 @@ class RawWorker:
             lease = self.ready.get()
             if lease is None:
                 return
-            if not self.take(lease, "running"):  # already stopped while buffered
-                continue
+            if self.draining.is_set() or not self.take(lease, "running"):
+                continue  # draining (the drain releases it) or already stopped
             timer = threading.Timer(lease.task.timeout_ms / 1000 or 86400, lease.halt,
                                     ("timeout",))
             timer.start()
@@ -224,6 +225,8 @@ class RawWorker:
     def report(self, lease: Lease, call, request, stat: str) -> None:
         """Send a single-item Ack/Fail; resend transient errors until answered or lost."""
         delay = 0.1
+        if self.draining.is_set():  # hold reports back until the stream is closed
+            self.stream_closed.wait(5)
         while lease.reason != "lost":
             try:
                 call(request, metadata=self.metadata, timeout=10)
@@ -253,8 +256,9 @@ class RawWorker:
             with self.lock:
                 ids = list(self.held)
                 leases = dict(self.held)
+            running = sum(lease.phase == "running" for lease in leases.values())
             request = pb.HeartbeatRequest(worker_id=self.worker_id, lease_ids=ids,
-                                          concurrency=self.concurrency)
+                                          active_tasks=running, concurrency=self.concurrency)
             try:
                 reply = self.stub.Heartbeat(request, metadata=self.metadata,
                                             timeout=max(1.0, self.heartbeat_s))
@@ -278,8 +282,15 @@ class RawWorker:
         if self.draining.is_set():
             return
         self.draining.set()
+        threading.Thread(target=self.drain_steps, daemon=True).start()
+
+    def drain_steps(self) -> None:
+        # Settle: keep reading the stream with reports held back (credit stays used),
+        # so tasks already in transit arrive instead of being lost with the stream.
+        time.sleep(SETTLE_S)
         if self.stream is not None:
             self.stream.cancel()
+        self.stream_closed.set()
         with self.lock:
             leases = list(self.held.values())
         for lease in leases:
@@ -306,6 +317,8 @@ class RawWorker:
         lease_thread.start()
         while not self.draining.wait(0.2):
             pass
+        if self.exit_code == 0:
+            self.stream_closed.wait(SETTLE_S + 5)
         deadline = time.monotonic() + self.grace_s + 15
         while self.exit_code == 0 and time.monotonic() < deadline:
             with self.lock:

@@ -102,6 +102,11 @@ class ConformanceClient:
         return self.broker.CancelTask(dtq_pb2.CancelTaskRequest(task_id=task_id,
                                                                 reason="conformance"), timeout=10)
 
+    def worker_info(self, worker_id: str) -> dtq_pb2.WorkerInfo | None:
+        """The worker's record from its last heartbeat (ListWorkers), or None."""
+        workers = self.admin.ListWorkers(dtq_pb2.ListWorkersRequest(), timeout=10).workers
+        return next((w for w in workers if w.worker_id == worker_id), None)
+
     def dead_letters(self, queue: str) -> list[dtq_pb2.DeadLetter]:
         """Dead-letter entries of a queue (first page of 500)."""
         request = dtq_pb2.ListDeadLettersRequest(queue=queue, page_size=500)

@@ -40,6 +40,7 @@ class Worker {
     this.stats = { processed: 0, failed: 0, retried: 0, released: 0, cancelled: 0, lost: 0,
       timeouts: 0, stale: 0, by_type: {} };
     this.exitCode = 0;
+    this.settling = false;
     this.reporter = new Reporter(broker, metadata,
       { flushMs: config.ackFlushMs, onFatal: (err) => this.fatal(err) });
     this.session = new LeaseSession({ config, broker, metadata }, {
@@ -67,12 +68,12 @@ class Worker {
   onTask(task) {
     const lease = { task, id: task.lease_id, phase: 'buffered', controller: null };
     this.held.set(lease.id, lease);
-    if (this.state !== 'running') {
-      this.release(lease, 'worker draining');
+    if (this.state === 'running' || this.settling) {
+      this.buffer.push(lease); // while settling: held, released once the stream is closed
+      this.pump();
       return;
     }
-    this.buffer.push(lease);
-    this.pump();
+    this.release(lease, 'worker draining');
   }
 
   pump() {
@@ -264,8 +265,10 @@ class Worker {
     }
     this.state = 'draining';
     log.info('draining', { running: this.running.size, buffered: this.buffer.length,
-      grace_ms: this.config.drainGraceMs });
+      grace_ms: this.config.drainGraceMs, settle_ms: this.config.drainSettleMs });
+    await this.settle();
     this.session.close();
+    this.reporter.resume();
     const buffered = this.buffer.splice(0);
     buffered.forEach((lease) => this.release(lease, 'worker draining'));
     const graceTimer = setTimeout(() => this.abortRunning(ABORT.DRAIN), this.config.drainGraceMs);
@@ -273,6 +276,20 @@ class Worker {
     clearTimeout(graceTimer);
     this.shutdown(0);
     return this.done;
+  }
+
+  /**
+   * Keep reading the Lease stream for drainSettleMs with reports held back, so
+   * tasks already in transit arrive (and are released) instead of being lost
+   * with the cancelled stream; holding reports keeps the credit used, so the
+   * gateway sends nothing new meanwhile.
+   */
+  async settle() {
+    if (this.config.drainSettleMs <= 0) return;
+    this.settling = true;
+    this.reporter.pause();
+    await new Promise((r) => setTimeout(r, this.config.drainSettleMs));
+    this.settling = false;
   }
 
   abortRunning(reason) {
@@ -298,6 +315,7 @@ class Worker {
     this.state = 'stopped';
     this.exitCode = code;
     this.session.close();
+    this.settling = false;
     if (this.heartbeatTimer) clearTimeout(this.heartbeatTimer);
     if (this.held.size > 0) log.warn('exiting with unreported leases', { count: this.held.size });
     this.reporter.abandon();
