@@ -26,6 +26,7 @@ from dtq_gateway.completion import Completion, ItemOutcome
 from dtq_gateway.dispatch import Dispatcher
 from dtq_gateway.groups import Groups
 from dtq_gateway.ops import Operations, server_interceptors
+from dtq_gateway.redis_conn import FastWriteConnection
 from dtq_gateway.scheduler import Scheduler
 from dtq_gateway.settings import Settings
 from dtq_proto import dtq_pb2, dtq_pb2_grpc
@@ -44,11 +45,19 @@ GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
 def redis_client(settings: Settings, url: str) -> Redis:
     """Async Redis client with a bounded pool. No call blocks on the server side, so a
     socket timeout of a few seconds only ever fires on a dead connection."""
+    extra = {"connection_class": FastWriteConnection} if url.startswith("redis://") else {}
     pool = BlockingConnectionPool.from_url(
         url, max_connections=settings.redis_max_connections, timeout=5,
         socket_timeout=5, socket_connect_timeout=3, health_check_interval=30,
-        retry_on_timeout=False)
+        retry_on_timeout=False, **extra)
     return Redis(connection_pool=pool)
+
+
+def dedicated_client(redis: Redis) -> Redis:
+    """A client on the same pool that holds one connection for itself: the dispatch
+    loop's calls are sequential, and skipping the pool's acquire/release per call
+    (condition, timeout, accounting) halves redis-py's client CPU per round trip."""
+    return Redis(connection_pool=redis.connection_pool, single_connection_client=True)
 
 
 class HealthProbe:
@@ -112,7 +121,9 @@ class Gateway:
         self.server = grpc.aio.server(options=GRPC_OPTIONS,
                                       interceptors=server_interceptors(settings))
         self.completion = Completion(self.redis, settings, on_done=self._on_done)
-        self.dispatcher = Dispatcher(self.redis, settings, self.groups, release=self._release)
+        self.dispatch_redis = dedicated_client(self.redis)
+        self.dispatcher = Dispatcher(self.dispatch_redis, settings, self.groups,
+                                     release=self._release)
         self.broker = Broker(self.redis, settings, self.groups, on_queued=self.dispatcher.notify)
         self.health = health.aio.HealthServicer()
         self.probe = HealthProbe(self.redis, self.health, self.draining)
@@ -181,5 +192,6 @@ class Gateway:
         await self.dispatcher.stop()  # Lease streams end with UNAVAILABLE
         await self.server.stop(self.settings.shutdown_grace_s)
         await self.scheduler.stop()
+        await self.dispatch_redis.aclose()
         await self.redis.aclose()
         log.info("stopped", extra={"drain_s": round(time.monotonic() - started, 3)})

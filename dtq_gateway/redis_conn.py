@@ -1,0 +1,60 @@
+"""The gateway's Redis connection class: redis-py's, with a cheaper write path.
+
+redis-py wraps every command write in ``asyncio.wait_for(..., socket_timeout)``,
+which creates a task and a timer per command, although a write to a healthy socket
+only fills the transport buffer and returns. This class writes directly and only
+waits (bounded by ``socket_timeout``) when the transport buffer is above its
+high-water mark or the transport is closing, i.e. exactly when the original
+``drain()`` could block or fail. Reads keep redis-py's per-read timeout, so a dead
+connection is still detected within ``socket_timeout``.
+
+There is no fork-safety concern: the gateway never forks, and redis-py's asyncio
+pool keeps no per-process state (the ``getpid`` calls seen in profiles come from
+CPython 3.11's ``asyncio.get_running_loop``, which every timeout, lock and future
+helper calls).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Any
+
+from redis.asyncio.connection import Connection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+
+class FastWriteConnection(Connection):
+    """A TCP connection whose command writes skip the per-write timeout task."""
+
+    async def send_packed_command(self, command: bytes | str | Iterable[bytes],
+                                  check_health: bool = True) -> None:
+        """Write an already packed command (see the module docstring)."""
+        if not self.socket_timeout or not self.is_connected:
+            return await super().send_packed_command(command, check_health)
+        if check_health:
+            await self.check_health()
+        writer = self._writer
+        if writer is None:
+            return await super().send_packed_command(command, False)
+        if isinstance(command, str):
+            command = command.encode()
+        if isinstance(command, bytes):
+            command = [command]
+        try:
+            writer.writelines(command)
+            transport: Any = writer.transport
+            if (transport.is_closing() or transport.get_write_buffer_size()
+                    > transport.get_write_buffer_limits()[1]):
+                await asyncio.wait_for(writer.drain(), self.socket_timeout)
+        except TimeoutError:
+            await self.disconnect(nowait=True)
+            raise RedisTimeoutError("Timeout writing to socket") from None
+        except OSError as e:
+            await self.disconnect(nowait=True)
+            raise RedisConnectionError(f"Error while writing to socket: {e!r}") from e
+        except BaseException:
+            await self.disconnect(nowait=True)
+            raise
+        return None
