@@ -21,7 +21,7 @@ import pytest
 
 from dtq_proto import dtq_pb2, dtq_pb2_grpc
 from tests.support.leasing import LeaseStream, error_reason
-from tests.system.chaos_invariant import ChaosEnv, check_invariant
+from tests.system.chaos_invariant import ChaosEnv, band_backlog, check_invariant
 
 pytestmark = pytest.mark.chaos
 
@@ -88,6 +88,12 @@ async def race(stream: LeaseStream, racer: Racer) -> None:
             await job
 
 
+def open_statuses(client, ids: list[str]) -> Counter:
+    """Count of the non-terminal statuses among ``ids``."""
+    return Counter(dtq_pb2.TaskStatus.Name(t.status) for t in map(client.get_task, ids)
+                   if t.status != dtq_pb2.TASK_STATUS_SUCCEEDED)
+
+
 async def test_ack_racing_reclaim_never_flips_a_success(chaos: ChaosEnv) -> None:
     gw = chaos.gateway(visibility_s=VISIBILITY_S, heartbeat_s=0.1)
     client = chaos.client(gw.target)
@@ -103,6 +109,12 @@ async def test_ack_racing_reclaim_never_flips_a_success(chaos: ChaosEnv) -> None
         started = time.monotonic()
         try:
             await asyncio.wait_for(race(stream, racer), RACE_LIMIT_S)
+        except TimeoutError:
+            raise AssertionError(
+                f"race unfinished after {RACE_LIMIT_S}s: {dict(racer.outcomes)}, "
+                f"won {len(racer.won)}, backlog {band_backlog(chaos.rds, 'chaos')}, "
+                f"statuses {await asyncio.to_thread(open_statuses, client, ids)}\n"
+                f"{chaos.logs()}") from None
         finally:
             stream.close()
         elapsed = time.monotonic() - started
