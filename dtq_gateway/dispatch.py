@@ -74,6 +74,10 @@ class Dispatcher:
         self.groups = groups
         self.release = release
         self.tick_s = tick_s
+        #: A worker whose last heartbeat is older than this gets no new leases (ms):
+        #: two heartbeat intervals (the WORKER_STALE rule), at most the visibility timeout.
+        self.stale_after_ms = min(2 * settings.heartbeat_interval_ms,
+                                  settings.visibility_timeout_ms)
         self.sessions: dict[str, Session] = {}
         self._wake = asyncio.Event()
         self._dirty_queues: set[str] = set()
@@ -221,10 +225,14 @@ class Dispatcher:
         queues = session.queues
         streams = [keys.stream(q, b) for b in keys.BANDS_DESC for q in queues]
         await self.groups.ensure(self.redis, queues)
-        reply = await LEASE_READ(self.redis, [keys.paused(q) for q in queues] + streams,
-                                 Script.argv(keys.GROUP, session.worker_id,
-                                             session.max_in_flight, BATCH_MAX, len(queues)))
-        pending, missing, entries = int(reply[0]), reply[1], reply[2:]
+        reply = await LEASE_READ(
+            self.redis, [keys.paused(q) for q in queues] + streams + [keys.worker(session.worker_id)],
+            Script.argv(keys.GROUP, session.worker_id, session.max_in_flight, BATCH_MAX,
+                        len(queues), self.stale_after_ms))
+        pending, missing, stalled, entries = int(reply[0]), reply[1], int(reply[2]), reply[3:]
+        if stalled:
+            session.full = True  # retried at the next tick or heartbeat-freed credit
+            return 0, False
         if missing:
             self.groups.forget({keys.parse_stream(streams[int(i) - 1])[0] for i in missing})
             self._dirty_workers.add(session.worker_id)

@@ -2,13 +2,20 @@
 -- never exceeding the consumer's max_in_flight counted from the PEL.
 -- KEYS[1..m]           pause flags dtq:queue:<q>:paused, one per queue
 -- KEYS[m+1 .. m+10m]   band streams, band-major: p9 of every queue, then p8, ...
+-- KEYS[#KEYS]          the worker's record dtq:worker:<id>
 -- ARGV[3] group  [4] consumer (worker id)  [5] max_in_flight  [6] max entries this call
--- ARGV[7] m (number of queues)
--- Reply: {pending_before, {stream indexes without group}, {stream index, entry id,
---         {field, value, ...}}, ...}   (stream index is 1-based into the streams part)
+-- ARGV[7] m (number of queues)  [8] stale after ms: a worker whose last heartbeat is
+--         older than this gets nothing (0 = no check)
+-- Reply: {pending_before, {stream indexes without group}, stalled 0/1,
+--         {stream index, entry id, {field, value, ...}}, ...}
+--         (stream index is 1-based into the streams part)
+-- A stalled worker (SIGSTOPped, GC-paused, partitioned with its stream still open) would
+-- otherwise receive new leases as the reaper takes its old ones away, and burn an
+-- attempt of each: it only gets work again once it heartbeats.
 local group, consumer = ARGV[3], ARGV[4]
 local max_in_flight, max_count, m = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local n_streams = #KEYS - m
+local stale_after = tonumber(ARGV[8])
+local n_streams = #KEYS - m - 1
 local missing = {}
 local pending = 0
 -- XLEN counts queued and pending entries alike (entries are deleted when their lease
@@ -28,9 +35,16 @@ for i = 1, n_streams do
     end
   end
 end
-local reply = {pending, missing}
+local reply = {pending, missing, 0}
 local credit = math.min(max_in_flight - pending, max_count)
 if credit <= 0 then return reply end
+if stale_after > 0 then
+  local last = tonumber(redis.call('HGET', KEYS[#KEYS], 'last_heartbeat') or '0') or 0
+  if now_ms() - last > stale_after then
+    reply[3] = 1
+    return reply
+  end
+end
 
 local paused = {}
 for q = 1, m do paused[q] = redis.call('EXISTS', KEYS[q]) == 1 end

@@ -35,6 +35,7 @@ class Env:
             await self.completion.fail([pb.FailItem(lease_id=i, mode=pb.FAIL_MODE_RELEASE)
                                         for i in ids])
         self.dispatcher = Dispatcher(self.redis, self.settings, self.groups, release)
+        self.dispatcher.stale_after_ms = 0  # no worker records here; see the stale test
 
     async def enqueue(self, **kw) -> str:
         req = pb.EnqueueRequest(queue=kw.pop("queue", "q"), task_type=kw.pop("task_type", "t"),
@@ -246,4 +247,15 @@ async def test_lease_recreates_groups_after_flushall(env):
     await env.redis.flushall()
     await env.enqueue()  # the groups are cached as present, the stream is new
     assert await env.lease() == []  # NOGROUP answered, groups forgotten
+    assert len(await env.lease()) == 1
+
+
+async def test_worker_without_recent_heartbeat_gets_no_lease(env):
+    await env.enqueue()
+    env.dispatcher.stale_after_ms = 1000
+    await env.completion.worker_event("w1", "host", "started")
+    await env.redis.hset(keys.worker("w1"), "last_heartbeat", 1)  # long ago
+    assert await env.lease() == []
+    lost, _ = await env.completion.heartbeat(pb.HeartbeatRequest(worker_id="w1"))
+    assert lost == []
     assert len(await env.lease()) == 1

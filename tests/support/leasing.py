@@ -17,7 +17,11 @@ class LeaseStream:
     """An open Lease call: ``session`` is the first message, ``next()`` the next task."""
 
     def __init__(self, stub, worker_id: str, queues: list[str], max_in_flight: int = 10,
-                 task_types: list[str] | None = None) -> None:
+                 task_types: list[str] | None = None, heartbeat: bool = True) -> None:
+        self.stub = stub
+        self.worker_id = worker_id
+        self.heartbeat = heartbeat
+        self._beater: asyncio.Task | None = None
         self.call = stub.Lease(dtq_pb2.LeaseRequest(
             worker_id=worker_id, queues=queues, max_in_flight=max_in_flight,
             task_types=task_types or [], hostname="test"))
@@ -40,7 +44,21 @@ class LeaseStream:
                 self.tasks.put_nowait(exc)
 
         self._reader = asyncio.create_task(read())
+        if self.heartbeat:
+            self._beater = asyncio.create_task(self._beat())
         return self
+
+    async def _beat(self) -> None:
+        """Heartbeat every interval with no lease ids, as the protocol requires of a live
+        worker (the gateway leases nothing to a worker whose heartbeats stopped); leases
+        are not extended, so tests of reclaim still see them expire."""
+        interval_s = (self.session.heartbeat_interval_ms or 1000) / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.stub.Heartbeat(dtq_pb2.HeartbeatRequest(worker_id=self.worker_id))
+            except grpc.aio.AioRpcError:
+                return
 
     async def next(self, timeout_s: float = 5.0) -> dtq_pb2.LeasedTask:
         """The next leased task (raises TimeoutError when none arrives in time)."""
@@ -55,6 +73,8 @@ class LeaseStream:
 
     def close(self) -> None:
         self.call.cancel()
+        if self._beater:
+            self._beater.cancel()
 
 
 def error_reason(err: grpc.aio.AioRpcError) -> str:

@@ -123,9 +123,6 @@ def test_sigstopped_worker_late_ack_and_heartbeat_are_rejected(chaos: ChaosEnv) 
         assert chaos.events.count("TASK_SUCCEEDED", tid) == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "gateway bug (reported): a Lease session whose worker stopped heartbeating and was "
-    "marked WORKER_STALE still receives new leases, which expire unread and burn attempts"))
 def test_stalled_worker_gets_no_new_leases(chaos: ChaosEnv) -> None:
     gw = chaos.gateway()
     client = chaos.client(gw.target)
