@@ -8,10 +8,15 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+NODE_WORKER := examples/node-worker
+
+$(STAMP): pyproject.toml $(NODE_WORKER)/package-lock.json
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev,demo,embedded]'
+	@# the Node worker (demo and conformance suite); skipped where npm is missing
+	if command -v npm >/dev/null 2>&1; then \
+	  cd $(NODE_WORKER) && npm ci --no-audit --no-fund --loglevel=error; fi
 	touch $(STAMP)
 
 proto: install
@@ -36,4 +41,4 @@ bench: install
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) .dtq
+	rm -rf $(VENV) .dtq $(NODE_WORKER)/node_modules
