@@ -1,5 +1,10 @@
 """The gateway's Redis connection class: redis-py's, with a cheaper write path.
 
+Commands are packed by hiredis in C (``hiredis.pack_command``, as redis-py's own
+synchronous client does when hiredis is installed) instead of redis-py's asyncio
+pure-Python packer: an enqueue EVALSHA with its ~40 arguments costs ~6 us instead of
+~31 us to pack.
+
 redis-py wraps every command write in ``asyncio.wait_for(..., socket_timeout)``,
 which creates a task and a timer per command, although a write to a healthy socket
 only fills the transport buffer and returns. This class writes directly and only
@@ -22,11 +27,38 @@ from typing import Any
 
 from redis.asyncio.connection import Connection
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import DataError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+try:
+    import hiredis
+except ImportError:  # pragma: no cover - hiredis is a dependency (redis[hiredis])
+    hiredis = None
 
 
 class FastWriteConnection(Connection):
     """A TCP connection whose command writes skip the per-write timeout task."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        """RESP bytes of one command; hiredis when the encoder is the default UTF-8 one.
+
+        Same rules as redis-py's encoder: str (UTF-8), bytes, int, float; anything
+        else (bool, None) raises DataError.
+        """
+        enc = self.encoder
+        if hiredis is None or enc.encoding != "utf-8" or enc.encoding_errors != "strict":
+            return super().pack_command(*args)
+        if isinstance(args[0], str):
+            args = (*args[0].encode().split(), *args[1:])
+        elif b" " in args[0]:
+            args = (*args[0].split(), *args[1:])
+        if any(isinstance(a, (bytearray, memoryview)) for a in args):
+            args = tuple(bytes(a) if isinstance(a, (bytearray, memoryview)) else a
+                         for a in args)
+        try:
+            return [hiredis.pack_command(args)]
+        except TypeError as exc:
+            raise DataError(str(exc)) from exc
 
     async def send_packed_command(self, command: bytes | str | Iterable[bytes],
                                   check_health: bool = True) -> None:
