@@ -52,11 +52,14 @@ class FastWriteConnection(Connection):
             args = (*args[0].encode().split(), *args[1:])
         elif b" " in args[0]:
             args = (*args[0].split(), *args[1:])
-        if any(isinstance(a, (bytearray, memoryview)) for a in args):
-            args = tuple(bytes(a) if isinstance(a, (bytearray, memoryview)) else a
-                         for a in args)
         try:
             return [hiredis.pack_command(args)]
+        except TypeError as exc:
+            if not any(isinstance(a, (bytearray, memoryview)) for a in args):
+                raise DataError(str(exc)) from exc
+        try:
+            return [hiredis.pack_command(tuple(
+                bytes(a) if isinstance(a, (bytearray, memoryview)) else a for a in args))]
         except TypeError as exc:
             raise DataError(str(exc)) from exc
 
