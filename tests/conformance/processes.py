@@ -111,7 +111,11 @@ class Gateway(Process):
                 "--heartbeat-interval-s", str(self.heartbeat_interval_s), *self.extra_args]
         env = {k: v for k, v in os.environ.items() if not k.startswith("DTQ_")}
         self.spawn(args, env, shell=False)
-        self.wait_ready(timeout_s)
+        try:
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.kill()  # never leave a half-started gateway behind
+            raise
         return self
 
     def wait_ready(self, timeout_s: float) -> None:
