@@ -90,7 +90,6 @@ class ChaosEnv:
         for c in self.clients:
             c.close()
         for p in reversed(self.procs):
-            p.send(9)
             p.kill()
         self.events.stop()
         self.rds.close()
@@ -135,6 +134,10 @@ def check_task_events(task: dtq_pb2.Task, evs: list[dict], events_complete: bool
     """One task's events agree with its record: one terminal event, of the right type,
     nothing but absorbed duplicates after it, and a success by the current lease."""
     tid = task.task_id
+    records = {a.attempt: (a.worker_id, a.outcome) for a in task.attempts}
+    for ev in evs:  # every failure came from the lease that held that attempt
+        if ev["type"] == "TASK_FAILED":
+            assert records.get(ev["attempt"]) == (ev["worker_id"], "failed"), (tid, ev, records)
     terminal = [i for i, e in enumerate(evs) if e["type"] in TERMINAL_EVENTS]
     if events_complete:
         assert len(terminal) == 1, f"{tid}: terminal events {[evs[i] for i in terminal]}"
@@ -181,6 +184,9 @@ def check_invariant(env: ChaosEnv, client: Client, task_ids: Iterable[str], queu
     by_task = env.events.by_task()
     for tid, task in tasks.items():
         check_task_events(task, by_task.get(tid, []), events_complete)
-    wait_until(lambda: not band_backlog(env.rds, queue), timeout_s,
-               f"empty band streams and PELs (last: {band_backlog(env.rds, queue)})")
+    try:
+        wait_until(lambda: not band_backlog(env.rds, queue), timeout_s,
+                   "empty band streams and PELs")
+    except AssertionError as err:
+        raise AssertionError(f"{err}: {band_backlog(env.rds, queue)}") from None
     return tasks
