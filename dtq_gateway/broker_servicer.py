@@ -139,8 +139,9 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
                 log.debug("could not record worker stop", extra={"error": repr(exc)})
             log.info("lease session closed", extra={"worker_id": session.worker_id,
                                                      "session_id": session.session_id})
-        await grpc_errors.abort(context, Unavailable("gateway is draining; reconnect",
-                                                     reason="DRAINING"))
+        if not session.worker_draining:
+            await grpc_errors.abort(context, Unavailable("gateway is draining; reconnect",
+                                                         reason="DRAINING"))
 
     async def Heartbeat(self, request, context):
         try:
@@ -148,6 +149,8 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
             if len(request.lease_ids) > 10000:
                 raise InvalidArgument("lease_ids: at most 10000", field="lease_ids")
             lost, cancelled = await self.completion.heartbeat(request)
+            if request.draining:
+                self.dispatcher.end_worker(request.worker_id)
         except Exception as exc:  # noqa: BLE001
             await grpc_errors.abort(context, exc)
         return dtq_pb2.HeartbeatResponse(

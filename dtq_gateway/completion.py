@@ -147,7 +147,8 @@ class Completion:
         """
         s = self.settings
         pipe = self.redis.pipeline(transaction=False)
-        self.queue_worker_beat(pipe, req.worker_id, req.hostname, "", req.active_tasks,
+        self.queue_worker_beat(pipe, req.worker_id, req.hostname,
+                               "draining" if req.draining else "", req.active_tasks,
                                req.concurrency, req.counters if req.HasField("counters") else None)
         lost, checked = [], []
         for lid in req.lease_ids:

@@ -61,6 +61,8 @@ class Session:
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     full: bool = False
     closed: bool = False
+    #: set when the stream ends because the worker said it is draining (ends with OK)
+    worker_draining: bool = False
 
 
 class Dispatcher:
@@ -152,6 +154,18 @@ class Dispatcher:
                 log.warning("could not release undelivered leases",
                             extra={"worker_id": session.worker_id, "count": len(undelivered)})
 
+    def end_worker(self, worker_id: str) -> None:
+        """The worker is draining: deliver nothing more and end its streams with OK.
+
+        The end marker is queued behind every task already handed to the stream, so a
+        worker that reads to the end has received every lease it holds.
+        """
+        for s in list(self.sessions.values()):
+            if s.worker_id == worker_id and not s.closed:
+                s.closed = True
+                s.worker_draining = True
+                s.out.put_nowait(None)
+
     # -- loop ------------------------------------------------------------------------
     def start(self) -> None:
         """Start the dispatch loop task."""
@@ -170,7 +184,9 @@ class Dispatcher:
         while True:
             tick = False
             try:
-                await asyncio.wait_for(self._wake.wait(), self.tick_s)
+                if not self._wake.is_set():  # timeout(): a timer, not a task per wake-up
+                    async with asyncio.timeout(self.tick_s):
+                        await self._wake.wait()
             except TimeoutError:
                 tick = True
             self._wake.clear()
@@ -235,6 +251,9 @@ class Dispatcher:
             Script.argv(keys.GROUP, session.worker_id, session.max_in_flight, BATCH_MAX,
                         len(queues), self.stale_after_ms))
         pending, missing, stalled, entries = int(reply[0]), reply[1], int(reply[2]), reply[3:]
+        if stalled == 2:
+            self.end_worker(session.worker_id)
+            return 0, False
         if stalled:
             session.full = True  # retried at the next tick or heartbeat-freed credit
             return 0, False
@@ -267,15 +286,17 @@ class Dispatcher:
             parsed.append((stream, _s(entry_id), f, digest))
         replies = await ACTIVATE(self.redis, keys_, Script.argv(
             session.worker_id, self.settings.task_retention_s, keys.GROUP, *args))
-        delivered = 0
-        for (stream, entry_id, f, digest), rep in zip(parsed, replies):
-            if _s(rep[0]) != "ok":
-                continue
-            task = self._leased_task(session, stream, entry_id, f, digest, rep)
+        tasks = [self._leased_task(session, stream, entry_id, f, digest, rep)
+                 for (stream, entry_id, f, digest), rep in zip(parsed, replies)
+                 if _s(rep[0]) == "ok"]
+        if session.closed:
+            # the stream ended while this batch was being activated: hand it back
+            await self.release([t.lease_id for t in tasks])
+            return 0
+        for task in tasks:
             observe.delivered(task)
             session.out.put_nowait(task)
-            delivered += 1
-        return delivered
+        return len(tasks)
 
     def _leased_task(self, session: Session, stream: str, entry_id: str, f: dict,
                      digest: str, rep: list) -> dtq_pb2.LeasedTask:

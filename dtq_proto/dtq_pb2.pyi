@@ -266,20 +266,22 @@ class WorkerCounters(_message.Message):
     def __init__(self, tasks_processed: _Optional[int] = ..., tasks_failed: _Optional[int] = ..., tasks_retried: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "lease_ids", "counters", "active_tasks", "concurrency", "hostname")
+    __slots__ = ("worker_id", "lease_ids", "counters", "active_tasks", "concurrency", "hostname", "draining")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_TASKS_FIELD_NUMBER: _ClassVar[int]
     CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     lease_ids: _containers.RepeatedScalarFieldContainer[str]
     counters: WorkerCounters
     active_tasks: int
     concurrency: int
     hostname: str
-    def __init__(self, worker_id: _Optional[str] = ..., lease_ids: _Optional[_Iterable[str]] = ..., counters: _Optional[_Union[WorkerCounters, _Mapping]] = ..., active_tasks: _Optional[int] = ..., concurrency: _Optional[int] = ..., hostname: _Optional[str] = ...) -> None: ...
+    draining: bool
+    def __init__(self, worker_id: _Optional[str] = ..., lease_ids: _Optional[_Iterable[str]] = ..., counters: _Optional[_Union[WorkerCounters, _Mapping]] = ..., active_tasks: _Optional[int] = ..., concurrency: _Optional[int] = ..., hostname: _Optional[str] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("lost_lease_ids", "cancelled_lease_ids", "heartbeat_interval_ms")

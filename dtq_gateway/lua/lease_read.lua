@@ -6,7 +6,8 @@
 -- ARGV[3] group  [4] consumer (worker id)  [5] max_in_flight  [6] max entries this call
 -- ARGV[7] m (number of queues)  [8] stale after ms: a worker whose last heartbeat is
 --         older than this gets nothing (0 = no check)
--- Reply: {pending_before, {stream indexes without group}, stalled 0/1,
+-- Reply: {pending_before, {stream indexes without group}, worker state (0 = ok,
+--         1 = stalled: no recent heartbeat, 2 = draining: end its sessions),
 --         {stream index, entry id, {field, value, ...}}, ...}
 --         (stream index is 1-based into the streams part)
 -- A stalled worker (SIGSTOPped, GC-paused, partitioned with its stream still open) would
@@ -36,15 +37,17 @@ for i = 1, n_streams do
   end
 end
 local reply = {pending, missing, 0}
+local w = redis.call('HMGET', KEYS[#KEYS], 'last_heartbeat', 'status')
+if w[2] == 'draining' then
+  reply[3] = 2
+  return reply
+end
+if stale_after > 0 and now_ms() - (tonumber(w[1] or '0') or 0) > stale_after then
+  reply[3] = 1
+  return reply
+end
 local credit = math.min(max_in_flight - pending, max_count)
 if credit <= 0 then return reply end
-if stale_after > 0 then
-  local last = tonumber(redis.call('HGET', KEYS[#KEYS], 'last_heartbeat') or '0') or 0
-  if now_ms() - last > stale_after then
-    reply[3] = 1
-    return reply
-  end
-end
 
 local paused = {}
 for q = 1, m do paused[q] = redis.call('EXISTS', KEYS[q]) == 1 end

@@ -1,14 +1,16 @@
 -- worker_beat: refresh a worker's liveness record; optionally mark start/stop.
 -- KEYS[1] worker hash dtq:worker:<id>  [2] known workers set dtq:workers
 -- ARGV[3] worker id  [4] hostname  [5] TTL ms (3 x heartbeat interval)
--- ARGV[6] event: '' | 'started' | 'stopped'  [7] active tasks  [8] concurrency
+-- ARGV[6] event: '' | 'started' | 'stopped' | 'draining' (status draining: no new leases)  [7] active tasks  [8] concurrency
 -- ARGV[9] tasks_processed  [10] tasks_failed  [11] tasks_retried  [12] '1' = counters given
 -- Reply: now (epoch ms)
 local now = now_ms()
 local key, worker = KEYS[1], ARGV[3]
 redis.call('HSETNX', key, 'started_at', now)
 local status = 'alive'
-if ARGV[6] == 'stopped' then status = 'stopped' end
+if ARGV[6] == 'stopped' then status = 'stopped' elseif ARGV[6] == 'draining' then
+  status = 'draining'
+end
 redis.call('HSET', key, 'worker_id', worker, 'last_heartbeat', now, 'status', status)
 if ARGV[4] ~= '' then redis.call('HSET', key, 'hostname', ARGV[4]) end
 if ARGV[7] ~= '' then redis.call('HSET', key, 'active_tasks', ARGV[7]) end

@@ -257,3 +257,22 @@ async def test_closing_a_session_releases_undelivered_leases(broker_stub, gatewa
     got = await other.take(2, timeout_s=10)
     assert len({t.task_id for t in got}) == 2
     other.close()
+
+
+async def test_draining_heartbeat_ends_the_stream_after_every_sent_lease(broker_stub):
+    await broker_stub.EnqueueBatch(pb.EnqueueBatchRequest(items=[enq() for _ in range(5)]))
+    lease = await LeaseStream(broker_stub, "w1", ["q"], max_in_flight=3).open()
+    got = await lease.take(3)
+    await broker_stub.Heartbeat(pb.HeartbeatRequest(
+        worker_id="w1", lease_ids=[t.lease_id for t in got], draining=True))
+    # the stream ends with OK (no error) after the leases already sent
+    with pytest.raises(EOFError):
+        await lease.next()
+    res = await broker_stub.Fail(pb.FailRequest(items=[
+        pb.FailItem(lease_id=t.lease_id, mode=pb.FAIL_MODE_RELEASE) for t in got]))
+    assert [r.status for r in res.results] == [pb.TASK_STATUS_QUEUED] * 3
+    other = await LeaseStream(broker_stub, "w2", ["q"], max_in_flight=5).open()
+    got_other = await other.take(5)
+    assert len({t.task_id for t in got_other}) == 5
+    assert all(t.attempt == 1 for t in got_other)  # nothing was burned by the drain
+    other.close()

@@ -40,6 +40,7 @@ class LeaseStream:
             try:
                 async for msg in it:
                     self.tasks.put_nowait(msg.task)
+                self.tasks.put_nowait(None)  # the stream ended with OK
             except grpc.aio.AioRpcError as exc:
                 self.tasks.put_nowait(exc)
 
@@ -65,6 +66,8 @@ class LeaseStream:
         item = await asyncio.wait_for(self.tasks.get(), timeout_s)
         if isinstance(item, Exception):
             raise item
+        if item is None:
+            raise EOFError("the Lease stream ended with OK")
         return item
 
     async def take(self, n: int, timeout_s: float = 5.0) -> list[dtq_pb2.LeasedTask]:
