@@ -259,3 +259,21 @@ async def test_worker_without_recent_heartbeat_gets_no_lease(env):
     lost, _ = await env.completion.heartbeat(pb.HeartbeatRequest(worker_id="w1"))
     assert lost == []
     assert len(await env.lease()) == 1
+
+
+async def test_idempotency_record_of_a_vanished_task_is_taken_over_at_once(env):
+    first = await env.enqueue(idempotency_key="k")
+    await env.redis.delete(keys.task(first))  # e.g. lost in a failover, or retention ran out
+    second = await env.enqueue(idempotency_key="k")
+    assert second != first
+    idem = keys.idempotency("q", keys.idempotency_digest("k"))
+    assert json.loads(await env.redis.get(idem))["task_id"] == second
+
+
+async def test_idempotency_key_is_free_again_after_failure(env):
+    first = await env.enqueue(idempotency_key="k", max_attempts=1)
+    (task,) = await env.lease()
+    (oc,) = await env.completion.fail([pb.FailItem(lease_id=task.lease_id, retryable=False)])
+    assert oc.status == "dead_lettered"
+    again = await env.enqueue(idempotency_key="k")
+    assert again != first
