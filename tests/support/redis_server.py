@@ -11,6 +11,8 @@ from pathlib import Path
 
 import redis
 
+POLL_S = 0.02  # interval of the PING-until-ready poll (bounded by its deadline)
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now."""
@@ -62,7 +64,7 @@ class RedisServer:
                     pass
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"redis-server on port {self.port} did not start")
-                time.sleep(0.02)
+                time.sleep(POLL_S)
         finally:
             client.close()
 
