@@ -57,6 +57,8 @@ class Runtime:
         self.buffer: deque[str] = deque()
         self.running: dict[str, asyncio.Task] = {}
         self._orphans: set[Execution] = set()  # stopped, but their sync thread runs on
+        #: Set when the worker drains: nothing more starts, new arrivals are released.
+        self.draining = False
 
     # -- intake -------------------------------------------------------------------
     def add(self, task: dtq_pb2.LeasedTask) -> None:
@@ -68,14 +70,17 @@ class Runtime:
             task_id=task.task_id, queue=task.queue, task_type=task.task_type,
             attempt=task.attempt, max_attempts=task.max_attempts, metadata=dict(task.metadata),
             timeout_ms=task.timeout_ms, worker_id=self.worker_id, lease_id=task.lease_id,
-            priority=task.priority, content_type=task.content_type)
+            priority=task.priority, content_type=task.content_type, payload_bytes=task.payload)
         self.held[task.lease_id] = Execution(task=task, ctx=ctx)
         self.buffer.append(task.lease_id)
+        if self.draining:  # arrived in transit after the drain began: never runs
+            self.release_buffered()
+            return
         self.pump()
 
     def pump(self) -> None:
         """Start buffered executions while slots are free."""
-        while self.buffer and len(self.running) < self.concurrency:
+        while not self.draining and self.buffer and len(self.running) < self.concurrency:
             lease_id = self.buffer.popleft()
             ex = self.held.get(lease_id)
             if ex is None:

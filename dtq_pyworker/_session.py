@@ -40,13 +40,17 @@ async def lease_loop(worker: Worker, stub, runtime: Runtime,
     """Consume Lease streams forever, reconnecting with jittered backoff.
 
     Handlers already running keep running across reconnects; their leases stay
-    valid as long as the heartbeat loop extends them. Ends only by cancellation.
+    valid as long as the heartbeat loop extends them. Returns when the worker is
+    draining and its stream ended (with OK after a draining heartbeat: every
+    lease sent has then been received), or on a fatal status; else ends only by
+    cancellation.
     """
     backoff = Backoff(0.1, 5.0)
     request = lease_request(worker)
     failures = 0  # consecutive sessions that ended without delivering SessionInfo
-    while True:
+    while not worker._draining:
         call = stub.Lease(request)
+        worker._lease_stream_open = True
         opened, floor_s = False, 0.0
         try:
             async for response in call:
@@ -57,17 +61,24 @@ async def lease_loop(worker: Worker, stub, runtime: Runtime,
                     opened, failures = True, 0
                 elif response.HasField("task"):
                     runtime.add(response.task)
+            if worker._draining:
+                log.info("lease stream ended after the draining heartbeat")
+                return
             log.info("lease stream ended by the gateway; reconnecting")
         except grpc.aio.AioRpcError as exc:
             err = DtqRpcError.from_rpc_error(exc)
             if err.code in FATAL_LEASE_ERRORS:
                 worker._stop_fatally(err)
                 return
+            if worker._draining:
+                log.info("lease stream failed while draining: %s", err)
+                return
             _log_stream_error(err, failures)
             floor_s = min(MAX_RETRY_INFO_S, err.retry_after_s or 0.0)
         except Exception:
             log.exception("lease stream handling failed; reconnecting")
         finally:
+            worker._lease_stream_open = False
             call.cancel()
         failures = 1 if opened else failures + 1
         worker._count("reconnects")
@@ -135,13 +146,27 @@ async def heartbeat_loop(worker: Worker, stub, runtime: Runtime,
             worker._heartbeat_interval_ms = response.heartbeat_interval_ms
 
 
+async def drain_heartbeat(worker: Worker, stub, runtime: Runtime) -> None:
+    """Send the first draining heartbeat at once (the loop repeats it every interval).
+
+    From it on the gateway delivers nothing new to this worker and ends its Lease
+    streams with OK after every lease already sent. Failures are only logged: the
+    heartbeat loop retries, and the bounded stream wait keeps the drain finite.
+    """
+    interval_ms = worker._heartbeat_interval_ms or 5000
+    try:
+        await _heartbeat_once(worker, stub, runtime, interval_ms)
+    except grpc.aio.AioRpcError as exc:
+        log.warning("draining heartbeat failed: %s", DtqRpcError.from_rpc_error(exc))
+
+
 async def _heartbeat_once(worker: Worker, stub, runtime: Runtime,
                           interval_ms: int) -> dtq_pb2.HeartbeatResponse:
     ids = runtime.all_lease_ids()[:MAX_HEARTBEAT_IDS]
     request = dtq_pb2.HeartbeatRequest(
         worker_id=worker.worker_id, lease_ids=ids, counters=worker.counters(),
         active_tasks=len(runtime.running), concurrency=worker.concurrency,
-        hostname=worker.hostname)
+        hostname=worker.hostname, draining=worker._draining)
     response = await stub.Heartbeat(request, timeout=max(1.0, interval_ms / 1000.0))
     lost = runtime.stop(response.lost_lease_ids, STOP_LOST)
     dropped = runtime.reporter.discard(response.lost_lease_ids)

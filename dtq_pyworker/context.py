@@ -23,6 +23,8 @@ class TaskContext:
         lease_id: Opaque lease token of this execution.
         priority: Priority band 0..9.
         content_type: Media type of the payload.
+        payload_bytes: The payload exactly as enqueued (bytes), whatever the
+            content type; the first handler argument is its decoded form.
         cancelled: Set when the handler must stop (task cancelled, lease lost,
             timeout, or drain deadline). Sync handlers should poll
             ``ctx.cancelled.is_set()``; async handlers are cancelled directly.
@@ -39,4 +41,5 @@ class TaskContext:
     lease_id: str
     priority: int = 5
     content_type: str = ""
+    payload_bytes: bytes = field(default=b"", repr=False)
     cancelled: threading.Event = field(default_factory=threading.Event, repr=False)

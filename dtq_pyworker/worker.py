@@ -24,6 +24,8 @@ from dtq_pyworker.errors import DtqRpcError
 
 log = logging.getLogger(__name__)
 
+#: Shortest wait for the Lease stream to end after the draining heartbeat, in s.
+DRAIN_STREAM_MIN_S = 2.0
 STAT_NAMES = ("processed", "failed", "retried", "released", "cancelled", "lost", "stale",
               "timeouts", "reconnects", "refused")
 
@@ -99,6 +101,8 @@ class Worker:
         self._executor: ThreadPoolExecutor | None = None
         self._fatal: DtqRpcError | None = None
         self._heartbeat_interval_ms = 0
+        self._draining = False  # sent in every heartbeat once the drain began
+        self._lease_stream_open = False
 
     # -- registry -------------------------------------------------------------------
     def task(self, task_type: str) -> Callable[[Callable], Callable]:
@@ -137,6 +141,7 @@ class Worker:
         if self._stop_requested:
             self._stop.set()
         self._fatal = None
+        self._draining = False
         conn = Connection.resolve(self.target, **self._tls_args)
         installed = self._install_signals() if install_signal_handlers else []
         channel = conn.channel(aio=True, options=self.channel_options)
@@ -221,8 +226,9 @@ class Worker:
         try:
             await self._stop.wait()
             log.info("draining", extra={"worker_id": self.worker_id})
-            await _cancel(lease_task)
-            await self._drain(runtime)
+            deadline = self._loop.time() + self.drain_grace_s
+            await self._end_stream(stub, runtime, lease_task)
+            await self._drain(runtime, deadline)
             await reporter.close(timeout_s=max(5.0, self.rpc_timeout_s))
         finally:
             hb_stop.set()
@@ -247,13 +253,41 @@ class Worker:
         runtime = self._runtime
         return runtime is None or not (runtime.running or runtime.buffer)
 
-    async def _drain(self, runtime: Runtime) -> None:
-        """Release buffered leases, let running handlers finish within the grace
-        period, then stop and release the rest."""
+    async def _end_stream(self, stub: Any, runtime: Runtime, lease_task: asyncio.Task) -> None:
+        """Tell the gateway this worker drains and read the Lease stream to its end.
+
+        Buffered leases are released at once, and so is every task still arriving:
+        nothing new starts. A draining heartbeat makes the gateway end the stream
+        with OK after every lease already sent; the wait is bounded (max(2 s, two
+        heartbeat intervals)) for gateways that never end it.
+        """
+        self._draining = True
+        runtime.draining = True
         released = runtime.release_buffered()
         if released:
             log.info("released buffered tasks", extra={"count": released})
-        deadline = self._loop.time() + self.drain_grace_s
+        if not self._lease_stream_open or self._fatal is not None:
+            await _cancel(lease_task)  # no stream open (reconnect backoff): nothing in transit
+            return
+        beat = asyncio.create_task(_session.drain_heartbeat(self, stub, runtime),
+                                   name="dtq-drain-heartbeat")
+        bound_s = max(DRAIN_STREAM_MIN_S, 2 * (self._heartbeat_interval_ms or 5000) / 1000.0)
+        force = asyncio.ensure_future(self._force.wait())
+        try:
+            await asyncio.wait([lease_task, force], timeout=bound_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            force.cancel()
+        if not lease_task.done():
+            log.warning("lease stream not ended by the gateway; closing it",
+                        extra={"waited_s": bound_s})
+        await _cancel(lease_task)
+        await asyncio.gather(beat, return_exceptions=True)
+
+    async def _drain(self, runtime: Runtime, deadline: float) -> None:
+        """Let running handlers finish until ``deadline`` (loop time, s), then stop
+        and release the rest."""
+        runtime.release_buffered()  # nothing is buffered by now; kept as a safety net
         force = asyncio.ensure_future(self._force.wait())
         try:
             while runtime.running and not force.done():

@@ -70,6 +70,13 @@ class FakeBroker(dtq_pb2_grpc.BrokerServicer):
         self.lease_error: tuple[grpc.StatusCode, str] | None = None  # refuse Lease with it
         self.metadata: list[dict[str, str]] = []  # call metadata of Lease and Enqueue calls
         self._abort_epoch = 0
+        #: Answer draining heartbeats like the gateway: deliver nothing more to that
+        #: worker and end its streams with OK (False: an older gateway ignoring it).
+        self.honor_draining = True
+        self.draining_workers: set[str] = set()
+        #: Tasks "in transit" when a draining heartbeat arrives: written to the stream
+        #: before it ends, whatever the credit (as a gateway that had sent them already).
+        self.in_transit: deque[dtq_pb2.LeasedTask] = deque()
         self._ids = itertools.count(1)
 
     # -- test helpers ---------------------------------------------------------------
@@ -84,6 +91,16 @@ class FakeBroker(dtq_pb2_grpc.BrokerServicer):
             max_attempts=3, timeout_ms=timeout_ms, metadata=metadata or {})
         self.to_lease.append(task)
         await self.notify()
+        return task.lease_id
+
+    def in_transit_task(self, task_type: str, payload: bytes = b"{}") -> str:
+        """Queue a task written to the stream only once the worker drains; its lease id."""
+        n = next(self._ids)
+        task = dtq_pb2.LeasedTask(
+            lease_id=f"lease-{n}", task_id=uuid.uuid4().hex, queue="q", task_type=task_type,
+            payload=payload, content_type="application/json", priority=5, attempt=1,
+            max_attempts=3)
+        self.in_transit.append(task)
         return task.lease_id
 
     async def notify(self) -> None:
@@ -135,14 +152,23 @@ class FakeBroker(dtq_pb2_grpc.BrokerServicer):
             while True:
                 async with self.cond:
                     await self.cond.wait_for(lambda: self._abort_epoch != epoch or (
+                        request.worker_id in self.draining_workers) or (
                         self.to_lease and len(self.outstanding) < granted))
                     if self._abort_epoch != epoch:
                         await context.abort(grpc.StatusCode.UNAVAILABLE, "gateway draining")
+                    if request.worker_id in self.draining_workers:
+                        break
                     task = self.to_lease.popleft()
                     self.outstanding.add(task.lease_id)
                     self.max_outstanding = max(self.max_outstanding, len(self.outstanding))
                     self.delivered.append(task)
                     self.cond.notify_all()
+                yield dtq_pb2.LeaseResponse(task=task)
+            while self.in_transit:  # the worker drains: what was sent, then OK
+                task = self.in_transit.popleft()
+                self.outstanding.add(task.lease_id)
+                self.delivered.append(task)
+                await self.notify()
                 yield dtq_pb2.LeaseResponse(task=task)
         finally:
             self.open_streams -= 1
@@ -155,6 +181,8 @@ class FakeBroker(dtq_pb2_grpc.BrokerServicer):
             await self.notify()
             await context.abort(grpc.StatusCode.UNAVAILABLE, "redis unreachable")
         self.heartbeats.append(request)
+        if request.draining and self.honor_draining:
+            self.draining_workers.add(request.worker_id)
         ids = set(request.lease_ids)
         lost = sorted(ids & self.lost)
         self.outstanding -= set(lost)

@@ -48,10 +48,10 @@ def build_worker() -> Worker:
     )
 
     @worker.task("conf.echo")
-    async def echo(payload: Any, ctx: TaskContext) -> Any:
-        # Bytes come back unchanged; JSON is re-encoded compactly, which gives
-        # the payload bytes back for the suite's compact UTF-8 JSON payloads.
-        return payload
+    async def echo(payload: Any, ctx: TaskContext) -> bytes:
+        # The raw payload bytes, byte-exact whatever the content type (bytes
+        # results are sent as-is).
+        return ctx.payload_bytes
 
     @worker.task("conf.sleep")
     async def sleep(payload: Any, ctx: TaskContext) -> dict[str, int]:
