@@ -32,7 +32,7 @@ log = logging.getLogger("raw-worker")
 C = grpc.StatusCode
 FATAL = {C.UNAUTHENTICATED, C.PERMISSION_DENIED, C.INVALID_ARGUMENT}
 STALE = {C.FAILED_PRECONDITION, C.NOT_FOUND}
-SETTLE_S = 0.3
+DRAIN_STREAM_MIN_S = 2.0  # shortest wait for the stream to end after the draining heartbeat
 
 
 class Stopped(Exception):
@@ -108,6 +108,7 @@ class RawWorker:
         self.stream_closed = threading.Event()
         self.stopped = threading.Event()
         self.stream: grpc.Future | None = None
+        self.lease_thread: threading.Thread | None = None
         self.exit_code = 0
         self.stats = {"processed": 0, "failed": 0, "released": 0, "cancelled": 0, "lost": 0}
 
@@ -131,7 +132,8 @@ class RawWorker:
                 code = C.OK
             except grpc.RpcError as exc:
                 code = exc.code()
-            if self.draining.is_set():
+            if self.draining.is_set():  # OK after the draining heartbeat: all leases received
+                log.info("lease stream ended while draining (%s)", code.name)
                 return
             if code in FATAL:
                 log.error("Lease refused with %s; stopping", code.name)
@@ -147,9 +149,10 @@ class RawWorker:
         lease = Lease(task)
         with self.lock:
             self.held[task.lease_id] = lease
-        if not self.draining.is_set():
+        if self.draining.is_set():  # in transit when the drain began: never runs
+            self.stop_buffered(lease, "drain")
+        else:
             self.ready.put(lease)
-        # While draining, the lease stays held and buffered: released once the stream is closed.
 
     # -- Running -------------------------------------------------------------------
     def slot_loop(self) -> None:
@@ -225,8 +228,6 @@ class RawWorker:
     def report(self, lease: Lease, call, request, stat: str) -> None:
         """Send a single-item Ack/Fail; resend transient errors until answered or lost."""
         delay = 0.1
-        if self.draining.is_set():  # hold reports back until the stream is closed
-            self.stream_closed.wait(5)
         while lease.reason != "lost":
             try:
                 call(request, metadata=self.metadata, timeout=10)
@@ -246,35 +247,44 @@ class RawWorker:
 
     # -- Heartbeats ----------------------------------------------------------------
     def heartbeat_loop(self) -> None:
-        """Every heartbeat interval, extend every held lease; act on lost/cancelled."""
+        """Every heartbeat interval, even with no leases, extend every held lease.
+
+        The gateway delivers nothing to a worker whose last heartbeat is older than
+        two intervals, so an idle worker must keep beating too.
+        """
         last = time.monotonic()
         while not self.stopped.wait(0.05):
             # Re-read the interval each tick: the first SessionInfo usually shortens it.
             if time.monotonic() - last < self.heartbeat_s:
                 continue
             last = time.monotonic()
-            with self.lock:
-                ids = list(self.held)
-                leases = dict(self.held)
-            running = sum(lease.phase == "running" for lease in leases.values())
-            request = pb.HeartbeatRequest(worker_id=self.worker_id, lease_ids=ids,
-                                          active_tasks=running, concurrency=self.concurrency)
-            try:
-                reply = self.stub.Heartbeat(request, metadata=self.metadata,
-                                            timeout=max(1.0, self.heartbeat_s))
-            except grpc.RpcError as exc:
-                log.warning("heartbeat failed: %s", exc.code().name)
-                continue
-            for ids_, reason in ((reply.lost_lease_ids, "lost"),
-                                 (reply.cancelled_lease_ids, "cancelled")):
-                for lid in ids_:
-                    lease = leases.get(lid)
-                    if lease is None:
-                        continue
-                    if lease.phase == "buffered":
-                        self.stop_buffered(lease, reason)
-                    elif lease.phase == "running" or reason == "lost":
-                        lease.halt(reason)
+            self.beat()
+
+    def beat(self) -> None:
+        """One Heartbeat (draining=true once draining); act on lost/cancelled leases."""
+        with self.lock:
+            ids = list(self.held)
+            leases = dict(self.held)
+        running = sum(lease.phase == "running" for lease in leases.values())
+        request = pb.HeartbeatRequest(worker_id=self.worker_id, lease_ids=ids,
+                                      active_tasks=running, concurrency=self.concurrency,
+                                      draining=self.draining.is_set())
+        try:
+            reply = self.stub.Heartbeat(request, metadata=self.metadata,
+                                        timeout=max(1.0, self.heartbeat_s))
+        except grpc.RpcError as exc:
+            log.warning("heartbeat failed: %s", exc.code().name)
+            return
+        for ids_, reason in ((reply.lost_lease_ids, "lost"),
+                             (reply.cancelled_lease_ids, "cancelled")):
+            for lid in ids_:
+                lease = leases.get(lid)
+                if lease is None:
+                    continue
+                if lease.phase == "buffered":
+                    self.stop_buffered(lease, reason)
+                elif lease.phase == "running" or reason == "lost":
+                    lease.halt(reason)
 
     # -- Lifecycle -----------------------------------------------------------------
     def drain(self, *_: object) -> None:
@@ -285,19 +295,30 @@ class RawWorker:
         threading.Thread(target=self.drain_steps, daemon=True).start()
 
     def drain_steps(self) -> None:
-        # Settle: keep reading the stream with reports held back (credit stays used),
-        # so tasks already in transit arrive instead of being lost with the stream.
-        time.sleep(SETTLE_S)
+        """Draining heartbeat, read the stream to its end (bounded), release the rest."""
+        timer = threading.Timer(self.grace_s, self.halt_running)
+        timer.daemon = True
+        timer.start()
+        self.release_buffered()
+        # From this heartbeat on the gateway sends nothing new and ends the stream with
+        # OK after every lease already sent; later heartbeats repeat draining=true.
+        self.beat()
+        if self.lease_thread is not None:
+            self.lease_thread.join(self.stream_wait_s())
         if self.stream is not None:
-            self.stream.cancel()
+            self.stream.cancel()  # a gateway without draining never ends it: stop waiting
         self.stream_closed.set()
+        self.release_buffered()
+
+    def stream_wait_s(self) -> float:
+        """How long to wait for the stream to end after the draining heartbeat (s)."""
+        return max(DRAIN_STREAM_MIN_S, 2 * self.heartbeat_s)
+
+    def release_buffered(self) -> None:
         with self.lock:
             leases = list(self.held.values())
         for lease in leases:
             self.stop_buffered(lease, "drain")
-        timer = threading.Timer(self.grace_s, self.halt_running)
-        timer.daemon = True
-        timer.start()
 
     def halt_running(self) -> None:
         with self.lock:
@@ -313,12 +334,12 @@ class RawWorker:
                  for _ in range(self.concurrency)]
         for t in [*slots, threading.Thread(target=self.heartbeat_loop, daemon=True)]:
             t.start()
-        lease_thread = threading.Thread(target=self.lease_loop, daemon=True)
-        lease_thread.start()
+        self.lease_thread = threading.Thread(target=self.lease_loop, daemon=True)
+        self.lease_thread.start()
         while not self.draining.wait(0.2):
             pass
         if self.exit_code == 0:
-            self.stream_closed.wait(SETTLE_S + 5)
+            self.stream_closed.wait(self.stream_wait_s() + 5)
         deadline = time.monotonic() + self.grace_s + 15
         while self.exit_code == 0 and time.monotonic() < deadline:
             with self.lock:
