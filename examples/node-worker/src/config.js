@@ -80,7 +80,6 @@ function loadConfig(env = process.env) {
     concurrency,
     maxInFlight,
     drainGraceMs: intVar(env, 'DTQ_DRAIN_GRACE_MS', 30000, 0),
-    drainSettleMs: intVar(env, 'DTQ_DRAIN_SETTLE_MS', 300, 0),
     ackFlushMs: intVar(env, 'DTQ_ACK_FLUSH_MS', 5, 0),
     reconnectBaseMs,
     reconnectMaxMs,

@@ -36,23 +36,6 @@ class Reporter {
     this.backoff = new Backoff(100, 5000);
     this.pending = new Map(); // lease_id -> entry, for forget()
     this.stopSignal = new AbortController();
-    this.paused = false;
-  }
-
-  /**
-   * Hold reports back (drain settle): an unreported lease keeps its credit used,
-   * so the gateway sends nothing new while the worker reads what is in transit.
-   */
-  pause() {
-    this.paused = true;
-  }
-
-  /** Send what was held back. */
-  resume() {
-    this.paused = false;
-    for (const kind of ['Ack', 'Fail']) {
-      if (this.queues[kind].length) this.schedule(kind, 0);
-    }
   }
 
   /** Queue a successful completion; resolves to an outcome object. */
@@ -100,7 +83,6 @@ class Reporter {
   }
 
   schedule(kind, delayMs) {
-    if (this.paused) return;
     if (this.timers[kind]) {
       if (delayMs > 0) return;
       clearTimeout(this.timers[kind]);
@@ -117,7 +99,7 @@ class Reporter {
   }
 
   async flush(kind) {
-    while (this.queues[kind].length > 0 && !this.paused) {
+    while (this.queues[kind].length > 0) {
       const batch = this.queues[kind].splice(0, MAX_BATCH);
       for (const e of batch) e.sent = true;
       await this.send(kind, batch);

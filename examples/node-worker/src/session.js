@@ -26,6 +26,8 @@ class LeaseSession {
     this.closed = new AbortController();
     this.call = null;
     this.sessions = 0;
+    this.draining = false;
+    this.ended = null; // resolves when the current stream ends
   }
 
   /** The LeaseRequest this worker sends. */
@@ -45,9 +47,13 @@ class LeaseSession {
 
   /** Run sessions until close() or a fatal status; resolves when done. */
   async run() {
-    while (!this.closed.signal.aborted) {
+    while (!this.closed.signal.aborted && !this.draining) {
       const status = await this.once();
       if (this.closed.signal.aborted) break;
+      if (this.draining) { // OK after the draining heartbeat: every lease sent has arrived
+        log.info('lease stream ended while draining', { code: codeName(status.code) });
+        break;
+      }
       if (FATAL.has(status.code)) {
         const err = new Error(`Lease refused: ${codeName(status.code)}: ${status.details}`);
         err.code = status.code;
@@ -66,6 +72,7 @@ class LeaseSession {
     return new Promise((resolve) => {
       const call = this.broker.Lease(this.request(), this.metadata());
       this.call = call;
+      this.ended = new Promise((r) => call.on('status', () => r(true)));
       call.on('data', (msg) => this.onMessage(msg));
       call.on('error', () => {}); // the 'status' event below carries the same information
       call.on('status', (status) => {
@@ -89,6 +96,23 @@ class LeaseSession {
     } else if (msg.kind === 'task') {
       this.callbacks.onTask(msg.task);
     }
+  }
+
+  /**
+   * Drain: stop reconnecting, keep reading the open stream until it ends (the
+   * gateway ends it with OK after a draining heartbeat) or `timeoutMs` passes.
+   *
+   * @param {number} timeoutMs longest wait, in ms
+   * @returns {Promise<boolean>} true when the stream ended (or none was open)
+   */
+  async finish(timeoutMs) {
+    this.draining = true;
+    if (!this.call) return true; // between sessions (backoff): nothing in transit
+    let timer;
+    const timedOut = new Promise((r) => { timer = setTimeout(() => r(false), timeoutMs); });
+    const ended = await Promise.race([this.ended, timedOut]);
+    clearTimeout(timer);
+    return ended;
   }
 
   /** End the stream and stop reconnecting (drain or shutdown). */

@@ -19,6 +19,8 @@ const { decodePayload, encodeResult, makeContext } = require('./task');
 const ABORT = Object.freeze({ TIMEOUT: 'timeout', CANCELLED: 'cancelled', LOST: 'lost', DRAIN: 'drain' });
 const DEFAULT_HEARTBEAT_MS = 10000;
 const REPORT_DRAIN_MS = 15000;
+/** Shortest wait for the Lease stream to end after the draining heartbeat, in ms. */
+const DRAIN_STREAM_MIN_MS = 2000;
 
 class Worker {
   /**
@@ -40,7 +42,6 @@ class Worker {
     this.stats = { processed: 0, failed: 0, retried: 0, released: 0, cancelled: 0, lost: 0,
       timeouts: 0, stale: 0, by_type: {} };
     this.exitCode = 0;
-    this.settling = false;
     this.reporter = new Reporter(broker, metadata,
       { flushMs: config.ackFlushMs, onFatal: (err) => this.fatal(err) });
     this.session = new LeaseSession({ config, broker, metadata }, {
@@ -68,12 +69,12 @@ class Worker {
   onTask(task) {
     const lease = { task, id: task.lease_id, phase: 'buffered', controller: null };
     this.held.set(lease.id, lease);
-    if (this.state === 'running' || this.settling) {
-      this.buffer.push(lease); // while settling: held, released once the stream is closed
+    if (this.state === 'running') {
+      this.buffer.push(lease);
       this.pump();
       return;
     }
-    this.release(lease, 'worker draining');
+    this.release(lease, 'worker draining'); // in transit when the drain began: never runs
   }
 
   pump() {
@@ -213,6 +214,8 @@ class Worker {
       active_tasks: this.running.size,
       concurrency: this.config.concurrency,
       hostname: this.config.hostname,
+      // Once draining, every heartbeat says so: the gateway then sends nothing new.
+      draining: this.state !== 'running',
     };
     try {
       const deadlineMs = Math.max(1000, this.heartbeatMs);
@@ -254,8 +257,11 @@ class Worker {
   }
 
   /**
-   * Graceful drain: stop leasing, release buffered leases, let running handlers
-   * finish within drainGraceMs (release them after that), flush reports, exit 0.
+   * Graceful drain: send a draining heartbeat at once (later ones repeat it),
+   * release buffered leases and every task still arriving, read the Lease
+   * stream until the gateway ends it with OK (bounded, for gateways without
+   * the field), let running handlers finish within drainGraceMs (release them
+   * after that), flush reports, exit 0.
    */
   async stop() {
     if (this.state !== 'running') {
@@ -265,31 +271,20 @@ class Worker {
     }
     this.state = 'draining';
     log.info('draining', { running: this.running.size, buffered: this.buffer.length,
-      grace_ms: this.config.drainGraceMs, settle_ms: this.config.drainSettleMs });
-    await this.settle();
-    this.session.close();
-    this.reporter.resume();
+      grace_ms: this.config.drainGraceMs });
+    const graceTimer = setTimeout(() => this.abortRunning(ABORT.DRAIN), this.config.drainGraceMs);
     const buffered = this.buffer.splice(0);
     buffered.forEach((lease) => this.release(lease, 'worker draining'));
-    const graceTimer = setTimeout(() => this.abortRunning(ABORT.DRAIN), this.config.drainGraceMs);
+    if (this.heartbeatTimer) clearTimeout(this.heartbeatTimer);
+    this.heartbeat(); // the draining heartbeat, now
+    const waitMs = Math.max(DRAIN_STREAM_MIN_MS, 2 * this.heartbeatMs);
+    const ended = await this.session.finish(waitMs);
+    if (!ended) log.warn('lease stream not ended by the gateway; closing it', { waited_ms: waitMs });
+    this.session.close();
     await this.waitFor(() => this.held.size === 0, this.config.drainGraceMs + REPORT_DRAIN_MS);
     clearTimeout(graceTimer);
     this.shutdown(0);
     return this.done;
-  }
-
-  /**
-   * Keep reading the Lease stream for drainSettleMs with reports held back, so
-   * tasks already in transit arrive (and are released) instead of being lost
-   * with the cancelled stream; holding reports keeps the credit used, so the
-   * gateway sends nothing new meanwhile.
-   */
-  async settle() {
-    if (this.config.drainSettleMs <= 0) return;
-    this.settling = true;
-    this.reporter.pause();
-    await new Promise((r) => setTimeout(r, this.config.drainSettleMs));
-    this.settling = false;
   }
 
   abortRunning(reason) {
@@ -315,7 +310,6 @@ class Worker {
     this.state = 'stopped';
     this.exitCode = code;
     this.session.close();
-    this.settling = false;
     if (this.heartbeatTimer) clearTimeout(this.heartbeatTimer);
     if (this.held.size > 0) log.warn('exiting with unreported leases', { count: this.held.size });
     this.reporter.abandon();

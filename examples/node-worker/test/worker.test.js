@@ -16,7 +16,8 @@ const PROTO = loadConfig({ DTQ_QUEUE: 'q' }).protoPath;
 async function fakeBroker(script) {
   const def = protoLoader.loadSync(PROTO, LOADER_OPTIONS);
   const { Broker } = grpc.loadPackageDefinition(def).dtq.v1;
-  const seen = { heartbeats: [], acks: [], fails: [], leases: 0 };
+  const seen = { heartbeats: [], draining: [], acks: [], fails: [], leases: 0, ended: 0 };
+  const open = new Set();
   const server = new grpc.Server();
   server.addService(Broker.service, {
     Lease(call) {
@@ -28,9 +29,21 @@ async function fakeBroker(script) {
       call.write({ session: { session_id: 's', heartbeat_interval_ms: 50, visibility_timeout_ms: 1000,
         max_in_flight: 4, gateway_id: 'fake', result_max_bytes: 8192, lease_grace_ms: 0 } });
       for (const task of script.tasks || []) call.write({ task });
+      open.add(call);
+      call.on('cancelled', () => open.delete(call));
     },
     Heartbeat(call, cb) {
       seen.heartbeats.push(call.request.lease_ids);
+      seen.draining.push(call.request.draining);
+      if (call.request.draining && script.honorDraining !== false) {
+        // like the gateway: what was already sent (scripted in transit), then OK
+        for (const lease of open) {
+          for (const t of script.inTransit || []) lease.write({ task: t });
+          lease.end();
+          seen.ended += 1;
+        }
+        open.clear();
+      }
       cb(null, { lost_lease_ids: script.lost?.(call.request.lease_ids) || [],
         cancelled_lease_ids: script.cancelled?.(call.request.lease_ids) || [],
         heartbeat_interval_ms: 50 });
@@ -151,5 +164,38 @@ test('UNAVAILABLE on Lease reconnects', async () => {
   await until(() => fake.seen.leases >= 3);
   worker.stop();
   assert.equal(await done, 0);
+  fake.close();
+});
+
+test('drain: draining heartbeat, tasks in transit released, stream read to its OK end', async () => {
+  const fake = await fakeBroker({ tasks: [task(1, 'conf.sleep', { ms: 300 })],
+    inTransit: [task(2, 'conf.echo', { late: true })] });
+  const { worker, done } = startWorker(fake.port, { DTQ_CONCURRENCY: '1' });
+  await until(() => worker.running.size === 1 && fake.seen.heartbeats.length > 0);
+  const started = Date.now();
+  worker.stop();
+  assert.equal(await done, 0);
+  assert.ok(Date.now() - started < 2000, 'the stream ended on OK, before the bounded wait');
+  const first = fake.seen.draining.indexOf(true);
+  assert.ok(first > 0, 'a heartbeat with draining=true was sent');
+  assert.ok(fake.seen.draining.slice(first).every((d) => d), 'later heartbeats keep draining');
+  assert.ok(fake.seen.heartbeats[first].includes('lease-1'));
+  assert.equal(fake.seen.ended, 1);
+  assert.equal(fake.seen.leases, 1, 'no reconnect after the stream ended');
+  assert.deepEqual(fake.seen.fails.map((f) => [f.lease_id, f.mode]), [['lease-2', 'FAIL_MODE_RELEASE']]);
+  assert.deepEqual(fake.seen.acks.map((a) => a.lease_id), ['lease-1']);
+  fake.close();
+});
+
+test('drain: a gateway that ignores draining is waited for at most the bound', async () => {
+  const fake = await fakeBroker({ honorDraining: false });
+  const { worker, done } = startWorker(fake.port);
+  await until(() => fake.seen.heartbeats.length > 0);
+  const started = Date.now();
+  worker.stop();
+  assert.equal(await done, 0);
+  const waited = Date.now() - started;
+  assert.ok(waited >= 1900 && waited < 4000, `drain took ${waited} ms`);
+  assert.ok(fake.seen.draining.includes(true));
   fake.close();
 });
