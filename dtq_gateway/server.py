@@ -44,11 +44,13 @@ GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
 
 def redis_client(settings: Settings, url: str) -> Redis:
     """Async Redis client with a bounded pool. No call blocks on the server side, so a
-    socket timeout of a few seconds only ever fires on a dead connection."""
+    socket timeout of a few seconds only ever fires on a dead connection. A connection
+    idle for over a second is PINGed before use, so after a Redis restart stale pooled
+    connections are replaced instead of failing the next (non-idempotent) command."""
     extra = {"connection_class": FastWriteConnection} if url.startswith("redis://") else {}
     pool = BlockingConnectionPool.from_url(
         url, max_connections=settings.redis_max_connections, timeout=5,
-        socket_timeout=5, socket_connect_timeout=3, health_check_interval=30,
+        socket_timeout=5, socket_connect_timeout=3, health_check_interval=1,
         retry_on_timeout=False, **extra)
     return Redis(connection_pool=pool)
 
