@@ -156,7 +156,6 @@ class Worker:
         """A status that retrying cannot fix: stop with a non-zero exit."""
         self.fatal = f"{what}: {err.code().name} {err.details()}"
 
-    # --- Lease stream ----------------------------------------------------
     def lease_loop(self):
         """Read Lease sessions until draining; reconnect with backoff."""
         req = pb.LeaseRequest(
@@ -197,7 +196,6 @@ class Worker:
             self.buffer.append(h)
             self.cond.notify_all()
 
-    # --- Running ---------------------------------------------------------
     def slot_loop(self):
         """One handler slot: take buffered leases while not draining."""
         while True:
@@ -247,11 +245,10 @@ class Worker:
             if fn is None:
                 raise UnknownTaskType(f"no handler for task type {t.task_type!r}")
             h.outcome = ("ok", fn(t, decode_args(t), h.stop))
-        except Exception as e:  # every handler error becomes a Fail
+        except Exception as e:  # noqa: BLE001 - every handler error becomes a Fail
             h.outcome = ("err", e)
         h.wake.set()
 
-    # --- Heartbeats ------------------------------------------------------
     def hb_loop(self):
         """Heartbeat every interval (from the end of the previous one)."""
         self.have_session.wait()
@@ -310,7 +307,6 @@ class Worker:
         h.stop.set()
         h.wake.set()
 
-    # --- Reporting -------------------------------------------------------
     def report(self, h, ack=None, fail=None):
         """Queue an Ack or Fail item; the lease stays held until answered."""
         self.reports.put((h, ack, fail))
@@ -377,7 +373,6 @@ class Worker:
                 del self.held[h.task.lease_id]
             self.cond.notify_all()
 
-    # --- Shutdown --------------------------------------------------------
     def wait_until(self, done, timeout_s, stop=None):
         """Wait on the condition until done() or timeout_s or stop is set."""
         end = time.monotonic() + timeout_s
