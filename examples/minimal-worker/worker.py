@@ -385,6 +385,7 @@ class Worker:
     def drain(self):
         """SIGTERM: draining heartbeat, read the stream to its end, hand back."""
         log.info("draining (grace %.1f s)", self.grace_s)
+        grace_end = time.monotonic() + self.grace_s  # counted from the drain start
         with self.cond:
             self.cond.notify_all()
         self.hb_kick.set()  # heartbeat with draining=true now
@@ -401,7 +402,7 @@ class Worker:
             self.report(h, fail=pb.FailItem(lease_id=h.task.lease_id,
                                             mode=pb.FAIL_MODE_RELEASE, error_class="Shutdown"))
         running = lambda: [h for h in self.held.values() if h.running and not h.why]
-        self.wait_until(lambda: not running(), self.grace_s, self.grace_over)
+        self.wait_until(lambda: not running(), grace_end - time.monotonic(), self.grace_over)
         with self.cond:
             late = running()
             for h in late:
