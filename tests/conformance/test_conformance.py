@@ -31,8 +31,11 @@ def test_tasks_are_received_and_acked_with_their_result(
     binary = bytes(range(256))
     ids.append(client.enqueue(queue, "conf.echo", binary,
                               content_type="application/octet-stream"))
+    # JSON that re-encoding would change (spaces, 1.0, \u escape): echo is byte-exact
+    loose_json = b'{ "b" : 1.0, "a":"\\u00e9" }'
+    ids.append(client.enqueue(queue, "conf.echo", loose_json, content_type="application/json"))
     expected = [json.dumps(p, separators=(",", ":"), ensure_ascii=False).encode()
-                for p in payloads] + [binary]
+                for p in payloads] + [binary, loose_json]
 
     for task_id, want, task in zip(ids, expected, client.wait_all_terminal(ids, 30)):
         assert task.status == S.TASK_STATUS_SUCCEEDED, describe(task)
