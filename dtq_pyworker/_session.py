@@ -66,15 +66,9 @@ async def lease_loop(worker: Worker, stub, runtime: Runtime,
                 return
             log.info("lease stream ended by the gateway; reconnecting")
         except grpc.aio.AioRpcError as exc:
-            err = DtqRpcError.from_rpc_error(exc)
-            if err.code in FATAL_LEASE_ERRORS:
-                worker._stop_fatally(err)
+            floor_s = _on_stream_error(worker, DtqRpcError.from_rpc_error(exc), failures)
+            if floor_s is None:
                 return
-            if worker._draining:
-                log.info("lease stream failed while draining: %s", err)
-                return
-            _log_stream_error(err, failures)
-            floor_s = min(MAX_RETRY_INFO_S, err.retry_after_s or 0.0)
         except Exception:
             log.exception("lease stream handling failed; reconnecting")
         finally:
@@ -83,6 +77,19 @@ async def lease_loop(worker: Worker, stub, runtime: Runtime,
         failures = 1 if opened else failures + 1
         worker._count("reconnects")
         await asyncio.sleep(max(floor_s, backoff.next()))  # RetryInfo is a lower bound
+
+
+def _on_stream_error(worker: Worker, err: DtqRpcError, failures: int) -> float | None:
+    """Handle a failed Lease stream: None = stop leasing, else the least delay (s)
+    before reconnecting (the gateway's RetryInfo, capped)."""
+    if err.code in FATAL_LEASE_ERRORS:
+        worker._stop_fatally(err)
+        return None
+    if worker._draining:
+        log.info("lease stream failed while draining: %s", err)
+        return None
+    _log_stream_error(err, failures)
+    return min(MAX_RETRY_INFO_S, err.retry_after_s or 0.0)
 
 
 def _log_stream_error(err: DtqRpcError, failures: int) -> None:

@@ -55,7 +55,7 @@ async def test_drain_sends_draining_heartbeats_and_releases_tasks_in_transit(fak
 async def test_drain_against_a_gateway_without_draining_is_bounded(fake):
     fake.honor_draining = False  # an older gateway: the stream never ends by itself
     worker = make_worker(fake, concurrency=1, max_in_flight=3, drain_grace_s=10)
-    started, first, release = _blocking_worker(worker)
+    _started, _first, release = _blocking_worker(worker)
     release.set()
     task = asyncio.create_task(worker.run_async(install_signal_handlers=False))
     lease = await fake.push("t")
