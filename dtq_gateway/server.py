@@ -55,13 +55,6 @@ def redis_client(settings: Settings, url: str) -> Redis:
     return Redis(connection_pool=pool)
 
 
-def dedicated_client(redis: Redis) -> Redis:
-    """A client on the same pool that holds one connection for itself: the dispatch
-    loop's calls are sequential, and skipping the pool's acquire/release per call
-    (condition, timeout, accounting) halves redis-py's client CPU per round trip."""
-    return Redis(connection_pool=redis.connection_pool, single_connection_client=True)
-
-
 class HealthProbe:
     """PINGs Redis every second; health is SERVING only while Redis answers and the
     gateway is not draining."""
@@ -123,9 +116,7 @@ class Gateway:
         self.server = grpc.aio.server(options=GRPC_OPTIONS,
                                       interceptors=server_interceptors(settings))
         self.completion = Completion(self.redis, settings, on_done=self._on_done)
-        self.dispatch_redis = dedicated_client(self.redis)
-        self.dispatcher = Dispatcher(self.dispatch_redis, settings, self.groups,
-                                     release=self._release)
+        self.dispatcher = Dispatcher(self.redis, settings, self.groups, release=self._release)
         self.broker = Broker(self.redis, settings, self.groups, on_queued=self.dispatcher.notify)
         self.health = health.aio.HealthServicer()
         self.probe = HealthProbe(self.redis, self.health, self.draining)
@@ -194,6 +185,5 @@ class Gateway:
         await self.dispatcher.stop()  # Lease streams end with UNAVAILABLE
         await self.server.stop(self.settings.shutdown_grace_s)
         await self.scheduler.stop()
-        await self.dispatch_redis.aclose()
         await self.redis.aclose()
         log.info("stopped", extra={"drain_s": round(time.monotonic() - started, 3)})
