@@ -70,10 +70,13 @@ class Broker:
         Raises redis connection errors (mapped to UNAVAILABLE by the servicer).
         """
         await self.groups.ensure(self.redis, {t.queue for t in tasks})
-        pipe = self.redis.pipeline(transaction=False)
-        for t in tasks:
-            ENQUEUE.queue(pipe, *self._enqueue_call(t))
-        replies = await execute(self.redis, pipe)
+        if len(tasks) == 1:  # unary Enqueue: one EVALSHA, without a pipeline's set-up
+            replies = [await ENQUEUE(self.redis, *self._enqueue_call(tasks[0]))]
+        else:
+            pipe = self.redis.pipeline(transaction=False)
+            for t in tasks:
+                ENQUEUE.queue(pipe, *self._enqueue_call(t))
+            replies = await execute(self.redis, pipe)
         out: list[Enqueued | DtqError] = []
         for task, reply in zip(tasks, replies):
             if isinstance(reply, Exception):
