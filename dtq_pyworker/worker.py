@@ -271,7 +271,7 @@ class Worker:
             return
         beat = asyncio.create_task(_session.drain_heartbeat(self, stub, runtime),
                                    name="dtq-drain-heartbeat")
-        bound_s = max(DRAIN_STREAM_MIN_S, 2 * (self._heartbeat_interval_ms or 5000) / 1000.0)
+        bound_s = max(DRAIN_STREAM_MIN_S, 2 * self._heartbeat_interval_ms / 1000.0)
         force = asyncio.ensure_future(self._force.wait())
         try:
             await asyncio.wait([lease_task, force], timeout=bound_s,

@@ -104,6 +104,7 @@ class RawWorker:
         self.held: dict[str, Lease] = {}
         self.ready: queue.Queue[Lease | None] = queue.Queue()
         self.heartbeat_s = 10.0
+        self.session_seen = False  # a SessionInfo arrived: heartbeat_s is the gateway's
         self.draining = threading.Event()
         self.stream_closed = threading.Event()
         self.stopped = threading.Event()
@@ -127,6 +128,7 @@ class RawWorker:
                     if msg.HasField("session"):
                         attempt = 0
                         self.heartbeat_s = msg.session.heartbeat_interval_ms / 1000
+                        self.session_seen = True
                     else:
                         self.on_task(msg.task)
                 code = C.OK
@@ -312,7 +314,7 @@ class RawWorker:
 
     def stream_wait_s(self) -> float:
         """How long to wait for the stream to end after the draining heartbeat (s)."""
-        return max(DRAIN_STREAM_MIN_S, 2 * self.heartbeat_s)
+        return max(DRAIN_STREAM_MIN_S, 2 * self.heartbeat_s if self.session_seen else 0.0)
 
     def release_buffered(self) -> None:
         with self.lock:

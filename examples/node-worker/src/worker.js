@@ -277,7 +277,8 @@ class Worker {
     buffered.forEach((lease) => this.release(lease, 'worker draining'));
     if (this.heartbeatTimer) clearTimeout(this.heartbeatTimer);
     this.heartbeat(); // the draining heartbeat, now
-    const waitMs = Math.max(DRAIN_STREAM_MIN_MS, 2 * this.heartbeatMs);
+    const interval = this.session.sessions > 0 ? this.heartbeatMs : 0; // 0: no session yet
+    const waitMs = Math.max(DRAIN_STREAM_MIN_MS, 2 * interval);
     const ended = await this.session.finish(waitMs);
     if (!ended) log.warn('lease stream not ended by the gateway; closing it', { waited_ms: waitMs });
     this.session.close();
