@@ -79,7 +79,7 @@ async def list_workers(redis: Redis, heartbeat_interval_ms: int) -> list[WorkerR
         age = max(0, now - last) if last else now
         alive = age < 3 * heartbeat_interval_ms
         stored = text(f.get("status"))
-        status = "stopped" if stored == "stopped" else ("alive" if alive else "stale")
+        status = stored if stored in ("stopped", "draining") else ("alive" if alive else "stale")
         out.append(WorkerRecord(
             worker_id=worker_id, hostname=text(f.get("hostname")),
             started_at_ms=_ms_field(f, "started_at", "started_at_ms"),

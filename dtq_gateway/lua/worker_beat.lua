@@ -7,9 +7,15 @@
 local now = now_ms()
 local key, worker = KEYS[1], ARGV[3]
 redis.call('HSETNX', key, 'started_at', now)
+-- 'draining' sticks until a new session starts: neither the end of the draining
+-- worker's stream ('stopped') nor a plain heartbeat already in flight may let another
+-- replica lease to it again.
+local current = redis.call('HGET', key, 'status')
 local status = 'alive'
-if ARGV[6] == 'stopped' then status = 'stopped' elseif ARGV[6] == 'draining' then
+if ARGV[6] == 'draining' or (current == 'draining' and ARGV[6] ~= 'started') then
   status = 'draining'
+elseif ARGV[6] == 'stopped' then
+  status = 'stopped'
 end
 redis.call('HSET', key, 'worker_id', worker, 'last_heartbeat', now, 'status', status)
 if ARGV[4] ~= '' then redis.call('HSET', key, 'hostname', ARGV[4]) end

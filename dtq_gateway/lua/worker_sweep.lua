@@ -34,7 +34,7 @@ if f[1] == 'alive' and now - last > stale_after_ms then
     {reason = 'heartbeat_overdue', last_heartbeat_ms = last, age_ms = now - last})
   return 'stale'
 end
-if f[1] == 'stopped' and now - last > stale_after_ms then
+if (f[1] == 'stopped' or f[1] == 'draining') and now - last > stale_after_ms then
   redis.call('SREM', set_key, worker_id)
   return 'forgotten'
 end

@@ -276,3 +276,21 @@ async def test_draining_heartbeat_ends_the_stream_after_every_sent_lease(broker_
     assert len({t.task_id for t in got_other}) == 5
     assert all(t.attempt == 1 for t in got_other)  # nothing was burned by the drain
     other.close()
+
+
+async def test_draining_survives_the_stream_end_and_shows_in_list_workers(broker_stub, channel):
+    from dtq_proto import dtq_pb2_grpc
+
+    admin = dtq_pb2_grpc.AdminStub(channel)
+    lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
+    await broker_stub.Heartbeat(pb.HeartbeatRequest(worker_id="w1", draining=True))
+    with pytest.raises(EOFError):
+        await lease.next()  # the stream ended; its "stopped" record must not undo draining
+    await broker_stub.Heartbeat(pb.HeartbeatRequest(worker_id="w1"))  # a late plain beat
+    workers = (await admin.ListWorkers(pb.ListWorkersRequest())).workers
+    assert [(w.worker_id, w.status) for w in workers] == [("w1", "draining")]
+    await broker_stub.Enqueue(enq())
+    other = await LeaseStream(broker_stub, "w1", ["q"], heartbeat=False).open()
+    # a new session of the same worker id starts it afresh
+    assert (await other.next()).attempt == 1
+    other.close()
