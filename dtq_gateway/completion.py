@@ -77,44 +77,45 @@ class Completion:
     async def ack(self, items: Sequence[dtq_pb2.AckItem]) -> list[ItemOutcome]:
         """Complete leases successfully; one outcome per item, in order."""
         s = self.settings
-        outcomes = self._decode([it.lease_id for it in items])
-        pipe = self.redis.pipeline(transaction=False)
-        queued = []
-        for it, oc in zip(items, outcomes):
-            if oc.lease is None:
-                continue
-            le = oc.lease
+
+        def call(it: dtq_pb2.AckItem, le: Lease) -> tuple[list[str], list]:
             result = it.result[: s.result_max_bytes]
-            ACK.queue(pipe, [le.stream, keys.task(le.task_id), keys.result(le.task_id),
-                             _idem_key(le)],
-                      Script.argv_notified(keys.GROUP, le.entry_id, le.attempt, le.worker_id, le.task_id,
-                                  result, "1" if len(it.result) > len(result) else "0",
-                                  s.result_retention_s, s.task_retention_s,
-                                  "1" if le.idem_digest else "0"))
-            queued.append(oc)
-        await self._run(pipe, queued)
-        return outcomes
+            return ([le.stream, keys.task(le.task_id), keys.result(le.task_id), _idem_key(le)],
+                    Script.argv_notified(
+                        keys.GROUP, le.entry_id, le.attempt, le.worker_id, le.task_id, result,
+                        "1" if len(it.result) > len(result) else "0", s.result_retention_s,
+                        s.task_retention_s, "1" if le.idem_digest else "0"))
+
+        return await self._apply(items, ACK, call)
 
     async def fail(self, items: Sequence[dtq_pb2.FailItem]) -> list[ItemOutcome]:
         """Report failed / released / cancelled leases; one outcome per item, in order."""
         s = self.settings
+
+        def call(it: dtq_pb2.FailItem, le: Lease) -> tuple[list[str], list]:
+            retryable = it.retryable if it.HasField("retryable") else True
+            return ([le.stream, keys.task(le.task_id), keys.DEAD_LETTER, keys.RETRY_SCHEDULE,
+                     _idem_key(le)],
+                    Script.argv_notified(
+                        keys.GROUP, le.entry_id, le.attempt, le.worker_id, le.task_id,
+                        _MODES.get(it.mode, "failure"), "1" if retryable else "0",
+                        min(it.retry_after_ms, 86_400_000), random.random(),
+                        it.error_message[:4096], it.error_class[:128], s.dlq_maxlen,
+                        s.task_retention_s, "1" if le.idem_digest else "0"))
+
+        return await self._apply(items, FAIL, call)
+
+    async def _apply(self, items: Sequence, script: Script,
+                     call: Callable[[object, Lease], tuple[list[str], list]]
+                     ) -> list[ItemOutcome]:
+        """Run ``script`` once per well-formed item, all in one pipeline (one round trip)."""
         outcomes = self._decode([it.lease_id for it in items])
         pipe = self.redis.pipeline(transaction=False)
         queued = []
         for it, oc in zip(items, outcomes):
-            if oc.lease is None:
-                continue
-            le = oc.lease
-            retryable = it.retryable if it.HasField("retryable") else True
-            FAIL.queue(pipe, [le.stream, keys.task(le.task_id), keys.DEAD_LETTER,
-                              keys.RETRY_SCHEDULE, _idem_key(le)],
-                       Script.argv_notified(keys.GROUP, le.entry_id, le.attempt, le.worker_id, le.task_id,
-                                   _MODES.get(it.mode, "failure"), "1" if retryable else "0",
-                                   min(it.retry_after_ms, 86_400_000), random.random(),
-                                   it.error_message[:4096], it.error_class[:128],
-                                   s.dlq_maxlen, s.task_retention_s,
-                                   "1" if le.idem_digest else "0"))
-            queued.append(oc)
+            if oc.lease is not None:
+                script.queue(pipe, *call(it, oc.lease))
+                queued.append(oc)
         await self._run(pipe, queued)
         return outcomes
 

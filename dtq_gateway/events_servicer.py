@@ -9,10 +9,8 @@ the stream ends with UNAVAILABLE so clients reconnect to another replica.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc
 
@@ -20,6 +18,7 @@ from dtq_gateway import keys
 from dtq_gateway.errors import InvalidArgument, Unavailable
 from dtq_gateway.events_hub import Event, EventsHub
 from dtq_gateway.grpc_errors import abort
+from dtq_gateway.task_record import stringify
 from dtq_proto import dtq_pb2, dtq_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -31,18 +30,6 @@ MAX_FILTER_QUEUES = 256
 def type_name(value: int) -> str:
     """EventType enum value → event JSON type string (``TASK_QUEUED``)."""
     return dtq_pb2.EventType.Name(value)[len(_PREFIX):]
-
-
-def _metadata_value(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return ""
-    if isinstance(value, (int, float)):
-        return str(value)
-    return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
 def to_response(event: Event, dropped: int) -> dtq_pb2.SubscribeResponse | None:
@@ -63,7 +50,7 @@ def to_response(event: Event, dropped: int) -> dtq_pb2.SubscribeResponse | None:
         task_id=str(event.get("task_id") or ""), queue=str(event.get("queue") or ""),
         task_type=str(event.get("task_type") or ""), attempt=attempt,
         worker_id=str(event.get("worker_id") or ""),
-        metadata={str(k): _metadata_value(v) for k, v in meta.items()}
+        metadata={str(k): stringify(v) for k, v in meta.items()}
         if isinstance(meta, dict) else {},
         dropped=dropped)
 

@@ -50,7 +50,7 @@ def _int(value: bytes | str | None) -> int:
         return 0
 
 
-def _stringify(value: Any) -> str:
+def stringify(value: Any) -> str:
     """Map value of a JSON object → proto map string (JSON for non-strings)."""
     if isinstance(value, str):
         return value
@@ -105,7 +105,7 @@ def _metadata(f: Mapping[str, bytes]) -> dict[str, str]:
         raw = json.loads(_text(f.get("metadata")) or "{}")
     except ValueError:
         raw = {}
-    meta = {str(k): _stringify(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+    meta = {str(k): stringify(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
     if _text(f.get("discarded")) == "1":
         meta["discarded"] = "true"
     requeues = _int(f.get("requeues"))
