@@ -134,21 +134,22 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
     async def PauseQueue(self, request: pb.PauseQueueRequest, context: Any
                          ) -> pb.PauseQueueResponse:
         """Stop leasing from a queue (audited)."""
-        admin.validate_queue(request.queue)
-        call = _call(context)
-        changed = await admin.set_paused(self.redis, request.queue, True, call, request.reason,
-                                         audit_maxlen=self.settings.audit_maxlen)
-        return pb.PauseQueueResponse(changed=changed, request_id=call.request_id)
+        changed, request_id = await self._set_paused(request, context, True)
+        return pb.PauseQueueResponse(changed=changed, request_id=request_id)
 
     @_rpc
     async def ResumeQueue(self, request: pb.ResumeQueueRequest, context: Any
                           ) -> pb.ResumeQueueResponse:
         """Resume leasing from a queue (audited)."""
+        changed, request_id = await self._set_paused(request, context, False)
+        return pb.ResumeQueueResponse(changed=changed, request_id=request_id)
+
+    async def _set_paused(self, request: Any, context: Any, paused: bool) -> tuple[bool, str]:
         admin.validate_queue(request.queue)
         call = _call(context)
-        changed = await admin.set_paused(self.redis, request.queue, False, call, request.reason,
+        changed = await admin.set_paused(self.redis, request.queue, paused, call, request.reason,
                                          audit_maxlen=self.settings.audit_maxlen)
-        return pb.ResumeQueueResponse(changed=changed, request_id=call.request_id)
+        return changed, call.request_id
 
     @_rpc
     async def ListDeadLetters(self, request: pb.ListDeadLettersRequest, context: Any
