@@ -225,7 +225,7 @@ class Dispatcher:
             if s.worker_id in workers:
                 s.full = False
             if (tick or s.worker_id in workers or s.session_id in new
-                    or (not s.full and queues.intersection(s.queues))):
+                    or (not s.full and not queues.isdisjoint(s.queues))):
                 picked.append(s)
         return picked
 
