@@ -1,0 +1,113 @@
+"""Focused dtq measurements used while optimizing (not part of ``make bench``).
+
+``.venv/bin/python -m bench.focus drain`` enqueues a backlog with EnqueueBatch, drains
+it with one ``dtq-pyworker`` process and prints, per task, the gateway's CPU split into
+the enqueue and the drain phase, the worker's and Redis's CPU, and how many items each
+``Ack`` call carried (from the gateway's ``/metrics``).
+
+``.venv/bin/python -m bench.focus enqueue`` prints unary Enqueue calls/s and gateway
+CPU per call, one caller and 16 in flight.
+
+Both start their own redis-server and gateway, like the bench. CPU comes from
+``/proc/<pid>/stat`` (gateway, worker) and ``INFO cpu`` (Redis), in µs per task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import urllib.request
+from typing import Any
+
+import grpc
+import redis
+
+from bench.common import Sizes, private_redis, proc_cpu_s
+from bench.dtq_bench import DtqBench, Processes, _wait_file
+from tests.support.redis_server import free_port
+
+_ACK_COUNT = re.compile(
+    r'dtq_rpc_duration_seconds_count\{code="OK",method="/dtq.v1.Broker/Ack"\} (\S+)')
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return resp.read().decode()
+
+
+def _redis_cpu_s(r: redis.Redis) -> float:
+    info = r.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+async def _drain(procs: Processes, bench: DtqBench, metrics_port: int, n: int) -> dict[str, Any]:
+    r = redis.Redis.from_url(procs.redis_url)
+    pid = procs.gateway.pid  # type: ignore[union-attr]
+    await bench.enqueue_batch(500, kind="x")  # warm-up, never consumed
+    c0, r0 = proc_cpu_s(pid), _redis_cpu_s(r)
+    rate = await bench.enqueue_batch(n)
+    c1, r1 = proc_cpu_s(pid), _redis_cpu_s(r)
+    for f in bench.out.glob("*.json"):
+        f.unlink()
+    procs.start_worker(bench.out)
+    done = await _wait_file(bench.out / "drain.json", 300)
+    c2, r2 = proc_cpu_s(pid), _redis_cpu_s(r)
+    worker_s = proc_cpu_s(procs.worker.pid)  # type: ignore[union-attr]
+    procs.stop_worker()
+    text = await asyncio.to_thread(_get, f"http://127.0.0.1:{metrics_port}/metrics")
+    acks = sum(float(x) for x in _ACK_COUNT.findall(text)) or 1.0
+    us = 1e6 / n
+    return {"batch_per_s": round(rate),
+            "drain_per_s": round((done["n"] - 1) / ((done["last_ns"] - done["first_ns"]) / 1e9)),
+            "gateway_us_enqueue": round((c1 - c0) * us, 1),
+            "gateway_us_drain": round((c2 - c1) * us, 1),
+            "worker_us": round(worker_s * us, 1), "redis_us_enqueue": round((r1 - r0) * us, 1),
+            "redis_us_drain": round((r2 - r1) * us, 1), "ack_calls": int(acks),
+            "items_per_ack": round(n / acks, 1)}
+
+
+async def _enqueue(procs: Processes, bench: DtqBench) -> dict[str, Any]:
+    pid = procs.gateway.pid  # type: ignore[union-attr]
+    await bench.enqueue_unary(1000, 16)  # warm-up
+    out: dict[str, Any] = {}
+    for in_flight, n in ((1, 3000), (16, 10000)):
+        c0 = proc_cpu_s(pid)
+        rate = await bench.enqueue_unary(n, in_flight)
+        out[f"enqueue_{in_flight}_per_s"] = round(rate)
+        out[f"gateway_us_per_call_{in_flight}"] = round((proc_cpu_s(pid) - c0) / n * 1e6, 1)
+    return out
+
+
+async def _main(what: str, n: int) -> None:
+    server = private_redis()
+    procs = Processes(server.url)
+    metrics_port = free_port()
+    procs.gateway = procs._spawn("gateway", [
+        sys.executable, "-m", "dtq_gateway", "--redis-url", server.url, "--listen",
+        procs.target, "--metrics-port", str(metrics_port), "--log-level", "WARNING"], {})
+    try:
+        channel = grpc.aio.insecure_channel(procs.target)
+        await asyncio.wait_for(channel.channel_ready(), 20)
+        bench = DtqBench(procs, Sizes.for_mode(False, 1), channel)
+        result = await (_drain(procs, bench, metrics_port, n) if what == "drain"
+                        else _enqueue(procs, bench))
+        print(json.dumps(result))
+    finally:
+        procs.stop()
+        server.cleanup()
+
+
+def main() -> None:
+    """Command line: ``python -m bench.focus {drain,enqueue} [-n N]``."""
+    p = argparse.ArgumentParser(prog="python -m bench.focus", description=__doc__.split("\n")[0])
+    p.add_argument("what", choices=["drain", "enqueue"])
+    p.add_argument("-n", type=int, default=20000, help="backlog size for drain (tasks)")
+    args = p.parse_args()
+    asyncio.run(_main(args.what, args.n))
+
+
+if __name__ == "__main__":
+    main()
