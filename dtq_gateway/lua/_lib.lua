@@ -44,12 +44,18 @@ local function publish(ev_type, ms, task_id, queue, task_type, attempt, worker_i
   redis.call('PUBLISH', EVENTS_CHANNEL, cjson.encode(ev))
 end
 
--- Record the outcome of attempt n in the task hash field att:<n> (JSON).
-local function record_attempt(task_key, n, worker_id, started_ms, finished_ms, outcome, err, err_class)
-  redis.call('HSET', task_key, 'att:' .. n, cjson.encode({
+-- The JSON value of the task hash field att:<n> (one attempt's outcome).
+local function attempt_json(worker_id, started_ms, finished_ms, outcome, err, err_class)
+  return cjson.encode({
     worker_id = worker_id or '', started_at_ms = tonumber(started_ms) or 0,
     finished_at_ms = tonumber(finished_ms) or 0, outcome = outcome,
-    error_message = err or '', error_class = err_class or '' }))
+    error_message = err or '', error_class = err_class or '' })
+end
+
+-- Record the outcome of attempt n in the task hash field att:<n> (JSON).
+local function record_attempt(task_key, n, worker_id, started_ms, finished_ms, outcome, err, err_class)
+  redis.call('HSET', task_key, 'att:' .. n,
+    attempt_json(worker_id, started_ms, finished_ms, outcome, err, err_class))
 end
 
 -- Refresh the retention TTL of a task hash (DTQ_TASK_RETENTION_S) and stamp it.

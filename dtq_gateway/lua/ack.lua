@@ -18,10 +18,12 @@ end
 local now = now_ms()
 redis.call('XACK', stream, group, id)
 redis.call('XDEL', stream, id)
+-- one HSET for the state, the attempt record and the touch stamp (hot path)
 redis.call('HSET', task_key, 'status', 'succeeded', 'finished_at_ms', now, 'entry_id', '',
-  'done_entry_id', id, 'done_kind', 'ack', 'result_truncated', ARGV[9])
-record_attempt(task_key, attempt, worker, h[4], now, 'succeeded', '', '')
-touch(task_key, now, tonumber(ARGV[11]))
+  'done_entry_id', id, 'done_kind', 'ack', 'result_truncated', ARGV[9],
+  'att:' .. attempt, attempt_json(worker, h[4], now, 'succeeded', '', ''),
+  'updated_at_ms', now)
+redis.call('EXPIRE', task_key, tonumber(ARGV[11]))
 redis.call('SET', result_key, ARGV[8], 'EX', tonumber(ARGV[10]))
 idem_update(idem_key, task_id, 'completed', now)
 publish('TASK_SUCCEEDED', now, task_id, h[6], h[7], attempt, worker, nil)

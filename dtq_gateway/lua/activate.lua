@@ -57,10 +57,12 @@ for i = 1, n do
     touch(task_key, now, retention)
     out[i] = {'requeued'}
   else
+    -- one HSET for the state, the attempt record and the touch stamp (hot path)
     redis.call('HSET', task_key, 'status', 'active', 'worker_id', consumer,
-      'started_at_ms', now, 'cancel_requested', '0')
-    record_attempt(task_key, attempt, consumer, now, 0, 'running', '', '')
-    touch(task_key, now, retention)
+      'started_at_ms', now, 'cancel_requested', '0',
+      'att:' .. attempt, attempt_json(consumer, now, 0, 'running', '', ''),
+      'updated_at_ms', now)
+    redis.call('EXPIRE', task_key, retention)
     publish('TASK_STARTED', now, task_id, h[8], h[9], attempt, consumer, nil)
     out[i] = {'ok', h[5], h[6], h[7], now}
   end

@@ -41,22 +41,23 @@ if delay_ms > 0 then due = now + delay_ms elseif not_before > now then due = not
 local expires_at = tonumber(ARGV[18])
 if tonumber(ARGV[19]) > 0 then expires_at = now + tonumber(ARGV[19]) end
 
+local status, due_at = 'queued', 0
+if due > now then status, due_at = 'scheduled', due end
+
+-- one HSET for the record, its status and the touch stamp (hot path)
 redis.call('HSET', task_key, 'task_id', task_id, 'queue', ARGV[4], 'task_type', ARGV[5],
   'payload', ARGV[6], 'content_type', ARGV[7], 'priority', ARGV[8], 'max_attempts', ARGV[9],
   'timeout_ms', ARGV[10], 'idem_key', ARGV[11], 'idem_digest', ARGV[12], 'metadata', ARGV[13],
   'backoff_base_ms', ARGV[14], 'backoff_cap_ms', ARGV[15], 'attempt', 1, 'entry_id', '',
-  'created_at_ms', now, 'not_before_ms', not_before, 'expires_at_ms', expires_at)
+  'created_at_ms', now, 'not_before_ms', not_before, 'expires_at_ms', expires_at,
+  'status', status, 'due_at_ms', due_at, 'updated_at_ms', now)
 
-local status = 'queued'
-if due > now then
-  status = 'scheduled'
-  redis.call('HSET', task_key, 'status', status, 'due_at_ms', due)
+if status == 'scheduled' then
   redis.call('ZADD', schedule_key, due, task_id)
 else
-  redis.call('HSET', task_key, 'status', status, 'due_at_ms', 0)
   add_entry(stream_key, task_key, 1)
 end
-touch(task_key, now, tonumber(ARGV[20]))
+redis.call('EXPIRE', task_key, tonumber(ARGV[20]))
 
 redis.call('ZADD', recent_key, now, task_id)
 redis.call('ZREMRANGEBYRANK', recent_key, 0, -(tonumber(ARGV[22]) + 1))
