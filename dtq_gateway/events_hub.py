@@ -23,17 +23,10 @@ import contextlib
 import json
 import logging
 import random
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-
-try:
-    import hiredis
-except ImportError:  # pragma: no cover - hiredis is a dependency (redis[hiredis])
-    hiredis = None
 
 from dtq_gateway import keys
 from dtq_gateway.duty import OUTAGE_ERRORS, RateLimitedLog
@@ -43,8 +36,6 @@ log = logging.getLogger(__name__)
 
 #: Longest wait of one pub/sub read; bounds how long stop() takes (s).
 POLL_S = 0.25
-#: Silence after which the subscriber PINGs Redis to prove the connection alive (s).
-HEALTH_S = 30.0
 
 Event = dict[str, Any]
 Listener = Callable[[Event], None]
@@ -246,9 +237,6 @@ class EventsHub:
                 log.info("events: resubscribed", extra={"channel": self.channel})
                 self._outage_log.reset()
             self.connected.set()
-            stream = _raw_stream(pubsub)
-            if stream is not None:
-                await self._read_raw(pubsub, stream)
             while not self._stopped:
                 msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=POLL_S)
                 if msg is not None and msg.get("type") == "message":
@@ -257,49 +245,3 @@ class EventsHub:
             self.connected.clear()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(pubsub.aclose(), timeout=1.0)
-
-    async def _read_raw(self, pubsub: Any, stream: asyncio.StreamReader) -> None:
-        """Fast path: parse whatever the socket holds with one hiredis reader and
-        dispatch every message in it. redis-py's ``get_message`` costs a health check,
-        a timeout context and a parse call per message; with three events per task the
-        hub read them back at a per-task cost. Idle for ``HEALTH_S``, it PINGs; no
-        reply within ``socket_timeout`` means a dead connection (resubscribe)."""
-        reader = hiredis.Reader()
-        conn = pubsub.connection
-        dead_after = HEALTH_S + (conn.socket_timeout or 5.0)
-        last_rx, pinged = time.monotonic(), False
-        while not self._stopped:
-            try:
-                async with asyncio.timeout(POLL_S):
-                    data = await stream.read(1 << 16)
-            except TimeoutError:
-                idle = time.monotonic() - last_rx
-                if idle > dead_after:
-                    raise RedisConnectionError("events: no reply to PING") from None
-                if idle > HEALTH_S and not pinged:
-                    pinged = True
-                    await conn.send_command("PING", check_health=False)
-                continue
-            if not data:
-                raise RedisConnectionError("events: connection closed by Redis")
-            last_rx, pinged = time.monotonic(), False
-            reader.feed(data)
-            while (msg := reader.gets()) is not False:
-                if isinstance(msg, list) and len(msg) == 3 and msg[0] == b"message":
-                    self.dispatch(msg[2])
-
-
-def _raw_stream(pubsub: Any) -> asyncio.StreamReader | None:
-    """The subscribed connection's socket reader when the fast path applies (hiredis
-    installed, RESP2 or RESP3, nothing buffered by redis-py yet), else None."""
-    conn = pubsub.connection
-    stream = getattr(conn, "_reader", None)
-    parser = getattr(conn, "_parser", None)
-    if hiredis is None or not isinstance(stream, asyncio.StreamReader):
-        return None
-    if str(getattr(conn, "protocol", 2) or 2) not in ("2", "3"):  # RESP3: push frames
-        return None
-    if parser is not None and getattr(parser, "_reader", None) is not None \
-            and parser._reader.has_data():
-        return None
-    return stream

@@ -16,7 +16,7 @@ import time
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 
 from dtq_gateway import auth, observe
 from dtq_gateway.audit import request_id_of
@@ -26,7 +26,6 @@ from dtq_gateway.completion import Completion, ItemOutcome
 from dtq_gateway.dispatch import Dispatcher
 from dtq_gateway.groups import Groups
 from dtq_gateway.ops import Operations, server_interceptors
-from dtq_gateway.redis_conn import FastPool, FastWriteConnection
 from dtq_gateway.scheduler import Scheduler
 from dtq_gateway.settings import Settings
 from dtq_proto import dtq_pb2, dtq_pb2_grpc
@@ -47,11 +46,10 @@ def redis_client(settings: Settings, url: str) -> Redis:
     socket timeout of a few seconds only ever fires on a dead connection. A connection
     idle for over a second is PINGed before use, so after a Redis restart stale pooled
     connections are replaced instead of failing the next (non-idempotent) command."""
-    extra = {"connection_class": FastWriteConnection} if url.startswith("redis://") else {}
-    pool = FastPool.from_url(
+    pool = BlockingConnectionPool.from_url(
         url, max_connections=settings.redis_max_connections, timeout=5,
         socket_timeout=5, socket_connect_timeout=3, health_check_interval=1,
-        retry_on_timeout=False, **extra)
+        retry_on_timeout=False)
     return Redis(connection_pool=pool)
 
 
