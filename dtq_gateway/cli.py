@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      extra={"binary": embedded.binary, "dir": str(embedded.dir),
                             "url": embedded.url})
             embedded.start()
-        except EmbeddedRedisError as exc:
+        except (EmbeddedRedisError, OSError) as exc:
             log.error("embedded redis failed: %s", exc)
             return 1
         redis_url = embedded.url
@@ -67,7 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         runner(_serve(settings, redis_url))
     except OSError as exc:
-        log.error("gateway failed: %s", exc)
+        log.error("gateway failed: %s (gRPC %s, metrics port %s)", exc, settings.listen,
+                  settings.metrics_port or "off")
         return 1
     finally:
         if embedded:

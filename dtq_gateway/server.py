@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAMES = tuple(dtq_pb2.DESCRIPTOR.services_by_name[n].full_name
                       for n in ("Broker", "Admin", "Events"))
-GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
+GRPC_OPTIONS = [("grpc.so_reuseport", 0),  # a taken port must fail, not be shared
+                ("grpc.max_receive_message_length", 64 << 20),
                 ("grpc.max_send_message_length", 64 << 20),
                 ("grpc.keepalive_time_ms", 30000),
                 ("grpc.http2.max_pings_without_data", 0),
@@ -162,7 +163,10 @@ class Gateway:
     async def start(self) -> None:
         """Bind, start serving and start the background duties."""
         self._add_services()
-        self.port = self._bind()
+        try:
+            self.port = self._bind()
+        except RuntimeError as exc:  # grpc's "Failed to bind": port taken or bad address
+            raise OSError(f"cannot listen on {self.settings.listen}: {exc}") from None
         if not self.port:
             raise OSError(f"could not bind {self.settings.listen}")
         await self.probe.check_once()

@@ -149,8 +149,12 @@ def _validate(s: Settings) -> None:
     if s.backoff_base_ms > s.backoff_cap_ms:
         raise SettingsError("DTQ_BACKOFF_BASE_MS must not exceed DTQ_BACKOFF_CAP_MS")
     host, sep, port = s.listen.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise SettingsError(f"DTQ_LISTEN must be host:port (got {s.listen!r})")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise SettingsError(f"DTQ_LISTEN must be host:port with a port 0..65535 "
+                            f"(got {s.listen!r})")
+    if s.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise SettingsError(f"DTQ_LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL "
+                            f"(got {s.log_level!r})")
     if s.metrics_port > 65535:
         raise SettingsError(f"DTQ_METRICS_PORT must be a port number (got {s.metrics_port})")
     if s.redis_url and not s.redis_url.startswith(("redis://", "rediss://", "unix://")):

@@ -52,3 +52,21 @@ def test_sigterm_exits_zero_within_grace(redis_url):
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+def test_a_taken_port_is_refused_not_shared(redis_url):
+    port = free_port()
+    env = dict(os.environ, DTQ_REDIS_URL=redis_url, DTQ_LISTEN=f"127.0.0.1:{port}",
+               DTQ_METRICS_PORT="0")
+    first = subprocess.Popen([sys.executable, "-m", "dtq_gateway"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            grpc.channel_ready_future(ch).result(timeout=15)
+        second = subprocess.run([sys.executable, "-m", "dtq_gateway"], env=env,
+                                capture_output=True, text=True, timeout=30)
+        assert second.returncode == 1
+        assert "gateway failed" in second.stderr
+    finally:
+        first.terminate()
+        first.wait(timeout=10)

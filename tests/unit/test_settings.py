@@ -54,3 +54,13 @@ def test_cli_exits_2_with_one_line(capsys):
     assert main(["--heartbeat-interval-s", "40"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "DTQ_HEARTBEAT_INTERVAL_S" in err[0]
+
+
+@pytest.mark.parametrize("env, needle", [
+    ({"DTQ_LISTEN": "127.0.0.1:99999"}, "DTQ_LISTEN"),
+    ({"DTQ_LOG_LEVEL": "LOUD"}, "DTQ_LOG_LEVEL"),
+])
+def test_more_invalid_settings(env, needle):
+    with pytest.raises(SettingsError) as err:
+        load([], environ=env)
+    assert needle in str(err.value)
