@@ -16,6 +16,8 @@ TERMINAL = frozenset({TaskStatus.TASK_STATUS_SUCCEEDED, TaskStatus.TASK_STATUS_D
                       TaskStatus.TASK_STATUS_CANCELLED, TaskStatus.TASK_STATUS_EXPIRED})
 POLL_S = 0.02
 
+RETRY_S = 0.1  # wait between retries of an UNAVAILABLE call, bounded by its deadline
+
 
 def status_name(status: int) -> str:
     """TaskStatus name, e.g. TASK_STATUS_ACTIVE."""
@@ -72,7 +74,7 @@ class ConformanceClient:
             except grpc.RpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
                     raise
-                time.sleep(0.1)
+                time.sleep(RETRY_S)
 
     def wait_for(self, task_id: str, predicate: Callable[[dtq_pb2.Task], bool],
                  timeout_s: float, what: str = "condition") -> dtq_pb2.Task:

@@ -21,6 +21,8 @@ pytestmark = pytest.mark.system
 S = dtq_pb2.TaskStatus
 FAST_RETRY = dtq_pb2.RetryPolicy(backoff_base_ms=50, backoff_cap_ms=100)
 
+POLL_S = 0.02  # interval of deadline-bounded polls
+
 
 def test_tasks_are_received_and_acked_with_their_result(
         start_worker: StartWorker, client: ConformanceClient, queue: str) -> None:
@@ -163,7 +165,7 @@ def test_sigterm_drains_without_losing_or_double_running_tasks(
     deadline = time.monotonic() + 10
     while (info := client.worker_info(first.worker_id)) is None or info.active_tasks < 2:
         assert time.monotonic() < deadline, f"no heartbeat with 2 running handlers: {info}"
-        time.sleep(0.02)
+        time.sleep(POLL_S)
 
     code = first.terminate_and_wait(25)
     assert code == 0, f"worker exit code {code} after SIGTERM\n{first.output()}"

@@ -8,6 +8,9 @@ from dtq_pyworker import Worker
 
 worker = Worker(["unused"], worker_id="cli-default", drain_grace_s=10)
 
+WORK_SLICE_S = 0.01  # the simulated work checks ctx.cancelled this often
+HANG_S = 120  # longer than any drain grace in the tests
+
 
 @worker.task("echo")
 def echo(payload, ctx):
@@ -19,14 +22,14 @@ def slow(payload, ctx):
     # Stands for real work of ~0.5 s that a drain must let finish.
     end = time.monotonic() + payload["seconds"]
     while time.monotonic() < end and not ctx.cancelled.is_set():
-        time.sleep(0.01)
+        time.sleep(WORK_SLICE_S)
     return {"slept": payload["seconds"]}
 
 
 @worker.task("hang")
 def hang(payload, ctx):
     # A handler that ignores ctx.cancelled: the process must still exit after the drain.
-    time.sleep(120)
+    time.sleep(HANG_S)
 
 
 def build() -> Worker:

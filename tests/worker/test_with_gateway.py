@@ -9,6 +9,8 @@ from dtq_proto import dtq_pb2
 from dtq_pyworker import AsyncClient, PermanentError, Retry, Worker
 from tests.worker.helpers import poll_until, running, wait_event
 
+POLL_S = 0.02  # GetTask poll interval, bounded by each wait's deadline
+
 
 def _worker(gateway, **kwargs) -> Worker:
     kwargs.setdefault("worker_id", "w-e2e")
@@ -56,7 +58,7 @@ async def _poll_task(client, task_id, predicate, timeout_s=10.0):
         if predicate(task):
             return task
         assert asyncio.get_running_loop().time() < deadline, task
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(POLL_S)
 
 
 async def test_cancel_running_task_end_to_end(gateway):

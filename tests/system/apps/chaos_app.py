@@ -29,6 +29,8 @@ from dtq_pyworker import Retry, TaskContext, Worker
 #: Longest a chaos.block handler waits for its release file (s).
 BLOCK_LIMIT_S = 30.0
 
+POLL_S = 0.02  # release-file poll interval, bounded by BLOCK_LIMIT_S
+
 
 def record(event: str, ctx: TaskContext) -> None:
     """Append one run-log line for ``ctx``'s task to ``$CHAOS_RUN_LOG``."""
@@ -70,7 +72,7 @@ def build_worker() -> Worker:
         release = Path(payload["until_file"])
         deadline = time.monotonic() + BLOCK_LIMIT_S
         while not release.exists() and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(POLL_S)
         record("done", ctx)
         return {"released": release.exists()}
 
