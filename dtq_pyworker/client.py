@@ -29,6 +29,14 @@ def _next_poll(delay_s: float) -> float:
     return min(POLL_MAX_S, delay_s * 1.5)
 
 
+def _connect(target: str | None, aio: bool, options: list[tuple[str, Any]] | None,
+             **security: Any) -> tuple[str, Any, Any]:
+    """(resolved target, channel, Broker stub) for a client; ``security``: token/TLS."""
+    conn = Connection.resolve(target, **security)
+    channel = conn.channel(aio=aio, options=options)
+    return conn.target, channel, conn.stub(channel)
+
+
 class Client:
     """Blocking producer client.
 
@@ -49,12 +57,10 @@ class Client:
                  channel_options: list[tuple[str, Any]] | None = None,
                  token: str | None = None, tls: bool | None = None, tls_ca: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None) -> None:
-        conn = Connection.resolve(target, token=token, tls=tls, tls_ca=tls_ca,
-                                  tls_cert=tls_cert, tls_key=tls_key)
-        self.target = conn.target
         self.timeout_s = timeout_s
-        self._channel = conn.channel(aio=False, options=channel_options)
-        self._stub = conn.stub(self._channel)
+        self.target, self._channel, self._stub = _connect(
+            target, False, channel_options, token=token, tls=tls, tls_ca=tls_ca,
+            tls_cert=tls_cert, tls_key=tls_key)
 
     def _call(self, method: str, request: Any) -> Any:
         try:
@@ -148,12 +154,10 @@ class AsyncClient:
                  channel_options: list[tuple[str, Any]] | None = None,
                  token: str | None = None, tls: bool | None = None, tls_ca: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None) -> None:
-        conn = Connection.resolve(target, token=token, tls=tls, tls_ca=tls_ca,
-                                  tls_cert=tls_cert, tls_key=tls_key)
-        self.target = conn.target
         self.timeout_s = timeout_s
-        self._channel = conn.channel(aio=True, options=channel_options)
-        self._stub = conn.stub(self._channel)
+        self.target, self._channel, self._stub = _connect(
+            target, True, channel_options, token=token, tls=tls, tls_ca=tls_ca,
+            tls_cert=tls_cert, tls_key=tls_key)
 
     async def _call(self, method: str, request: Any) -> Any:
         try:
