@@ -19,6 +19,7 @@ from dtq_gateway import keys
 from dtq_gateway.admin_scripts import PAUSE_QUEUE
 from dtq_gateway.audit import log_audit
 from dtq_gateway.errors import InvalidArgument, NotFound
+from dtq_gateway.replies import text
 
 ENTRY_ID_RE = re.compile(r"^\d{1,20}-\d{1,20}$")
 #: Most members of dtq:retry:schedule examined to count one queue's scheduled tasks.
@@ -85,13 +86,6 @@ class QueueSummary:
     depth: int
     pending: int
     paused: bool
-
-
-def text(value: Any) -> str:
-    """Redis reply value as str."""
-    if value is None:
-        return ""
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def as_int(value: Any) -> int:

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from dtq_gateway import keys
-from dtq_gateway.admin import as_int, redis_now_ms, text, validate_page_token
+from dtq_gateway.admin import as_int, redis_now_ms, validate_page_token
 from dtq_gateway.admin_scripts import TASK_SUMMARIES
+from dtq_gateway.replies import text
 from dtq_gateway.task_record import normalize
 
 _CHUNK = 500

@@ -18,11 +18,12 @@ import grpc
 from redis.asyncio import Redis
 
 from dtq_gateway import admin, admin_dlq, admin_lists, keys
-from dtq_gateway.admin import CallInfo, as_int, page_size, text
+from dtq_gateway.admin import CallInfo, as_int, page_size
 from dtq_gateway.audit import request_id_of
 from dtq_gateway.auth import actor_of
 from dtq_gateway.errors import InvalidArgument
 from dtq_gateway.grpc_errors import abort
+from dtq_gateway.replies import text
 from dtq_gateway.settings import Settings
 from dtq_gateway.task_record import NAME_BY_STATUS, task_from_hash
 from dtq_proto import dtq_pb2 as pb

@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 from dtq_gateway import keys, observe
 from dtq_gateway.errors import DtqError, NotFound, QueueFull, WrongState
 from dtq_gateway.groups import Groups
+from dtq_gateway.replies import text as _s
 from dtq_gateway.scripts import Script, execute
 from dtq_gateway.settings import Settings
 from dtq_gateway.validation import NewTask
@@ -23,10 +24,6 @@ log = logging.getLogger(__name__)
 
 ENQUEUE = Script("enqueue")
 CANCEL = Script("cancel")
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 @dataclass(frozen=True, slots=True)

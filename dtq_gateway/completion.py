@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 from dtq_gateway import keys, leaseid
 from dtq_gateway.errors import DtqError, StaleLease
 from dtq_gateway.leaseid import Lease
+from dtq_gateway.replies import text as _s
 from dtq_gateway.scripts import Script, execute
 from dtq_gateway.settings import Settings
 from dtq_proto import dtq_pb2
@@ -29,10 +30,6 @@ _MODES = {dtq_pb2.FAIL_MODE_UNSPECIFIED: "failure", dtq_pb2.FAIL_MODE_FAILURE: "
           dtq_pb2.FAIL_MODE_RELEASE: "release", dtq_pb2.FAIL_MODE_CANCELLED: "cancelled"}
 _KIND_STATUS = {"retry": "scheduled", "dead": "dead_lettered", "released": "queued",
                 "cancelled": "cancelled", "ok": "succeeded"}
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 @dataclass(slots=True)

@@ -29,6 +29,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from dtq_gateway import keys, metrics, observe
 from dtq_gateway.groups import Groups
 from dtq_gateway.leaseid import Lease
+from dtq_gateway.replies import text as _s
 from dtq_gateway.scripts import EVENT_ID_PREFIX, Script
 from dtq_gateway.settings import Settings
 from dtq_proto import dtq_pb2
@@ -43,10 +44,6 @@ _OWN_EVENT = b'"event_id":"' + EVENT_ID_PREFIX.encode()
 WAKE_EVENTS = frozenset({"TASK_QUEUED", "TASK_RETRIED"})
 FREE_EVENTS = frozenset({"TASK_SUCCEEDED", "TASK_RETRY_SCHEDULED", "TASK_DEAD_LETTERED",
                          "TASK_CANCELLED", "TASK_QUEUED"})
-
-
-def _s(v: bytes | str) -> str:
-    return v.decode() if isinstance(v, bytes) else v
 
 
 @dataclass(eq=False)

@@ -30,15 +30,6 @@ def jittered(seconds: float, spread: float = 0.2) -> float:
     return max(0.0, seconds * random.uniform(1.0 - spread, 1.0 + spread))
 
 
-def text(value: bytes | str | None) -> str:
-    """A Redis reply value as str (works with and without decode_responses)."""
-    if value is None:
-        return ""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    return str(value)
-
-
 class RateLimitedLog:
     """Logs a recurring problem at most once per ``every_s``, counting the rest."""
 

@@ -26,8 +26,9 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from dtq_gateway import keys
-from dtq_gateway.duty import PeriodicDuty, text
+from dtq_gateway.duty import PeriodicDuty
 from dtq_gateway.leader import LeaderLock
+from dtq_gateway.replies import text
 from dtq_gateway.scripts import Script, execute
 from dtq_gateway.settings import Settings
 

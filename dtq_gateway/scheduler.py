@@ -28,9 +28,10 @@ import logging
 from redis.asyncio import Redis
 
 from dtq_gateway import keys
-from dtq_gateway.duty import PeriodicDuty, text
+from dtq_gateway.duty import PeriodicDuty
 from dtq_gateway.leader import LeaderLock, LockKeeper
 from dtq_gateway.reaper import Reaper
+from dtq_gateway.replies import text
 from dtq_gateway.scripts import Script, execute
 from dtq_gateway.settings import Settings
 

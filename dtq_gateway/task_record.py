@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from dtq_gateway.replies import text as _text
 from dtq_proto import dtq_pb2
 
 log = logging.getLogger(__name__)
@@ -33,14 +34,6 @@ NAME_BY_STATUS: dict[int, str] = {v: k for k, v in STATUS_BY_NAME.items()}
 _ATT_RE = re.compile(r"^att:(\d{1,4})$")
 _INT_FIELDS = ("created_at_ms", "not_before_ms", "expires_at_ms", "started_at_ms",
                "finished_at_ms", "updated_at_ms", "due_at_ms")
-
-
-def _text(value: bytes | str | None) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    return value
 
 
 def _int(value: bytes | str | None) -> int:
