@@ -17,7 +17,7 @@ from dtq_gateway.completion import Completion, ItemOutcome
 from dtq_gateway.dispatch import Dispatcher, Session
 from dtq_gateway.errors import DtqError, InvalidArgument, Unavailable
 from dtq_gateway.settings import Settings
-from dtq_gateway.task_record import task_from_hash
+from dtq_gateway.task_record import STATUS_BY_NAME, task_from_hash
 from dtq_gateway.validation import check_queue, check_task_id, check_worker_id, validate_enqueue
 from dtq_proto import dtq_pb2, dtq_pb2_grpc
 
@@ -25,15 +25,11 @@ log = logging.getLogger(__name__)
 
 MAX_BATCH = 1000
 MAX_QUEUES = 32
-_STATUS = {"queued": dtq_pb2.TASK_STATUS_QUEUED, "scheduled": dtq_pb2.TASK_STATUS_SCHEDULED,
-           "active": dtq_pb2.TASK_STATUS_ACTIVE, "succeeded": dtq_pb2.TASK_STATUS_SUCCEEDED,
-           "dead_lettered": dtq_pb2.TASK_STATUS_DEAD_LETTERED,
-           "cancelled": dtq_pb2.TASK_STATUS_CANCELLED, "expired": dtq_pb2.TASK_STATUS_EXPIRED}
 
 
 def status_enum(status: str) -> int:
     """TaskStatus value of a stored status string (UNSPECIFIED when unknown)."""
-    return _STATUS.get(status, dtq_pb2.TASK_STATUS_UNSPECIFIED)
+    return STATUS_BY_NAME.get(status, dtq_pb2.TASK_STATUS_UNSPECIFIED)
 
 
 def _lease_result(oc: ItemOutcome) -> dtq_pb2.LeaseResult:
