@@ -60,6 +60,14 @@ class Session:
     closed: bool = False
     #: set when the stream ends because the worker said it is draining (ends with OK)
     worker_draining: bool = False
+    #: band streams, band-major p9 first, and the full KEYS of lease_read (fixed per session)
+    streams: list[str] = field(init=False)
+    read_keys: list[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.streams = [keys.stream(q, b) for b in keys.BANDS_DESC for q in self.queues]
+        self.read_keys = ([keys.paused(q) for q in self.queues] + self.streams
+                          + [keys.worker(self.worker_id)])
 
 
 class Dispatcher:
@@ -240,11 +248,10 @@ class Dispatcher:
 
     async def _lease(self, session: Session) -> tuple[int, bool]:
         """One lease_read + activate for a session; returns (delivered, had credit left)."""
-        queues = session.queues
-        streams = [keys.stream(q, b) for b in keys.BANDS_DESC for q in queues]
+        queues, streams = session.queues, session.streams
         await self.groups.ensure(self.redis, queues)
         reply = await LEASE_READ(
-            self.redis, [keys.paused(q) for q in queues] + streams + [keys.worker(session.worker_id)],
+            self.redis, session.read_keys,
             Script.argv(keys.GROUP, session.worker_id, session.max_in_flight, BATCH_MAX,
                         len(queues), self.stale_after_ms))
         pending, missing, stalled, entries = int(reply[0]), reply[1], int(reply[2]), reply[3:]
