@@ -21,6 +21,8 @@ from dtq_proto import dtq_pb2, dtq_pb2_grpc
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
+READY_POLL_S = 0.05  # readiness probe interval, bounded by the start deadline
+
 
 def tail(path: Path, lines: int = 40) -> str:
     """Last lines of a log file ("" when missing)."""
@@ -137,7 +139,7 @@ class Gateway(Process):
                         return
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"gateway not ready after {timeout_s}s\n{self.output()}")
-                time.sleep(0.05)
+                time.sleep(READY_POLL_S)
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 15 s."""
