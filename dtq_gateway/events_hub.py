@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import random
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -34,8 +35,10 @@ from dtq_gateway.metrics import EVENTS_DROPPED
 
 log = logging.getLogger(__name__)
 
-#: Longest wait of one pub/sub read; bounds how long stop() takes (s).
-POLL_S = 0.25
+#: Silence on the subscription after which the hub PINGs it (s).
+IDLE_PING_S = 15.0
+#: How long the hub waits for any message (the PONG at least) after that PING (s).
+PONG_TIMEOUT_S = 5.0
 
 Event = dict[str, Any]
 Listener = Callable[[Event], None]
@@ -106,14 +109,24 @@ class EventsHub:
         channel: pub/sub channel (default ``keys.EVENTS_CHANNEL``).
         buffer_size: capacity of each subscription buffer (events).
         max_backoff_s: longest wait between resubscribe attempts (s).
+        idle_ping_s: silence (s) after which the subscription is PINGed.
+        pong_timeout_s: wait (s) for any message after that PING before the hub drops
+            the connection and resubscribes (a half-open TCP connection never errors).
     """
 
     def __init__(self, redis: Redis, *, channel: str = keys.EVENTS_CHANNEL,
-                 buffer_size: int = 1000, max_backoff_s: float = 5.0) -> None:
+                 buffer_size: int = 1000, max_backoff_s: float = 5.0,
+                 idle_ping_s: float = IDLE_PING_S, pong_timeout_s: float = PONG_TIMEOUT_S
+                 ) -> None:
         self.redis = redis
         self.channel = channel
         self.buffer_size = buffer_size
         self.max_backoff_s = max_backoff_s
+        self.idle_ping_s = idle_ping_s
+        self.pong_timeout_s = pong_timeout_s
+        self._received_at = 0.0
+        self.pings = 0  # PINGs sent on a silent subscription
+        self.silent_drops = 0  # connections dropped by the PING watchdog, for tests and logs
         self.connected = asyncio.Event()
         self.subscribe_count = 0  # successful (re)subscriptions, for tests and logs
         self._subs: set[Subscription] = set()
@@ -169,17 +182,14 @@ class EventsHub:
     async def stop(self) -> None:
         """Stop reading and close every subscription (their streams end).
 
-        The reader notices the stop flag within one poll (``POLL_S``); it is not
-        cancelled first because redis-py's pub/sub read may swallow a
-        cancellation that races with its own read timeout.
+        The reader blocks in ``listen()`` (no read timeout), so it is cancelled; its
+        ``finally`` closes the subscription.
         """
         self._stopped = True
         task, self._task = self._task, None
         if task is not None:
-            done, _ = await asyncio.wait({task}, timeout=POLL_S * 4 + 1.0)
-            if not done:
-                task.cancel()
-                await asyncio.wait({task}, timeout=1.0)
+            task.cancel()
+            await asyncio.wait({task}, timeout=2.0)
         for sub in list(self._subs):
             sub.close()
         self._subs.clear()
@@ -228,8 +238,16 @@ class EventsHub:
             await asyncio.sleep(random.uniform(base / 2, base))
 
     async def _listen(self) -> None:
-        """Subscribe and deliver messages until the connection fails."""
+        """Subscribe and deliver messages until the connection fails.
+
+        Reads with ``PubSub.listen()``, a blocking read per message: about a quarter of
+        the CPU of a ``get_message(timeout=...)`` poll, which sets up a timeout and a
+        health check on every call (the hub reads back three events per task). A
+        blocking read never times out, so :meth:`_watch` guards against a connection
+        that went silent without an error.
+        """
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        watchdog: asyncio.Task[None] | None = None
         try:
             await pubsub.subscribe(self.channel)
             self.subscribe_count += 1
@@ -237,11 +255,41 @@ class EventsHub:
                 log.info("events: resubscribed", extra={"channel": self.channel})
                 self._outage_log.reset()
             self.connected.set()
-            while not self._stopped:
-                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=POLL_S)
-                if msg is not None and msg.get("type") == "message":
+            self._received_at = time.monotonic()
+            watchdog = asyncio.create_task(self._watch(pubsub), name="dtq-events-watchdog")
+            async for msg in pubsub.listen():
+                self._received_at = time.monotonic()
+                if msg.get("type") == "message":
                     self.dispatch(msg["data"])
+                if self._stopped:
+                    return
         finally:
             self.connected.clear()
+            if watchdog is not None:
+                watchdog.cancel()
+                await asyncio.gather(watchdog, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(pubsub.aclose(), timeout=1.0)
+
+    async def _watch(self, pubsub: Any) -> None:
+        """PING the subscription after ``idle_ping_s`` of silence; when nothing (not even
+        the PONG) arrives within ``pong_timeout_s``, drop the connection: a half-open TCP
+        connection never errors by itself. The blocked read then fails or reconnects
+        (redis-py resubscribes on reconnect); either way the hub hears events again."""
+        while True:
+            idle = time.monotonic() - self._received_at
+            if idle < self.idle_ping_s:
+                await asyncio.sleep(self.idle_ping_s - idle)
+                continue
+            pinged_at = time.monotonic()
+            self.pings += 1
+            with contextlib.suppress(Exception):  # a failed send shows up in the read
+                await asyncio.wait_for(pubsub.ping(), timeout=self.pong_timeout_s)
+            await asyncio.sleep(max(0.0, pinged_at + self.pong_timeout_s - time.monotonic()))
+            if self._received_at < pinged_at:
+                self.silent_drops += 1
+                self._outage_log.log(logging.WARNING, "events: no reply to PING within "
+                                     "%.1f s; reconnecting", self.pong_timeout_s)
+                self._received_at = time.monotonic()  # the next check waits a full period
+                with contextlib.suppress(Exception):
+                    await pubsub.connection.disconnect()

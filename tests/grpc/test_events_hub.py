@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 
 import pytest
@@ -157,3 +158,55 @@ async def test_resubscribes_after_redis_restart(own_redis) -> None:
         await hub.stop()
         await client.aclose()
         await publisher.aclose()
+
+
+async def test_silent_connection_is_dropped_and_events_flow_again(own_redis) -> None:
+    """A subscription that goes silent without an error (here: redis-server SIGSTOPped,
+    so the PING gets no PONG) is dropped by the watchdog; events flow again after."""
+    client = aioredis.from_url(own_redis.url, socket_timeout=1, socket_connect_timeout=1)
+    publisher = aioredis.from_url(own_redis.url)
+    hub = EventsHub(client, max_backoff_s=0.2, idle_ping_s=0.2, pong_timeout_s=0.3)
+    hub.start()
+    try:
+        await asyncio.wait_for(hub.connected.wait(), 5)
+        sub = hub.subscribe()
+        own_redis.proc.send_signal(signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 10
+            while hub.silent_drops == 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        finally:
+            own_redis.proc.send_signal(signal.SIGCONT)
+        assert hub.silent_drops >= 1
+        deadline = time.monotonic() + 15
+        received, n = None, 0
+        while received is None and time.monotonic() < deadline:
+            n += 1
+            await publisher.publish(keys.EVENTS_CHANNEL, ev(n))
+            try:
+                received = await asyncio.wait_for(sub.get(), 0.2)
+            except TimeoutError:
+                continue
+        assert received is not None, "no event delivered after the silent period"
+    finally:
+        await hub.stop()
+        await client.aclose()
+        await publisher.aclose()
+
+
+async def test_idle_healthy_subscription_is_kept(client) -> None:
+    """PINGs on an idle but healthy subscription get their PONG: no reconnect."""
+    hub = EventsHub(client, idle_ping_s=0.1, pong_timeout_s=0.5)
+    hub.start()
+    try:
+        await asyncio.wait_for(hub.connected.wait(), 5)
+        sub = hub.subscribe()
+        deadline = time.monotonic() + 10
+        while hub.pings < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert hub.pings >= 4  # the 4th PING is only sent once the 3rd got its PONG
+        assert hub.silent_drops == 0 and hub.subscribe_count == 1
+        await client.publish(keys.EVENTS_CHANNEL, ev(1))
+        assert [e["event_id"] for e, _ in await take(sub, 1)] == ["e1"]
+    finally:
+        await hub.stop()
