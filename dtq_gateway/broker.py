@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 ENQUEUE = Script("enqueue")
 CANCEL = Script("cancel")
+#: Most tasks per enqueue.lua call: bounds how long one script holds Redis (~25 us each).
+CHUNK = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,38 +48,47 @@ class Broker:
         self.groups = groups
         self.on_queued = on_queued
 
-    def _enqueue_call(self, task: NewTask, takeover: str = "") -> tuple[list[str], list]:
+    def _enqueue_call(self, tasks: list[NewTask], takeover: str = "") -> tuple[list[str], list]:
+        """KEYS and ARGV of one enqueue.lua call for ``tasks`` (see the script's header)."""
         s = self.settings
-        keys_ = [keys.task(task.task_id), keys.stream(task.queue, task.priority),
-                 keys.RETRY_SCHEDULE, keys.RECENT_TASKS, *keys.queue_streams_desc(task.queue)]
-        if task.idem_key:
-            keys_.append(keys.idempotency(task.queue, task.idem_digest))
-        args = Script.argv_notified(
-            task.task_id, task.queue, task.task_type, task.payload, task.content_type,
-            task.priority, task.max_attempts, task.timeout_ms, task.idem_key, task.idem_digest,
-            task.metadata_json, task.backoff_base_ms, task.backoff_cap_ms, task.delay_ms,
-            task.not_before_ms, task.expires_at_ms, task.ttl_ms, s.task_retention_s,
-            s.idem_ttl_s, s.recent_max, s.max_queue_depth, takeover)
+        gate = s.max_queue_depth > 0
+        keys_ = [keys.RETRY_SCHEDULE, keys.RECENT_TASKS]
+        args = Script.argv_notified(len(tasks), s.task_retention_s, s.idem_ttl_s,
+                                    s.recent_max, s.max_queue_depth)
+        for t in tasks:
+            task_key = keys.task(t.task_id)
+            keys_ += (task_key, keys.stream(t.queue, t.priority),
+                      keys.idempotency(t.queue, t.idem_digest) if t.idem_key else task_key)
+            if gate:
+                keys_ += keys.queue_streams_desc(t.queue)
+            args += (t.task_id, t.queue, t.task_type, t.payload, t.content_type, t.priority,
+                     t.max_attempts, t.timeout_ms, t.idem_key, t.idem_digest, t.metadata_json,
+                     t.backoff_base_ms, t.backoff_cap_ms, t.delay_ms, t.not_before_ms,
+                     t.expires_at_ms, t.ttl_ms, takeover)
         return keys_, args
 
     async def enqueue_many(self, tasks: list[NewTask]) -> list[Enqueued | DtqError]:
-        """Enqueue validated tasks in one pipelined round trip; per-item outcomes.
+        """Enqueue validated tasks in one round trip; per-item outcomes.
 
-        Returns one :class:`Enqueued` or :class:`DtqError` (QueueFull) per task, in order.
-        Raises redis connection errors (mapped to UNAVAILABLE by the servicer).
+        The tasks go out as enqueue.lua calls of at most ``CHUNK`` tasks each, pipelined
+        (one EVALSHA for a unary Enqueue). Returns one :class:`Enqueued` or
+        :class:`DtqError` (QueueFull) per task, in order. Raises redis connection errors
+        (mapped to UNAVAILABLE by the servicer).
         """
         await self.groups.ensure(self.redis, {t.queue for t in tasks})
-        if len(tasks) == 1:  # unary Enqueue: one EVALSHA, without a pipeline's set-up
-            replies = [await ENQUEUE(self.redis, *self._enqueue_call(tasks[0]))]
+        if len(tasks) <= CHUNK:  # one EVALSHA, without a pipeline's set-up
+            replies = await ENQUEUE(self.redis, *self._enqueue_call(tasks))
         else:
             pipe = self.redis.pipeline(transaction=False)
-            for t in tasks:
-                ENQUEUE.queue(pipe, *self._enqueue_call(t))
-            replies = await execute(self.redis, pipe)
+            for i in range(0, len(tasks), CHUNK):
+                ENQUEUE.queue(pipe, *self._enqueue_call(tasks[i:i + CHUNK]))
+            replies = []
+            for chunk in await execute(self.redis, pipe):
+                if isinstance(chunk, Exception):
+                    raise chunk
+                replies += chunk
         out: list[Enqueued | DtqError] = []
         for task, reply in zip(tasks, replies):
-            if isinstance(reply, Exception):
-                raise reply
             out.append(await self._outcome(task, reply))
         fresh = [o.queue for o in out if isinstance(o, Enqueued) and not o.deduplicated]
         for q in set(fresh):
@@ -99,7 +110,7 @@ class Broker:
             # The record points at a task that no longer exists (expired or lost in a
             # Redis failover): let this enqueue take the key over instead of waiting
             # for the record's TTL.
-            reply = await ENQUEUE(self.redis, *self._enqueue_call(task, takeover=earlier))
+            (reply,) = await ENQUEUE(self.redis, *self._enqueue_call([task], takeover=earlier))
             return await self._outcome(task, reply)
         return Enqueued(earlier, _s(status), deduplicated=True, queue=task.queue)
 
