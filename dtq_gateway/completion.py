@@ -24,6 +24,8 @@ from dtq_proto import dtq_pb2
 ACK = Script("ack")
 FAIL = Script("fail")
 HEARTBEAT = Script("heartbeat")
+#: Most leases per ack.lua call: bounds how long one script holds Redis.
+ACK_CHUNK = 100
 WORKER_BEAT = Script("worker_beat")
 
 _MODES = {dtq_pb2.FAIL_MODE_UNSPECIFIED: "failure", dtq_pb2.FAIL_MODE_FAILURE: "failure",
@@ -72,18 +74,43 @@ class Completion:
         return out
 
     async def ack(self, items: Sequence[dtq_pb2.AckItem]) -> list[ItemOutcome]:
-        """Complete leases successfully; one outcome per item, in order."""
+        """Complete leases successfully; one outcome per item, in order.
+
+        Well-formed items go out as ack.lua calls of at most ``ACK_CHUNK`` leases each
+        (one EVALSHA for up to that many, pipelined beyond): one round trip per Ack.
+        """
         s = self.settings
-
-        def call(it: dtq_pb2.AckItem, le: Lease) -> tuple[list[str], list]:
-            result = it.result[: s.result_max_bytes]
-            return ([le.stream, keys.task(le.task_id), keys.result(le.task_id), _idem_key(le)],
-                    Script.argv_notified(
-                        keys.GROUP, le.entry_id, le.attempt, le.worker_id, le.task_id, result,
-                        "1" if len(it.result) > len(result) else "0", s.result_retention_s,
-                        s.task_retention_s, "1" if le.idem_digest else "0"))
-
-        return await self._apply(items, ACK, call)
+        outcomes = self._decode([it.lease_id for it in items])
+        todo = [(it, oc) for it, oc in zip(items, outcomes) if oc.lease is not None]
+        if not todo:
+            return outcomes
+        calls = []
+        for i in range(0, len(todo), ACK_CHUNK):
+            keys_: list[str] = []
+            args = Script.argv_notified(keys.GROUP, len(todo[i:i + ACK_CHUNK]),
+                                        s.result_retention_s, s.task_retention_s)
+            for it, oc in todo[i:i + ACK_CHUNK]:
+                le = oc.lease
+                result = it.result[: s.result_max_bytes]
+                keys_ += (le.stream, keys.task(le.task_id), keys.result(le.task_id),
+                          _idem_key(le))
+                args += (le.entry_id, le.attempt, le.worker_id, le.task_id, result,
+                         "1" if len(it.result) > len(result) else "0",
+                         "1" if le.idem_digest else "0")
+            calls.append((keys_, args))
+        if len(calls) == 1:
+            replies = await ACK(self.redis, *calls[0])
+        else:
+            pipe = self.redis.pipeline(transaction=False)
+            for call in calls:
+                ACK.queue(pipe, *call)
+            replies = []
+            for chunk in await execute(self.redis, pipe):
+                if isinstance(chunk, Exception):
+                    raise chunk
+                replies += chunk
+        self._record([oc for _, oc in todo], replies)
+        return outcomes
 
     async def fail(self, items: Sequence[dtq_pb2.FailItem]) -> list[ItemOutcome]:
         """Report failed / released / cancelled leases; one outcome per item, in order."""
@@ -113,13 +140,12 @@ class Completion:
             if oc.lease is not None:
                 script.queue(pipe, *call(it, oc.lease))
                 queued.append(oc)
-        await self._run(pipe, queued)
+        if queued:
+            self._record(queued, await execute(self.redis, pipe))
         return outcomes
 
-    async def _run(self, pipe, queued: list[ItemOutcome]) -> None:
-        if not queued:
-            return
-        replies = await execute(self.redis, pipe)
+    def _record(self, queued: list[ItemOutcome], replies: list) -> None:
+        """Fill each outcome from its script reply; ``on_done`` for finished leases."""
         for oc, reply in zip(queued, replies):
             if isinstance(reply, Exception):
                 raise reply
