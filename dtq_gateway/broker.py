@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -42,11 +43,15 @@ class Broker:
     """Enqueue, read and cancel tasks. ``on_queued(queue)`` is called after a task is queued."""
 
     def __init__(self, redis: Redis, settings: Settings, groups: Groups,
-                 on_queued: Callable[[str], None] = lambda q: None) -> None:
+                 on_queued: Callable[[str], None] = lambda q: None,
+                 read_ahead: Callable[[str, str], Any] | None = None) -> None:
         self.redis = redis
         self.settings = settings
         self.groups = groups
         self.on_queued = on_queued
+        #: ``read_ahead(queue, task_type)`` -> a dispatch.ReadAhead or None
+        #: (Dispatcher.read_ahead)
+        self.read_ahead = read_ahead
 
     def _enqueue_call(self, tasks: list[NewTask], takeover: str = "") -> tuple[list[str], list]:
         """KEYS and ARGV of one enqueue.lua call for ``tasks`` (see the script's header)."""
@@ -76,6 +81,11 @@ class Broker:
         (mapped to UNAVAILABLE by the servicer).
         """
         await self.groups.ensure(self.redis, {t.queue for t in tasks})
+        if len(tasks) == 1 and self.read_ahead is not None and not tasks[0].delay_ms \
+                and not tasks[0].not_before_ms:
+            ahead = self.read_ahead(tasks[0].queue, tasks[0].task_type)
+            if ahead is not None:
+                return [await self._enqueue_read_ahead(tasks[0], ahead)]
         if len(tasks) <= CHUNK:  # one EVALSHA, without a pipeline's set-up
             replies = await ENQUEUE(self.redis, *self._enqueue_call(tasks))
         else:
@@ -95,6 +105,30 @@ class Broker:
             observe.enqueued(q, fresh.count(q))
         for q in {o.queue for o in out if isinstance(o, Enqueued) and o.status == "queued"}:
             self.on_queued(q)
+        return out
+
+    async def _enqueue_read_ahead(self, task: NewTask, ahead: Any) -> Enqueued | DtqError:
+        """Enqueue one task with a lease_read for an idle session in the same round trip.
+
+        The dispatcher activates what the read returned (and wakes other sessions
+        itself when the read came back empty), so ``on_queued`` is not called here.
+        """
+        pipe = self.redis.pipeline(transaction=False)
+        ENQUEUE.queue(pipe, *self._enqueue_call([task]))
+        ahead.script.queue(pipe, ahead.keys, ahead.args)
+        try:
+            (replies, read) = await execute(self.redis, pipe)
+            if isinstance(replies, Exception):
+                raise replies
+        except BaseException:
+            ahead.cancel()
+            raise
+        ahead.deliver(read)
+        out = await self._outcome(task, replies[0])
+        if isinstance(out, Enqueued) and not out.deduplicated:
+            observe.enqueued(task.queue, 1)
+            if _s(replies[0][0]) != "ok" and out.status == "queued":
+                self.on_queued(task.queue)  # queued by a take-over after the read ran
         return out
 
     async def _outcome(self, task: NewTask, reply: list) -> Enqueued | DtqError:

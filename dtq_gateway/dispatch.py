@@ -8,7 +8,9 @@ finishes (credit freed), when a session opens, and on a periodic tick that cover
 lost pub/sub messages and acks handled elsewhere. For each woken session it runs
 ``lease_read`` (credit from the PEL, strict p9 → p0) and ``activate`` — two round
 trips for a whole batch — and stops trying a queue in that round as soon as a read
-comes back empty.
+comes back empty. A unary enqueue through this gateway may carry the ``lease_read`` of
+an idle session in its own round trip (:class:`ReadAhead`); the loop then only
+activates what that read returned.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -60,6 +63,8 @@ class Session:
     closed: bool = False
     #: set when the stream ends because the worker said it is draining (ends with OK)
     worker_draining: bool = False
+    #: a lease_read for this session rides in an enqueue's round trip (see ReadAhead)
+    reading: bool = False
     #: band streams, band-major p9 first, and the full KEYS of lease_read (fixed per session)
     streams: list[str] = field(init=False)
     read_keys: list[str] = field(init=False)
@@ -68,6 +73,36 @@ class Session:
         self.streams = [keys.stream(q, b) for b in keys.BANDS_DESC for q in self.queues]
         self.read_keys = ([keys.paused(q) for q in self.queues] + self.streams
                           + [keys.worker(self.worker_id)])
+
+
+class ReadAhead:
+    """A ``lease_read`` for one idle session, pipelined behind a unary enqueue.
+
+    A task enqueued through this gateway for a queue with an idle Lease session is
+    read for that session in the enqueue's own round trip (the read runs after the
+    enqueue in Redis), so reaching the worker costs one Redis round trip less: the
+    dispatcher only activates. Made by :meth:`Dispatcher.read_ahead`; the caller adds
+    ``script``/``keys``/``args`` to its pipeline, then calls exactly one of
+    :meth:`deliver` (with the reply, or the exception the call returned) or
+    :meth:`cancel` (the pipeline failed).
+    """
+
+    __slots__ = ("args", "dispatcher", "keys", "queue", "script", "session")
+
+    def __init__(self, dispatcher: Dispatcher, session: Session, queue: str) -> None:
+        self.dispatcher, self.session, self.queue = dispatcher, session, queue
+        self.script = LEASE_READ
+        self.keys, self.args = dispatcher._read_call(session)
+
+    def deliver(self, reply: Any) -> None:
+        """Hand the lease_read reply to the dispatcher loop (which activates)."""
+        self.dispatcher._reads.append((self, reply))
+        self.dispatcher._wake.set()
+
+    def cancel(self) -> None:
+        """The pipeline failed: the task is left to the dispatcher's normal round."""
+        self.session.reading = False
+        self.dispatcher.notify(self.queue)
 
 
 class Dispatcher:
@@ -86,6 +121,9 @@ class Dispatcher:
         self.stale_after_ms = min(2 * settings.heartbeat_interval_ms,
                                   settings.visibility_timeout_ms)
         self.sessions: dict[str, Session] = {}
+        #: open sessions by queue name, for read-ahead
+        self._by_queue: dict[str, list[Session]] = {}
+        self._reads: list[tuple[ReadAhead, Any]] = []
         self._wake = asyncio.Event()
         self._dirty_queues: set[str] = set()
         self._dirty_workers: set[str] = set()
@@ -99,6 +137,28 @@ class Dispatcher:
         """A task may be waiting in ``queue``."""
         self._dirty_queues.add(queue)
         self._wake.set()
+
+    def read_ahead(self, queue: str, task_type: str) -> ReadAhead | None:
+        """A lease_read to pipeline behind an enqueue of a ``task_type`` task into
+        ``queue``, or None.
+
+        Picks an open session of ``queue`` with credit, whose task-type filter (if any)
+        takes ``task_type``, and with no other read-ahead in flight (rotating, so idle
+        workers share the work). None when there is none; the caller then wakes the
+        dispatcher with :meth:`notify` as usual.
+        """
+        on_queue = self._by_queue.get(queue)
+        if not on_queue:
+            return None
+        for s in on_queue:
+            if not (s.closed or s.full or s.reading) \
+                    and (not s.task_types or task_type in s.task_types) \
+                    and self.groups.ready(s.queues):
+                s.reading = True
+                on_queue.remove(s)
+                on_queue.append(s)
+                return ReadAhead(self, s, queue)
+        return None
 
     def credit_freed(self, worker_id: str) -> None:
         """A lease of ``worker_id`` finished; if its session was full it may take more.
@@ -138,6 +198,8 @@ class Dispatcher:
     def register(self, session: Session) -> None:
         """Start feeding a session."""
         self.sessions[session.session_id] = session
+        for q in session.queues:
+            self._by_queue.setdefault(q, []).append(session)
         metrics.LEASE_SESSIONS.set(len(self.sessions))
         self._new_sessions.add(session.session_id)
         self._wake.set()
@@ -145,7 +207,13 @@ class Dispatcher:
     async def unregister(self, session: Session) -> None:
         """Stop feeding a session and hand back leases it never delivered."""
         session.closed = True
-        self.sessions.pop(session.session_id, None)
+        if self.sessions.pop(session.session_id, None) is not None:
+            for q in session.queues:
+                on_queue = self._by_queue.get(q, [])
+                if session in on_queue:
+                    on_queue.remove(session)
+                if not on_queue:
+                    self._by_queue.pop(q, None)
         metrics.LEASE_SESSIONS.set(len(self.sessions))
         undelivered = []
         while not session.out.empty():
@@ -235,6 +303,17 @@ class Dispatcher:
         return picked
 
     async def _round(self, tick: bool) -> None:
+        reads, self._reads = self._reads, []
+        for ahead, reply in reads:
+            ahead.session.reading = False
+            if isinstance(reply, BaseException):
+                self.notify(ahead.queue)
+                continue
+            got, credit_left = await self._after_read(ahead.session, reply)
+            if not got or not credit_left:
+                # nothing for this session (taken elsewhere, paused, stalled) or it is
+                # full now: the queue may hold more, let the round look at every session
+                self.notify(ahead.queue)
         empty: set[str] = set()
         for session in self._candidates(tick):
             if session.closed or (empty.issuperset(session.queues) and not tick):
@@ -246,14 +325,21 @@ class Dispatcher:
                 self._dirty_workers.add(session.worker_id)  # more may be waiting
                 self._wake.set()
 
+    def _read_call(self, session: Session) -> tuple[list[str], list]:
+        """KEYS and ARGV of a lease_read for ``session``."""
+        return session.read_keys, Script.argv(
+            keys.GROUP, session.worker_id, session.max_in_flight, BATCH_MAX,
+            len(session.queues), self.stale_after_ms)
+
     async def _lease(self, session: Session) -> tuple[int, bool]:
         """One lease_read + activate for a session; returns (delivered, had credit left)."""
-        queues, streams = session.queues, session.streams
-        await self.groups.ensure(self.redis, queues)
-        reply = await LEASE_READ(
-            self.redis, session.read_keys,
-            Script.argv(keys.GROUP, session.worker_id, session.max_in_flight, BATCH_MAX,
-                        len(queues), self.stale_after_ms))
+        await self.groups.ensure(self.redis, session.queues)
+        return await self._after_read(session, await LEASE_READ(self.redis,
+                                                               *self._read_call(session)))
+
+    async def _after_read(self, session: Session, reply: list) -> tuple[int, bool]:
+        """Activate what a lease_read returned; returns (delivered, had credit left)."""
+        streams = session.streams
         pending, missing, stalled, entries = int(reply[0]), reply[1], int(reply[2]), reply[3:]
         if stalled == 2:
             self.end_worker(session.worker_id)

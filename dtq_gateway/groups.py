@@ -42,6 +42,10 @@ class Groups:
                 raise reply
         self._ready.update(todo)
 
+    def ready(self, queues: list[str]) -> bool:
+        """True when every queue is known to have its groups (no round trip needed)."""
+        return all(q in self._ready for q in queues)
+
     def forget(self, queues: list[str] | set[str]) -> None:
         """Forget queues whose streams answered NOGROUP (Redis restarted empty or flushed)."""
         now = time.monotonic()

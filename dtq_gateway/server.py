@@ -116,7 +116,8 @@ class Gateway:
                                       interceptors=server_interceptors(settings))
         self.completion = Completion(self.redis, settings, on_done=self._on_done)
         self.dispatcher = Dispatcher(self.redis, settings, self.groups, release=self._release)
-        self.broker = Broker(self.redis, settings, self.groups, on_queued=self.dispatcher.notify)
+        self.broker = Broker(self.redis, settings, self.groups, on_queued=self.dispatcher.notify,
+                             read_ahead=self.dispatcher.read_ahead)
         self.health = health.aio.HealthServicer()
         self.probe = HealthProbe(self.redis, self.health, self.draining)
         self.ops = Operations(self.redis, settings)
