@@ -36,7 +36,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peers", default=",".join(ALL_PEERS),
                    help=f"comma list of peers (default {','.join(ALL_PEERS)})")
     p.add_argument("--repeat", type=int, default=None,
-                   help="runs per figure, medians reported (default 3; 1 with --quick)")
+                   help="runs per figure, medians reported (default 3; 1 with --quick); "
+                        "peers outside the targets run once unless --repeat-all-peers")
+    p.add_argument("--repeat-all-peers", action="store_true",
+                   help="repeat Dramatiq, Celery, arq and Huey --repeat times too (slower)")
     p.add_argument("--profile", action="store_true",
                    help="py-spy the gateway during drain and the 200/s windows (perturbs "
                         "the dtq figures); collapsed stacks go next to the JSON")
@@ -77,7 +80,7 @@ def _git(*args: str) -> str:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the selected parts on one private redis-server; the results dict."""
-    sizes = Sizes.for_mode(args.quick, args.repeat)
+    sizes = Sizes.for_mode(args.quick, args.repeat, args.repeat_all_peers)
     started = datetime.now(UTC)
     results: dict[str, Any] = {"started_at": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
                                "mode": "quick" if args.quick else "full",

@@ -141,15 +141,18 @@ class Sizes:
     latency_s: float
     repeat: int
     peer_timeout_s: float
+    #: False: peers outside the targets (Dramatiq, Celery, arq, Huey) run once
+    repeat_all_peers: bool = False
 
     @classmethod
-    def for_mode(cls, quick: bool, repeat_n: int) -> Sizes:
+    def for_mode(cls, quick: bool, repeat_n: int, repeat_all_peers: bool = False) -> Sizes:
         """Full sizes (issue 6) or quick smoke sizes."""
         if quick:
             return cls(enqueue_n=1000, backlog_n=3000, latency_rate=200, latency_s=2.0,
-                       repeat=repeat_n, peer_timeout_s=120.0)
+                       repeat=repeat_n, peer_timeout_s=120.0,
+                       repeat_all_peers=repeat_all_peers)
         return cls(enqueue_n=5000, backlog_n=20000, latency_rate=200, latency_s=5.0,
-                   repeat=repeat_n, peer_timeout_s=300.0)
+                   repeat=repeat_n, peer_timeout_s=300.0, repeat_all_peers=repeat_all_peers)
 
 
 def now_ns() -> int:

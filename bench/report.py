@@ -160,7 +160,11 @@ def render(results: dict[str, Any]) -> str:
     parts = [head]
     if results.get("floors"):
         parts += ["", "== Floors", floors_table(results["floors"])]
-    parts += ["", "== Throughput and latency (medians)", systems_table([dtq, *peers])]
+    once = [p["peer"] for p in peers if p.get("repeat") == 1 and results["sizes"]["repeat"] > 1]
+    title = "== Throughput and latency (medians)"
+    if once:
+        title += f"; one run each: {', '.join(once)}"
+    parts += ["", title, systems_table([dtq, *peers])]
     if peers:
         parts += ["", "== dtq vs peers", ratios_table(dtq, peers)]
     scale = {k: v for k, v in dtq.items() if k.startswith(("scale_", "mem_", "rest_", "gateway_"))}
