@@ -17,7 +17,7 @@ from dtq_gateway import keys, observe
 from dtq_gateway.errors import DtqError, NotFound, QueueFull, WrongState
 from dtq_gateway.groups import Groups
 from dtq_gateway.replies import text as _s
-from dtq_gateway.scripts import Script, execute
+from dtq_gateway.scripts import Script, call_chunks, execute
 from dtq_gateway.settings import Settings
 from dtq_gateway.validation import NewTask
 
@@ -86,17 +86,8 @@ class Broker:
             ahead = self.read_ahead(tasks[0].queue, tasks[0].task_type)
             if ahead is not None:
                 return [await self._enqueue_read_ahead(tasks[0], ahead)]
-        if len(tasks) <= CHUNK:  # one EVALSHA, without a pipeline's set-up
-            replies = await ENQUEUE(self.redis, *self._enqueue_call(tasks))
-        else:
-            pipe = self.redis.pipeline(transaction=False)
-            for i in range(0, len(tasks), CHUNK):
-                ENQUEUE.queue(pipe, *self._enqueue_call(tasks[i:i + CHUNK]))
-            replies = []
-            for chunk in await execute(self.redis, pipe):
-                if isinstance(chunk, Exception):
-                    raise chunk
-                replies += chunk
+        replies = await call_chunks(self.redis, ENQUEUE, [
+            self._enqueue_call(tasks[i:i + CHUNK]) for i in range(0, len(tasks), CHUNK)])
         out: list[Enqueued | DtqError] = []
         for task, reply in zip(tasks, replies):
             out.append(await self._outcome(task, reply))

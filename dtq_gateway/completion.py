@@ -17,7 +17,7 @@ from dtq_gateway import keys, leaseid
 from dtq_gateway.errors import DtqError, StaleLease
 from dtq_gateway.leaseid import Lease
 from dtq_gateway.replies import text as _s
-from dtq_gateway.scripts import Script, execute
+from dtq_gateway.scripts import Script, call_chunks, execute
 from dtq_gateway.settings import Settings
 from dtq_proto import dtq_pb2
 
@@ -98,17 +98,7 @@ class Completion:
                          "1" if len(it.result) > len(result) else "0",
                          "1" if le.idem_digest else "0")
             calls.append((keys_, args))
-        if len(calls) == 1:
-            replies = await ACK(self.redis, *calls[0])
-        else:
-            pipe = self.redis.pipeline(transaction=False)
-            for call in calls:
-                ACK.queue(pipe, *call)
-            replies = []
-            for chunk in await execute(self.redis, pipe):
-                if isinstance(chunk, Exception):
-                    raise chunk
-                replies += chunk
+        replies = await call_chunks(self.redis, ACK, calls)
         self._record([oc for _, oc in todo], replies)
         return outcomes
 

@@ -99,3 +99,21 @@ async def execute(client: Redis, pipe: Any) -> list[Any]:
             except ResponseError as exc:
                 replies[i] = exc
     return replies
+
+
+async def call_chunks(client: Redis, script: Script,
+                      calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+    """Run calls of a script that answers one list per call (one item per input) and
+    return the items concatenated, in order: one EVALSHA for a single call, one
+    pipeline otherwise. Raises the first failed call's error."""
+    if len(calls) == 1:
+        return list(await script(client, *calls[0]))
+    pipe = client.pipeline(transaction=False)
+    for keys_, args in calls:
+        script.queue(pipe, keys_, args)
+    items: list[Any] = []
+    for reply in await execute(client, pipe):
+        if isinstance(reply, Exception):
+            raise reply
+        items += reply
+    return items

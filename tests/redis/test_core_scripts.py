@@ -11,8 +11,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from dtq_gateway import keys
-from dtq_gateway.broker import Broker
-from dtq_gateway.completion import FAIL, Completion
+from dtq_gateway.broker import CHUNK, Broker
+from dtq_gateway.completion import ACK_CHUNK, FAIL, Completion
 from dtq_gateway.dispatch import Dispatcher, Session
 from dtq_gateway.groups import Groups
 from dtq_gateway.scripts import Script
@@ -277,3 +277,27 @@ async def test_idempotency_key_is_free_again_after_failure(env):
     assert oc.status == "dead_lettered"
     again = await env.enqueue(idempotency_key="k")
     assert again != first
+
+
+async def test_batches_span_several_script_calls_in_order(env):
+    """More items than one script call takes (enqueue.CHUNK, completion.ACK_CHUNK): every
+    item is answered in order, a duplicate idempotency key across the chunk boundary is
+    caught, and one Ack settles leases of every chunk."""
+    n = CHUNK + ACK_CHUNK + 17
+    reqs = [pb.EnqueueRequest(queue="q", task_type="t", payload=str(i).encode(),
+                              idempotency_key=f"k{i}" if i != CHUNK else "k0")
+            for i in range(n)]
+    outs = await env.broker.enqueue_many([validate_enqueue(r, env.settings) for r in reqs])
+    assert [o.deduplicated for o in outs] == [i == CHUNK for i in range(n)]
+    assert outs[CHUNK].task_id == outs[0].task_id
+    fresh = [o.task_id for o in outs if not o.deduplicated]
+    assert await env.redis.xlen(keys.stream("q", 5)) == n - 1
+    tasks = await env.lease(max_in_flight=n)
+    assert [t.task_id for t in tasks] == fresh  # stream order = enqueue order
+    items = [pb.AckItem(lease_id=t.lease_id, result=t.payload) for t in tasks]
+    items.insert(ACK_CHUNK, pb.AckItem(lease_id="not-a-lease"))
+    outcomes = await env.completion.ack(items)
+    assert outcomes[ACK_CHUNK].error is not None
+    assert [o.status for o in outcomes if o.error is None] == ["succeeded"] * (n - 1)
+    assert await env.redis.xlen(keys.stream("q", 5)) == 0
+    assert await env.redis.get(keys.result(fresh[-1])) == tasks[-1].payload
