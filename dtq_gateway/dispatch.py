@@ -309,21 +309,45 @@ class Dispatcher:
             if isinstance(reply, BaseException):
                 self.notify(ahead.queue)
                 continue
-            got, credit_left = await self._after_read(ahead.session, reply)
+            got, credit_left, _ = await self._after_read(ahead.session, reply)
             if not got or not credit_left:
                 # nothing for this session (taken elsewhere, paused, stalled) or it is
                 # full now: the queue may hold more, let the round look at every session
                 self.notify(ahead.queue)
+        # A read that returned no entry at all while the session had credit means its
+        # queues hold nothing new for the group: later sessions of those queues skip
+        # this round (the tick too, so 1,000 idle streams cost one read, not 1,000).
         empty: set[str] = set()
+        skipped: list[Session] = []
         for session in self._candidates(tick):
-            if session.closed or (empty.issuperset(session.queues) and not tick):
+            if session.closed:
                 continue
-            got, credit_left = await self._lease(session)
-            if got == 0 and credit_left:
+            if empty.issuperset(session.queues):
+                skipped.append(session)
+                continue
+            got, credit_left, read = await self._lease(session)
+            if read == 0 and credit_left:
                 empty.update(session.queues)
             elif credit_left and got >= BATCH_MAX:
                 self._dirty_workers.add(session.worker_id)  # more may be waiting
                 self._wake.set()
+        if tick and skipped:
+            await self._end_draining({s.worker_id for s in skipped})
+
+    async def _end_draining(self, worker_ids: set[str]) -> None:
+        """End the streams of workers whose record says ``draining``.
+
+        A worker's Heartbeat(draining) may reach another replica; lease_read notices it
+        here only when it runs for the session, so the tick asks for the sessions it
+        skipped (one pipelined HGET per worker, one round trip).
+        """
+        workers = sorted(worker_ids)
+        pipe = self.redis.pipeline(transaction=False)
+        for worker_id in workers:
+            pipe.hget(keys.worker(worker_id), "status")
+        for worker_id, status in zip(workers, await pipe.execute()):
+            if status == b"draining":
+                self.end_worker(worker_id)
 
     def _read_call(self, session: Session) -> tuple[list[str], list]:
         """KEYS and ARGV of a lease_read for ``session``."""
@@ -331,22 +355,26 @@ class Dispatcher:
             keys.GROUP, session.worker_id, session.max_in_flight, BATCH_MAX,
             len(session.queues), self.stale_after_ms)
 
-    async def _lease(self, session: Session) -> tuple[int, bool]:
-        """One lease_read + activate for a session; returns (delivered, had credit left)."""
+    async def _lease(self, session: Session) -> tuple[int, bool, int]:
+        """One lease_read + activate for a session; see :meth:`_after_read`."""
         await self.groups.ensure(self.redis, session.queues)
         return await self._after_read(session, await LEASE_READ(self.redis,
                                                                *self._read_call(session)))
 
-    async def _after_read(self, session: Session, reply: list) -> tuple[int, bool]:
-        """Activate what a lease_read returned; returns (delivered, had credit left)."""
+    async def _after_read(self, session: Session, reply: list) -> tuple[int, bool, int]:
+        """Activate what a lease_read returned.
+
+        Returns (leases delivered, whether the session had credit left, entries read);
+        entries read but not delivered were put back (task-type filter) or absorbed.
+        """
         streams = session.streams
         pending, missing, stalled, entries = int(reply[0]), reply[1], int(reply[2]), reply[3:]
         if stalled == 2:
             self.end_worker(session.worker_id)
-            return 0, False
+            return 0, False, 0
         if stalled:
             session.full = True  # retried at the next tick or heartbeat-freed credit
-            return 0, False
+            return 0, False, 0
         if missing:
             self.groups.forget({keys.parse_stream(streams[int(i) - 1])[0] for i in missing})
             self._dirty_workers.add(session.worker_id)
@@ -354,9 +382,9 @@ class Dispatcher:
         credit = session.max_in_flight - pending - len(entries)
         session.full = credit <= 0
         if not entries:
-            return 0, credit > 0
+            return 0, credit > 0, 0
         delivered = await self._activate(session, streams, entries)
-        return delivered, credit > 0
+        return delivered, credit > 0, len(entries)
 
     async def _activate(self, session: Session, streams: list[str], entries: list) -> int:
         keys_: list[str] = [keys.CANCELLED]
