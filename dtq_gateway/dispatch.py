@@ -123,6 +123,8 @@ class Dispatcher:
         self.sessions: dict[str, Session] = {}
         #: open sessions by queue name, for read-ahead
         self._by_queue: dict[str, list[Session]] = {}
+        #: open sessions by worker id (credit_freed, wake-ups of one worker)
+        self._by_worker: dict[str, list[Session]] = {}
         self._reads: list[tuple[ReadAhead, Any]] = []
         self._wake = asyncio.Event()
         self._dirty_queues: set[str] = set()
@@ -168,8 +170,8 @@ class Dispatcher:
         """
         if worker_id in self._dirty_workers:
             return
-        for s in self.sessions.values():
-            if s.full and s.worker_id == worker_id:
+        for s in self._by_worker.get(worker_id, ()):
+            if s.full:
                 self._dirty_workers.add(worker_id)
                 self._wake.set()
                 return
@@ -200,6 +202,7 @@ class Dispatcher:
         self.sessions[session.session_id] = session
         for q in session.queues:
             self._by_queue.setdefault(q, []).append(session)
+        self._by_worker.setdefault(session.worker_id, []).append(session)
         metrics.LEASE_SESSIONS.set(len(self.sessions))
         self._new_sessions.add(session.session_id)
         self._wake.set()
@@ -208,12 +211,13 @@ class Dispatcher:
         """Stop feeding a session and hand back leases it never delivered."""
         session.closed = True
         if self.sessions.pop(session.session_id, None) is not None:
-            for q in session.queues:
-                on_queue = self._by_queue.get(q, [])
-                if session in on_queue:
-                    on_queue.remove(session)
-                if not on_queue:
-                    self._by_queue.pop(q, None)
+            for index, name in [(self._by_queue, q) for q in session.queues] + \
+                    [(self._by_worker, session.worker_id)]:
+                listed = index.get(name, [])
+                if session in listed:
+                    listed.remove(session)
+                if not listed:
+                    index.pop(name, None)
         metrics.LEASE_SESSIONS.set(len(self.sessions))
         undelivered = []
         while not session.out.empty():
@@ -233,8 +237,8 @@ class Dispatcher:
         The end marker is queued behind every task already handed to the stream, so a
         worker that reads to the end has received every lease it holds.
         """
-        for s in list(self.sessions.values()):
-            if s.worker_id == worker_id and not s.closed:
+        for s in list(self._by_worker.get(worker_id, ())):
+            if not s.closed:
                 s.closed = True
                 s.worker_draining = True
                 s.out.put_nowait(None)
@@ -287,8 +291,17 @@ class Dispatcher:
     def _candidates(self, tick: bool) -> list[Session]:
         queues, workers, new = self._dirty_queues, self._dirty_workers, self._new_sessions
         self._dirty_queues, self._dirty_workers, self._new_sessions = set(), set(), set()
-        sessions = list(self.sessions.values())
-        if sessions:
+        if tick:
+            sessions = list(self.sessions.values())
+        else:  # only sessions something happened to: independent of idle sessions
+            woken: dict[Session, None] = {}
+            for q in queues:
+                woken.update(dict.fromkeys(self._by_queue.get(q, ())))
+            for w in workers:
+                woken.update(dict.fromkeys(self._by_worker.get(w, ())))
+            woken.update(dict.fromkeys(self.sessions[i] for i in new if i in self.sessions))
+            sessions = list(woken)
+        if len(sessions) > 1:
             start = next(self._rr) % len(sessions)
             sessions = sessions[start:] + sessions[:start]
         picked = []
@@ -309,14 +322,14 @@ class Dispatcher:
             if isinstance(reply, BaseException):
                 self.notify(ahead.queue)
                 continue
-            got, credit_left, _ = await self._after_read(ahead.session, reply)
+            got, credit_left, _, _ = await self._after_read(ahead.session, reply)
             if not got or not credit_left:
                 # nothing for this session (taken elsewhere, paused, stalled) or it is
                 # full now: the queue may hold more, let the round look at every session
                 self.notify(ahead.queue)
-        # A read that returned no entry at all while the session had credit means its
-        # queues hold nothing new for the group: later sessions of those queues skip
-        # this round (the tick too, so 1,000 idle streams cost one read, not 1,000).
+        # Once a read shows a session's queues hold nothing new for the group, later
+        # sessions of those queues skip this round (the tick too, so 1,000 idle streams
+        # cost one read, not 1,000; see _after_read).
         empty: set[str] = set()
         skipped: list[Session] = []
         for session in self._candidates(tick):
@@ -325,8 +338,8 @@ class Dispatcher:
             if empty.issuperset(session.queues):
                 skipped.append(session)
                 continue
-            got, credit_left, read = await self._lease(session)
-            if read == 0 and credit_left:
+            got, credit_left, _, queues_empty = await self._lease(session)
+            if queues_empty:
                 empty.update(session.queues)
             elif credit_left and got >= BATCH_MAX:
                 self._dirty_workers.add(session.worker_id)  # more may be waiting
@@ -355,26 +368,32 @@ class Dispatcher:
             keys.GROUP, session.worker_id, session.max_in_flight, BATCH_MAX,
             len(session.queues), self.stale_after_ms)
 
-    async def _lease(self, session: Session) -> tuple[int, bool, int]:
+    async def _lease(self, session: Session) -> tuple[int, bool, int, bool]:
         """One lease_read + activate for a session; see :meth:`_after_read`."""
         await self.groups.ensure(self.redis, session.queues)
         return await self._after_read(session, await LEASE_READ(self.redis,
                                                                *self._read_call(session)))
 
-    async def _after_read(self, session: Session, reply: list) -> tuple[int, bool, int]:
+    async def _after_read(self, session: Session, reply: list
+                          ) -> tuple[int, bool, int, bool]:
         """Activate what a lease_read returned.
 
-        Returns (leases delivered, whether the session had credit left, entries read);
-        entries read but not delivered were put back (task-type filter) or absorbed.
+        Returns (leases delivered, whether the session had credit left, entries read,
+        whether its queues hold nothing new for the group). Entries read but not
+        delivered were put back (task-type filter) or absorbed. The queues count as
+        empty when every band stream was empty, or when a read with credit left
+        returned no entry (XREADGROUP ``>`` is group-wide, so no other session of
+        these queues would get one either).
         """
         streams = session.streams
-        pending, missing, stalled, entries = int(reply[0]), reply[1], int(reply[2]), reply[3:]
+        pending, missing, stalled = int(reply[0]), reply[1], int(reply[2])
+        live, entries = int(reply[3]), reply[4:]
         if stalled == 2:
             self.end_worker(session.worker_id)
-            return 0, False, 0
+            return 0, False, 0, live == 0
         if stalled:
             session.full = True  # retried at the next tick or heartbeat-freed credit
-            return 0, False, 0
+            return 0, False, 0, live == 0
         if missing:
             self.groups.forget({keys.parse_stream(streams[int(i) - 1])[0] for i in missing})
             self._dirty_workers.add(session.worker_id)
@@ -382,9 +401,9 @@ class Dispatcher:
         credit = session.max_in_flight - pending - len(entries)
         session.full = credit <= 0
         if not entries:
-            return 0, credit > 0, 0
+            return 0, credit > 0, 0, live == 0 or credit > 0
         delivered = await self._activate(session, streams, entries)
-        return delivered, credit > 0, len(entries)
+        return delivered, credit > 0, len(entries), False
 
     async def _activate(self, session: Session, streams: list[str], entries: list) -> int:
         keys_: list[str] = [keys.CANCELLED]

@@ -8,7 +8,8 @@
 --         older than this gets nothing (0 = no check)
 -- Reply: {pending_before, {stream indexes without group}, worker state (0 = ok,
 --         1 = stalled: no recent heartbeat, 2 = draining: end its sessions),
---         {stream index, entry id, {field, value, ...}}, ...}
+--         number of non-empty band streams (0 = every queue of the call is empty, whatever
+--         the worker state), {stream index, entry id, {field, value, ...}}, ...}
 --         (stream index is 1-based into the streams part)
 -- A stalled worker (SIGSTOPped, GC-paused, partitioned with its stream still open) would
 -- otherwise receive new leases as the reaper takes its old ones away, and burn an
@@ -36,7 +37,7 @@ for i = 1, n_streams do
     end
   end
 end
-local reply = {pending, missing, 0}
+local reply = {pending, missing, 0, #live}
 local w = redis.call('HMGET', KEYS[#KEYS], 'last_heartbeat', 'status')
 if w[2] == 'draining' then
   reply[3] = 2

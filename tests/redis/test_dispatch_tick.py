@@ -59,3 +59,13 @@ async def test_tick_ends_the_streams_of_workers_draining_elsewhere(env):
     for s in draining:
         assert s.closed and s.worker_draining and s.out.get_nowait() is None
     assert not other.closed and other.out.empty()
+
+
+async def test_stalled_sessions_on_an_empty_queue_cost_one_read_per_tick(env):
+    """Lease streams of workers that never heartbeat (stalled: no leases for them) on an
+    empty queue: lease_read reports the queue empty whatever the worker state."""
+    env.dispatcher.stale_after_ms = 10_000  # no worker records here: every worker is stale
+    sessions = [env.session(worker_id=f"w{i}") for i in range(20)]
+    await env.dispatcher._round(tick=True)
+    assert env.own_reads == 1
+    assert sum(s.full for s in sessions) == 1  # the one read found its worker stalled
