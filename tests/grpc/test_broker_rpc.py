@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from dtq_proto import dtq_pb2 as pb
-from tests.support.leasing import LeaseStream, error_field, error_reason, poll
+from tests.support.leasing import LeaseStream, error_field, error_reason
 
 
 def enq(queue="q", task_type="t", payload=b"{}", **kw) -> pb.EnqueueRequest:
@@ -137,7 +137,7 @@ async def test_release_keeps_the_attempt(broker_stub):
 
 
 async def test_non_retryable_goes_straight_to_dlq(broker_stub):
-    r = await broker_stub.Enqueue(enq(max_attempts=5))
+    await broker_stub.Enqueue(enq(max_attempts=5))
     lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
     task = await lease.next()
     res = await broker_stub.Fail(pb.FailRequest(items=[pb.FailItem(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
 from google.rpc import error_details_pb2
@@ -29,7 +30,7 @@ class LeaseStream:
         self.tasks: asyncio.Queue = asyncio.Queue()
         self._reader: asyncio.Task | None = None
 
-    async def open(self) -> "LeaseStream":
+    async def open(self) -> LeaseStream:
         """Wait for SessionInfo, then read tasks in the background (a cancelled read
         would cancel the whole call, so reads are never timed out directly)."""
         it = self.call.__aiter__()
