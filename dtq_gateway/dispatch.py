@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 LEASE_READ = Script("lease_read")
 ACTIVATE = Script("activate")
+WORKER_STATES = Script("worker_states")
 #: Most entries one lease_read returns (bounds script run time).
 BATCH_MAX = 256
 _OWN_EVENT = b'"event_id":"' + EVENT_ID_PREFIX.encode()
@@ -351,16 +352,17 @@ class Dispatcher:
         """End the streams of workers whose record says ``draining``.
 
         A worker's Heartbeat(draining) may reach another replica; lease_read notices it
-        here only when it runs for the session, so the tick asks for the sessions it
-        skipped (one pipelined HGET per worker, one round trip).
+        only when it runs for the session, so the tick asks for the sessions it skipped:
+        one worker_states call (one round trip, one reply) per 1,000 workers.
         """
         workers = sorted(worker_ids)
-        pipe = self.redis.pipeline(transaction=False)
-        for worker_id in workers:
-            pipe.hget(keys.worker(worker_id), "status")
-        for worker_id, status in zip(workers, await pipe.execute()):
-            if status == b"draining":
-                self.end_worker(worker_id)
+        for i in range(0, len(workers), 1000):
+            chunk = workers[i:i + 1000]
+            states = await WORKER_STATES(self.redis, [keys.worker(w) for w in chunk],
+                                         Script.argv())
+            for worker_id, status in zip(chunk, states):
+                if status == b"draining":
+                    self.end_worker(worker_id)
 
     def _read_call(self, session: Session) -> tuple[list[str], list]:
         """KEYS and ARGV of a lease_read for ``session``."""
