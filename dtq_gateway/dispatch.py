@@ -318,8 +318,9 @@ class Dispatcher:
 
     async def _round(self, tick: bool) -> None:
         reads, self._reads = self._reads, []
-        for ahead, reply in reads:
+        for ahead, _ in reads:  # cleared first: a failed activation must not strand one
             ahead.session.reading = False
+        for ahead, reply in reads:
             if isinstance(reply, BaseException):
                 self.notify(ahead.queue)
                 continue

@@ -112,3 +112,20 @@ async def test_cancelled_read_ahead_falls_back_to_the_wake_up(env):
     assert ahead is not None and s.reading
     ahead.cancel()
     assert not s.reading and env.dispatcher._dirty_queues == {"q"}
+
+
+async def test_a_failed_activation_strands_no_session(env):
+    """If activating one read-ahead fails (Redis gone mid-round), every session whose
+    read was pending can read ahead again (its entries are the reaper's, as for any
+    read that was never activated)."""
+    a, b = env.session(worker_id="wa"), env.session(worker_id="wb")
+    await env.enqueue()
+    await env.enqueue()
+    assert a.reading and b.reading
+
+    async def broken(session, reply):
+        raise ConnectionError("redis went away")
+    env.dispatcher._after_read = broken
+    with pytest.raises(ConnectionError):
+        await env.dispatcher._round(tick=False)
+    assert not a.reading and not b.reading
