@@ -49,7 +49,7 @@ class Broker:
         self.settings = settings
         self.groups = groups
         self.on_queued = on_queued
-        #: ``read_ahead(queue, task_type)`` -> a dispatch.ReadAhead or None
+        #: ``read_ahead(queue, task_type)`` -> a sessions.ReadAhead or None
         #: (Dispatcher.read_ahead)
         self.read_ahead = read_ahead
 

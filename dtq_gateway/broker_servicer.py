@@ -14,8 +14,9 @@ from collections.abc import AsyncIterator
 from dtq_gateway import grpc_errors
 from dtq_gateway.broker import Broker, Enqueued
 from dtq_gateway.completion import Completion, ItemOutcome
-from dtq_gateway.dispatch import Dispatcher, Session
+from dtq_gateway.dispatch import Dispatcher
 from dtq_gateway.errors import DtqError, InvalidArgument, Unavailable
+from dtq_gateway.sessions import Session
 from dtq_gateway.settings import Settings
 from dtq_gateway.task_record import STATUS_BY_NAME, task_from_hash
 from dtq_gateway.validation import check_queue, check_task_id, check_worker_id, validate_enqueue

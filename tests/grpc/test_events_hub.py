@@ -16,6 +16,8 @@ import redis.asyncio as aioredis
 from dtq_gateway import keys
 from dtq_gateway.events_hub import EventsHub, Subscription
 
+POLL_S = 0.05  # interval of the deadline-bounded polls of the hub's counters
+
 
 def ev(n: int, type_: str = "TASK_QUEUED", queue: str = "q1") -> str:
     return json.dumps({"event_id": f"e{n}", "ts": "2026-01-01T00:00:00.000Z", "type": type_,
@@ -174,7 +176,7 @@ async def test_silent_connection_is_dropped_and_events_flow_again(own_redis) -> 
         try:
             deadline = time.monotonic() + 10
             while hub.silent_drops == 0 and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(POLL_S)
         finally:
             own_redis.proc.send_signal(signal.SIGCONT)
         assert hub.silent_drops >= 1
@@ -203,7 +205,7 @@ async def test_idle_healthy_subscription_is_kept(client) -> None:
         sub = hub.subscribe()
         deadline = time.monotonic() + 10
         while hub.pings < 4 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(POLL_S)
         assert hub.pings >= 4  # the 4th PING is only sent once the 3rd got its PONG
         assert hub.silent_drops == 0 and hub.subscribe_count == 1
         await client.publish(keys.EVENTS_CHANNEL, ev(1))

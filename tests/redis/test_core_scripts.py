@@ -13,9 +13,10 @@ import redis.asyncio as aioredis
 from dtq_gateway import keys
 from dtq_gateway.broker import CHUNK, Broker
 from dtq_gateway.completion import ACK_CHUNK, FAIL, Completion
-from dtq_gateway.dispatch import Dispatcher, Session
+from dtq_gateway.dispatch import Dispatcher
 from dtq_gateway.groups import Groups
 from dtq_gateway.scripts import Script
+from dtq_gateway.sessions import Session
 from dtq_gateway.validation import validate_enqueue
 from dtq_proto import dtq_pb2 as pb
 from tests.conftest import gateway_settings

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from dtq_gateway import keys
-from dtq_gateway.dispatch import Session
+from dtq_gateway.sessions import Session
 from tests.redis.test_core_scripts import Env
 
 

@@ -1,0 +1,77 @@
+"""Lease sessions and read-ahead: what the dispatcher (dispatch.py) feeds.
+
+A :class:`Session` is one open Lease stream: its worker, queues, credit and the
+queue of LeasedTask messages its stream yields. A :class:`ReadAhead` is the
+``lease_read`` of an idle session riding in an enqueue's Redis round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from dtq_gateway import keys
+from dtq_gateway.scripts import Script
+
+if TYPE_CHECKING:
+    from dtq_gateway.dispatch import Dispatcher
+
+LEASE_READ = Script("lease_read")
+
+
+@dataclass(eq=False)
+class Session:
+    """One open Lease stream. ``out`` carries LeasedTask messages (None = end)."""
+
+    worker_id: str
+    queues: list[str]
+    max_in_flight: int
+    task_types: frozenset[str] = frozenset()
+    session_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    out: asyncio.Queue = field(default_factory=asyncio.Queue)
+    full: bool = False
+    closed: bool = False
+    #: set when the stream ends because the worker said it is draining (ends with OK)
+    worker_draining: bool = False
+    #: a lease_read for this session rides in an enqueue's round trip (see ReadAhead)
+    reading: bool = False
+    #: band streams, band-major p9 first, and the full KEYS of lease_read (fixed per session)
+    streams: list[str] = field(init=False)
+    read_keys: list[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.streams = [keys.stream(q, b) for b in keys.BANDS_DESC for q in self.queues]
+        self.read_keys = ([keys.paused(q) for q in self.queues] + self.streams
+                          + [keys.worker(self.worker_id)])
+
+
+class ReadAhead:
+    """A ``lease_read`` for one idle session, pipelined behind a unary enqueue.
+
+    A task enqueued through this gateway for a queue with an idle Lease session is
+    read for that session in the enqueue's own round trip (the read runs after the
+    enqueue in Redis), so reaching the worker costs one Redis round trip less: the
+    dispatcher only activates. Made by :meth:`Dispatcher.read_ahead`; the caller adds
+    ``script``/``keys``/``args`` to its pipeline, then calls exactly one of
+    :meth:`deliver` (with the reply, or the exception the call returned) or
+    :meth:`cancel` (the pipeline failed).
+    """
+
+    __slots__ = ("args", "dispatcher", "keys", "queue", "script", "session")
+
+    def __init__(self, dispatcher: Dispatcher, session: Session, queue: str) -> None:
+        self.dispatcher, self.session, self.queue = dispatcher, session, queue
+        self.script = LEASE_READ
+        self.keys, self.args = dispatcher._read_call(session)
+
+    def deliver(self, reply: Any) -> None:
+        """Hand the lease_read reply to the dispatcher loop (which activates)."""
+        self.dispatcher._reads.append((self, reply))
+        self.dispatcher._wake.set()
+
+    def cancel(self) -> None:
+        """The pipeline failed: the task is left to the dispatcher's normal round."""
+        self.session.reading = False
+        self.dispatcher.notify(self.queue)
