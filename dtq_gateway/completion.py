@@ -24,9 +24,9 @@ from dtq_proto import dtq_pb2
 ACK = Script("ack")
 FAIL = Script("fail")
 HEARTBEAT = Script("heartbeat")
+WORKER_BEAT = Script("worker_beat")
 #: Most leases per ack.lua call: bounds how long one script holds Redis.
 ACK_CHUNK = 100
-WORKER_BEAT = Script("worker_beat")
 
 _MODES = {dtq_pb2.FAIL_MODE_UNSPECIFIED: "failure", dtq_pb2.FAIL_MODE_FAILURE: "failure",
           dtq_pb2.FAIL_MODE_RELEASE: "release", dtq_pb2.FAIL_MODE_CANCELLED: "cancelled"}
