@@ -21,7 +21,7 @@ from dtq_gateway.audit import log_audit
 from dtq_gateway.errors import InvalidArgument, NotFound
 from dtq_gateway.replies import text
 
-ENTRY_ID_RE = re.compile(r"^\d{1,20}-\d{1,20}$")
+ENTRY_ID_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}\Z")
 #: Most members of dtq:retry:schedule examined to count one queue's scheduled tasks.
 SCHEDULE_SCAN_MAX = 10000
 _CHUNK = 500

@@ -24,7 +24,7 @@ from dtq_gateway.admin_scripts import AUDIT_APPEND
 log = logging.getLogger(__name__)
 
 REQUEST_ID_HEADER = "x-request-id"
-_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:/-]{1,128}\Z")
 
 
 @dataclass(frozen=True, slots=True)

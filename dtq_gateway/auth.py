@@ -32,8 +32,8 @@ from dtq_gateway.grpc_errors import status_of
 log = logging.getLogger(__name__)
 
 ROLES = ("producer", "worker", "admin")
-_TOKEN_RE = re.compile(r"^[A-Za-z0-9._~+/=-]{8,512}$")
-_IDENTITY_RE = re.compile(r"^[A-Za-z0-9_.:@/-]{1,128}$")
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9._~+/=-]{8,512}\Z")
+_IDENTITY_RE = re.compile(r"^[A-Za-z0-9_.:@/-]{1,128}\Z")
 
 _BROKER = "/dtq.v1.Broker/"
 #: Roles allowed per method; admin is allowed everywhere.

@@ -141,8 +141,9 @@ class Completion:
                 raise reply
             kind = _s(reply[0])
             oc.kind = kind
-            if kind == "dup":
+            if kind == "dup":  # a repeat of the call that finished the lease: its status now
                 oc.duplicate = True
+                oc.status = _s(reply[1])
                 continue
             if kind == "stale":
                 oc.status = _s(reply[1])

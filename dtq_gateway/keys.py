@@ -23,10 +23,10 @@ REAPER_CONSUMER = "dtq-reaper"
 #: Priority bands, highest first (the order leasing drains them).
 BANDS_DESC = tuple(range(9, -1, -1))
 
-QUEUE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-WORKER_ID_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}$")
-TASK_ID_RE = re.compile(r"^[0-9a-f]{32}$")
-TASK_TYPE_RE = re.compile(r"^[A-Za-z0-9_.:/-]{1,128}$")
+QUEUE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
+WORKER_ID_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}\Z")
+TASK_ID_RE = re.compile(r"^[0-9a-f]{32}\Z")
+TASK_TYPE_RE = re.compile(r"^[A-Za-z0-9_.:/-]{1,128}\Z")
 
 DEAD_LETTER = PREFIX + "stream:dead-letter"
 AUDIT = PREFIX + "stream:audit"
@@ -41,7 +41,7 @@ EVENTS_CHANNEL = PREFIX + "events"
 
 #: SCAN pattern matching every band stream of every queue.
 BAND_STREAM_PATTERN = PREFIX + "stream:*:p[0-9]"
-_BAND_STREAM_RE = re.compile(r"^dtq:stream:([A-Za-z0-9_.-]{1,64}):p([0-9])$")
+_BAND_STREAM_RE = re.compile(r"^dtq:stream:([A-Za-z0-9_.-]{1,64}):p([0-9])\Z")
 
 
 def stream(queue: str, band: int) -> str:

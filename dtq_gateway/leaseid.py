@@ -21,8 +21,9 @@ from dtq_gateway import keys
 from dtq_gateway.errors import InvalidArgument
 
 _VERSION = "1"
-_ENTRY_RE = re.compile(r"^\d{1,20}-\d{1,20}$")
-_DIGEST_RE = re.compile(r"^(-|[0-9a-f]{64})$")
+_ENTRY_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}\Z")
+_DIGEST_RE = re.compile(r"^(-|[0-9a-f]{64})\Z")
+_ATTEMPT_RE = re.compile(r"^[0-9]{1,9}\Z")
 MAX_LEN = 400
 
 
@@ -58,7 +59,7 @@ def decode(lease_id: str, field: str = "lease_id") -> Lease:
     parts = lease_id.split("|") if len(lease_id) <= MAX_LEN else []
     if (len(parts) != 8 or parts[0] != _VERSION or not keys.TASK_ID_RE.match(parts[1])
             or not keys.QUEUE_RE.match(parts[2]) or parts[3] not in "0123456789"
-            or len(parts[3]) != 1 or not _ENTRY_RE.match(parts[4]) or not parts[5].isdigit()
+            or len(parts[3]) != 1 or not _ENTRY_RE.match(parts[4]) or not _ATTEMPT_RE.match(parts[5])
             or not keys.WORKER_ID_RE.match(parts[6]) or not _DIGEST_RE.match(parts[7])):
         raise InvalidArgument(f"{field}: malformed lease id", field=field, reason="MALFORMED_LEASE")
     return Lease(parts[1], parts[2], int(parts[3]), parts[4], int(parts[5]), parts[6],

@@ -123,7 +123,7 @@ class Mover(PeriodicDuty):
         """KEYS of move_due.lua; without a readable hash only the first three."""
         keys_ = [keys.SCHEDULER_LOCK, keys.RETRY_SCHEDULE, keys.task(task_id)]
         q, band = text(queue), text(priority)
-        if not keys.QUEUE_RE.match(q) or not band.isdigit() or not 0 <= int(band) <= 9:
+        if not keys.QUEUE_RE.match(q) or len(band) != 1 or band not in "0123456789":
             return keys_
         keys_.append(keys.stream(q, int(band)))
         if text(digest):

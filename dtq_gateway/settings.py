@@ -149,7 +149,7 @@ def _validate(s: Settings) -> None:
     if s.backoff_base_ms > s.backoff_cap_ms:
         raise SettingsError("DTQ_BACKOFF_BASE_MS must not exceed DTQ_BACKOFF_CAP_MS")
     host, sep, port = s.listen.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
         raise SettingsError(f"DTQ_LISTEN must be host:port with a port 0..65535 "
                             f"(got {s.listen!r})")
     if s.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):

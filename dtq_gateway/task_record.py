@@ -31,7 +31,7 @@ STATUS_BY_NAME: dict[str, int] = {
 #: TaskStatus enum values → hash ``status`` strings.
 NAME_BY_STATUS: dict[int, str] = {v: k for k, v in STATUS_BY_NAME.items()}
 
-_ATT_RE = re.compile(r"^att:(\d{1,4})$")
+_ATT_RE = re.compile(r"^att:([0-9]{1,4})\Z")
 _INT_FIELDS = ("created_at_ms", "not_before_ms", "expires_at_ms", "started_at_ms",
                "finished_at_ms", "updated_at_ms", "due_at_ms")
 

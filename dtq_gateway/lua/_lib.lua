@@ -111,6 +111,16 @@ local function owns(stream, group, id, consumer)
   return r[1][2] == consumer
 end
 
+-- True when this Ack/Fail repeats the one that finished the task: `id` is the entry the
+-- task last finished with `kind` ('ack' | 'fail'), and the recorded outcome of attempt
+-- `attempt` belongs to `worker`. A lease id with another attempt or worker is stale.
+local function finished_by(task_key, id, kind, attempt, worker)
+  local d = redis.call('HMGET', task_key, 'done_entry_id', 'done_kind', 'att:' .. attempt)
+  if d[1] ~= id or d[2] ~= kind or not d[3] then return false end
+  local ok, rec = pcall(cjson.decode, d[3])
+  return ok and type(rec) == 'table' and rec.worker_id == worker
+end
+
 -- Fencing check shared by ack/fail/heartbeat. Returns the HMGET of `fields` when the
 -- lease (stream entry id, consumer, attempt) is the task's current one, else nil
 -- plus the task status (false when the hash is gone).

@@ -8,7 +8,7 @@
 --   [a+1] entry id  [a+2] attempt  [a+3] worker id  [a+4] task id  [a+5] result bytes
 --   [a+6] '1' if the result was truncated  [a+7] has_idem '1'/'0'
 -- Reply: one item per lease, in order:
---   {'ok', started_at_ms, created_at_ms, finished_at_ms} | {'dup'} | {'stale', status}
+--   {'ok', started_at_ms, created_at_ms, finished_at_ms} | {'dup', status} | {'stale', status}
 local group, n = ARGV[3], tonumber(ARGV[4])
 local result_ttl_s, retention_s = tonumber(ARGV[5]), tonumber(ARGV[6])
 local now = now_ms()
@@ -20,8 +20,7 @@ local function ack_one(k, a)
   local h, status = current_lease(stream, group, task_key, id, worker, attempt,
     {'started_at_ms', 'created_at_ms', 'queue', 'task_type', 'done_entry_id', 'done_kind'})
   if not h then
-    local d = redis.call('HMGET', task_key, 'done_entry_id', 'done_kind')
-    if d[1] == id and d[2] == 'ack' then return {'dup'} end
+    if finished_by(task_key, id, 'ack', attempt, worker) then return {'dup', status} end
     return {'stale', status or 'missing'}
   end
   redis.call('XACK', stream, group, id)

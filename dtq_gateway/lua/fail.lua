@@ -6,7 +6,7 @@
 -- ARGV[10] retry_after_ms (0 = backoff)  [11] jitter u in [0,1)  [12] error message
 -- ARGV[13] error class  [14] dead-letter MAXLEN (~)  [15] task retention s  [16] has_idem
 -- Reply: {'retry', status, started_at_ms, due_at_ms} | {'dead', ...} | {'released', ...}
---        | {'cancelled', ...} | {'dup'} | {'stale', status}
+--        | {'cancelled', ...} | {'dup', status} | {'stale', status}
 -- Backoff: delay = floor(u * min(cap, base * 2^(attempt-1))) ("full jitter"),
 -- base/cap from the task record; retry_after_ms from the worker wins.
 local stream, task_key, dlq_key, schedule_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -17,8 +17,7 @@ local h, status = current_lease(stream, group, task_key, id, worker, attempt,
   {'started_at_ms', 'max_attempts', 'backoff_base_ms', 'backoff_cap_ms', 'cancel_requested',
    'queue', 'task_type'})
 if not h then
-  local d = redis.call('HMGET', task_key, 'done_entry_id', 'done_kind')
-  if d[1] == id and d[2] == 'fail' then return {'dup'} end
+  if finished_by(task_key, id, 'fail', attempt, worker) then return {'dup', status} end
   return {'stale', status or 'missing'}
 end
 local started, queue, task_type = h[4], h[9], h[10]

@@ -302,3 +302,20 @@ async def test_batches_span_several_script_calls_in_order(env):
     assert [o.status for o in outcomes if o.error is None] == ["succeeded"] * (n - 1)
     assert await env.redis.xlen(keys.stream("q", 5)) == 0
     assert await env.redis.get(keys.result(fresh[-1])) == tasks[-1].payload
+
+
+@pytest.mark.parametrize("change", ["attempt", "worker"])
+async def test_repeated_ack_with_another_attempt_or_worker_is_stale(env, change):
+    """Only a repeat of the lease that finished the task is a duplicate: the same entry
+    id with another attempt or worker id is a stale lease, and changes nothing."""
+    tid = await env.enqueue()
+    (task,) = await env.lease(worker="w1")
+    (first,) = await env.completion.ack([pb.AckItem(lease_id=task.lease_id, result=b"1")])
+    (again,) = await env.completion.ack([pb.AckItem(lease_id=task.lease_id, result=b"2")])
+    assert first.status == "succeeded" and again.duplicate and again.status == "succeeded"
+    parts = task.lease_id.split("|")
+    parts[5 if change == "attempt" else 6] = "9" if change == "attempt" else "w2"
+    (forged,) = await env.completion.ack([pb.AckItem(lease_id="|".join(parts), result=b"3")])
+    assert not forged.duplicate and forged.error is not None
+    assert forged.error.reason == "STALE_LEASE"
+    assert await env.redis.get(keys.result(tid)) == b"1"

@@ -28,15 +28,22 @@ from tests.support.leasing import poll
 
 LAYOUT_DOC = Path(__file__).resolve().parents[2] / "docs" / "redis-layout.md"
 DESIGN_DOC = LAYOUT_DOC.with_name("design.md")
+
+
+def _body(rx: re.Pattern) -> str:
+    """A whole-name pattern of keys.py without its anchors (^...\\Z)."""
+    return rx.pattern.removeprefix("^").removesuffix("\\Z")
+
+
 #: Placeholders of the table's key column and the names they stand for.
 _PLACEHOLDERS = {
-    "<queue>": keys.QUEUE_RE.pattern.strip("^$"),
+    "<queue>": _body(keys.QUEUE_RE),
     "<0-9>": "[0-9]",
     "<sha256(key)>": "[0-9a-f]{64}",
 }
 #: ``<id>`` names a worker in the worker row and a task everywhere else.
-_WORKER_ID = keys.WORKER_ID_RE.pattern.strip("^$")
-_TASK_ID = keys.TASK_ID_RE.pattern.strip("^$")
+_WORKER_ID = _body(keys.WORKER_ID_RE)
+_TASK_ID = _body(keys.TASK_ID_RE)
 #: One key built by dtq_gateway.keys per family; each must match exactly one row.
 FAMILY_EXAMPLES = {
     "band-stream": keys.stream("q-1", 7),

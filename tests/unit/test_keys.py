@@ -50,6 +50,13 @@ def test_idempotency_keys_cannot_collide_across_queues_or_keys():
 
 @pytest.mark.parametrize("name, ok", [("emails", True), ("a.b-c_1", True), ("", False),
                                       ("x" * 65, False), ("with space", False),
-                                      ("colon:no", False), ("star*", False)])
+                                      ("colon:no", False), ("star*", False),
+                                      ("hidden\n", False), ("caf\u00e9", False)])
 def test_queue_name_alphabet(name, ok):
     assert bool(keys.QUEUE_RE.match(name)) is ok
+
+
+@pytest.mark.parametrize("pattern", [keys.QUEUE_RE, keys.WORKER_ID_RE, keys.TASK_TYPE_RE])
+def test_names_ending_in_a_newline_are_refused(pattern):
+    assert pattern.match("name") and not pattern.match("name\n")
+    assert not keys.TASK_ID_RE.match("a" * 32 + "\n")

@@ -22,6 +22,10 @@ def test_roundtrip():
     LEASE.encode().replace("|7|", "|10|"), LEASE.encode().replace("emails", "e mails"),
     LEASE.encode().replace("1700000000000-3", "1700000000000"), "1|" + "|" * 7,
     "x" * 1000,
+    # only ASCII digits, and no trailing newline ($ would accept one)
+    LEASE.encode().replace("|2|", "|\u00b2|"), LEASE.encode().replace("|2|", "|\u0662|"),
+    LEASE.encode().replace("1700000000000-3", "1700000000000-\u0663"),
+    LEASE.encode().replace("emails", "emails\n"), LEASE.encode() + "\n",
 ])
 def test_malformed_ids_are_invalid_argument(bad):
     with pytest.raises(InvalidArgument) as err:
