@@ -36,6 +36,14 @@ WORKERS = PREFIX + "workers"
 CANCELLED = PREFIX + "cancelled"
 RECENT_TASKS = PREFIX + "tasks:recent"
 SCHEDULER_LOCK = PREFIX + "lock:scheduler"
+#: Set of queue names whose band streams may hold entries (queued or leased). Every
+#: script that adds an entry to a band stream of a queue that may have drained adds the
+#: queue; the reaper removes a queue once all ten of its streams are empty (atomically,
+#: in one script), so the reaper, the gauges and the tick work on busy queues only.
+BUSY_QUEUES = PREFIX + "queues:busy"
+#: Sorted set (all scores 0, ordered by name) of every queue a gateway ever created
+#: groups for: ListQueues pages through it with ZRANGEBYLEX instead of SCANning keys.
+QUEUES = PREFIX + "queues"
 #: Pub/sub channel (not a key) for lifecycle events.
 EVENTS_CHANNEL = PREFIX + "events"
 
