@@ -38,6 +38,19 @@ def _get(url: str) -> str:
         return resp.read().decode()
 
 
+def _commands(r: redis.Redis, n: int) -> dict[str, float]:
+    """Calls per task of each command since the last CONFIG RESETSTAT (EVALSHA counted
+    once per call, the commands its script ran counted under their own names)."""
+    stats = r.info("commandstats")
+    per = {k.removeprefix("cmdstat_"): v["calls"] / n for k, v in stats.items()}
+    per = {k: round(v, 3) for k, v in sorted(per.items(), key=lambda kv: -kv[1]) if v >= 0.001}
+    per["TOTAL"] = round(sum(v for k, v in per.items() if k not in ("evalsha", "eval")), 2)
+    # usec per task by command (EVALSHA's includes the commands its scripts ran)
+    per["usec"] = {k.removeprefix("cmdstat_"): round(v["usec"] / n, 2) for k, v in
+                   sorted(stats.items(), key=lambda kv: -kv[1]["usec"]) if v["usec"] / n >= 0.05}
+    return per
+
+
 def _redis_cpu_s(r: redis.Redis) -> float:
     info = r.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
@@ -47,14 +60,18 @@ async def _drain(procs: Processes, bench: DtqBench, metrics_port: int, n: int) -
     r = redis.Redis.from_url(procs.redis_url)
     pid = procs.gateway.pid  # type: ignore[union-attr]
     await bench.enqueue_batch(500, kind="x")  # warm-up, never consumed
+    r.config_resetstat()
     c0, r0 = proc_cpu_s(pid), _redis_cpu_s(r)
     rate = await bench.enqueue_batch(n)
     c1, r1 = proc_cpu_s(pid), _redis_cpu_s(r)
+    cmd_enqueue = _commands(r, n)
+    r.config_resetstat()
     for f in bench.out.glob("*.json"):
         f.unlink()
     procs.start_worker(bench.out)
     done = await _wait_file(bench.out / "drain.json", 300)
     c2, r2 = proc_cpu_s(pid), _redis_cpu_s(r)
+    cmd_drain = _commands(r, n)
     worker_s = proc_cpu_s(procs.worker.pid)  # type: ignore[union-attr]
     procs.stop_worker()
     text = await asyncio.to_thread(_get, f"http://127.0.0.1:{metrics_port}/metrics")
@@ -66,7 +83,9 @@ async def _drain(procs: Processes, bench: DtqBench, metrics_port: int, n: int) -
             "gateway_us_drain": round((c2 - c1) * us, 1),
             "worker_us": round(worker_s * us, 1), "redis_us_enqueue": round((r1 - r0) * us, 1),
             "redis_us_drain": round((r2 - r1) * us, 1), "ack_calls": int(acks),
-            "items_per_ack": round(n / acks, 1)}
+            "items_per_ack": round(n / acks, 1),
+            "commands_per_task": round(cmd_enqueue["TOTAL"] + cmd_drain["TOTAL"], 2),
+            "commands_enqueue": cmd_enqueue, "commands_drain": cmd_drain}
 
 
 async def _enqueue(procs: Processes, bench: DtqBench) -> dict[str, Any]:

@@ -8,26 +8,14 @@ script of the Broker) can build theirs with :class:`AuditedScript`.
 
 from __future__ import annotations
 
-import hashlib
-from functools import cache
-
-from dtq_gateway.scripts import LUA_DIR, Script
-
-
-@cache
-def _audit_lib() -> str:
-    return (LUA_DIR / "_audit.lua").read_text()
+from dtq_gateway.scripts import Script
 
 
 class AuditedScript(Script):
     """A :class:`Script` whose source also includes the ``audit()`` Lua helper."""
 
     def __init__(self, name: str) -> None:
-        super().__init__(name)
-        body = (LUA_DIR / f"{name}.lua").read_text()
-        # Script.source is _lib.lua + body; put the audit helper between them.
-        self.source = self.source[: len(self.source) - len(body)] + _audit_lib() + "\n" + body
-        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+        super().__init__(name, helpers=("_audit",))
 
 
 AUDIT_APPEND = AuditedScript("audit_append")

@@ -57,7 +57,7 @@ class Broker:
         """KEYS and ARGV of one enqueue.lua call for ``tasks`` (see the script's header)."""
         s = self.settings
         gate = s.max_queue_depth > 0
-        keys_ = [keys.RETRY_SCHEDULE, keys.RECENT_TASKS]
+        keys_ = [keys.RETRY_SCHEDULE, keys.RECENT_TASKS, keys.BUSY_QUEUES]
         args = Script.argv_notified(len(tasks), s.task_retention_s, s.idem_ttl_s,
                                     s.recent_max, s.max_queue_depth)
         for t in tasks:

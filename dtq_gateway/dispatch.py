@@ -42,7 +42,9 @@ ACTIVATE = Script("activate")
 WORKER_STATES = Script("worker_states")
 #: Most entries one lease_read returns (bounds script run time).
 BATCH_MAX = 256
-_OWN_EVENT = b'"event_id":"' + EVENT_ID_PREFIX.encode()
+#: A message (one per script call, see event_batch.py) of a call this process made and
+#: whose wake-up the dispatcher already got directly.
+_OWN_EVENT = b'"id_prefix":"' + EVENT_ID_PREFIX.encode()
 WAKE_EVENTS = frozenset({"TASK_QUEUED", "TASK_RETRIED"})
 FREE_EVENTS = frozenset({"TASK_SUCCEEDED", "TASK_RETRY_SCHEDULED", "TASK_DEAD_LETTERED",
                          "TASK_CANCELLED", "TASK_QUEUED"})

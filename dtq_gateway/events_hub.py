@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import time
@@ -31,6 +30,7 @@ from redis.asyncio import Redis
 
 from dtq_gateway import keys
 from dtq_gateway.duty import OUTAGE_ERRORS, RateLimitedLog
+from dtq_gateway.event_batch import expand
 from dtq_gateway.metrics import EVENTS_DROPPED
 
 log = logging.getLogger(__name__)
@@ -202,20 +202,21 @@ class EventsHub:
         if not listeners and not self._subs:
             return
         try:
-            event = json.loads(data)
+            events = expand(data)
         except ValueError:
-            event = None
-        if not isinstance(event, dict):
+            events = []
+        if not events:
             self._bad_event_log.log(logging.WARNING, "events: ignoring malformed message")
             return
-        for callback in listeners:
-            try:
-                callback(event)
-            except Exception:
-                log.exception("events: listener failed")
-        for sub in list(self._subs):
-            if sub.matches(event):
-                sub.offer(event)
+        for event in events:
+            for callback in listeners:
+                try:
+                    callback(event)
+                except Exception:
+                    log.exception("events: listener failed")
+            for sub in list(self._subs):
+                if sub.matches(event):
+                    sub.offer(event)
 
     async def _run(self) -> None:
         failures = 0

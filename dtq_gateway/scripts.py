@@ -7,7 +7,9 @@ call, which is safe because a NOSCRIPT call executed nothing. Pipelined calls
 reuse that rule item by item, so a batch stays one round trip in the common case.
 
 Convention: ARGV[1] is the events channel and ARGV[2] a fresh event-id prefix;
-:meth:`Script.argv` prepends both.
+:meth:`Script.argv` prepends both. The script body runs as a function whose reply is
+returned after ``flush_events()`` (``_lib.lua``) published the call's events as one
+message, so a body may ``return`` anywhere.
 """
 
 from __future__ import annotations
@@ -46,11 +48,21 @@ def _lib() -> str:
 
 
 class Script:
-    """One Lua script: source, SHA1, and EVALSHA-with-fallback calls."""
+    """One Lua script: source, SHA1, and EVALSHA-with-fallback calls.
 
-    def __init__(self, name: str) -> None:
+    Args:
+        name: the file ``lua/<name>.lua``.
+        helpers: more helper files (names without ``.lua``) placed between ``_lib.lua``
+            and the body, e.g. ``("_audit",)``.
+    """
+
+    def __init__(self, name: str, helpers: Sequence[str] = ()) -> None:
         self.name = name
-        self.source = _lib() + "\n" + (LUA_DIR / f"{name}.lua").read_text()
+        parts = [_lib()] + [(LUA_DIR / f"{h}.lua").read_text() for h in helpers]
+        body = (LUA_DIR / f"{name}.lua").read_text()
+        self.source = "\n".join(parts) + (
+            "\nlocal dtq_reply = (function()\n" + body
+            + "\nend)()\nflush_events()\nreturn dtq_reply\n")
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
 
     @staticmethod

@@ -90,6 +90,13 @@ def _attempts(f: Mapping[str, bytes]) -> list[dtq_pb2.AttemptRecord]:
         if rec is not None:
             rec.attempt = n
             out.append(rec)
+    current = _int(f.get("attempt"))
+    if _text(f.get("status")) == "active" and current not in {n for n, _ in numbered}:
+        # the running attempt is recorded as att:<n> only when it ends (activate.lua
+        # writes just status, worker_id and started_at_ms)
+        out.append(dtq_pb2.AttemptRecord(
+            attempt=current, worker_id=_text(f.get("worker_id")),
+            started_at_ms=_int(f.get("started_at_ms")), outcome="running"))
     return out
 
 

@@ -51,7 +51,9 @@ def encode_result(value: Any) -> bytes:
     """Encode a handler's return value as the stored result.
 
     Args:
-        value: bytes-like values are kept as-is; anything else is JSON-encoded.
+        value: bytes-like values are kept as-is; None (a handler that returns nothing)
+            is the empty result, which the gateway stores as no result at all (no key,
+            no Redis write); anything else is JSON-encoded.
 
     Returns:
         Result bytes.
@@ -61,6 +63,8 @@ def encode_result(value: Any) -> bytes:
     """
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
+    if value is None:
+        return b""
     return _ENCODER.encode(value).encode("utf-8")
 
 

@@ -8,40 +8,29 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- ISO 8601 UTC with milliseconds from epoch ms (civil-from-days, no os.date in Redis).
-local function iso(ms)
-  local s = math.floor(ms / 1000)
-  local days = math.floor(s / 86400)
-  local rem = s - days * 86400
-  local z = days + 719468
-  local era = math.floor(z / 146097)
-  local doe = z - era * 146097
-  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
-    - math.floor(doe / 146096)) / 365)
-  local y = yoe + era * 400
-  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
-  local mp = math.floor((5 * doy + 2) / 153)
-  local d = doy - math.floor((153 * mp + 2) / 5) + 1
-  local m = mp < 10 and mp + 3 or mp - 9
-  if m <= 2 then y = y + 1 end
-  return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%03dZ', y, m, d,
-    math.floor(rem / 3600), math.floor((rem % 3600) / 60), rem % 60, ms % 1000)
-end
-
 local EVENTS_CHANNEL = ARGV[1]
 local EVENT_PREFIX = ARGV[2]
-local event_seq = 0
+local events = {}
+local events_ms = 0
 
--- Publish one lifecycle event with the seed's JSON shape.
+-- Queue one lifecycle event (ms: Redis TIME of the change, epoch ms; metadata: a table
+-- or nil). scripts.py appends a call of flush_events() to every script, which publishes
+-- all events of the call as ONE message:
+--   {"ts_ms": ms, "id_prefix": EVENT_PREFIX, "events": [[type, task_id, queue,
+--    task_type, attempt, worker_id, metadata|null], ...]}
+-- The gateway's events hub expands it into one event per entry (event_id = id_prefix ..
+-- '%08x' of the 1-based position, ts = ISO 8601 of ts_ms). One PUBLISH and one JSON
+-- encode per call instead of one per task (docs/performance.md, round 3).
 local function publish(ev_type, ms, task_id, queue, task_type, attempt, worker_id, metadata)
-  event_seq = event_seq + 1
-  local ev = {
-    event_id = EVENT_PREFIX .. string.format('%08x', event_seq),
-    ts = iso(ms), type = ev_type, task_id = task_id or '', queue = queue or '',
-    task_type = task_type or '', attempt = tonumber(attempt) or 0, worker_id = worker_id or '',
-  }
-  if metadata then ev.metadata = metadata end
-  redis.call('PUBLISH', EVENTS_CHANNEL, cjson.encode(ev))
+  events_ms = ms
+  events[#events + 1] = {ev_type, task_id or '', queue or '', task_type or '',
+    tonumber(attempt) or 0, worker_id or '', metadata or cjson.null}
+end
+
+local function flush_events()
+  if #events == 0 then return end
+  redis.call('PUBLISH', EVENTS_CHANNEL, cjson.encode({ts_ms = events_ms,
+    id_prefix = EVENT_PREFIX, events = events}))
 end
 
 -- The JSON value of the task hash field att:<n> (one attempt's outcome).
@@ -58,10 +47,23 @@ local function record_attempt(task_key, n, worker_id, started_ms, finished_ms, o
     attempt_json(worker_id, started_ms, finished_ms, outcome, err, err_class))
 end
 
--- Refresh the retention TTL of a task hash (DTQ_TASK_RETENTION_S) and stamp it.
-local function touch(task_key, ms, retention_s)
+-- Task record TTLs: a live record (scheduled, queued, active) has NO TTL, so no task
+-- can vanish while it waits or runs however long that takes; the retention clock
+-- (DTQ_TASK_RETENTION_S) starts when the task reaches a terminal state (succeeded,
+-- dead_lettered, cancelled, expired). One EXPIRE per task lifecycle instead of one per
+-- transition.
+
+-- Stamp a terminal record and start its retention TTL.
+local function retire(task_key, ms, retention_s)
   redis.call('HSET', task_key, 'updated_at_ms', ms)
   redis.call('EXPIRE', task_key, retention_s)
+end
+
+-- Stamp a record that stays (or becomes) live again; PERSIST drops a TTL that an
+-- older dtq version set on live records (rare paths only: retries, releases, moves).
+local function keep_live(task_key, ms)
+  redis.call('HSET', task_key, 'updated_at_ms', ms)
+  redis.call('PERSIST', task_key)
 end
 
 -- XADD a dispatch entry (the seed's entry fields) for the task into stream_key,
@@ -121,14 +123,20 @@ local function finished_by(task_key, id, kind, attempt, worker)
   return ok and type(rec) == 'table' and rec.worker_id == worker
 end
 
--- Fencing check shared by ack/fail/heartbeat. Returns the HMGET of `fields` when the
--- lease (stream entry id, consumer, attempt) is the task's current one, else nil
--- plus the task status (false when the hash is gone).
-local function current_lease(stream, group, task_key, id, consumer, attempt, fields)
-  local h = redis.call('HMGET', task_key, 'status', 'attempt', 'entry_id', unpack(fields))
-  if h[1] ~= 'active' or tonumber(h[2]) ~= tonumber(attempt) or h[3] ~= id then
+-- Fencing check shared by ack/fail/heartbeat. Returns the HMGET of status, attempt,
+-- entry_id, worker_id and then `fields` (so fields[i] is h[4 + i]) when the lease
+-- (stream entry id, consumer, attempt) is the task's current one, else nil plus the
+-- task status (false when the hash is gone). Every transition that ends a lease
+-- changes the record's status, entry_id or attempt in the same script, and
+-- activation records the consumer in worker_id, so the record alone decides; the PEL
+-- owner is not read (an entry the reaper claimed but had not yet reclaimed can still
+-- be completed by its worker: reclaim.lua then finds it gone and does nothing).
+local function current_lease(task_key, id, consumer, attempt, fields)
+  local h = redis.call('HMGET', task_key, 'status', 'attempt', 'entry_id', 'worker_id',
+    unpack(fields))
+  if h[1] ~= 'active' or tonumber(h[2]) ~= tonumber(attempt) or h[3] ~= id
+      or h[4] ~= consumer then
     return nil, h[1]
   end
-  if not owns(stream, group, id, consumer) then return nil, h[1] end
   return h, h[1]
 end

@@ -1,5 +1,8 @@
 -- ack: complete leases successfully (fenced), n leases per call (one Ack's items, in
--- chunks), so the per-call costs (EVALSHA framing, the constant arguments) are paid once.
+-- chunks), so the per-call costs (EVALSHA framing, the constant arguments, the one
+-- events message) are paid once. Per lease: HMGET (fencing), XACK, XDEL, HSET, EXPIRE
+-- (the retention clock starts now), SET of the result only when it is not empty, and
+-- GET/SET of the idempotency record when the task has one.
 -- Per lease i, from k = (i-1)*4:
 --   KEYS[k+1] band stream  [k+2] task hash  [k+3] result string  [k+4] idempotency record
 --   or the task hash again (see has_idem)
@@ -17,24 +20,29 @@ local function ack_one(k, a)
   local stream, task_key, result_key = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
   local idem_key = ARGV[a + 7] == '1' and KEYS[k + 4] or nil
   local id, attempt, worker, task_id = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
-  local h, status = current_lease(stream, group, task_key, id, worker, attempt,
-    {'started_at_ms', 'created_at_ms', 'queue', 'task_type', 'done_entry_id', 'done_kind'})
+  local h, status = current_lease(task_key, id, worker, attempt,
+    {'started_at_ms', 'created_at_ms', 'queue', 'task_type'})
   if not h then
     if finished_by(task_key, id, 'ack', attempt, worker) then return {'dup', status} end
     return {'stale', status or 'missing'}
   end
   redis.call('XACK', stream, group, id)
   redis.call('XDEL', stream, id)
-  -- one HSET for the state, the attempt record and the touch stamp (hot path)
+  -- one HSET for the state, the attempt record and the stamp (hot path). The attempt
+  -- JSON is concatenated: worker ids are [A-Za-z0-9_.:@-] and the numbers are Redis
+  -- TIME values, so nothing needs escaping (cjson per task cost more).
   redis.call('HSET', task_key, 'status', 'succeeded', 'finished_at_ms', now, 'entry_id', '',
     'done_entry_id', id, 'done_kind', 'ack', 'result_truncated', ARGV[a + 6],
-    'att:' .. attempt, attempt_json(worker, h[4], now, 'succeeded', '', ''),
+    'att:' .. attempt, '{"worker_id":"' .. worker .. '","started_at_ms":' .. h[5]
+      .. ',"finished_at_ms":' .. now .. ',"outcome":"succeeded","error_message":"",'
+      .. '"error_class":""}',
     'updated_at_ms', now)
   redis.call('EXPIRE', task_key, retention_s)
-  redis.call('SET', result_key, ARGV[a + 5], 'EX', result_ttl_s)
+  -- an empty result stores nothing: GetTask answers an empty result either way
+  if ARGV[a + 5] ~= '' then redis.call('SET', result_key, ARGV[a + 5], 'EX', result_ttl_s) end
   idem_update(idem_key, task_id, 'completed', now)
-  publish('TASK_SUCCEEDED', now, task_id, h[6], h[7], attempt, worker, nil)
-  return {'ok', h[4], h[5], now}
+  publish('TASK_SUCCEEDED', now, task_id, h[7], h[8], attempt, worker, nil)
+  return {'ok', h[5], h[6], now}
 end
 
 local replies = {}

@@ -1,4 +1,6 @@
 -- activate: turn entries just read by lease_read into active leases, or absorb them.
+-- Per activated entry: one HMGET (the fencing read) and one HSET; no TTL (a live record
+-- has none, see retire() in _lib.lua) and one events message per call.
 -- KEYS[1]   cancelled set dtq:cancelled
 -- per entry i (3 keys): band stream, task hash, idempotency record (or the task hash
 --           again when the task has no idempotency key)
@@ -27,17 +29,15 @@ for i = 1, n do
   local status = h[1]
   if not status then
     drop(stream, id)
+    redis.call('SREM', KEYS[1], task_id)  -- a cancelled task whose record expired
     publish('TASK_DUPLICATE_ABSORBED', now, task_id, '', '', attempt, consumer,
       {reason = 'no_record'})
     out[i] = {'absorbed'}
-  elseif redis.call('SREM', KEYS[1], task_id) == 1 or status == 'cancelled' then
+  elseif status == 'cancelled' then
+    -- cancelled while queued: cancel.lua already recorded it and sent TASK_CANCELLED;
+    -- its entry is only acked away here (no second event)
     drop(stream, id)
-    if status ~= 'cancelled' then
-      redis.call('HSET', task_key, 'status', 'cancelled', 'finished_at_ms', now, 'entry_id', '')
-      idem_update(idem_key, task_id, 'failed', now)
-      touch(task_key, now, retention)
-    end
-    publish('TASK_CANCELLED', now, task_id, h[8], h[9], attempt, consumer, {stage = 'dispatch'})
+    redis.call('SREM', KEYS[1], task_id)
     out[i] = {'cancelled'}
   elseif status ~= 'queued' or tonumber(h[2]) ~= attempt or h[3] ~= id then
     drop(stream, id)
@@ -48,21 +48,19 @@ for i = 1, n do
     drop(stream, id)
     redis.call('HSET', task_key, 'status', 'expired', 'finished_at_ms', now, 'entry_id', '')
     idem_update(idem_key, task_id, 'failed', now)
-    touch(task_key, now, retention)
+    retire(task_key, now, retention)
     publish('TASK_EXPIRED', now, task_id, h[8], h[9], attempt, consumer, nil)
     out[i] = {'expired'}
   elseif mode == 'r' then
     drop(stream, id)
     add_entry(stream, task_key, attempt)
-    touch(task_key, now, retention)
+    redis.call('HSET', task_key, 'updated_at_ms', now)
     out[i] = {'requeued'}
   else
-    -- one HSET for the state, the attempt record and the touch stamp (hot path)
+    -- one HSET (hot path); the running attempt is status/worker_id/started_at_ms until
+    -- its outcome is recorded as att:<n>
     redis.call('HSET', task_key, 'status', 'active', 'worker_id', consumer,
-      'started_at_ms', now, 'cancel_requested', '0',
-      'att:' .. attempt, attempt_json(consumer, now, 0, 'running', '', ''),
-      'updated_at_ms', now)
-    redis.call('EXPIRE', task_key, retention)
+      'started_at_ms', now, 'updated_at_ms', now)
     publish('TASK_STARTED', now, task_id, h[8], h[9], attempt, consumer, nil)
     out[i] = {'ok', h[5], h[6], h[7], now}
   end

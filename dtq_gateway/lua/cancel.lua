@@ -29,7 +29,8 @@ else
   publish('TASK_CANCELLED', now, task_id, h[2], h[3], h[4], '', {stage = status})
   reply = {'cancelled'}
 end
-touch(task_key, now, tonumber(ARGV[8]))
+if reply[1] == 'cancelled' then retire(task_key, now, tonumber(ARGV[8]))
+else keep_live(task_key, now) end
 redis.call('XADD', audit_key, 'MAXLEN', '~', ARGV[7], '*', 'actor', ARGV[4],
   'action', 'cancel_task', 'task_id', task_id, 'ts', now, 'request_id', ARGV[5],
   'detail', ARGV[6])

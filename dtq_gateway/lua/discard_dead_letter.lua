@@ -16,6 +16,6 @@ if (not f[2]) or f[2] == '' or f[3] == '1' then return {'NO_ENTRY'} end
 if redis.call('XDEL', KEYS[2], f[2]) == 0 then return {'NO_ENTRY'} end
 local ms = now_ms()
 redis.call('HSET', task_key, 'discarded', '1', 'dlq_entry_id', '')
-touch(task_key, ms, ARGV[6])
+retire(task_key, ms, ARGV[6])
 audit(KEYS[3], ARGV[3], ms, ARGV[4], 'discard_dead_letter', f[4], ARGV[5], '')
 return {'OK', ms}

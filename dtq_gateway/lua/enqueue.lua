@@ -1,15 +1,19 @@
 -- enqueue: create tasks, each queued in its band stream or scheduled for later.
 -- One call enqueues n tasks (EnqueueBatch sends chunks; Enqueue sends n = 1), so the
--- per-call costs (EVALSHA framing, TIME, the constant arguments) are paid once per chunk.
+-- per-call costs (EVALSHA framing, TIME, the recent-tasks index, the busy-queue set, the
+-- one events message) are paid once per chunk; per task it runs XADD (or ZADD to the
+-- schedule) and one HSET, plus GET/SET of the idempotency record when the task has a key.
+-- The record gets no TTL here: a live task never expires (see retire() in _lib.lua).
 -- KEYS[1]  retry schedule zset  dtq:retry:schedule
 -- KEYS[2]  recent tasks zset    dtq:tasks:recent
--- then per task i (stride s = 3, or 13 with a depth limit), from k = 2 + (i-1)*s:
+-- KEYS[3]  busy-queue set       dtq:queues:busy
+-- then per task i (stride s = 3, or 13 with a depth limit), from k = 3 + (i-1)*s:
 --   KEYS[k+1] task hash dtq:task:<id>   KEYS[k+2] band stream dtq:stream:<queue>:p<priority>
 --   KEYS[k+3] idempotency record dtq:idempotency:<queue>:<sha256> (the task hash again
 --             when the task has no idempotency key)
 --   KEYS[k+4 .. k+13] the queue's ten band streams (depth gate; only with a depth limit)
--- ARGV[3] n tasks  [4] task retention s  [5] idempotency TTL s  [6] recent max entries
--- ARGV[7] max queue depth (0 = none)
+-- ARGV[3] n tasks  [4] task retention s (unused: kept for the argument layout)
+-- [5] idempotency TTL s  [6] recent max entries  [7] max queue depth (0 = none)
 -- then per task i, 18 values from a = 7 + (i-1)*18:
 --   [a+1] task_id  [a+2] queue  [a+3] task_type  [a+4] payload  [a+5] content_type
 --   [a+6] priority 0..9  [a+7] max_attempts  [a+8] timeout_ms  [a+9] idempotency key
@@ -19,12 +23,24 @@
 --   idempotency record pointing at this (vanished) task may be replaced.
 -- Reply: one item per task, in order:
 --   {'ok', task_id, status} | {'dup', earlier task_id, earlier state} | {'full', depth}
-local schedule_key, recent_key = KEYS[1], KEYS[2]
+local schedule_key, recent_key, busy_key = KEYS[1], KEYS[2], KEYS[3]
 local n = tonumber(ARGV[3])
-local retention_s, idem_ttl_s = tonumber(ARGV[4]), tonumber(ARGV[5])
+local idem_ttl_s = tonumber(ARGV[5])
 local recent_max, max_depth = tonumber(ARGV[6]), tonumber(ARGV[7])
 local stride = max_depth > 0 and 13 or 3
 local now = now_ms()
+local recent, busy, depths = {}, {}, {}
+
+-- Depth of a queue's bands (queued + leased entries), read once per call and counted
+-- up locally as this call adds entries.
+local function depth_of(queue, k)
+  local d = depths[queue]
+  if not d then
+    d = 0
+    for i = k + 4, k + 13 do d = d + redis.call('XLEN', KEYS[i]) end
+  end
+  return d
+end
 
 local function enqueue_one(k, a)
   local task_key, stream_key = KEYS[k + 1], KEYS[k + 2]
@@ -42,12 +58,6 @@ local function enqueue_one(k, a)
     end
   end
 
-  if max_depth > 0 then
-    local depth = 0
-    for i = k + 4, k + 13 do depth = depth + redis.call('XLEN', KEYS[i]) end
-    if depth >= max_depth then return {'full', depth} end
-  end
-
   local due = 0
   local delay_ms, not_before = tonumber(ARGV[a + 14]), tonumber(ARGV[a + 15])
   if delay_ms > 0 then due = now + delay_ms elseif not_before > now then due = not_before end
@@ -57,6 +67,12 @@ local function enqueue_one(k, a)
   local status, due_at = 'queued', 0
   if due > now then status, due_at = 'scheduled', due end
 
+  if max_depth > 0 then
+    local depth = depth_of(queue, k)
+    if depth >= max_depth then return {'full', depth} end
+    if status == 'queued' then depths[queue] = depth + 1 else depths[queue] = depth end
+  end
+
   local entry_id = ''
   if status == 'queued' then
     -- the seed's entry fields, from the arguments (no read-back of the hash just written)
@@ -64,11 +80,12 @@ local function enqueue_one(k, a)
       'task_type', task_type, 'payload', payload, 'attempt', 1,
       'max_attempts', ARGV[a + 7], 'priority', ARGV[a + 6], 'timeout_ms', ARGV[a + 8],
       'idempotency_key', idem)
+    busy[queue] = true
   else
     redis.call('ZADD', schedule_key, due, task_id)
   end
 
-  -- one HSET for the record, its status, its entry and the touch stamp (hot path)
+  -- one HSET for the record, its status, its entry and the stamp (hot path)
   redis.call('HSET', task_key, 'task_id', task_id, 'queue', queue, 'task_type', task_type,
     'payload', payload, 'content_type', ARGV[a + 5], 'priority', ARGV[a + 6],
     'max_attempts', ARGV[a + 7], 'timeout_ms', ARGV[a + 8], 'idem_key', idem,
@@ -76,9 +93,9 @@ local function enqueue_one(k, a)
     'backoff_cap_ms', ARGV[a + 13], 'attempt', 1, 'entry_id', entry_id,
     'created_at_ms', now, 'not_before_ms', not_before, 'expires_at_ms', expires_at,
     'status', status, 'due_at_ms', due_at, 'updated_at_ms', now)
-  redis.call('EXPIRE', task_key, retention_s)
 
-  redis.call('ZADD', recent_key, now, task_id)
+  recent[#recent + 1] = now
+  recent[#recent + 1] = task_id
 
   if idem_key then
     redis.call('SET', idem_key, cjson.encode({task_id = task_id, state = 'processing',
@@ -93,8 +110,14 @@ end
 
 local replies = {}
 for i = 1, n do
-  replies[i] = enqueue_one(2 + (i - 1) * stride, 7 + (i - 1) * 18)
+  replies[i] = enqueue_one(3 + (i - 1) * stride, 7 + (i - 1) * 18)
 end
--- the recent-tasks index keeps its newest recent_max members: trimmed once per call
-redis.call('ZREMRANGEBYRANK', recent_key, 0, -(recent_max + 1))
+if #recent > 0 then
+  redis.call('ZADD', recent_key, unpack(recent))
+  -- the recent-tasks index keeps its newest recent_max members: trimmed once per call
+  redis.call('ZREMRANGEBYRANK', recent_key, 0, -(recent_max + 1))
+end
+local names = {}
+for q in pairs(busy) do names[#names + 1] = q end
+if #names > 0 then redis.call('SADD', busy_key, unpack(names)) end
 return replies

@@ -13,26 +13,28 @@ local stream, task_key, dlq_key, schedule_key = KEYS[1], KEYS[2], KEYS[3], KEYS[
 local idem_key = ARGV[16] == '1' and KEYS[5] or nil
 local group, id, attempt, worker, task_id = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[7]
 local mode, err, err_class = ARGV[8], ARGV[12], ARGV[13]
-local h, status = current_lease(stream, group, task_key, id, worker, attempt,
+local h, status = current_lease(task_key, id, worker, attempt,
   {'started_at_ms', 'max_attempts', 'backoff_base_ms', 'backoff_cap_ms', 'cancel_requested',
    'queue', 'task_type'})
 if not h then
   if finished_by(task_key, id, 'fail', attempt, worker) then return {'dup', status} end
   return {'stale', status or 'missing'}
 end
-local started, queue, task_type = h[4], h[9], h[10]
+local started, queue, task_type = h[5], h[10], h[11]
 local now = now_ms()
 local retention = tonumber(ARGV[15])
 redis.call('XACK', stream, group, id)
 redis.call('XDEL', stream, id)
 redis.call('HSET', task_key, 'entry_id', '', 'done_entry_id', id, 'done_kind', 'fail')
 
+-- terminal outcomes start the retention clock; a retry or release stays live
 local function finish(kind, new_status, extra)
-  touch(task_key, now, retention)
+  if new_status == 'scheduled' or new_status == 'queued' then keep_live(task_key, now)
+  else retire(task_key, now, retention) end
   return {kind, new_status, started, extra or 0}
 end
 
-if h[8] == '1' then
+if h[9] == '1' then
   -- cancellation was requested: whatever the handler reported, the task ends cancelled
   redis.call('HSET', task_key, 'status', 'cancelled', 'finished_at_ms', now)
   record_attempt(task_key, attempt, worker, started, now, 'cancelled', err, err_class)
@@ -54,10 +56,10 @@ redis.call('HSET', task_key, 'last_error', err, 'last_error_class', err_class)
 publish('TASK_FAILED', now, task_id, queue, task_type, attempt, worker,
   {error = string.sub(err, 1, 512), error_class = err_class})
 
-if ARGV[9] == '1' and attempt < tonumber(h[5]) then
+if ARGV[9] == '1' and attempt < tonumber(h[6]) then
   local delay = tonumber(ARGV[10])
   if delay <= 0 then
-    local ceiling = math.min(tonumber(h[7]), tonumber(h[6]) * 2 ^ (attempt - 1))
+    local ceiling = math.min(tonumber(h[8]), tonumber(h[7]) * 2 ^ (attempt - 1))
     delay = math.floor(tonumber(ARGV[11]) * ceiling)
   end
   local due = now + delay

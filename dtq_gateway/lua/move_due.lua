@@ -47,7 +47,7 @@ local expires_at = tonumber(f[5]) or 0
 redis.call('ZREM', sched_key, task_id)
 if expires_at > 0 and now >= expires_at then
   redis.call('HSET', task_key, 'status', 'expired', 'finished_at_ms', now, 'due_at_ms', 0)
-  touch(task_key, now, retention_s)
+  retire(task_key, now, retention_s)
   idem_update(KEYS[5], task_id, 'failed', now)
   publish('TASK_EXPIRED', now, task_id, queue, task_type, attempt, '',
     {reason = 'deadline_passed', expires_at_ms = expires_at})
@@ -56,6 +56,6 @@ end
 
 add_entry(stream_key, task_key, attempt)
 redis.call('HSET', task_key, 'status', 'queued', 'due_at_ms', 0)
-touch(task_key, now, retention_s)
+keep_live(task_key, now)
 publish('TASK_QUEUED', now, task_id, queue, task_type, attempt, '', {reason = 'due'})
 return 'moved'

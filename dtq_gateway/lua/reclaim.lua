@@ -52,7 +52,7 @@ local current = status and f[5] == entry_id and attempt == entry_attempt
 if current and status == 'queued' then
   drop_entry()
   add_entry(stream_key, task_key, attempt)
-  touch(task_key, now, retention_s)
+  keep_live(task_key, now)
   publish('TASK_QUEUED', now, task_id, queue, task_type, attempt, '',
     {reason = 'reclaimed_unstarted', previous_entry_id = entry_id})
   return 'requeued'
@@ -74,7 +74,7 @@ redis.call('HSET', task_key, 'last_error', err, 'last_error_class', 'LeaseExpire
 if f[10] == '1' then
   redis.call('HSET', task_key, 'status', 'cancelled', 'finished_at_ms', now, 'entry_id', '')
   redis.call('SREM', cancelled_key, task_id)
-  touch(task_key, now, retention_s)
+  retire(task_key, now, retention_s)
   idem_update(idem_key, task_id, 'failed', now)
   publish('TASK_CANCELLED', now, task_id, queue, task_type, attempt, worker_id,
     {reason = 'lease_expired_while_cancelling'})
@@ -83,13 +83,13 @@ end
 if attempt < max_attempts then
   add_entry(stream_key, task_key, attempt + 1)
   redis.call('HSET', task_key, 'status', 'queued', 'worker_id', '')
-  touch(task_key, now, retention_s)
+  keep_live(task_key, now)
   publish('TASK_RETRIED', now, task_id, queue, task_type, attempt + 1, worker_id,
     {reason = 'lease_expired', lost_attempt = attempt})
   return 'retried'
 end
 dead_letter(dlq_key, dlq_maxlen, task_key, attempt, now, err, 'LeaseExpired', worker_id)
-touch(task_key, now, retention_s)
+retire(task_key, now, retention_s)
 idem_update(idem_key, task_id, 'failed', now)
 publish('TASK_DEAD_LETTERED', now, task_id, queue, task_type, attempt, worker_id,
   {error_class = 'LeaseExpired', error_message = err})

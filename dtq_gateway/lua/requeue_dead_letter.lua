@@ -53,7 +53,7 @@ redis.call('HINCRBY', task_key, 'requeues', 1)
 pcall(redis.call, 'XGROUP', 'CREATE', KEYS[3], ARGV[11], '0', 'MKSTREAM')
 local entry_id = add_entry(KEYS[3], task_key, 1)
 if KEYS[5] then idem_update(KEYS[5], f[5], 'processing', ms) end
-touch(task_key, ms, ARGV[10])
+keep_live(task_key, ms)
 publish('TASK_QUEUED', ms, f[5], f[3], f[6], 1, '', {requeued = 'true'})
 audit(KEYS[4], ARGV[3], ms, ARGV[4], ARGV[6], f[5], ARGV[5], ARGV[7])
 return {'OK', ms, entry_id}

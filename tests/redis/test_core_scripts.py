@@ -63,11 +63,10 @@ async def env(redis_url):
     await e.redis.aclose()
 
 
-async def test_enqueue_writes_hash_with_ttl_and_entry(env):
+async def test_enqueue_writes_live_hash_without_ttl_and_entry(env):
     tid = await env.enqueue(priority=3, payload=b'{"x":1}', idempotency_key="k")
     assert await env.status(tid) == "queued"
-    ttl = await env.redis.ttl(keys.task(tid))
-    assert 0 < ttl <= env.settings.task_retention_s
+    assert await env.redis.ttl(keys.task(tid)) == -1, "a live task record must not expire"
     entries = await env.redis.xrange(keys.stream("q", 3))
     fields = entries[0][1]
     assert set(fields) == {b"task_id", b"queue", b"task_type", b"payload", b"attempt",
@@ -108,6 +107,16 @@ async def test_ack_removes_entry_stores_result_and_completes_idempotency(env):
     ttl_before = await env.redis.ttl(idem)
     assert json.loads(await env.redis.get(idem))["state"] == "completed"
     assert ttl_before <= env.settings.idem_ttl_s  # KEEPTTL: not extended
+    # the retention clock of the record starts at the terminal state
+    assert 0 < await env.redis.ttl(keys.task(tid)) <= env.settings.task_retention_s
+
+
+async def test_empty_result_stores_no_key(env):
+    tid = await env.enqueue()
+    (task,) = await env.lease()
+    (oc,) = await env.completion.ack([pb.AckItem(lease_id=task.lease_id)])
+    assert oc.status == "succeeded"
+    assert await env.redis.exists(keys.result(tid)) == 0
 
 
 async def test_double_ack_is_duplicate_and_changes_nothing(env):
@@ -121,16 +130,56 @@ async def test_double_ack_is_duplicate_and_changes_nothing(env):
     assert before == after and await env.redis.get(keys.result(tid)) == b"1"
 
 
-async def test_ack_after_reclaim_is_stale(env):
-    tid = await env.enqueue()
-    (task,) = await env.lease(worker="w1")
+RECLAIM = Script("reclaim")
+
+
+async def _reaper_claims(env, task: pb.LeasedTask) -> str:
+    """Claim a lease's entry to the reaper consumer, as autoclaim.lua does once the
+    visibility timeout passed; returns the entry id."""
     entry = task.lease_id.split("|")[4]
-    # another consumer takes the entry over (what the reaper does after the timeout)
-    await env.redis.xclaim(keys.stream("q", 5), keys.GROUP, "w2", 0, [entry])
+    await env.redis.xclaim(keys.stream("q", 5), keys.GROUP, keys.REAPER_CONSUMER, 0, [entry])
+    return entry
+
+
+async def _reclaim(env, task: pb.LeasedTask, entry: str) -> bytes:
+    return await RECLAIM(env.redis, [keys.stream("q", 5), keys.task(task.task_id),
+                                     keys.DEAD_LETTER, keys.CANCELLED],
+                         Script.argv(entry, task.attempt, 100, 3600, keys.GROUP,
+                                     keys.REAPER_CONSUMER))
+
+
+async def test_ack_after_reclaim_is_stale(env):
+    tid = await env.enqueue(max_attempts=3)
+    (task,) = await env.lease(worker="w1")
+    assert await _reclaim(env, task, await _reaper_claims(env, task)) == b"retried"
     (oc,) = await env.completion.ack([pb.AckItem(lease_id=task.lease_id)])
     assert oc.error is not None and oc.error.reason == "STALE_LEASE"
+    assert (await env.status(tid), await env.redis.hget(keys.task(tid), "attempt")) == (
+        "queued", b"2")
+    assert await env.redis.xlen(keys.stream("q", 5)) == 1  # only the retry's entry
+
+
+async def test_ack_between_the_reapers_claim_and_its_reclaim_wins(env):
+    """The record decides the fencing: a worker that finishes after the reaper claimed its
+    expired entry but before reclaim.lua ran completes the task once; the reclaim then
+    finds the entry gone from the PEL and changes nothing (no second run)."""
+    tid = await env.enqueue(max_attempts=3)
+    (task,) = await env.lease(worker="w1")
+    entry = await _reaper_claims(env, task)
+    (oc,) = await env.completion.ack([pb.AckItem(lease_id=task.lease_id)])
+    assert oc.error is None and oc.status == "succeeded"
+    assert await _reclaim(env, task, entry) == b"not_owned"
+    assert await env.status(tid) == "succeeded"
+    assert await env.redis.xlen(keys.stream("q", 5)) == 0
+
+
+async def test_ack_by_another_worker_id_is_stale(env):
+    tid = await env.enqueue()
+    (task,) = await env.lease(worker="w1")
+    forged = task.lease_id.replace("|w1|", "|w2|")
+    (oc,) = await env.completion.ack([pb.AckItem(lease_id=forged)])
+    assert oc.error is not None and oc.error.reason == "STALE_LEASE"
     assert await env.status(tid) == "active"
-    assert await env.redis.xlen(keys.stream("q", 5)) == 1
 
 
 async def test_fail_backoff_is_full_jitter_from_the_task_policy(env):

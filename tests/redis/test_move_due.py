@@ -53,7 +53,7 @@ async def test_due_task_moves_into_its_band_with_task_queued(r: Redis) -> None:
     assert t["status"] == "queued" and t["entry_id"] == entry_id.decode()
     assert t["due_at_ms"] == "0" and t["attempt"] == "2"
     assert await r.zcard(keys.RETRY_SCHEDULE) == 0
-    assert await r.ttl(keys.task(tid)) > 3600  # retention refreshed
+    assert await r.ttl(keys.task(tid)) == -1  # live again: no TTL (an older one dropped)
     assert len(queued) == 1 and queued[0]["task_id"] == tid
     assert queued[0]["queue"] == "emails" and queued[0]["metadata"] == {"reason": "due"}
 

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import redis
 
 from dtq_gateway import keys
+from dtq_gateway.event_batch import expand
 from tests.support.redis_server import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -255,7 +256,7 @@ class EventRecorder:
                         self._subscribed.set()
                     elif msg["type"] == "message":
                         with self._lock:
-                            self.events.append(json.loads(msg["data"]))
+                            self.events.extend(expand(msg["data"]))
             except (redis.ConnectionError, redis.TimeoutError, OSError):
                 self.reconnects += 1
                 self._stop.wait(0.02)

@@ -60,6 +60,7 @@ FAMILY_EXAMPLES = {
     "cancelled": keys.CANCELLED,
     "recent": keys.RECENT_TASKS,
     "scheduler-lock": keys.SCHEDULER_LOCK,
+    "busy-queues": keys.BUSY_QUEUES,
     "events-channel": keys.EVENTS_CHANNEL,
 }
 #: Statuses after which nothing happens to a task on its own.
@@ -223,6 +224,19 @@ class TtlProbe:
             f"(<= marker {self.marker_ms} ms, and not -1 = TTL lost)")
         return pttl
 
+    async def assert_live(self, key: str, what: str) -> None:
+        """Assert ``key`` has no TTL: a live task record (queued, scheduled, active)."""
+        pttl = await self.r.pttl(key)
+        assert pttl == -1, (f"{what}: PTTL of {key} is {pttl} ms, expected no TTL "
+                            f"(-1): a live task record must not expire")
+
+    @contextlib.asynccontextmanager
+    async def persisted(self, key: str, what: str) -> AsyncIterator[None]:
+        """Mark ``key`` on entry; on exit assert the transition left it live (TTL gone)."""
+        await self.mark(key)
+        yield
+        await self.assert_live(key, what)
+
     @contextlib.asynccontextmanager
     async def refreshed(self, key: str, what: str) -> AsyncIterator[None]:
         """Mark ``key`` on entry; on exit assert the body's transition reset its TTL."""
@@ -315,19 +329,23 @@ async def ttl_problems(r: aioredis.Redis, names: list[str], low_ms: int,
 
 async def task_hash_problems(r: aioredis.Redis, names: list[str], task_ms: int,
                              tolerance_ms: int = 1500) -> list[str]:
-    """Task hashes whose TTL is not ``retention - (now - updated_at_ms)``.
+    """Task hashes whose TTL breaks the retention rule.
 
-    Every script that writes a task hash stamps ``updated_at_ms`` and sets
-    ``EXPIRE retention`` together, so the remaining TTL must equal the retention
-    minus the age of the last update: a write that forgot the EXPIRE leaves the TTL
-    of an older write and shows up here.
+    A live record (queued, scheduled, active) has no TTL. The script that moves a task
+    to a terminal state stamps ``updated_at_ms`` and sets ``EXPIRE retention`` together,
+    so a terminal record's remaining TTL must equal the retention minus the age of that
+    update: a write that forgot the EXPIRE leaves no TTL or an older one.
     """
     problems = []
     now = await now_ms(r)
     for key in names:
         pttl = await r.pttl(key)
-        updated = await r.hget(key, "updated_at_ms")
+        status, updated = await r.hmget(key, "status", "updated_at_ms")
         if pttl == -2:
+            continue
+        if status in (b"queued", b"scheduled", b"active"):
+            if pttl != -1:
+                problems.append(f"{key}: live ({status!r}) but PTTL {pttl} ms")
             continue
         if not 0 < pttl <= task_ms or updated is None:
             problems.append(f"{key}: PTTL {pttl} ms, updated_at_ms {updated}")

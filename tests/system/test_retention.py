@@ -7,8 +7,9 @@ two expiries (past ``expires_at_ms`` at lease time, ``ttl_ms`` shorter than the
 delay at the scheduler's move), pause/resume audit, heartbeats, and enough volume
 to make the dead-letter stream, the audit stream and the recent-tasks zset trim.
 
-During the run each transition is checked to reset the task hash TTL (the probe
-lowers the TTL first, see ``TtlProbe``) and terminal updates are checked to keep
+During the run each transition is checked against the task record's TTL rule: a
+live record has none, and the move to a terminal state starts the retention (the
+probe lowers the TTL first, see ``TtlProbe``); terminal updates are checked to keep
 the idempotency TTL. Afterwards SCAN walks every key: each must match exactly one
 row of docs/redis-layout.md, with the row's type and bound.
 """
@@ -117,7 +118,7 @@ async def _enqueue_scenarios(e: Env) -> dict[str, str]:
         want = pb.TASK_STATUS_SCHEDULED if req.delay_ms else pb.TASK_STATUS_QUEUED
         assert resp.status == want, f"{name}: enqueue answered {resp.status}"
         ids[name] = resp.task_id
-        await e.task_probe.assert_fresh(keys.task(resp.task_id), f"enqueue of {name}")
+        await e.task_probe.assert_live(keys.task(resp.task_id), f"enqueue of {name}")
         if req.idempotency_key:
             await e.idem_probe.assert_fresh(_idem_key(req), f"idempotency record of {name}")
     problems = await rs.field_problems(e.r, keys.stream(Q, 5), rs.entry_fields())
@@ -154,15 +155,15 @@ async def _duplicate_and_queued_cancel(e: Env, ids: dict[str, str]) -> None:
 
 
 async def _lease_after_resume(e: Env, ids: dict[str, str]) -> None:
-    """Resume; activation, expiry at lease time and the cancelled entry all refresh."""
+    """Resume; activation leaves records live, expiry at lease time starts the retention,
+    and the cancelled entry is absorbed."""
     active = ["success", "retry", "dead", "cancel_active", "idem", "expired_past"]
-    for name in active:
-        await e.task_probe.mark(keys.task(ids[name]))
+    await e.task_probe.mark(keys.task(ids["expired_past"]))
     resp = await e.admin.ResumeQueue(pb.ResumeQueueRequest(queue=Q, reason="retention"))
     assert resp.changed and not await e.r.exists(keys.paused(Q)), "pause flag left"
     await e.worker.wait_leased({ids[n] for n in active[:-1] + ["delayed"]})
     for name in active[:-1]:
-        await e.task_probe.assert_fresh(keys.task(ids[name]), f"lease of {name}")
+        await e.task_probe.assert_live(keys.task(ids[name]), f"lease of {name}")
     await rs.wait_until(lambda: e.status(ids["expired_past"]), lambda s: s == b"expired",
                         "task past expires_at_ms not expired at lease time")
     await e.task_probe.assert_fresh(keys.task(ids["expired_past"]), "expiry at lease time")
@@ -183,7 +184,7 @@ async def _finish_leases(e: Env, ids: dict[str, str]) -> None:
         res = await w.fail([ids["dead"]], retryable=False)
     assert res[0].status == pb.TASK_STATUS_DEAD_LETTERED, f"dead letter answered {res[0]}"
     ca = ids["cancel_active"]
-    async with probe.refreshed(keys.task(ca), "cancel of an active task"):
+    async with probe.persisted(keys.task(ca), "cancel of an active task"):
         resp = await e.broker.CancelTask(pb.CancelTaskRequest(task_id=ca))
     assert resp.cancel_requested and resp.status == pb.TASK_STATUS_ACTIVE, f"{resp}"
     await rs.wait_until(w.heartbeat, lambda _: ca in w.cancelled,
@@ -197,22 +198,22 @@ async def _finish_leases(e: Env, ids: dict[str, str]) -> None:
 
 
 async def _retry_then_success(e: Env, task_id: str) -> None:
-    """Fail retryable, the scheduler's move, the second lease and the ack all refresh."""
+    """Fail retryable and the scheduler's move keep the record live (dropping a TTL),
+    the second lease leaves it live, the ack starts the retention."""
     key = keys.task(task_id)
     await e.admin.PauseQueue(pb.PauseQueueRequest(queue=Q))  # hold the retry in its band
-    async with e.task_probe.refreshed(key, "retryable fail"):
+    async with e.task_probe.persisted(key, "retryable fail"):
         res = await e.worker.fail([task_id], retry_after_ms=1000)
     assert res[0].status == pb.TASK_STATUS_SCHEDULED, f"retry answered {res[0]}"
     await e.task_probe.mark(key)
     assert await e.status(task_id) == b"scheduled", "retry moved before its TTL marker"
     await rs.wait_until(lambda: e.status(task_id), lambda s: s == b"queued",
                         "scheduler did not move the due retry", timeout_s=5)
-    await e.task_probe.assert_fresh(key, "scheduler move of a due retry")
-    await e.task_probe.mark(key)
+    await e.task_probe.assert_live(key, "scheduler move of a due retry")
     await e.admin.ResumeQueue(pb.ResumeQueueRequest(queue=Q))
     await e.worker.wait_leased({task_id})
     assert e.worker.held[task_id].attempt == 2, "retry leased with the wrong attempt"
-    await e.task_probe.assert_fresh(key, "lease of the retry")
+    await e.task_probe.assert_live(key, "lease of the retry")
     async with e.task_probe.refreshed(key, "ack of the retry"):
         await e.worker.ack(task_id)
 

@@ -73,7 +73,7 @@ async def test_none_result_and_empty_json_payload(fake):
     async with running(worker):
         lease = await fake.push("noop", b"")
         await fake.wait_for(lambda: lease in fake.acked())
-    assert got == [None] and fake.acked()[lease] == b"null"
+    assert got == [None] and fake.acked()[lease] == b""
 
 
 async def test_invalid_json_payload_is_a_permanent_failure(fake):
