@@ -117,9 +117,9 @@ end
 -- task last finished with `kind` ('ack' | 'fail'), and the recorded outcome of attempt
 -- `attempt` belongs to `worker`. A lease id with another attempt or worker is stale.
 local function finished_by(task_key, id, kind, attempt, worker)
-  local d = redis.call('HMGET', task_key, 'done_entry_id', 'done_kind', 'att:' .. attempt)
-  if d[1] ~= id or d[2] ~= kind or not d[3] then return false end
-  local ok, rec = pcall(cjson.decode, d[3])
+  local d = redis.call('HMGET', task_key, 'done', 'att:' .. attempt)
+  if d[1] ~= kind .. ':' .. id or not d[2] then return false end
+  local ok, rec = pcall(cjson.decode, d[2])
   return ok and type(rec) == 'table' and rec.worker_id == worker
 end
 

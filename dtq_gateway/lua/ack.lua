@@ -1,8 +1,9 @@
 -- ack: complete leases successfully (fenced), n leases per call (one Ack's items, in
 -- chunks), so the per-call costs (EVALSHA framing, the constant arguments, the one
--- events message) are paid once. Per lease: HMGET (fencing), XACK, XDEL, HSET, EXPIRE
--- (the retention clock starts now), SET of the result only when it is not empty, and
--- GET/SET of the idempotency record when the task has one.
+-- events message) are paid once. Per lease: HMGET (fencing), HSET, EXPIRE (the
+-- retention clock starts now), SET of the result only when it is not empty, and GET/SET
+-- of the idempotency record when the task has one; per band stream of the call one
+-- XACK and one XDEL with every completed entry id (a call per id cost twice the CPU).
 -- Per lease i, from k = (i-1)*4:
 --   KEYS[k+1] band stream  [k+2] task hash  [k+3] result string  [k+4] idempotency record
 --   or the task hash again (see has_idem)
@@ -15,6 +16,7 @@
 local group, n = ARGV[3], tonumber(ARGV[4])
 local result_ttl_s, retention_s = tonumber(ARGV[5]), tonumber(ARGV[6])
 local now = now_ms()
+local done = {}  -- band stream key -> entry ids completed by this call
 
 local function ack_one(k, a)
   local stream, task_key, result_key = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
@@ -26,17 +28,21 @@ local function ack_one(k, a)
     if finished_by(task_key, id, 'ack', attempt, worker) then return {'dup', status} end
     return {'stale', status or 'missing'}
   end
-  redis.call('XACK', stream, group, id)
-  redis.call('XDEL', stream, id)
+  local ids = done[stream]
+  if not ids then ids = {}; done[stream] = ids end
+  ids[#ids + 1] = id
   -- one HSET for the state, the attempt record and the stamp (hot path). The attempt
   -- JSON is concatenated: worker ids are [A-Za-z0-9_.:@-] and the numbers are Redis
   -- TIME values, so nothing needs escaping (cjson per task cost more).
+  -- Fields that do not exist yet are appended after a scan of the whole listpack, so
+  -- ack adds three (finished_at_ms, done, att:<n>) and result_truncated only when set.
   redis.call('HSET', task_key, 'status', 'succeeded', 'finished_at_ms', now, 'entry_id', '',
-    'done_entry_id', id, 'done_kind', 'ack', 'result_truncated', ARGV[a + 6],
+    'done', 'ack:' .. id,
     'att:' .. attempt, '{"worker_id":"' .. worker .. '","started_at_ms":' .. h[5]
       .. ',"finished_at_ms":' .. now .. ',"outcome":"succeeded","error_message":"",'
       .. '"error_class":""}',
     'updated_at_ms', now)
+  if ARGV[a + 6] == '1' then redis.call('HSET', task_key, 'result_truncated', '1') end
   redis.call('EXPIRE', task_key, retention_s)
   -- an empty result stores nothing: GetTask answers an empty result either way
   if ARGV[a + 5] ~= '' then redis.call('SET', result_key, ARGV[a + 5], 'EX', result_ttl_s) end
@@ -47,4 +53,9 @@ end
 
 local replies = {}
 for i = 1, n do replies[i] = ack_one((i - 1) * 4, 6 + (i - 1) * 7) end
+-- the same script call, so the record and the PEL/stream change together
+for stream, ids in pairs(done) do
+  redis.call('XACK', stream, group, unpack(ids))
+  redis.call('XDEL', stream, unpack(ids))
+end
 return replies

@@ -85,14 +85,18 @@ local function enqueue_one(k, a)
     redis.call('ZADD', schedule_key, due, task_id)
   end
 
-  -- one HSET for the record, its status, its entry and the stamp (hot path)
-  redis.call('HSET', task_key, 'task_id', task_id, 'queue', queue, 'task_type', task_type,
-    'payload', payload, 'content_type', ARGV[a + 5], 'priority', ARGV[a + 6],
-    'max_attempts', ARGV[a + 7], 'timeout_ms', ARGV[a + 8], 'idem_key', idem,
-    'idem_digest', ARGV[a + 10], 'metadata', ARGV[a + 11], 'backoff_base_ms', ARGV[a + 12],
-    'backoff_cap_ms', ARGV[a + 13], 'attempt', 1, 'entry_id', entry_id,
-    'created_at_ms', now, 'not_before_ms', not_before, 'expires_at_ms', expires_at,
-    'status', status, 'due_at_ms', due_at, 'updated_at_ms', now)
+  -- one HSET for the record (hot path). Field order matters: a small hash is a
+  -- listpack, where HMGET/HSET find a field by scanning from the front, so the fields
+  -- every later script reads or rewrites come first (worker_id and started_at_ms are
+  -- created here for that reason) and the payload and the cold fields come last.
+  redis.call('HSET', task_key, 'status', status, 'attempt', 1, 'entry_id', entry_id,
+    'worker_id', '', 'started_at_ms', 0, 'updated_at_ms', now, 'expires_at_ms', expires_at,
+    'created_at_ms', now, 'queue', queue, 'task_type', task_type,
+    'content_type', ARGV[a + 5], 'metadata', ARGV[a + 11], 'task_id', task_id,
+    'priority', ARGV[a + 6], 'max_attempts', ARGV[a + 7], 'timeout_ms', ARGV[a + 8],
+    'idem_key', idem, 'idem_digest', ARGV[a + 10], 'backoff_base_ms', ARGV[a + 12],
+    'backoff_cap_ms', ARGV[a + 13], 'not_before_ms', not_before, 'due_at_ms', due_at,
+    'payload', payload)
 
   recent[#recent + 1] = now
   recent[#recent + 1] = task_id

@@ -25,7 +25,7 @@ local now = now_ms()
 local retention = tonumber(ARGV[15])
 redis.call('XACK', stream, group, id)
 redis.call('XDEL', stream, id)
-redis.call('HSET', task_key, 'entry_id', '', 'done_entry_id', id, 'done_kind', 'fail')
+redis.call('HSET', task_key, 'entry_id', '', 'done', 'fail:' .. id)
 
 -- terminal outcomes start the retention clock; a retry or release stays live
 local function finish(kind, new_status, extra)

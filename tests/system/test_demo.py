@@ -43,7 +43,8 @@ def key_family(key: str) -> str | None:
     singles = {keys.DEAD_LETTER: "dead-letter", keys.AUDIT: "audit",
                keys.RETRY_SCHEDULE: "retry-schedule", keys.RETRY_CLAIMED: "retry-claimed",
                keys.WORKERS: "workers", keys.CANCELLED: "cancelled",
-               keys.RECENT_TASKS: "recent-tasks", keys.SCHEDULER_LOCK: "scheduler-lock"}
+               keys.RECENT_TASKS: "recent-tasks", keys.SCHEDULER_LOCK: "scheduler-lock",
+               keys.BUSY_QUEUES: "busy-queues"}
     if key in singles:
         return singles[key]
     for family, build, pattern in (("task", keys.task, keys.TASK_ID_RE),
