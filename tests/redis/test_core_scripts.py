@@ -6,6 +6,7 @@ Each test seeds state through enqueue/lease, acts, then reads Redis back.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import redis.asyncio as aioredis
@@ -14,6 +15,7 @@ from dtq_gateway import keys
 from dtq_gateway.broker import CHUNK, Broker
 from dtq_gateway.completion import ACK_CHUNK, FAIL, Completion
 from dtq_gateway.dispatch import Dispatcher
+from dtq_gateway.event_batch import expand
 from dtq_gateway.groups import Groups
 from dtq_gateway.scripts import Script
 from dtq_gateway.sessions import Session
@@ -368,3 +370,30 @@ async def test_repeated_ack_with_another_attempt_or_worker_is_stale(env, change)
     assert not forged.duplicate and forged.error is not None
     assert forged.error.reason == "STALE_LEASE"
     assert await env.redis.get(keys.result(tid)) == b"1"
+
+
+async def test_one_events_message_per_script_call(env):
+    """A chunk of 100 enqueues publishes ONE message carrying its 100 TASK_QUEUED events;
+    the events keep distinct ids and the call's Redis time."""
+    pubsub = env.redis.pubsub(ignore_subscribe_messages=True)
+    await pubsub.subscribe(keys.EVENTS_CHANNEL)
+    reqs = [validate_enqueue(pb.EnqueueRequest(queue="q", task_type="t", payload=b"{}"),
+                             env.settings) for _ in range(CHUNK + 20)]
+    out = await env.broker.enqueue_many(reqs)
+    messages = []
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and len(messages) < 3:
+        msg = await pubsub.get_message(timeout=0.2)  # None also for the subscribe reply
+        if msg is not None:
+            messages.append(msg["data"])
+        elif len(messages) == 2:
+            break  # a quiet 0.2 s after the second message: no third one came
+    assert len(messages) == 2, f"expected one message per call (2), got {len(messages)}"
+    await pubsub.aclose()
+    batches = [expand(m) for m in messages]
+    assert [len(b) for b in batches] == [CHUNK, 20]
+    events = batches[0] + batches[1]
+    assert [e["task_id"] for e in events] == [o.task_id for o in out]
+    assert {e["type"] for e in events} == {"TASK_QUEUED"}
+    assert len({e["event_id"] for e in events}) == CHUNK + 20
+    assert len({e["ts"] for e in batches[0]}) == 1
