@@ -95,8 +95,7 @@ class Completion:
                 keys_ += (le.stream, keys.task(le.task_id), keys.result(le.task_id),
                           _idem_key(le))
                 args += (le.entry_id, le.attempt, le.worker_id, le.task_id, result,
-                         "1" if len(it.result) > len(result) else "0",
-                         "1" if le.idem_digest else "0")
+                         "1" if len(it.result) > len(result) else "0")
             calls.append((keys_, args))
         replies = await call_chunks(self.redis, ACK, calls)
         self._record([oc for _, oc in todo], replies)

@@ -366,7 +366,7 @@ class Dispatcher:
                 else "a"
             keys_ += [stream, keys.task(task_id),
                       keys.idempotency(queue, digest) if digest else keys.task(task_id)]
-            args += [_s(entry_id), task_id, _s(f["attempt"]), mode, "1" if digest else "0"]
+            args += [_s(entry_id), task_id, _s(f["attempt"]), mode]
             parsed.append((stream, _s(entry_id), f, digest))
         replies = await ACTIVATE(self.redis, keys_, Script.argv(
             session.worker_id, self.settings.task_retention_s, keys.GROUP, *args))

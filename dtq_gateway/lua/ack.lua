@@ -5,12 +5,12 @@
 -- of the idempotency record when the task has one; per band stream of the call one
 -- XACK and one XDEL with every completed entry id (a call per id cost twice the CPU).
 -- Per lease i, from k = (i-1)*4:
---   KEYS[k+1] band stream  [k+2] task hash  [k+3] result string  [k+4] idempotency record
---   or the task hash again (see has_idem)
+--   KEYS[k+1] band stream  [k+2] task hash  [k+3] result string  [k+4] idempotency record,
+--   or the task hash again when the task has no idempotency key
 -- ARGV[3] group  [4] n leases  [5] result TTL s  [6] task retention s
--- then per lease i, 7 values from a = 6 + (i-1)*7:
+-- then per lease i, 6 values from a = 6 + (i-1)*6:
 --   [a+1] entry id  [a+2] attempt  [a+3] worker id  [a+4] task id  [a+5] result bytes
---   [a+6] '1' if the result was truncated  [a+7] has_idem '1'/'0'
+--   [a+6] '1' if the result was truncated
 -- Reply: one item per lease, in order:
 --   {'ok', started_at_ms, created_at_ms, finished_at_ms} | {'dup', status} | {'stale', status}
 local group, n = ARGV[3], tonumber(ARGV[4])
@@ -20,7 +20,7 @@ local done = {}  -- band stream key -> entry ids completed by this call
 
 local function ack_one(k, a)
   local stream, task_key, result_key = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
-  local idem_key = ARGV[a + 7] == '1' and KEYS[k + 4] or nil
+  local idem_key = KEYS[k + 4] ~= task_key and KEYS[k + 4] or nil
   local id, attempt, worker, task_id = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
   local h, status = current_lease(task_key, id, worker, attempt,
     {'started_at_ms', 'created_at_ms', 'queue', 'task_type'})
@@ -52,7 +52,7 @@ local function ack_one(k, a)
 end
 
 local replies = {}
-for i = 1, n do replies[i] = ack_one((i - 1) * 4, 6 + (i - 1) * 7) end
+for i = 1, n do replies[i] = ack_one((i - 1) * 4, 6 + (i - 1) * 6) end
 -- the same script call, so the record and the PEL/stream change together
 for stream, ids in pairs(done) do
   redis.call('XACK', stream, group, unpack(ids))

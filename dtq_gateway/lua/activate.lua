@@ -5,7 +5,7 @@
 -- per entry i (3 keys): band stream, task hash, idempotency record (or the task hash
 --           again when the task has no idempotency key)
 -- ARGV[3] consumer (worker id)  [4] task retention s  [5] group
--- per entry i (5 args from ARGV[6]): entry id, task id, entry attempt, mode, has_idem
+-- per entry i (4 args from ARGV[6]): entry id, task id, entry attempt, mode
 --   mode 'a' = activate, 'r' = put back at the tail (task type not wanted by the session)
 -- Reply per entry: {'ok', content_type, metadata JSON, created_at_ms, leased_at_ms}
 --   | {'absorbed'} | {'cancelled'} | {'expired'} | {'requeued'}
@@ -21,9 +21,9 @@ end
 
 for i = 1, n do
   local stream, task_key, idem_key = KEYS[3 * i - 1], KEYS[3 * i], KEYS[3 * i + 1]
-  local a = 6 + 5 * (i - 1)
+  local a = 6 + 4 * (i - 1)
   local id, task_id, attempt, mode = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3]
-  if ARGV[a + 4] ~= '1' then idem_key = nil end
+  if idem_key == task_key then idem_key = nil end
   local h = redis.call('HMGET', task_key, 'status', 'attempt', 'entry_id', 'expires_at_ms',
     'content_type', 'metadata', 'created_at_ms', 'queue', 'task_type')
   local status = h[1]
