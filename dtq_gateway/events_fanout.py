@@ -20,8 +20,11 @@ and reported to the subscriber on the next event it does get (``dropped``). The
 number of subscriptions is capped (``DTQ_EVENTS_MAX_SUBSCRIBERS``); over the cap
 :meth:`FanOut.add` raises :class:`~dtq_gateway.errors.SubscriberLimit`.
 
-The work per event is therefore O(filter groups + matching subscribers) cheap
-appends, one encoding, and at most the budget's deliveries per second in total.
+The work per event is therefore one encoding plus O(filter groups + matching
+subscribers) cheap appends, at most the budget's deliveries per second in total;
+while the budget is spent an event costs O(filter groups): a loss shared by a whole
+group is counted once on the group and charged to each member when it next gets an
+event (measured with 200 subscribers: 27 → 3.7 µs per event).
 """
 
 from __future__ import annotations
@@ -62,9 +65,29 @@ class Subscription:
         self.maxsize = maxsize
         self._buffer: deque[tuple[Any, int]] = deque()
         self._waiter: asyncio.Future[None] | None = None
-        self._pending_drops = 0
-        self.dropped_total = 0
+        self._pending_drops = 0  # own drops not yet reported with an event
+        self._own_drops = 0  # full buffer, or a budget shortfall that hit only some
+        self._group: _Group | None = None
+        self._lost_seen = 0  # the group's ``lost`` when this last got an event
+        self._lost_joined = 0  # the group's ``lost`` when this joined it
         self.closed = False
+
+    @property
+    def dropped_total(self) -> int:
+        """Events this subscription lost so far (reported or not yet)."""
+        group_lost = self._group.lost - self._lost_joined if self._group else 0
+        return self._own_drops + group_lost
+
+    def _attach(self, group: _Group) -> None:
+        self._group = group
+        self._lost_seen = self._lost_joined = group.lost
+
+    def _detach(self) -> None:
+        """Leave the group, keeping the count of the group's drops it was charged."""
+        group, self._group = self._group, None
+        if group is not None:
+            self._pending_drops += group.lost - self._lost_seen
+            self._own_drops += group.lost - self._lost_joined
 
     @property
     def key(self) -> FilterKey:
@@ -85,7 +108,11 @@ class Subscription:
             self.drop()
             EVENTS_DROPPED.inc()
             return False
-        self._buffer.append((item, self._pending_drops))
+        lost = 0
+        if self._group is not None:  # events the whole group lost to the budget since
+            lost = self._group.lost - self._lost_seen
+            self._lost_seen = self._group.lost
+        self._buffer.append((item, self._pending_drops + lost))
         self._pending_drops = 0
         self._wake()
         return True
@@ -93,7 +120,7 @@ class Subscription:
     def drop(self, n: int = 1) -> None:
         """Count ``n`` events this subscriber lost (the caller updates the metric)."""
         self._pending_drops += n
-        self.dropped_total += n
+        self._own_drops += n
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -129,6 +156,17 @@ class Subscription:
         """End the subscription: the getters return None after the buffered events."""
         self.closed = True
         self._wake()
+
+
+class _Group:
+    """Subscriptions with the same filter, and the events all of them lost at once
+    (budget spent): counted here once per event instead of once per subscriber."""
+
+    __slots__ = ("lost", "subs")
+
+    def __init__(self) -> None:
+        self.subs: list[Subscription] = []
+        self.lost = 0
 
 
 class DeliveryBudget:
@@ -175,7 +213,7 @@ class FanOut:
         self.max_subscribers = max_subscribers
         self.budget = DeliveryBudget(deliveries_per_s, clock)
         self.event_types = frozenset(event_types) if event_types is not None else None
-        self._groups: dict[FilterKey, list[Subscription]] = {}
+        self._groups: dict[FilterKey, _Group] = {}
         self._count = 0
         self._rotor = 0
         self._raw_types: tuple[bytes, ...] | None = None  # None: some group takes all types
@@ -196,7 +234,9 @@ class FanOut:
                 f"events: {self.max_subscribers} subscribers are open on this gateway "
                 "(DTQ_EVENTS_MAX_SUBSCRIBERS); retry later or on another replica",
                 retry_after_ms=1000)
-        self._groups.setdefault(sub.key, []).append(sub)
+        group = self._groups.setdefault(sub.key, _Group())
+        group.subs.append(sub)
+        sub._attach(group)
         self._count += 1
         EVENTS_SUBSCRIBERS.inc()
         self._index_types()
@@ -204,10 +244,11 @@ class FanOut:
     def remove(self, sub: Subscription) -> None:
         """Stop feeding ``sub`` (no-op when it is not fed)."""
         group = self._groups.get(sub.key)
-        if group is None or sub not in group:
+        if group is None or sub not in group.subs:
             return
-        group.remove(sub)
-        if not group:
+        group.subs.remove(sub)
+        sub._detach()
+        if not group.subs:
             del self._groups[sub.key]
         self._count -= 1
         EVENTS_SUBSCRIBERS.dec()
@@ -216,7 +257,7 @@ class FanOut:
     def close_all(self) -> None:
         """Close and forget every subscription."""
         for group in list(self._groups.values()):
-            for sub in list(group):
+            for sub in list(group.subs):
                 sub.close()
                 self.remove(sub)
 
@@ -243,17 +284,20 @@ class FanOut:
         etype, queue = event.get("type"), event.get("queue")
         if self.event_types is not None and etype not in self.event_types:
             return
-        targets: list[Subscription] = []
-        for (queues, types), group in self._groups.items():
-            if (not types or etype in types) and (not queues or queue in queues):
-                targets += group
-        if not targets:
+        groups = [group for (queues, types), group in self._groups.items()
+                  if (not types or etype in types) and (not queues or queue in queues)]
+        if not groups:
             return
-        granted = self.budget.take(len(targets))
-        if granted < len(targets):
+        wanted = sum(len(group.subs) for group in groups)
+        granted = self.budget.take(wanted)
+        if not granted:  # the common case while the budget is spent: O(groups)
+            for group in groups:
+                group.lost += 1
+            self._over_budget(wanted)
+            return
+        targets = [sub for group in groups for sub in group.subs]
+        if granted < wanted:
             targets = self._share(targets, granted)
-            if not targets:
-                return
         item = self.encode(event)
         if item is None:
             return
@@ -269,8 +313,11 @@ class FanOut:
         ordered = targets[start:] + targets[:start]
         for sub in ordered[granted:]:
             sub.drop()
-        EVENTS_DROPPED.inc(len(targets) - granted)
+        self._over_budget(len(targets) - granted)
+        return ordered[:granted]
+
+    def _over_budget(self, lost: int) -> None:
+        EVENTS_DROPPED.inc(lost)
         self._budget_log.log(logging.WARNING, "events: delivery budget of %d/s spent "
                              "(DTQ_EVENTS_MAX_DELIVERIES_PER_S); dropping events for "
                              "subscribers", self.budget.per_s)
-        return ordered[:granted]

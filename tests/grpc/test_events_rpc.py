@@ -101,7 +101,7 @@ async def test_events_beyond_the_budget_are_counted_in_dropped(ops) -> None:
         await ops.redis.publish(keys.EVENTS_CHANNEL, event("TASK_QUEUED", task_id=f"t{n}"))
     got = [await asyncio.wait_for(call.read(), 5) for _ in range(2)]
     assert [(m.task_id, m.dropped) for m in got] == [("t0", 0), ("t1", 0)]
-    [sub] = [s for group in ops.hub.fanout._groups.values() for s in group]
+    [sub] = [s for group in ops.hub.fanout._groups.values() for s in group.subs]
     await poll(lambda: asyncio.sleep(0, sub.dropped_total), lambda n: n == 3)  # t2..t4 seen
     now[0] = 10.0
     await ops.redis.publish(keys.EVENTS_CHANNEL, event("TASK_QUEUED", task_id="t9"))

@@ -180,3 +180,25 @@ def test_dropped_is_appended_to_the_shared_encoding(dropped: int) -> None:
         "e1", pb.EVENT_TYPE_TASK_FAILED, "q1", dropped)
     assert dict(msg.metadata) == {"error": "boom", "n": "3"}
     assert encode_event(ev(1, "NOT_A_TYPE")) is None
+
+
+def test_whole_group_losses_are_charged_to_members_only() -> None:
+    """While the budget is spent, a drop is counted once per filter group; a member
+    is charged only the losses between its joining and its leaving."""
+    clock = Clock()
+    fan = FanOut(lambda e: e["event_id"], deliveries_per_s=1, clock=clock)
+    early = Subscription()
+    fan.add(early)
+    fan.deliver(ev(0))  # the one token
+    fan.deliver(ev(1))  # lost by the group
+    late = Subscription()
+    fan.add(late)
+    fan.deliver(ev(2))  # lost by both
+    assert (early.dropped_total, late.dropped_total) == (2, 1)
+    fan.remove(early)
+    fan.deliver(ev(3))  # lost by late only
+    assert (early.dropped_total, late.dropped_total) == (2, 2)
+    clock.now += 1
+    fan.deliver(ev(4))
+    assert buffered(late) == [("e4", 2)] and buffered(early) == [("e0", 0)]
+    assert late.dropped_total == 2
