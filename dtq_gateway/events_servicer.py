@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from dtq_gateway import keys
+from dtq_gateway.duty import RateLimitedLog
 from dtq_gateway.errors import InvalidArgument, SubscriberLimit, Unavailable
 from dtq_gateway.events_hub import Event, EventsHub
 from dtq_gateway.grpc_errors import abort
@@ -130,6 +131,7 @@ class EventsServicer(dtq_pb2_grpc.EventsServicer):
         if hub.fanout.encode is not encode_event:
             raise ValueError("EventsServicer needs an EventsHub built with hub_options()")
         self.hub = hub
+        self._refused_log = RateLimitedLog(log, every_s=60.0)
 
     async def Subscribe(self, request: dtq_pb2.SubscribeRequest,
                         context: grpc.aio.ServicerContext
@@ -143,8 +145,9 @@ class EventsServicer(dtq_pb2_grpc.EventsServicer):
         try:
             sub = self.hub.subscribe(queues, types)
         except SubscriberLimit as exc:
-            log.warning("events: subscriber refused", extra={
-                "limit": self.hub.fanout.max_subscribers, "peer": context.peer()})
+            self._refused_log.log(logging.WARNING, "events: subscriber refused at the "
+                                  "limit of %d (DTQ_EVENTS_MAX_SUBSCRIBERS)",
+                                  self.hub.fanout.max_subscribers, peer=context.peer())
             await abort(context, exc)
         try:
             while True:
