@@ -42,7 +42,7 @@ ACTIVATE = Script("activate")
 WORKER_STATES = Script("worker_states")
 #: Most entries one lease_read returns (bounds script run time).
 BATCH_MAX = 256
-#: A message (one per script call, see event_batch.py) of a call this process made and
+#: A message (one per script call, see events_wire.py) of a call this process made and
 #: whose wake-up the dispatcher already got directly.
 _OWN_EVENT = b'"id_prefix":"' + EVENT_ID_PREFIX.encode()
 WAKE_EVENTS = frozenset({"TASK_QUEUED", "TASK_RETRIED"})

@@ -68,6 +68,13 @@ class TooLarge(DtqError):
     reason = "TOO_LARGE"
 
 
+class SubscriberLimit(DtqError):
+    """The gateway's cap on open Events.Subscribe streams (DTQ_EVENTS_MAX_SUBSCRIBERS)."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "TOO_MANY_SUBSCRIBERS"
+
+
 class Unavailable(DtqError):
     """Redis is unreachable, or the gateway is draining."""
 

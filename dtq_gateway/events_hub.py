@@ -1,15 +1,20 @@
 """One shared Redis pub/sub subscriber per gateway, fanned out to local consumers.
 
 Lifecycle events are published by the Lua scripts on ``keys.EVENTS_CHANNEL``
-(pub/sub: no history, no buffering in Redis). The hub holds the single
-subscription of this replica and hands every event to
+(pub/sub: no history, no buffering in Redis), one message per script call carrying
+all of that call's events (:mod:`dtq_gateway.events_wire`; single-event messages are
+still accepted). The hub holds the single subscription of this replica, decodes each
+message once and hands every event, in order, to
 
 * listeners (:meth:`EventsHub.add_listener`): internal, synchronous, cheap
   callbacks, e.g. the lease dispatcher waking on TASK_QUEUED / TASK_RETRIED;
 * subscriptions (:meth:`EventsHub.subscribe`): bounded per-client buffers behind
-  ``Events.Subscribe``. A full buffer drops the newest event for that client only
-  and counts it; the next event that fits carries the count (``dropped``), so a
-  slow client learns exactly where it lost events and never slows anyone else.
+  ``Events.Subscribe``, fed by :class:`~dtq_gateway.events_fanout.FanOut`: filtered
+  by group, encoded once per event, within a gateway-wide delivery budget, with a
+  cap on their number. A full buffer or a spent budget drops the event for that
+  client only and counts it; the next event that fits carries the count
+  (``dropped``), so a client learns exactly where it lost events and never slows
+  anyone else.
 
 After a Redis outage the hub resubscribes by itself, with jittered exponential
 backoff (at most ``max_backoff_s``) and rate-limited logs. Events published while
@@ -23,15 +28,14 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from redis.asyncio import Redis
 
-from dtq_gateway import keys
+from dtq_gateway import events_wire, keys
 from dtq_gateway.duty import OUTAGE_ERRORS, RateLimitedLog
-from dtq_gateway.event_batch import expand
-from dtq_gateway.metrics import EVENTS_DROPPED
+from dtq_gateway.events_fanout import Encoder, FanOut, Subscription
 
 log = logging.getLogger(__name__)
 
@@ -40,65 +44,10 @@ IDLE_PING_S = 15.0
 #: How long the hub waits for any message (the PONG at least) after that PING (s).
 PONG_TIMEOUT_S = 5.0
 
-Event = dict[str, Any]
+Event = events_wire.Event
 Listener = Callable[[Event], None]
 #: Cheap test on the raw message bytes: False = the listener does not need this event.
 RawFilter = Callable[[bytes], bool]
-
-
-class Subscription:
-    """A bounded buffer of events for one consumer, with a drop count.
-
-    Args:
-        queues: deliver only events of these queues (empty = all; events without
-            a queue, such as worker events, pass only an empty filter).
-        types: deliver only these event type strings, e.g. "TASK_QUEUED" (empty = all).
-        maxsize: buffer capacity (events).
-    """
-
-    def __init__(self, queues: Iterable[str] = (), types: Iterable[str] = (),
-                 maxsize: int = 1000) -> None:
-        self.queues = frozenset(queues)
-        self.types = frozenset(types)
-        self._buffer: asyncio.Queue[tuple[Event, int] | None] = asyncio.Queue(maxsize)
-        self._pending_drops = 0
-        self.dropped_total = 0
-        self.closed = False
-
-    def matches(self, event: Event) -> bool:
-        """True when the event passes the queue and type filters."""
-        if self.types and event.get("type") not in self.types:
-            return False
-        return not self.queues or event.get("queue") in self.queues
-
-    def offer(self, event: Event) -> bool:
-        """Buffer the event without waiting; False (and counted) when full."""
-        if self.closed:
-            return False
-        try:
-            self._buffer.put_nowait((event, self._pending_drops))
-        except asyncio.QueueFull:
-            self._pending_drops += 1
-            self.dropped_total += 1
-            EVENTS_DROPPED.inc()
-            return False
-        self._pending_drops = 0
-        return True
-
-    async def get(self) -> tuple[Event, int] | None:
-        """Next ``(event, dropped before it)``, or None once the hub closed this."""
-        if self.closed and self._buffer.empty():
-            return None
-        return await self._buffer.get()
-
-    def close(self) -> None:
-        """End the subscription: :meth:`get` returns None after buffered events."""
-        if self.closed:
-            return
-        self.closed = True
-        if self._buffer.full():
-            self._buffer.get_nowait()  # make room for the end marker
-        self._buffer.put_nowait(None)
 
 
 class EventsHub:
@@ -112,12 +61,19 @@ class EventsHub:
         idle_ping_s: silence (s) after which the subscription is PINGed.
         pong_timeout_s: wait (s) for any message after that PING before the hub drops
             the connection and resubscribes (a half-open TCP connection never errors).
+        encode: event → what subscriptions buffer, once per event (default: the
+            event dict itself); None from it = not deliverable.
+        event_types: event types ``encode`` can represent (None = any).
+        max_subscribers: most open subscriptions (``DTQ_EVENTS_MAX_SUBSCRIBERS``).
+        max_deliveries_per_s: budget of buffered deliveries per second, all
+            subscriptions together (``DTQ_EVENTS_MAX_DELIVERIES_PER_S``).
     """
 
     def __init__(self, redis: Redis, *, channel: str = keys.EVENTS_CHANNEL,
                  buffer_size: int = 1000, max_backoff_s: float = 5.0,
-                 idle_ping_s: float = IDLE_PING_S, pong_timeout_s: float = PONG_TIMEOUT_S
-                 ) -> None:
+                 idle_ping_s: float = IDLE_PING_S, pong_timeout_s: float = PONG_TIMEOUT_S,
+                 encode: Encoder | None = None, event_types: Collection[str] | None = None,
+                 max_subscribers: int = 256, max_deliveries_per_s: int = 5000) -> None:
         self.redis = redis
         self.channel = channel
         self.buffer_size = buffer_size
@@ -129,7 +85,8 @@ class EventsHub:
         self.silent_drops = 0  # connections dropped by the PING watchdog, for tests and logs
         self.connected = asyncio.Event()
         self.subscribe_count = 0  # successful (re)subscriptions, for tests and logs
-        self._subs: set[Subscription] = set()
+        self.fanout = FanOut(encode, max_subscribers=max_subscribers,
+                             deliveries_per_s=max_deliveries_per_s, event_types=event_types)
         self._listeners: list[tuple[Listener, RawFilter | None]] = []
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -137,11 +94,13 @@ class EventsHub:
         self._bad_event_log = RateLimitedLog(log, every_s=60.0)
 
     def add_listener(self, callback: Listener, wants: RawFilter | None = None) -> None:
-        """Call ``callback(event)`` for every event (must be cheap, must not block).
+        """Call ``callback(event)`` for every event, in order (must be cheap, must not
+        block).
 
-        ``wants(raw_bytes)``, when given, is asked first; a message no listener wants and
-        no subscription exists for is dropped without being decoded (this keeps the
-        per-task cost of the hub near zero on a busy gateway with no subscribers).
+        ``wants(raw_bytes)``, when given, is asked once per raw message (which may carry
+        many events); a message no listener wants and no subscription needs is dropped
+        without being decoded (this keeps the per-task cost of the hub near zero on a
+        busy gateway with no subscribers).
         """
         self._listeners.append((callback, wants))
 
@@ -157,22 +116,25 @@ class EventsHub:
             queues: queue filter (empty = all).
             types: event type strings (empty = all).
             buffer_size: capacity (events); default the hub's ``buffer_size``.
+
+        Raises:
+            SubscriberLimit: the hub has ``max_subscribers`` open subscriptions.
         """
         sub = Subscription(queues, types, buffer_size or self.buffer_size)
         if self._stopped:
             sub.close()
         else:
-            self._subs.add(sub)
+            self.fanout.add(sub)
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
         """Forget a subscription."""
-        self._subs.discard(sub)
+        self.fanout.remove(sub)
 
     @property
     def subscriber_count(self) -> int:
         """Open subscriptions."""
-        return len(self._subs)
+        return len(self.fanout)
 
     def start(self) -> None:
         """Start the reader task (returns at once)."""
@@ -190,22 +152,19 @@ class EventsHub:
         if task is not None:
             task.cancel()
             await asyncio.wait({task}, timeout=2.0)
-        for sub in list(self._subs):
-            sub.close()
-        self._subs.clear()
+        self.fanout.close_all()
         self.connected.clear()
 
     def dispatch(self, data: bytes | str) -> None:
-        """Hand one raw channel message to listeners and matching subscriptions."""
+        """Hand one raw channel message (batch or single event) to the listeners that
+        want it and to the matching subscriptions, event by event, in order."""
         raw = data.encode() if isinstance(data, str) else data
         listeners = [cb for cb, wants in self._listeners if wants is None or wants(raw)]
-        if not listeners and not self._subs:
+        fanout = self.fanout.wants_raw(raw)
+        if not listeners and not fanout:
             return
-        try:
-            events = expand(data)
-        except ValueError:
-            events = []
-        if not events:
+        events = events_wire.decode(raw)
+        if events is None:
             self._bad_event_log.log(logging.WARNING, "events: ignoring malformed message")
             return
         for event in events:
@@ -214,9 +173,8 @@ class EventsHub:
                     callback(event)
                 except Exception:
                     log.exception("events: listener failed")
-            for sub in list(self._subs):
-                if sub.matches(event):
-                    sub.offer(event)
+            if fanout:
+                self.fanout.deliver(event)
 
     async def _run(self) -> None:
         failures = 0

@@ -1,10 +1,17 @@
 """``dtq.v1.Events``: Subscribe streams lifecycle events from the gateway's hub.
 
 Thin: validate the filters, take a subscription from the shared
-:class:`~dtq_gateway.events_hub.EventsHub`, convert each event JSON (the seed's
-shape: event_id, ts, type, task_id, queue, task_type, attempt, worker_id,
-metadata?) into a ``SubscribeResponse``. When the hub stops (gateway draining)
-the stream ends with UNAVAILABLE so clients reconnect to another replica.
+:class:`~dtq_gateway.events_hub.EventsHub`, write what it buffered. The hub encodes
+each event once for every subscriber (:func:`encode_event`: event dict → serialized
+``SubscribeResponse``), so the stream writes pre-serialized bytes: the service is
+registered by :func:`add_to_server` with an identity response serializer (same
+method path, same proto; reflection and health are unaffected). The per-subscriber
+``dropped`` count is appended to those bytes as one more encoded field (protobuf
+merges concatenated encodings, and the base encoding never sets ``dropped``).
+
+Over ``DTQ_EVENTS_MAX_SUBSCRIBERS`` open streams, Subscribe answers RESOURCE_EXHAUSTED
+(reason TOO_MANY_SUBSCRIBERS). When the hub stops (gateway draining) the stream ends
+with UNAVAILABLE so clients reconnect to another replica.
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ from collections.abc import AsyncIterator
 import grpc
 
 from dtq_gateway import keys
-from dtq_gateway.errors import InvalidArgument, Unavailable
+from dtq_gateway.duty import RateLimitedLog
+from dtq_gateway.errors import InvalidArgument, SubscriberLimit, Unavailable
 from dtq_gateway.events_hub import Event, EventsHub
 from dtq_gateway.grpc_errors import abort
 from dtq_gateway.task_record import stringify
@@ -25,6 +33,9 @@ log = logging.getLogger(__name__)
 
 _PREFIX = "EVENT_TYPE_"
 MAX_FILTER_QUEUES = 256
+SERVICE = "dtq.v1.Events"
+#: Tag of SubscribeResponse.dropped (field 10, varint wire type).
+_DROPPED_TAG = bytes([10 << 3])
 
 
 def type_name(value: int) -> str:
@@ -55,6 +66,37 @@ def to_response(event: Event, dropped: int) -> dtq_pb2.SubscribeResponse | None:
         dropped=dropped)
 
 
+def encode_event(event: Event) -> bytes | None:
+    """Event dict → serialized ``SubscribeResponse`` without ``dropped``; None for an
+    unknown event type. Called once per event for all subscribers."""
+    response = to_response(event, 0)
+    return None if response is None else response.SerializeToString()
+
+
+#: Event type strings :func:`encode_event` can represent (the hub delivers only these).
+EVENT_TYPES = frozenset(type_name(v) for v in dtq_pb2.EventType.values()
+                        if v != dtq_pb2.EVENT_TYPE_UNSPECIFIED)
+
+
+def hub_options() -> dict[str, object]:
+    """Keyword arguments that make an :class:`EventsHub` encode for this servicer."""
+    return {"encode": encode_event, "event_types": EVENT_TYPES}
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def with_dropped(encoded: bytes, dropped: int) -> bytes:
+    """``encoded`` (a SubscribeResponse without ``dropped``) with ``dropped`` set."""
+    return encoded + _DROPPED_TAG + _varint(dropped) if dropped else encoded
+
+
 def _filters(request: dtq_pb2.SubscribeRequest) -> tuple[list[str], list[str]]:
     if len(request.queues) > MAX_FILTER_QUEUES:
         raise InvalidArgument(f"queues: at most {MAX_FILTER_QUEUES}", field="queues")
@@ -75,35 +117,60 @@ def _filters(request: dtq_pb2.SubscribeRequest) -> tuple[list[str], list[str]]:
 class EventsServicer(dtq_pb2_grpc.EventsServicer):
     """Implements dtq.v1.Events on top of the replica's :class:`EventsHub`.
 
+    Register it with :func:`add_to_server`. The hub must encode with
+    :func:`encode_event` (see :func:`hub_options`).
+
     Args:
         hub: the gateway's shared hub (started by the gateway).
+
+    Raises:
+        ValueError: the hub does not encode with :func:`encode_event`.
     """
 
     def __init__(self, hub: EventsHub) -> None:
+        if hub.fanout.encode is not encode_event:
+            raise ValueError("EventsServicer needs an EventsHub built with hub_options()")
         self.hub = hub
+        self._refused_log = RateLimitedLog(log, every_s=60.0)
 
     async def Subscribe(self, request: dtq_pb2.SubscribeRequest,
                         context: grpc.aio.ServicerContext
-                        ) -> AsyncIterator[dtq_pb2.SubscribeResponse]:
-        """Stream matching events until the client leaves or the gateway drains."""
+                        ) -> AsyncIterator[bytes]:
+        """Stream matching events (serialized ``SubscribeResponse``) until the client
+        leaves or the gateway drains."""
         try:
             queues, types = _filters(request)
         except InvalidArgument as exc:
             await abort(context, exc)
-        sub = self.hub.subscribe(queues, types)
-        carried = 0  # drops reported on events this stream cannot represent
+        try:
+            sub = self.hub.subscribe(queues, types)
+        except SubscriberLimit as exc:
+            self._refused_log.log(logging.WARNING, "events: subscriber refused at the "
+                                  "limit of %d (DTQ_EVENTS_MAX_SUBSCRIBERS)",
+                                  self.hub.fanout.max_subscribers, peer=context.peer())
+            await abort(context, exc)
         try:
             while True:
-                item = await sub.get()
-                if item is None:
+                batch = await sub.get_batch()  # one wake-up per batch, not per event
+                if batch is None:
                     await abort(context, Unavailable("gateway is draining; resubscribe",
                                                      reason="DRAINING"))
-                event, dropped = item
-                response = to_response(event, dropped + carried)
-                if response is None:
-                    carried += dropped
-                    continue
-                carried = 0
-                yield response
+                for encoded, dropped in batch:
+                    yield with_dropped(encoded, dropped)
         finally:
             self.hub.unsubscribe(sub)
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+def add_to_server(servicer: EventsServicer, server: grpc.aio.Server) -> None:
+    """Register ``dtq.v1.Events`` so that Subscribe writes the pre-serialized
+    ``SubscribeResponse`` bytes the hub buffered (the generated
+    ``add_EventsServicer_to_server`` would serialize a message per subscriber)."""
+    handlers = {"Subscribe": grpc.unary_stream_rpc_method_handler(
+        servicer.Subscribe, request_deserializer=dtq_pb2.SubscribeRequest.FromString,
+        response_serializer=_identity)}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)

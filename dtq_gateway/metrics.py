@@ -66,7 +66,13 @@ QUEUE_BACKLOG_AGE_SECONDS = Gauge("dtq_queue_backlog_age_seconds",
 WORKERS_LIVE = Gauge("dtq_workers_live", "Workers whose last heartbeat is younger than three "
                      "heartbeat intervals.")
 EVENTS_DROPPED = Counter("dtq_events_dropped_total",
-                         "Events dropped for slow Events.Subscribe clients (full buffer).")
+                         "Events dropped for Events.Subscribe clients (full buffer of a slow "
+                         "client, or the gateway's delivery budget spent).")
+EVENTS_SUBSCRIBERS = Gauge("dtq_events_subscribers", "Open Events.Subscribe streams on this "
+                           "gateway replica.")
+EVENTS_SUBSCRIPTIONS_REFUSED = Counter(
+    "dtq_events_subscriptions_refused_total",
+    "Events.Subscribe calls refused with RESOURCE_EXHAUSTED (DTQ_EVENTS_MAX_SUBSCRIBERS).")
 LEASE_SESSIONS = Gauge("dtq_lease_sessions", "Open Lease streams on this gateway replica.")
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 from redis.asyncio import Redis
 
+from dtq_gateway import events_servicer
 from dtq_gateway.admin_servicer import AdminServicer
 from dtq_gateway.auth import AuthInterceptor, parse_tokens
 from dtq_gateway.events_hub import EventsHub
@@ -53,7 +54,9 @@ class Operations:
 
     def __init__(self, redis: Redis, settings: Settings, *, gauge_interval_s: float = 5.0) -> None:
         self.settings = settings
-        self.hub = EventsHub(redis)
+        self.hub = EventsHub(redis, max_subscribers=settings.events_max_subscribers,
+                             max_deliveries_per_s=settings.events_max_deliveries_per_s,
+                             **events_servicer.hub_options())
         self.admin = AdminServicer(redis, settings)
         self.events = EventsServicer(self.hub)
         self.gauges = QueueGaugeCollector(redis, settings.heartbeat_interval_ms,
@@ -64,7 +67,7 @@ class Operations:
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register the Admin and Events services."""
         dtq_pb2_grpc.add_AdminServicer_to_server(self.admin, server)
-        dtq_pb2_grpc.add_EventsServicer_to_server(self.events, server)
+        events_servicer.add_to_server(self.events, server)
 
     def start(self) -> None:
         """Start the hub, the gauge refresher and (if configured) the metrics endpoint.

@@ -68,6 +68,12 @@ class Settings:
         "Period of the scheduler leader's moves of due tasks (ms)."))
     redis_max_connections: int = field(default=16, metadata=_meta(
         "Size of the Redis connection pool shared by all RPCs and duties."))
+    events_max_subscribers: int = field(default=256, metadata=_meta(
+        "Most open Events.Subscribe streams per gateway; more are refused with "
+        "RESOURCE_EXHAUSTED."))
+    events_max_deliveries_per_s: int = field(default=5000, metadata=_meta(
+        "Events buffered for Events.Subscribe streams per second, all streams together "
+        "(events x subscribers); beyond it events are dropped and counted."))
     shutdown_grace_s: float = field(default=10.0, metadata=_meta(
         "On SIGTERM, unary calls get this long to finish (s)."))
     embedded_dir: str = field(default=".dtq/redis", metadata=_meta(
@@ -114,6 +120,7 @@ _POSITIVE = {
     "idem_ttl_s", "dlq_maxlen", "audit_maxlen", "recent_max", "max_payload_bytes",
     "default_max_attempts", "default_timeout_ms", "backoff_base_ms", "backoff_cap_ms",
     "max_in_flight_cap", "scheduler_interval_ms", "result_max_bytes", "redis_max_connections",
+    "events_max_subscribers", "events_max_deliveries_per_s",
 }
 _NON_NEGATIVE = {"metrics_port", "max_queue_depth", "lease_grace_ms", "shutdown_grace_s"}
 

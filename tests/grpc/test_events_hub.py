@@ -212,3 +212,84 @@ async def test_idle_healthy_subscription_is_kept(client) -> None:
         assert [e["event_id"] for e, _ in await take(sub, 1)] == ["e1"]
     finally:
         await hub.stop()
+
+
+def batch(*events: list, prefix: str = "ab" * 12, ts_ms: int = 1796062800123) -> str:
+    return json.dumps({"ts_ms": ts_ms, "id_prefix": prefix, "events": list(events)})
+
+
+async def test_batch_and_single_messages_reach_everyone_in_order(hub: EventsHub, client) -> None:
+    """A batch message is decoded once and expands to one event per element; the raw
+    pre-filter of a listener is asked once per message; old single events still work."""
+    failed_only = hub.subscribe(types=["TASK_FAILED"])
+    everything = hub.subscribe()
+    asked: list[bytes] = []
+    seen: list[dict] = []
+    hub.add_listener(seen.append, lambda raw: asked.append(raw) or True)
+    await client.publish(keys.EVENTS_CHANNEL, batch(
+        ["TASK_QUEUED", "t1", "q1", "x", 1, "", None],
+        ["TASK_FAILED", "t1", "q1", "x", 1, "w1", {"error": "boom", "error_class": "E"}],
+        ["TASK_RETRY_SCHEDULED", "t1", "q1", "x", 2, "w1", None]))
+    await client.publish(keys.EVENTS_CHANNEL, ev(7, "TASK_FAILED"))
+    got = [e for e, _ in await take(everything, 4)]
+    assert [e["event_id"] for e in got] == ["ab" * 12 + "00000001", "ab" * 12 + "00000002",
+                                            "ab" * 12 + "00000003", "e7"]
+    assert got[1] == {"event_id": "ab" * 12 + "00000002", "ts": "2026-11-30T18:20:00.123Z",
+                      "type": "TASK_FAILED", "task_id": "t1", "queue": "q1", "task_type": "x",
+                      "attempt": 1, "worker_id": "w1",
+                      "metadata": {"error": "boom", "error_class": "E"}}
+    assert [e["event_id"][-2:] for e, _ in await take(failed_only, 2)] == ["02", "e7"]
+    assert seen == got and len(asked) == 2
+
+
+async def test_message_nobody_wants_is_not_decoded(hub: EventsHub, client, caplog) -> None:
+    asked: list[bytes] = []
+    hub.add_listener(lambda e: None, lambda raw: asked.append(raw) and False)
+    await client.publish(keys.EVENTS_CHANNEL, b"not json")
+    await poll_until(lambda: len(asked) == 1)
+    assert "malformed" not in caplog.text  # dropped before decoding
+    hub.subscribe()
+    await client.publish(keys.EVENTS_CHANNEL, b"not json either")
+    await poll_until(lambda: "malformed" in caplog.text)
+
+
+async def test_budget_drops_are_told_to_the_subscriber(client) -> None:
+    """Beyond the delivery budget an event is dropped for the subscriber and counted;
+    the next delivered event carries the count."""
+    hub = EventsHub(client, max_deliveries_per_s=2)
+    now = [0.0]
+    hub.fanout.budget.clock = lambda: now[0]
+    hub.fanout.budget._at = 0.0
+    hub.start()
+    try:
+        await asyncio.wait_for(hub.connected.wait(), 5)
+        sub = hub.subscribe()
+        await client.publish(keys.EVENTS_CHANNEL, batch(
+            *[["TASK_QUEUED", f"t{n}", "q1", "x", 1, "", None] for n in range(1, 6)]))
+        first = await take(sub, 2)
+        assert [(e["task_id"], d) for e, d in first] == [("t1", 0), ("t2", 0)]
+        now[0] = 1.0  # the budget refills
+        await client.publish(keys.EVENTS_CHANNEL, ev(6))
+        [(event, dropped)] = await take(sub, 1)
+        assert (event["event_id"], dropped, sub.dropped_total) == ("e6", 3, 3)
+    finally:
+        await hub.stop()
+
+
+async def test_subscriber_cap(client) -> None:
+    from dtq_gateway.errors import SubscriberLimit
+
+    hub = EventsHub(client, max_subscribers=1)
+    first = hub.subscribe()
+    with pytest.raises(SubscriberLimit):
+        hub.subscribe()
+    hub.unsubscribe(first)
+    hub.subscribe()
+    await hub.stop()
+
+
+async def poll_until(pred, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(POLL_S)

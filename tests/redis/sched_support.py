@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from dtq_gateway import keys
-from dtq_gateway.event_batch import expand
+from dtq_gateway.events_wire import decode
 
 _BARRIER = "__barrier__"
 
@@ -141,7 +141,7 @@ class Events:
             data = msg["data"].decode()
             if data == _BARRIER:
                 return self.events
-            self.events.extend(expand(data))
+            self.events.extend(decode(data) or [])
         raise AssertionError("barrier message not received")
 
     async def of_type(self, ev_type: str) -> list[dict[str, Any]]:

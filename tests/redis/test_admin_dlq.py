@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 
 from dtq_gateway import admin, admin_dlq, admin_lists, keys
 from dtq_gateway.errors import InvalidArgument, NotFound, WrongState
-from dtq_gateway.event_batch import expand
+from dtq_gateway.events_wire import decode
 from tests.support.admin_seed import dead_letter, now_ms, put_task
 
 CALL = admin.CallInfo(actor="ops", request_id="r-42")
@@ -73,7 +73,7 @@ async def test_requeue_fresh_budget_entry_event_audit_idempotency(r: aioredis.Re
     assert (idem["task_id"], idem["state"]) == (tid, "processing")
     msg = await pubsub.get_message(timeout=1)
     await pubsub.aclose()
-    (event,) = expand(msg["data"])
+    (event,) = decode(msg["data"]) or []
     assert (event["type"], event["task_id"], event["attempt"]) == ("TASK_QUEUED", tid, 1)
     audit, _ = await admin_lists.list_audit(r, 5)
     assert [(a.action, a.task_id, a.actor, a.request_id) for a in audit] == [

@@ -7,7 +7,7 @@ import redis.asyncio as aioredis
 
 from dtq_gateway import admin, admin_lists, keys
 from dtq_gateway.errors import InvalidArgument, NotFound
-from dtq_gateway.event_batch import expand
+from dtq_gateway.events_wire import decode
 from tests.support.admin_seed import dead_letter, ensure_group, now_ms, put_task
 
 CALL = admin.CallInfo(actor="alice", request_id="req-1")
@@ -100,7 +100,7 @@ async def test_pause_resume_changed_flags_event_and_audit(r: aioredis.Redis) -> 
     assert await admin.set_paused(r, "q1", False, CALL) is False
     events = []
     while (msg := await pubsub.get_message(timeout=0.5)) is not None:
-        events.extend(expand(msg["data"]))
+        events.extend(decode(msg["data"]) or [])
     await pubsub.aclose()
     assert [(e["type"], e["queue"], e["metadata"]["paused"]) for e in events] == [
         ("CONFIGURATION_CHANGED", "q1", "true"), ("CONFIGURATION_CHANGED", "q1", "false")]

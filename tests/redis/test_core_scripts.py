@@ -15,7 +15,7 @@ from dtq_gateway import keys
 from dtq_gateway.broker import CHUNK, Broker
 from dtq_gateway.completion import ACK_CHUNK, FAIL, Completion
 from dtq_gateway.dispatch import Dispatcher
-from dtq_gateway.event_batch import expand
+from dtq_gateway.events_wire import decode
 from dtq_gateway.groups import Groups
 from dtq_gateway.scripts import Script
 from dtq_gateway.sessions import Session
@@ -390,7 +390,7 @@ async def test_one_events_message_per_script_call(env):
             break  # a quiet 0.2 s after the second message: no third one came
     assert len(messages) == 2, f"expected one message per call (2), got {len(messages)}"
     await pubsub.aclose()
-    batches = [expand(m) for m in messages]
+    batches = [decode(m) or [] for m in messages]
     assert [len(b) for b in batches] == [CHUNK, 20]
     events = batches[0] + batches[1]
     assert [e["task_id"] for e in events] == [o.task_id for o in out]

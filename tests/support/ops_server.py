@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import grpc
 import redis.asyncio as aioredis
@@ -16,7 +17,8 @@ from grpc_health.v1 import health, health_pb2_grpc
 from dtq_gateway.admin_servicer import AdminServicer
 from dtq_gateway.auth import AuthInterceptor, parse_tokens
 from dtq_gateway.events_hub import EventsHub
-from dtq_gateway.events_servicer import EventsServicer
+from dtq_gateway.events_servicer import EventsServicer, hub_options
+from dtq_gateway.events_servicer import add_to_server as add_events_to_server
 from dtq_gateway.metrics import MetricsInterceptor
 from dtq_proto import dtq_pb2_grpc
 
@@ -35,9 +37,10 @@ class OpsServer:
 
 
 @asynccontextmanager
-async def ops_server(redis_url: str, auth_tokens: str = "",
-                     heartbeat_interval_s: float = 0.5) -> AsyncIterator[OpsServer]:
-    """Start Admin + Events + health on 127.0.0.1:<free port> (auth when tokens given)."""
+async def ops_server(redis_url: str, auth_tokens: str = "", heartbeat_interval_s: float = 0.5,
+                     **hub_kwargs: Any) -> AsyncIterator[OpsServer]:
+    """Start Admin + Events + health on 127.0.0.1:<free port> (auth when tokens given);
+    ``hub_kwargs`` go to the EventsHub (e.g. ``max_subscribers``)."""
     from tests.conftest import gateway_settings
 
     settings = gateway_settings(redis_url, heartbeat_interval_s=heartbeat_interval_s)
@@ -46,9 +49,9 @@ async def ops_server(redis_url: str, auth_tokens: str = "",
     if auth_tokens:
         interceptors.append(AuthInterceptor(parse_tokens(auth_tokens)))
     server = grpc.aio.server(interceptors=interceptors)
-    hub = EventsHub(redis)
+    hub = EventsHub(redis, **hub_options(), **hub_kwargs)
     dtq_pb2_grpc.add_AdminServicer_to_server(AdminServicer(redis, settings), server)
-    dtq_pb2_grpc.add_EventsServicer_to_server(EventsServicer(hub), server)
+    add_events_to_server(EventsServicer(hub), server)
     health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()

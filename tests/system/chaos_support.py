@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import redis
 
 from dtq_gateway import keys
-from dtq_gateway.event_batch import expand
+from dtq_gateway.events_wire import decode
 from tests.support.redis_server import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -256,7 +256,7 @@ class EventRecorder:
                         self._subscribed.set()
                     elif msg["type"] == "message":
                         with self._lock:
-                            self.events.extend(expand(msg["data"]))
+                            self.events.extend(decode(msg["data"]) or [])
             except (redis.ConnectionError, redis.TimeoutError, OSError):
                 self.reconnects += 1
                 self._stop.wait(0.02)
