@@ -25,7 +25,7 @@ for i = 1, n do
   local id, task_id, attempt, mode = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3]
   if idem_key == task_key then idem_key = nil end
   local h = redis.call('HMGET', task_key, 'status', 'attempt', 'entry_id', 'expires_at_ms',
-    'content_type', 'metadata', 'created_at_ms', 'queue', 'task_type')
+    'content_type', 'metadata', 'created_at_ms', 'queue', 'task_type', 'started_at_ms')
   local status = h[1]
   if not status then
     drop(stream, id)
@@ -44,7 +44,10 @@ for i = 1, n do
     publish('TASK_DUPLICATE_ABSORBED', now, task_id, h[8], h[9], attempt, consumer,
       {reason = 'stale_entry', status = status})
     out[i] = {'absorbed'}
-  elseif tonumber(h[4]) > 0 and now >= tonumber(h[4]) then
+  elseif (tonumber(h[4]) or 0) > 0 and now >= tonumber(h[4])
+      and (tonumber(h[10]) or 0) == 0 then
+    -- expiry means "not started by": a task that ever started (a retry, a released
+    -- lease) follows its retry policy instead
     drop(stream, id)
     redis.call('HSET', task_key, 'status', 'expired', 'finished_at_ms', now, 'entry_id', '')
     idem_update(idem_key, task_id, 'failed', now)

@@ -15,7 +15,8 @@
 --
 -- Reply (status string):
 --   "moved"      XADDed into the band, status queued, TASK_QUEUED {reason: due}
---   "expired"    expires_at_ms passed: status expired, TASK_EXPIRED, idempotency failed
+--   "expired"    expires_at_ms passed before any start: status expired, TASK_EXPIRED,
+--                idempotency failed (a task that started follows its retry policy)
 --   "gone"       task hash missing (retention ran out): schedule member removed
 --   "skipped"    task not in status scheduled (cancelled, moved elsewhere): member removed
 --   "not_due"    not in the schedule, or its score is still in the future: nothing done
@@ -35,7 +36,7 @@ if redis.call('EXISTS', task_key) == 0 then
   return 'gone'
 end
 local f = redis.call('HMGET', task_key, 'status', 'queue', 'task_type', 'attempt',
-  'expires_at_ms')
+  'expires_at_ms', 'started_at_ms')
 if f[1] ~= 'scheduled' then
   redis.call('ZREM', sched_key, task_id)
   return 'skipped'
@@ -45,7 +46,8 @@ if not stream_key then return 'retry' end
 local queue, task_type, attempt = f[2], f[3], tonumber(f[4]) or 1
 local expires_at = tonumber(f[5]) or 0
 redis.call('ZREM', sched_key, task_id)
-if expires_at > 0 and now >= expires_at then
+-- expiry means "not started by": a retry waiting for its backoff never expires
+if expires_at > 0 and now >= expires_at and (tonumber(f[6]) or 0) == 0 then
   redis.call('HSET', task_key, 'status', 'expired', 'finished_at_ms', now, 'due_at_ms', 0)
   retire(task_key, now, retention_s)
   idem_update(KEYS[5], task_id, 'failed', now)
