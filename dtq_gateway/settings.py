@@ -46,7 +46,9 @@ class Settings:
     result_retention_s: int = field(default=3600, metadata=_meta("TTL of results (s)."))
     result_max_bytes: int = field(default=8192, metadata=_meta(
         "Results longer than this are truncated (bytes)."))
-    idem_ttl_s: int = field(default=86400, metadata=_meta("TTL of idempotency records (s)."))
+    idem_ttl_s: int = field(default=86400, metadata=_meta(
+        "How long an idempotency key dedupes, counted from the enqueue (s); a key whose "
+        "task is still live (scheduled, queued, active, retrying) dedupes until it ends."))
     dlq_maxlen: int = field(default=10000, metadata=_meta(
         "Approximate MAXLEN of the dead-letter stream (entries)."))
     audit_maxlen: int = field(default=10000, metadata=_meta(

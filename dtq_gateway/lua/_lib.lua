@@ -95,15 +95,27 @@ local function dead_letter(dlq_key, maxlen, task_key, attempt, ms, err, err_clas
   return id
 end
 
--- Update the idempotency record (if this task still owns it) to state, keeping its TTL.
+-- Update the idempotency record (if this task still owns it) to state. The record has no
+-- TTL while its task is live (state 'processing'), so a key dedupes for as long as the
+-- task may still run, whatever its delay, backoff or DTQ_IDEM_TTL_S; a terminal state
+-- ('completed', 'failed') sets the expiry enqueue.lua recorded in it (expires_at_ms =
+-- enqueue + DTQ_IDEM_TTL_S, already past = gone at once). A record written before
+-- expires_at_ms existed keeps the TTL it has.
 local function idem_update(idem_key, task_id, state, ms)
   if not idem_key then return end
   local raw = redis.call('GET', idem_key)
   if not raw then return end
   local rec = cjson.decode(raw)
   if rec.task_id ~= task_id then return end
-  redis.call('SET', idem_key, cjson.encode({task_id = task_id, state = state, updated_at = ms}),
-    'KEEPTTL')
+  local value = cjson.encode({task_id = task_id, state = state, updated_at = ms,
+    expires_at_ms = rec.expires_at_ms})
+  if state == 'processing' then
+    redis.call('SET', idem_key, value)
+  elseif rec.expires_at_ms then
+    redis.call('SET', idem_key, value, 'PXAT', rec.expires_at_ms)
+  else
+    redis.call('SET', idem_key, value, 'KEEPTTL')
+  end
 end
 
 -- True when entry `id` of `stream` is in the group's PEL and owned by `consumer`.

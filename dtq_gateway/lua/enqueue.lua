@@ -102,8 +102,9 @@ local function enqueue_one(k, a)
   recent[#recent + 1] = task_id
 
   if idem_key then
+    -- no TTL while the task is live; its terminal state sets expires_at_ms (idem_update)
     redis.call('SET', idem_key, cjson.encode({task_id = task_id, state = 'processing',
-      updated_at = now}), 'EX', idem_ttl_s)
+      updated_at = now, expires_at_ms = now + idem_ttl_s * 1000}))
   end
 
   local meta = nil

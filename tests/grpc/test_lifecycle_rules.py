@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from dtq_proto import dtq_pb2 as pb
 from tests.support.leasing import LeaseStream, poll
 
@@ -39,3 +41,34 @@ async def test_expiry_still_applies_to_a_task_that_never_started(broker_stub):
     assert await poll(status, lambda s: s != pb.TASK_STATUS_SCHEDULED, timeout_s=5) == \
         pb.TASK_STATUS_EXPIRED
     lease.close()
+
+
+async def test_idempotency_key_dedupes_while_its_task_is_live_past_the_ttl(redis_url):
+    """DTQ_IDEM_TTL_S=1 and a task delayed 2.5 s: an enqueue with the same key 1.5 s later
+    (past the TTL, the task still scheduled) returns the first task; once the task ended
+    and its enqueue + TTL passed, the key is free again."""
+    import grpc
+
+    from dtq_gateway.server import Gateway
+    from dtq_proto import dtq_pb2_grpc
+    from tests.conftest import gateway_settings
+
+    gw = Gateway(gateway_settings(redis_url, idem_ttl_s=1), redis_url)
+    await gw.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}")
+    stub = dtq_pb2_grpc.BrokerStub(channel)
+    try:
+        first = await stub.Enqueue(enq(idempotency_key="K", delay_ms=2500))
+        await asyncio.sleep(1.5)  # the scenario itself: the TTL passes while it waits
+        again = await stub.Enqueue(enq(idempotency_key="K"))
+        assert (again.task_id, again.deduplicated) == (first.task_id, True)
+        lease = await LeaseStream(stub, "w1", ["q"]).open()
+        task = await lease.next(timeout_s=5)
+        assert task.task_id == first.task_id
+        await stub.Ack(pb.AckRequest(items=[pb.AckItem(lease_id=task.lease_id)]))
+        lease.close()
+        fresh = await stub.Enqueue(enq(idempotency_key="K"))  # ended, TTL long past
+        assert not fresh.deduplicated and fresh.task_id != first.task_id
+    finally:
+        await channel.close()
+        await gw.stop()

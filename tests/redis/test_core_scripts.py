@@ -75,7 +75,7 @@ async def test_enqueue_writes_live_hash_without_ttl_and_entry(env):
                            b"max_attempts", b"priority", b"timeout_ms", b"idempotency_key"}
     idem = keys.idempotency("q", keys.idempotency_digest("k"))
     assert json.loads(await env.redis.get(idem))["state"] == "processing"
-    assert 0 < await env.redis.ttl(idem) <= env.settings.idem_ttl_s
+    assert await env.redis.ttl(idem) == -1, "a live task's idempotency record must not expire"
 
 
 async def test_recent_index_is_trimmed(redis_url):
@@ -106,9 +106,12 @@ async def test_ack_removes_entry_stores_result_and_completes_idempotency(env):
     assert await env.redis.hget(keys.task(tid), "result_truncated") == b"1"
     assert 0 < await env.redis.ttl(keys.result(tid)) <= env.settings.result_retention_s
     idem = keys.idempotency("q", keys.idempotency_digest("k"))
-    ttl_before = await env.redis.ttl(idem)
-    assert json.loads(await env.redis.get(idem))["state"] == "completed"
-    assert ttl_before <= env.settings.idem_ttl_s  # KEEPTTL: not extended
+    rec = json.loads(await env.redis.get(idem))
+    assert rec["state"] == "completed"
+    # the terminal state starts the expiry recorded at enqueue (enqueue + DTQ_IDEM_TTL_S)
+    assert 0 < await env.redis.ttl(idem) <= env.settings.idem_ttl_s
+    assert rec["expires_at_ms"] == int(await env.redis.hget(keys.task(tid), "created_at_ms")) \
+        + env.settings.idem_ttl_s * 1000
     # the retention clock of the record starts at the terminal state
     assert 0 < await env.redis.ttl(keys.task(tid)) <= env.settings.task_retention_s
 

@@ -120,7 +120,7 @@ async def _enqueue_scenarios(e: Env) -> dict[str, str]:
         ids[name] = resp.task_id
         await e.task_probe.assert_live(keys.task(resp.task_id), f"enqueue of {name}")
         if req.idempotency_key:
-            await e.idem_probe.assert_fresh(_idem_key(req), f"idempotency record of {name}")
+            await e.idem_probe.assert_live(_idem_key(req), f"idempotency record of {name}")
     problems = await rs.field_problems(e.r, keys.stream(Q, 5), rs.entry_fields())
     assert not problems, f"band-stream entries differ from docs/design.md: {problems}"
     await e.task_probe.mark(keys.task(ids["expired_delayed"]))
@@ -219,15 +219,21 @@ async def _retry_then_success(e: Env, task_id: str) -> None:
 
 
 async def _check_idempotency_kept(e: Env, ids: dict[str, str]) -> None:
-    """Terminal updates rewrote each record's state with KEEPTTL (TTL not reset)."""
+    """Terminal updates set the expiry the enqueue recorded: enqueue + DTQ_IDEM_TTL_S
+    (the record had no TTL while its task was live; a marker TTL set meanwhile is gone)."""
     for name, key, state in (("idem", "dup-key", "completed"), ("dead", "dead-key", "failed"),
                              ("cancel_queued", "cq-key", "failed"),
                              ("expired_past", "exp-key", "failed")):
         idem = _idem_key(enq(idempotency_key=key))
-        await e.idem_probe.assert_kept(idem, f"terminal update of {name}")
         rec = json.loads(await e.r.get(idem))
         assert (rec["task_id"], rec["state"]) == (ids[name], state), \
             f"idempotency record of {name}: {rec}, expected state {state}"
+        created = int(await e.r.hget(keys.task(ids[name]), "created_at_ms"))
+        assert rec["expires_at_ms"] == created + e.settings.idem_ttl_s * 1000, \
+            f"idempotency record of {name}: expires_at_ms is not enqueue + DTQ_IDEM_TTL_S"
+        pttl, now = await e.r.pttl(idem), await rs.now_ms(e.r)
+        assert abs(pttl - (rec["expires_at_ms"] - now)) < 1500, \
+            f"terminal update of {name}: PTTL {pttl} ms, expected expires_at_ms - now"
 
 
 async def _workers(e: Env) -> None:
