@@ -100,7 +100,8 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
             raise InvalidArgument("max_in_flight: must be >= 1", field="max_in_flight")
         return Session(worker_id=request.worker_id, queues=queues,
                        max_in_flight=min(request.max_in_flight, self.settings.max_in_flight_cap),
-                       task_types=frozenset(request.task_types))
+                       task_types=frozenset(request.task_types),
+                       concurrency=request.concurrency)
 
     async def Lease(self, request, context) -> AsyncIterator[dtq_pb2.LeaseResponse]:
         try:

@@ -287,8 +287,10 @@ class Dispatcher:
             got, credit_left, _, queues_empty = await self._lease(session)
             if queues_empty:
                 empty.update(session.queues)
-            elif credit_left and got >= BATCH_MAX:
-                self._dirty_workers.add(session.worker_id)  # more may be waiting
+            elif credit_left and got >= session.read_cap(BATCH_MAX):
+                # more may be waiting: this session reads again next round, after the
+                # other sessions of the queue had their turn (a burst is spread)
+                self._dirty_workers.add(session.worker_id)
                 self._wake.set()
         if tick and skipped:
             await self._end_draining({s.worker_id for s in skipped})
@@ -312,7 +314,7 @@ class Dispatcher:
     def _read_call(self, session: Session) -> tuple[list[str], list]:
         """KEYS and ARGV of a lease_read for ``session``."""
         return session.read_keys, Script.argv(
-            keys.GROUP, session.worker_id, session.max_in_flight, BATCH_MAX,
+            keys.GROUP, session.worker_id, session.max_in_flight, session.read_cap(BATCH_MAX),
             len(session.queues), self.stale_after_ms)
 
     async def _lease(self, session: Session) -> tuple[int, bool, int, bool]:

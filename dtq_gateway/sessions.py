@@ -29,6 +29,10 @@ class Session:
     queues: list[str]
     max_in_flight: int
     task_types: frozenset[str] = frozenset()
+    #: the worker's handler slots (LeaseRequest.concurrency, 0 = not said): one read
+    #: takes at most this many entries, so a burst is shared by the idle sessions of a
+    #: queue instead of filling the first one's buffer up to max_in_flight
+    concurrency: int = 0
     session_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     full: bool = False
@@ -40,6 +44,11 @@ class Session:
     #: band streams, band-major p9 first, and the full KEYS of lease_read (fixed per session)
     streams: list[str] = field(init=False)
     read_keys: list[str] = field(init=False)
+
+    def read_cap(self, most: int) -> int:
+        """Most entries one lease_read may take for this session (``most`` = the
+        dispatcher's per-read bound)."""
+        return min(most, self.concurrency) if self.concurrency > 0 else most
 
     def __post_init__(self) -> None:
         self.streams = [keys.stream(q, b) for b in keys.BANDS_DESC for q in self.queues]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from dtq_proto import dtq_pb2 as pb
 from tests.support.leasing import LeaseStream, poll
 
@@ -72,3 +74,26 @@ async def test_idempotency_key_dedupes_while_its_task_is_live_past_the_ttl(redis
     finally:
         await channel.close()
         await gw.stop()
+
+
+async def test_a_batch_is_spread_over_idle_workers(broker_stub):
+    """Two idle workers (concurrency 4, max_in_flight 8) and one EnqueueBatch of 8: each
+    gets 4, instead of the first one buffering all 8 while the other runs nothing."""
+    w1 = await LeaseStream(broker_stub, "w1", ["q"], max_in_flight=8, concurrency=4).open()
+    w2 = await LeaseStream(broker_stub, "w2", ["q"], max_in_flight=8, concurrency=4).open()
+    await broker_stub.EnqueueBatch(pb.EnqueueBatchRequest(items=[enq() for _ in range(8)]))
+    first, second = await w1.take(4), await w2.take(4)
+    assert len({t.task_id for t in first + second}) == 8
+    for lease in (w1, w2):
+        with pytest.raises(asyncio.TimeoutError):
+            await lease.next(timeout_s=0.3)
+        lease.close()
+
+
+async def test_one_worker_still_fills_its_buffer_to_max_in_flight(broker_stub):
+    lease = await LeaseStream(broker_stub, "w1", ["q"], max_in_flight=8, concurrency=4).open()
+    await broker_stub.EnqueueBatch(pb.EnqueueBatchRequest(items=[enq() for _ in range(10)]))
+    assert len({t.task_id for t in await lease.take(8)}) == 8
+    with pytest.raises(asyncio.TimeoutError):
+        await lease.next(timeout_s=0.3)
+    lease.close()

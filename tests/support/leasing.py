@@ -18,14 +18,15 @@ class LeaseStream:
     """An open Lease call: ``session`` is the first message, ``next()`` the next task."""
 
     def __init__(self, stub, worker_id: str, queues: list[str], max_in_flight: int = 10,
-                 task_types: list[str] | None = None, heartbeat: bool = True) -> None:
+                 task_types: list[str] | None = None, heartbeat: bool = True,
+                 concurrency: int = 0) -> None:
         self.stub = stub
         self.worker_id = worker_id
         self.heartbeat = heartbeat
         self._beater: asyncio.Task | None = None
         self.call = stub.Lease(dtq_pb2.LeaseRequest(
             worker_id=worker_id, queues=queues, max_in_flight=max_in_flight,
-            task_types=task_types or [], hostname="test"))
+            task_types=task_types or [], hostname="test", concurrency=concurrency))
         self.session: dtq_pb2.SessionInfo | None = None
         self.tasks: asyncio.Queue = asyncio.Queue()
         self._reader: asyncio.Task | None = None
