@@ -735,6 +735,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = run(args)
     except KeyboardInterrupt:
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # cancelled calls' futures
         print("interrupted; every process the bench started was stopped", file=sys.stderr)
         return 130
     print(render(results))
