@@ -413,7 +413,20 @@ async def _enqueue_dtq(targets: list[str], plan: list[tuple[str, int]], meter: M
 
 
 def run_dtq_cell(cell: Cell, gateways: int, workers: int) -> dict[str, Any]:
-    """One dtq cell: G gateways, W gated workers, enqueue phase, drain phase."""
+    """One dtq cell: G gateways, W gated workers, enqueue phase, drain phase.
+
+    Args:
+        cell: the cell's Redis client, options, processes and work directory.
+        gateways: G, ``dtq-gateway`` processes.
+        workers: W, ``dtq-pyworker`` processes (worker i connects to gateway i mod G).
+
+    Returns:
+        ``{"system", "gateways", "workers", "queues", "concurrency", "enqueue", "drain",
+        "all"}``, the last three as :func:`derive` returns them.
+
+    Raises:
+        BenchError: a process exited, or a start-up or phase wait ran out.
+    """
     from tests.support.redis_server import free_port
 
     args, procs = cell.args, cell.procs
@@ -458,7 +471,18 @@ def _wait_gateways(targets: list[str], procs: Procs) -> None:
 
 
 def run_taskiq_cell(cell: Cell, workers: int) -> dict[str, Any]:
-    """Taskiq with W gated worker processes: kiq enqueue phase, then drain phase."""
+    """Taskiq with W gated worker processes: kiq enqueue phase, then drain phase.
+
+    Args:
+        cell: the cell's Redis client, options, processes and work directory.
+        workers: W, Taskiq worker processes.
+
+    Returns:
+        As :func:`run_dtq_cell`, with ``gateways`` 0.
+
+    Raises:
+        BenchError: a process exited, or a start-up or phase wait ran out.
+    """
     args, procs = cell.args, cell.procs
     env = {"BENCH_REDIS_URL": cell.redis_url, "PYTHONPATH": str(REPO)}
     module = [str(PEERS_PYTHON), "-m", "bench.peers.taskiq_scale"]
@@ -541,7 +565,15 @@ def _taskiq_unavailable() -> str | None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Every cell of the matrix, then Taskiq per distinct W; the results dict."""
+    """Every cell of the matrix, then Taskiq once per distinct W, on one private Redis.
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        The results written as JSON: options, host, dtq and taskiq cells, summary,
+        elapsed_s (s).
+    """
     started = datetime.now(UTC)
     work = Path(tempfile.mkdtemp(prefix="dtq-scale-"))
     results: dict[str, Any] = {
@@ -674,7 +706,15 @@ def render(results: dict[str, Any]) -> str:
 
 
 def plot(results: dict[str, Any], path: Path) -> bool:
-    """Draw tasks/s and Redis CPU per task against the cells; False without matplotlib."""
+    """Draw tasks/s and Redis CPU per task (µs) against the cells, as a PNG.
+
+    Args:
+        results: what :func:`run` returned.
+        path: the PNG to write (its directory is created).
+
+    Returns:
+        False when matplotlib is missing or no dtq cell succeeded, else True.
+    """
     try:
         import matplotlib
 
