@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test proto proto-check lint bench clean
+.PHONY: install demo test proto proto-check lint bench bench-scale clean
 
 install: $(STAMP)
 
@@ -39,6 +39,11 @@ demo: install
 
 bench: install
 	$(PY) -m bench
+
+# cost per task on one Redis, G gateways x W workers (bench/README.md); plots with matplotlib
+bench-scale: install
+	$(PY) -c 'import matplotlib' 2>/dev/null || $(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m bench.scale
 
 clean:
 	rm -rf $(VENV) .dtq $(NODE_WORKER)/node_modules
