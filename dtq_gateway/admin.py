@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from dtq_gateway import keys
-from dtq_gateway.admin_scripts import PAUSE_QUEUE
+from dtq_gateway.admin_scripts import PAUSE_QUEUE, QUEUE_SUMMARIES
 from dtq_gateway.audit import log_audit
 from dtq_gateway.errors import InvalidArgument, NotFound
 from dtq_gateway.replies import text
@@ -228,9 +228,9 @@ async def list_queues(redis: Redis, size: int = 100, token: str = ""
                       ) -> tuple[list[QueueSummary], str]:
     """One page of the queue registry ``dtq:queues``, sorted by name.
 
-    The page's names come from one ZRANGEBYLEX after ``token``; their numbers from
-    one pipeline (per queue: XLEN and the XPENDING summary of each band, the pause
-    flag), so a page costs the same however many queues the registry holds.
+    The page's names come from one ZRANGEBYLEX after ``token``, their numbers from
+    one ``queue_summaries.lua`` call, so a page costs the same however many queues
+    the registry holds.
 
     Args:
         size: most queues on the page (1..).
@@ -247,20 +247,13 @@ async def list_queues(redis: Redis, size: int = 100, token: str = ""
         keys.QUEUES, f"({token}" if token else "-", "+", start=0, num=size + 1)]
     more = len(names) > size
     names = names[:size]
-    async with redis.pipeline(transaction=False) as pipe:
-        for name in names:
-            for stream in keys.queue_streams_desc(name):
-                pipe.xlen(stream)
-                pipe.xpending(stream, keys.GROUP)
-            pipe.exists(keys.paused(name))
-        replies = await pipe.execute(raise_on_error=False)
-    out = []
-    for i, name in enumerate(names):
-        part = replies[21 * i:21 * i + 21]
-        depth = sum(r for r in part[0:20:2] if isinstance(r, int))
-        pending = sum(int(r.get("pending") or 0) for r in part[1:20:2] if isinstance(r, dict))
-        out.append(QueueSummary(name=name, depth=depth, pending=pending,
-                                paused=part[20] == 1))
+    out: list[QueueSummary] = []
+    if names:
+        keys_ = [k for name in names for k in (*keys.queue_streams_desc(name), keys.paused(name))]
+        rows = await QUEUE_SUMMARIES(redis, keys_, QUEUE_SUMMARIES.argv(keys.GROUP))
+        out = [QueueSummary(name=name, depth=int(depth), pending=int(pending),
+                            paused=int(paused) == 1)
+               for name, (depth, pending, paused) in zip(names, rows)]
     return out, (names[-1] if more and names else "")
 
 
