@@ -71,8 +71,9 @@ async def backfill_registry(redis: Redis) -> bool:
     Data written by a gateway that predates the registry and the busy set has streams
     that neither lists. Unless ``dtq:queues:backfilled`` says it was done, this SCANs
     the band streams once, adds every queue to the registry and every queue with a
-    non-empty stream to the busy set, then sets the marker. The scheduler leader runs
-    it when it starts reaping; deleting the marker makes the next leader scan again.
+    non-empty stream to the busy set, then sets the marker. Each replica runs it at
+    the first reaper tick of each of its leaderships, so deleting the marker makes
+    the next leader scan again.
     A queue that fills or drains meanwhile is harmless: filling scripts add it to the
     busy set themselves, and a member that is already empty leaves at the next reap.
 

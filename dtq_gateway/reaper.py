@@ -78,6 +78,10 @@ class Reaper(PeriodicDuty):
         #: reap_queue.lua calls since start (what a tick costs: one per busy queue).
         self.queue_calls = 0
 
+    def leadership_started(self) -> None:
+        """Check the registry marker again at the next tick (one EXISTS per leadership)."""
+        self._registry_checked = False
+
     def interval_s(self) -> float:
         """A quarter of the visibility timeout, within [0.25, 5] s."""
         return min(5.0, max(0.25, self._settings.visibility_timeout_s / 4))

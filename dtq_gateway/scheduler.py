@@ -212,6 +212,7 @@ class Scheduler:
         return self.lock.is_leader
 
     def _on_acquired(self) -> None:
+        self.reaper.leadership_started()
         for duty in (self.mover, self.reaper, self.worker_sweep):
             duty.wake()
 

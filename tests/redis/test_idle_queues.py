@@ -14,6 +14,8 @@ import pytest
 from redis.asyncio import Redis
 
 from dtq_gateway import groups, keys
+from dtq_gateway.leader import LeaderLock
+from dtq_gateway.reaper import Reaper
 from dtq_gateway.scheduler import Scheduler
 from dtq_gateway.settings import Settings
 from tests.redis.sched_support import r, redis_ms, seed_lease, seed_task, task_fields, wait_until
@@ -156,3 +158,19 @@ async def test_backfill_builds_registry_and_busy_set_once(r: Redis) -> None:
     await r.delete(keys.BUSY_QUEUES)
     assert await groups.backfill_registry(r) is False  # the marker says it was done
     assert not await r.exists(keys.BUSY_QUEUES)
+
+
+async def test_each_leadership_checks_the_backfill_marker_once(r: Redis) -> None:
+    lock = LeaderLock(r, "gw")
+    reaper = Reaper(r, Settings(gateway_id="gw", visibility_timeout_s=VT_S,
+                                heartbeat_interval_s=0.5), lock)
+    await r.xadd(keys.stream("old", 2), {"task_id": "x"})
+    await reaper.tick()
+    assert await r.smembers(keys.BUSY_QUEUES) == {b"old"}
+    await r.delete(keys.QUEUES_BACKFILLED, keys.BUSY_QUEUES, keys.QUEUES)
+    await reaper.tick()  # checked in this leadership already: no SCAN
+    assert not await r.exists(keys.QUEUES_BACKFILLED)
+    reaper.leadership_started()
+    await reaper.tick()
+    assert await r.smembers(keys.BUSY_QUEUES) == {b"old"}
+    assert await r.zrange(keys.QUEUES, 0, -1) == [b"old"]
