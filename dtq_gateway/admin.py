@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from dtq_gateway import keys
-from dtq_gateway.admin_scripts import PAUSE_QUEUE
+from dtq_gateway.admin_scripts import PAUSE_QUEUE, QUEUE_SUMMARIES
 from dtq_gateway.audit import log_audit
 from dtq_gateway.errors import InvalidArgument, NotFound
 from dtq_gateway.replies import text
@@ -135,15 +135,32 @@ async def redis_now_ms(redis: Redis) -> int:
     return int(sec) * 1000 + int(usec) // 1000
 
 
-async def queue_names(redis: Redis) -> dict[str, list[int]]:
-    """Queue → bands with a stream, from SCAN over ``keys.BAND_STREAM_PATTERN``."""
-    found: dict[str, list[int]] = {}
-    async for key in redis.scan_iter(match=keys.BAND_STREAM_PATTERN, count=1000,
-                                     _type="stream"):
-        parsed = keys.parse_stream(text(key))
-        if parsed:
-            found.setdefault(parsed[0], []).append(parsed[1])
-    return found
+def validate_queue_page_token(token: str, field_name: str = "page_token") -> str:
+    """A ListQueues page token is the last queue name of the previous page ("" = first)."""
+    if token and not keys.QUEUE_RE.match(token):
+        raise InvalidArgument(f"{field_name}: malformed page token", field=field_name)
+    return token
+
+
+async def busy_queues(redis: Redis) -> list[str]:
+    """Members of ``dtq:queues:busy`` (queues whose streams may hold entries), sorted."""
+    found = {text(m) async for m in redis.sscan_iter(keys.BUSY_QUEUES, count=1000)}
+    return sorted(q for q in found if keys.QUEUE_RE.match(q))
+
+
+async def queue_depths(redis: Redis, queues: list[str]) -> dict[str, int]:
+    """Sum of the band XLENs of each queue (10 XLEN per queue, pipelined in chunks)."""
+    depths: dict[str, int] = {}
+    for start in range(0, len(queues), _CHUNK // 10):
+        chunk = queues[start:start + _CHUNK // 10]
+        async with redis.pipeline(transaction=False) as pipe:
+            for q in chunk:
+                for stream in keys.queue_streams_desc(q):
+                    pipe.xlen(stream)
+            lengths = await pipe.execute()
+        for i, q in enumerate(chunk):
+            depths[q] = sum(lengths[10 * i:10 * i + 10])
+    return depths
 
 
 def _group_of(groups: Any) -> dict[str, Any] | None:
@@ -162,46 +179,82 @@ async def band_infos(redis: Redis, queue: str) -> list[BandInfo]:
     last-delivered-id (XRANGE exclusive start, COUNT 1); a band without the
     consumer group counts every entry as undelivered.
     """
-    streams = keys.queue_streams_desc(queue)
+    return (await band_infos_many(redis, [queue]))[queue]
+
+
+async def band_infos_many(redis: Redis, queues: list[str]) -> dict[str, list[BandInfo]]:
+    """:func:`band_infos` of several queues: two pipelines per chunk of queues."""
+    out: dict[str, list[BandInfo]] = {}
+    step = _CHUNK // 20
+    for i in range(0, len(queues), step):
+        out.update(await _band_infos_chunk(redis, queues[i:i + step]))
+    return out
+
+
+async def _band_infos_chunk(redis: Redis, queues: list[str]) -> dict[str, list[BandInfo]]:
     async with redis.pipeline(transaction=False) as pipe:
-        for s in streams:
-            pipe.xlen(s)
-            pipe.xinfo_groups(s)
+        for queue in queues:
+            for s in keys.queue_streams_desc(queue):
+                pipe.xlen(s)
+                pipe.xinfo_groups(s)
         replies = await pipe.execute(raise_on_error=False)
-    bands: list[BandInfo] = []
-    starts: list[tuple[BandInfo, str]] = []
-    for i, band in enumerate(keys.BANDS_DESC):
-        depth, groups = replies[2 * i], replies[2 * i + 1]
-        info = BandInfo(band=band, depth=depth if isinstance(depth, int) else 0,
-                        exists=not isinstance(groups, ResponseError))
-        group = _group_of(groups)
-        if group is not None:
-            info.pending = int(group.get("pending") or 0)
-        if info.depth > 0:
-            last = text(group.get("last-delivered-id")) if group else ""
-            starts.append((info, f"({last}" if last else "-"))
-        bands.append(info)
+    out: dict[str, list[BandInfo]] = {}
+    starts: list[tuple[str, BandInfo, str]] = []
+    for q_index, queue in enumerate(queues):
+        bands = out[queue] = []
+        for i, band in enumerate(keys.BANDS_DESC):
+            depth, groups = replies[20 * q_index + 2 * i], replies[20 * q_index + 2 * i + 1]
+            info = BandInfo(band=band, depth=depth if isinstance(depth, int) else 0,
+                            exists=not isinstance(groups, ResponseError))
+            group = _group_of(groups)
+            if group is not None:
+                info.pending = int(group.get("pending") or 0)
+            if info.depth > 0:
+                last = text(group.get("last-delivered-id")) if group else ""
+                starts.append((queue, info, f"({last}" if last else "-"))
+            bands.append(info)
     if starts:
         async with redis.pipeline(transaction=False) as pipe:
-            for info, start in starts:
+            for queue, info, start in starts:
                 pipe.xrange(keys.stream(queue, info.band), min=start, max="+", count=1)
             firsts = await pipe.execute(raise_on_error=False)
-        for (info, _), first in zip(starts, firsts):
+        for (_, info, _), first in zip(starts, firsts):
             if first and not isinstance(first, Exception):
                 info.oldest_undelivered_ms = entry_ms(text(first[0][0]))
-    return bands
-
-
-async def list_queues(redis: Redis) -> list[QueueSummary]:
-    """Every queue with a band stream, sorted by name."""
-    names = await queue_names(redis)
-    out = []
-    for name in sorted(names):
-        bands = await band_infos(redis, name)
-        paused = bool(await redis.exists(keys.paused(name)))
-        out.append(QueueSummary(name=name, depth=sum(b.depth for b in bands),
-                                pending=sum(b.pending for b in bands), paused=paused))
     return out
+
+
+async def list_queues(redis: Redis, size: int = 100, token: str = ""
+                      ) -> tuple[list[QueueSummary], str]:
+    """One page of the queue registry ``dtq:queues``, sorted by name.
+
+    The page's names come from one ZRANGEBYLEX after ``token``, their numbers from
+    one ``queue_summaries.lua`` call, so a page costs the same however many queues
+    the registry holds.
+
+    Args:
+        size: most queues on the page (1..).
+        token: the previous page's next_page_token ("" = first page).
+
+    Returns:
+        (queues, next page token; "" after the last page).
+
+    Raises:
+        InvalidArgument: malformed token (names ``page_token``).
+    """
+    validate_queue_page_token(token)
+    names = [text(n) for n in await redis.zrangebylex(
+        keys.QUEUES, f"({token}" if token else "-", "+", start=0, num=size + 1)]
+    more = len(names) > size
+    names = names[:size]
+    out: list[QueueSummary] = []
+    if names:
+        keys_ = [k for name in names for k in (*keys.queue_streams_desc(name), keys.paused(name))]
+        rows = await QUEUE_SUMMARIES(redis, keys_, QUEUE_SUMMARIES.argv(keys.GROUP))
+        out = [QueueSummary(name=name, depth=int(depth), pending=int(pending),
+                            paused=int(paused) == 1)
+               for name, (depth, pending, paused) in zip(names, rows)]
+    return out, (names[-1] if more and names else "")
 
 
 async def _consumers(redis: Redis, queue: str, bands: Iterable[BandInfo]) -> list[ConsumerInfo]:

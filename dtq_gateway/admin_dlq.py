@@ -208,7 +208,8 @@ async def requeue(redis: Redis, task_id: str, call: CallInfo, cfg: DlqSettings, 
     if queue is None:
         raise NotFound(f"task {task_id} not found", reason="TASK_NOT_FOUND")
     queue_s, band = text(queue), as_int(priority)
-    keys_ = [keys.task(task_id), keys.DEAD_LETTER, keys.stream(queue_s, band), keys.AUDIT]
+    keys_ = [keys.task(task_id), keys.DEAD_LETTER, keys.stream(queue_s, band), keys.AUDIT,
+             keys.BUSY_QUEUES]
     if text(digest):
         keys_.append(keys.idempotency(queue_s, text(digest)))
     reply = await REQUEUE_DEAD_LETTER(redis, keys_, REQUEUE_DEAD_LETTER.argv(

@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 R = TypeVar("R")
 MAX_REDRIVE_LIMIT = 100_000
 MAX_REDRIVE_RATE = 10_000
+LIST_QUEUES_PAGE_DEFAULT = 100
+LIST_QUEUES_PAGE_MAX = 1000
 
 
 def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
@@ -120,9 +122,11 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
     @_rpc
     async def ListQueues(self, request: pb.ListQueuesRequest, context: Any
                          ) -> pb.ListQueuesResponse:
-        """Every queue with streams, sorted by name."""
-        queues = await admin.list_queues(self.redis)
-        return pb.ListQueuesResponse(queues=[pb.QueueSummary(
+        """One page of the queue registry, sorted by name."""
+        size = page_size(request.page_size, "page_size", LIST_QUEUES_PAGE_DEFAULT,
+                         LIST_QUEUES_PAGE_MAX)
+        queues, token = await admin.list_queues(self.redis, size, request.page_token)
+        return pb.ListQueuesResponse(next_page_token=token, queues=[pb.QueueSummary(
             name=q.name, depth=q.depth, pending=q.pending, paused=q.paused) for q in queues])
 
     @_rpc

@@ -1,9 +1,14 @@
-"""Consumer groups: created once per queue per process, recreated after NOGROUP.
+"""Consumer groups and the queue registry: created once per queue per process.
 
 Every band stream carries the group ``workers`` (keys.GROUP), created with
 ``XGROUP CREATE <stream> workers 0 MKSTREAM``. Starting at id 0 (not ``$``) means
 entries added before the group existed (for example after a FLUSHALL, when an
 XADD recreates a stream without its group) are still delivered.
+
+The same round trip adds the queue to the registry ``dtq:queues`` (a sorted set,
+every score 0, so ZRANGEBYLEX pages through it by name): ListQueues reads the
+registry instead of SCANning the key space. :func:`backfill_registry` builds the
+registry and the busy-queue set once for data written before they existed.
 """
 
 from __future__ import annotations
@@ -15,8 +20,11 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from dtq_gateway import keys
+from dtq_gateway.replies import text
 
 log = logging.getLogger(__name__)
+
+_CHUNK = 1000
 
 
 class Groups:
@@ -27,7 +35,8 @@ class Groups:
         self._last_recreate_log = 0.0
 
     async def ensure(self, redis: Redis, queues: list[str] | set[str]) -> None:
-        """Create the groups of every queue not yet known to have them (BUSYGROUP ignored)."""
+        """Create the groups of every queue not yet known to have them (BUSYGROUP ignored)
+        and add those queues to the registry, in one pipeline."""
         todo = [q for q in queues if q not in self._ready]
         if not todo:
             return
@@ -35,6 +44,7 @@ class Groups:
         for q in todo:
             for stream in keys.queue_streams_desc(q):
                 pipe.xgroup_create(stream, keys.GROUP, id="0", mkstream=True)
+        pipe.zadd(keys.QUEUES, dict.fromkeys(todo, 0))
         for reply in await pipe.execute(raise_on_error=False):
             if isinstance(reply, ResponseError) and "BUSYGROUP" not in str(reply):
                 raise reply
@@ -53,3 +63,45 @@ class Groups:
             log.warning("consumer groups missing, recreating", extra={"queues": sorted(queues)})
             self._last_recreate_log = now
         self._ready.difference_update(queues)
+
+
+async def backfill_registry(redis: Redis) -> bool:
+    """Build ``dtq:queues`` and ``dtq:queues:busy`` from the band streams, once.
+
+    Data written by a gateway that predates the registry and the busy set has streams
+    that neither lists. Unless ``dtq:queues:backfilled`` says it was done, this SCANs
+    the band streams once, adds every queue to the registry and every queue with a
+    non-empty stream to the busy set, then sets the marker. Each replica runs it at
+    the first reaper tick of each of its leaderships, so deleting the marker makes
+    the next leader scan again.
+    A queue that fills or drains meanwhile is harmless: filling scripts add it to the
+    busy set themselves, and a member that is already empty leaves at the next reap.
+
+    Returns:
+        True when the scan ran (the marker was missing).
+    """
+    if await redis.exists(keys.QUEUES_BACKFILLED):
+        return False
+    streams: list[tuple[str, str]] = []
+    async for key in redis.scan_iter(match=keys.BAND_STREAM_PATTERN, count=1000,
+                                     _type="STREAM"):
+        parsed = keys.parse_stream(text(key))
+        if parsed is not None:
+            streams.append((text(key), parsed[0]))
+    busy: set[str] = set()
+    for start in range(0, len(streams), _CHUNK):
+        chunk = streams[start:start + _CHUNK]
+        async with redis.pipeline(transaction=False) as pipe:
+            for stream, _ in chunk:
+                pipe.xlen(stream)
+            lengths = await pipe.execute()
+        busy.update(q for (_, q), n in zip(chunk, lengths) if n)
+    names = sorted({q for _, q in streams})
+    for start in range(0, len(names), _CHUNK):
+        await redis.zadd(keys.QUEUES, dict.fromkeys(names[start:start + _CHUNK], 0))
+    busy_names = sorted(busy)
+    for start in range(0, len(busy_names), _CHUNK):
+        await redis.sadd(keys.BUSY_QUEUES, *busy_names[start:start + _CHUNK])
+    await redis.set(keys.QUEUES_BACKFILLED, "1")
+    log.info("queue registry backfilled", extra={"queues": len(names), "busy": len(busy)})
+    return True

@@ -44,6 +44,9 @@ BUSY_QUEUES = PREFIX + "queues:busy"
 #: Sorted set (all scores 0, ordered by name) of every queue a gateway ever created
 #: groups for: ListQueues pages through it with ZRANGEBYLEX instead of SCANning keys.
 QUEUES = PREFIX + "queues"
+#: String set once the registry (and the busy set) were rebuilt from a SCAN of the band
+#: streams (the one-time backfill for data written before they existed; see groups.py).
+QUEUES_BACKFILLED = PREFIX + "queues:backfilled"
 #: Pub/sub channel (not a key) for lifecycle events.
 EVENTS_CHANNEL = PREFIX + "events"
 

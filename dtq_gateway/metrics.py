@@ -73,6 +73,9 @@ EVENTS_SUBSCRIBERS = Gauge("dtq_events_subscribers", "Open Events.Subscribe stre
 EVENTS_SUBSCRIPTIONS_REFUSED = Counter(
     "dtq_events_subscriptions_refused_total",
     "Events.Subscribe calls refused with RESOURCE_EXHAUSTED (DTQ_EVENTS_MAX_SUBSCRIBERS).")
+METRICS_QUEUES_OMITTED = Gauge("dtq_metrics_queues_omitted",
+                               "Busy queues left out of the per-queue gauges "
+                               "(more than DTQ_METRICS_MAX_QUEUES).")
 LEASE_SESSIONS = Gauge("dtq_lease_sessions", "Open Lease streams on this gateway replica.")
 
 
@@ -91,22 +94,30 @@ def start_metrics_server(host: str, port: int) -> Any:
 class QueueGaugeCollector(PeriodicDuty):
     """Refreshes the queue and worker gauges from Redis about every ``interval_s``.
 
+    Only busy queues (``dtq:queues:busy``) are read, so idle queues cost nothing,
+    and at most ``max_queues`` of them get series: the deepest ones (one XLEN per
+    band of every busy queue to rank them, then the full band read for those kept).
+    ``dtq_metrics_queues_omitted`` counts the busy queues left out. A queue that
+    leaves the busy set or the top ``max_queues`` loses its series.
+
     Run with ``task = asyncio.create_task(collector.run())``; end with
-    ``collector.stop(); await task``. Queues that disappear lose their series.
+    ``collector.stop(); await task``.
 
     Args:
         redis: the gateway's client.
         heartbeat_interval_ms: worker heartbeat interval (liveness = 3 intervals).
         interval_s: refresh period before ±20 % jitter (s).
+        max_queues: most queues exported (DTQ_METRICS_MAX_QUEUES).
     """
 
     name = "metrics-refresh"
 
     def __init__(self, redis: Redis, heartbeat_interval_ms: int,
-                 interval_s: float = 5.0) -> None:
+                 interval_s: float = 5.0, max_queues: int = 200) -> None:
         super().__init__()
         self.redis = redis
         self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.max_queues = max_queues
         self._interval_s = interval_s
         self._queues: set[str] = set()
 
@@ -115,17 +126,20 @@ class QueueGaugeCollector(PeriodicDuty):
         return self._interval_s
 
     async def tick(self) -> None:
-        """Read every queue's bands and the workers, and set the gauges."""
-        names = set(await admin.queue_names(self.redis))
+        """Read the deepest busy queues' bands and the workers, and set the gauges."""
+        busy = await admin.busy_queues(self.redis)
+        depths = await admin.queue_depths(self.redis, busy)
+        shown = sorted(busy, key=lambda q: (-depths[q], q))[:self.max_queues]
+        METRICS_QUEUES_OMITTED.set(len(busy) - len(shown))
         now = await admin.redis_now_ms(self.redis)
-        for queue in sorted(names):
-            bands = await admin.band_infos(self.redis, queue)
+        for queue, bands in (await admin.band_infos_many(self.redis, shown)).items():
             for b in bands:
                 QUEUE_DEPTH.labels(queue=queue, band=str(b.band)).set(b.depth)
                 QUEUE_PENDING.labels(queue=queue, band=str(b.band)).set(b.pending)
             oldest = [b.oldest_undelivered_ms for b in bands if b.oldest_undelivered_ms]
             age_ms = max(0, now - min(oldest)) if oldest else 0
             QUEUE_BACKLOG_AGE_SECONDS.labels(queue=queue).set(age_ms / 1000.0)
+        names = set(shown)
         for gone in self._queues - names:
             for band in range(10):
                 for gauge in (QUEUE_DEPTH, QUEUE_PENDING):

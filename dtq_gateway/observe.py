@@ -6,6 +6,7 @@ outcome. Times are epoch ms from Redis; histograms take seconds.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from dtq_gateway import metrics
@@ -53,3 +54,18 @@ def delivered(task: dtq_pb2.LeasedTask) -> None:
     if task.created_at_ms and task.leased_at_ms >= task.created_at_ms:
         _child(metrics.LEASE_WAIT_SECONDS, task.queue).observe(
             (task.leased_at_ms - task.created_at_ms) / 1000.0)
+
+
+def reaped(queue: str, counts: Mapping[str, int]) -> None:
+    """Count the reaper's outcomes for one queue (reclaim.lua replies): a lost lease
+    retried, dead-lettered on its last attempt, or ending a cancel in progress."""
+    for outcome_name, collector in (("retried", metrics.TASKS_RETRIED),
+                                    ("dead_lettered", metrics.TASKS_DEAD_LETTERED),
+                                    ("cancelled", metrics.TASKS_CANCELLED)):
+        if counts.get(outcome_name):
+            _child(collector, queue).inc(counts[outcome_name])
+
+
+def expired(queue: str, count: int = 1) -> None:
+    """Count tasks the scheduler found past their deadline when they came due."""
+    _child(metrics.TASKS_EXPIRED, queue).inc(count)

@@ -60,7 +60,8 @@ class Operations:
         self.admin = AdminServicer(redis, settings)
         self.events = EventsServicer(self.hub)
         self.gauges = QueueGaugeCollector(redis, settings.heartbeat_interval_ms,
-                                          interval_s=gauge_interval_s)
+                                          interval_s=gauge_interval_s,
+                                          max_queues=settings.metrics_max_queues)
         self._gauge_task: asyncio.Task[None] | None = None
         self._http: Any = None
 

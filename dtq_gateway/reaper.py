@@ -1,31 +1,35 @@
 """The reaper: reclaims leases whose worker went silent past the visibility timeout.
 
-Runs on the scheduler leader only. Every tick it walks every band stream (found
-with SCAN and cached for a few seconds) and asks ``autoclaim.lua`` for entries
-idle longer than the visibility timeout; that script claims them to the reaper
-consumer and acks away entries deleted while pending. Each claimed entry then goes
-through ``reclaim.lua``, which re-checks that the reaper still owns it and applies
-the rule of the lost attempt: it counts, so the task is retried as a new entry
-while attempts remain and dead-lettered with ``LeaseExpired`` after the last one.
+Runs on the scheduler leader only. Every tick it reads the busy-queue set
+(``dtq:queues:busy``: queues whose band streams may hold entries) and runs
+``reap_queue.lua`` once per busy queue, pipelined across queues. That script skips
+empty streams (one XLEN each), claims entries idle longer than the visibility timeout
+to the reaper consumer, acks away entries deleted while pending, and takes the queue
+out of the busy set once its ten streams are empty. A tick therefore costs in
+proportion to the busy queues, never to the queues that were ever used.
+
+Each claimed entry then goes through ``reclaim.lua`` (one pipeline for the whole
+tick), which re-checks that the reaper still owns it and applies the rule of the lost
+attempt: it counts, so the task is retried as a new entry while attempts remain and
+dead-lettered with ``LeaseExpired`` after the last one.
 
 A reaper that crashes between the two scripts leaves the entries pending on the
 reaper consumer; they become idle again and the next leader's reaper claims them
-after one more visibility timeout, so nothing is lost. Two reapers (a leader
-hand-over) are harmless: reclaim.lua is atomic and only acts on entries still
-pending on the reaper consumer whose task still points at them.
+after one more visibility timeout, so nothing is lost (their stream is not empty, so
+the queue stays in the busy set). Two reapers (a leader hand-over) are harmless:
+reclaim.lua is atomic and only acts on entries still pending on the reaper consumer
+whose task still points at them.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import time
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 
-from dtq_gateway import keys
+from dtq_gateway import groups, keys, observe
 from dtq_gateway.duty import PeriodicDuty
 from dtq_gateway.leader import LeaderLock
 from dtq_gateway.replies import text
@@ -34,19 +38,23 @@ from dtq_gateway.settings import Settings
 
 log = logging.getLogger(__name__)
 
-_AUTOCLAIM = Script("autoclaim")
+_REAP_QUEUE = Script("reap_queue")
 _RECLAIM = Script("reclaim")
 
-#: Entries claimed per XAUTOCLAIM call.
+#: Entries claimed per stream per reap_queue.lua call.
 CLAIM_COUNT = 100
-#: XAUTOCLAIM calls per stream per tick; the cursor is kept for the next tick.
-MAX_ROUNDS_PER_STREAM = 10
-#: How long the SCAN result listing band streams is reused (s).
-STREAMS_CACHE_S = 5.0
+#: reap_queue.lua calls per queue per tick; unfinished PEL scans continue next tick.
+MAX_ROUNDS_PER_QUEUE = 10
+#: reap_queue.lua calls per pipeline (busy queues are reaped in batches of this size).
+QUEUES_PER_PIPELINE = 200
+#: reclaim.lua calls per pipeline.
+RECLAIM_PER_PIPELINE = 500
+
+Counts = collections.Counter[str]
 
 
 class Reaper(PeriodicDuty):
-    """Reclaims expired leases on every band stream while this replica leads.
+    """Reclaims expired leases of every busy queue while this replica leads.
 
     Args:
         redis: client.
@@ -61,11 +69,18 @@ class Reaper(PeriodicDuty):
         self._redis = redis
         self._settings = settings
         self._lock = lock
-        self._cursors: dict[str, str] = {}
-        self._streams_cache: list[str] = []
-        self._streams_at = float("-inf")
-        #: Outcomes of reclaim.lua (and "deleted" for acked-away ids) since start.
-        self.counts: collections.Counter[str] = collections.Counter()
+        #: queue -> {stream index 1..10: XAUTOCLAIM cursor} of PEL scans left unfinished
+        self._cursors: dict[str, dict[int, str]] = {}
+        self._registry_checked = False
+        #: Outcomes of reclaim.lua ("deleted" for acked-away ids, "drained" for queues
+        #: that left the busy set) since start.
+        self.counts: Counts = collections.Counter()
+        #: reap_queue.lua calls since start (what a tick costs: one per busy queue).
+        self.queue_calls = 0
+
+    def leadership_started(self) -> None:
+        """Check the registry marker again at the next tick (one EXISTS per leadership)."""
+        self._registry_checked = False
 
     def interval_s(self) -> float:
         """A quarter of the visibility timeout, within [0.25, 5] s."""
@@ -76,87 +91,113 @@ class Reaper(PeriodicDuty):
         return self._lock.is_leader
 
     async def tick(self) -> None:
-        """Reap every band stream once (bounded per stream)."""
-        for stream in await self.band_streams():
+        """Reap every busy queue once (bounded per queue)."""
+        if not self._registry_checked:
+            await groups.backfill_registry(self._redis)
+            self._registry_checked = True
+        busy = await self.busy_queues()
+        self._cursors = {q: c for q, c in self._cursors.items() if q in busy}
+        for start in range(0, len(busy), QUEUES_PER_PIPELINE):
             if self.stopping or not self._lock.is_leader:
                 return
-            await self.reap_stream(stream)
+            await self.reap_queues(busy[start:start + QUEUES_PER_PIPELINE])
 
-    async def band_streams(self) -> list[str]:
-        """Every ``dtq:stream:<queue>:p<n>`` key.
+    async def busy_queues(self) -> list[str]:
+        """Members of ``dtq:queues:busy`` (valid queue names only), sorted."""
+        found = {text(m) async for m in self._redis.sscan_iter(keys.BUSY_QUEUES, count=1000)}
+        return sorted(q for q in found if keys.QUEUE_RE.match(q))
 
-        The SCAN result is reused for STREAMS_CACHE_S, or for one visibility timeout
-        when that is shorter, so a new queue's leases are watched in time.
-        """
-        now = time.monotonic()
-        if now - self._streams_at < min(STREAMS_CACHE_S, self._settings.visibility_timeout_s):
-            return self._streams_cache
-        found = set()
-        async for key in self._redis.scan_iter(match=keys.BAND_STREAM_PATTERN, count=1000,
-                                               _type="STREAM"):
-            name = text(key)
-            if keys.parse_stream(name) is not None:
-                found.add(name)
-        self._streams_cache, self._streams_at = sorted(found), now
-        self._cursors = {s: c for s, c in self._cursors.items() if s in found}
-        return self._streams_cache
+    async def reap_queue(self, queue: str) -> Counts:
+        """Reap one queue; returns its outcome counts (see :meth:`reap_queues`)."""
+        return (await self.reap_queues([queue])).get(queue, collections.Counter())
 
-    async def reap_stream(self, stream: str) -> collections.Counter[str]:
-        """Claim and reclaim the expired entries of one band stream.
+    async def reap_queues(self, queues: list[str]) -> dict[str, Counts]:
+        """Claim and reclaim the expired entries of some busy queues.
 
-        Continues from the cursor a previous tick left when it hit the per-tick cap,
-        so the scan of a long PEL always advances.
+        Each round is one pipeline of reap_queue.lua calls and one of reclaim.lua calls.
+        A queue whose PEL scan did not wrap around gets another round (up to
+        MAX_ROUNDS_PER_QUEUE); what is left continues from the saved cursors next tick.
 
         Returns:
-            Outcome counts of this call ("retried", "dead_lettered", "absorbed",
-            "requeued", "cancelled", "not_owned", "deleted", "error").
+            Per queue, outcome counts ("retried", "dead_lettered", "absorbed",
+            "requeued", "cancelled", "not_owned", "deleted", "drained", "error").
         """
-        counts: collections.Counter[str] = collections.Counter()
-        cursor = self._cursors.pop(stream, "0-0")
-        for _ in range(MAX_ROUNDS_PER_STREAM):
-            try:
-                reply = await _AUTOCLAIM(self._redis, [stream], _AUTOCLAIM.argv(
-                    keys.GROUP, keys.REAPER_CONSUMER, self._settings.visibility_timeout_ms,
-                    cursor, CLAIM_COUNT))
-            except ResponseError as exc:
-                if "NOGROUP" in str(exc):  # stream or group gone (FLUSHALL): nothing pending
-                    return counts
-                raise
-            cursor, entries, deleted = text(reply[0]), reply[1], reply[2]
-            if deleted:
-                counts["deleted"] += len(deleted)
-            if entries:
-                counts.update(await self._reclaim(stream, entries))
-            if cursor == "0-0":
+        per_queue: dict[str, Counts] = collections.defaultdict(collections.Counter)
+        todo = list(queues)
+        for _ in range(MAX_ROUNDS_PER_QUEUE):
+            if not todo:
                 break
-        else:
-            self._cursors[stream] = cursor
-        self.counts.update(counts)
-        if counts:
-            log.info("reaper: %s", dict(counts), extra={"stream": stream})
-        return counts
+            claimed, todo = await self._claim(todo, per_queue)
+            if claimed:
+                await self._reclaim(claimed, per_queue)
+        for queue, counts in per_queue.items():
+            self.counts.update(counts)
+            observe.reaped(queue, counts)
+            if set(counts) - {"drained"}:
+                log.info("reaper: %s", dict(counts), extra={"queue": queue})
+        return dict(per_queue)
 
-    async def _reclaim(self, stream: str, entries: list[Any]) -> collections.Counter[str]:
-        """Run reclaim.lua for each claimed entry (one pipeline)."""
-        parsed = keys.parse_stream(stream)
-        queue = parsed[0] if parsed else ""
+    async def _claim(self, queues: list[str], per_queue: dict[str, Counts]
+                     ) -> tuple[list[tuple[str, str, Any]], list[str]]:
+        """One reap_queue.lua call per queue (one pipeline).
+
+        Returns:
+            (claimed entries as (queue, stream, entry), queues with unfinished scans).
+        """
         s = self._settings
         pipe = self._redis.pipeline(transaction=False)
-        for entry_id, flat in entries:
-            fields = {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
-            keys_ = [stream, keys.task(fields.get("task_id", "")), keys.DEAD_LETTER,
-                     keys.CANCELLED]
-            raw_idem = fields.get("idempotency_key", "")
-            if raw_idem and queue:
-                keys_.append(keys.idempotency(queue, keys.idempotency_digest(raw_idem)))
-            _RECLAIM.queue(pipe, keys_, _RECLAIM.argv(
-                text(entry_id), fields.get("attempt", "0"), s.dlq_maxlen, s.task_retention_s,
-                keys.GROUP, keys.REAPER_CONSUMER))
-        counts: collections.Counter[str] = collections.Counter()
-        for reply in await execute(self._redis, pipe):
+        for q in queues:
+            cursors = self._cursors.get(q, {})
+            _REAP_QUEUE.queue(pipe, [*keys.queue_streams_desc(q), keys.BUSY_QUEUES],
+                              _REAP_QUEUE.argv(keys.GROUP, keys.REAPER_CONSUMER,
+                                               s.visibility_timeout_ms, CLAIM_COUNT, q,
+                                               *(cursors.get(i, "0-0") for i in range(1, 11))))
+        self.queue_calls += len(queues)
+        claimed: list[tuple[str, str, Any]] = []
+        again: list[str] = []
+        for q, reply in zip(queues, await execute(self._redis, pipe)):
             if isinstance(reply, Exception):
-                log.error("reaper: reclaim failed: %r", reply, extra={"stream": stream})
-                counts["error"] += 1
+                log.error("reaper: reap_queue failed: %r", reply, extra={"queue": q})
+                per_queue[q]["error"] += 1
+                continue
+            if int(reply[0]) == 1:
+                per_queue[q]["drained"] += 1
+            streams = keys.queue_streams_desc(q)
+            cursors: dict[int, str] = {}
+            for index, cursor, entries, deleted in reply[1:]:
+                stream = streams[int(index) - 1]
+                if deleted:
+                    per_queue[q]["deleted"] += len(deleted)
+                claimed += [(q, stream, e) for e in entries]
+                if text(cursor) != "0-0":
+                    cursors[int(index)] = text(cursor)
+            if cursors:
+                self._cursors[q] = cursors
+                again.append(q)
             else:
-                counts[text(reply)] += 1
-        return counts
+                self._cursors.pop(q, None)
+        return claimed, again
+
+    async def _reclaim(self, claimed: list[tuple[str, str, Any]],
+                       per_queue: dict[str, Counts]) -> None:
+        """Run reclaim.lua for each claimed entry (pipelines of RECLAIM_PER_PIPELINE)."""
+        s = self._settings
+        for start in range(0, len(claimed), RECLAIM_PER_PIPELINE):
+            chunk = claimed[start:start + RECLAIM_PER_PIPELINE]
+            pipe = self._redis.pipeline(transaction=False)
+            for queue, stream, (entry_id, flat) in chunk:
+                fields = {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
+                keys_ = [stream, keys.task(fields.get("task_id", "")), keys.DEAD_LETTER,
+                         keys.CANCELLED]
+                raw_idem = fields.get("idempotency_key", "")
+                if raw_idem:
+                    keys_.append(keys.idempotency(queue, keys.idempotency_digest(raw_idem)))
+                _RECLAIM.queue(pipe, keys_, _RECLAIM.argv(
+                    text(entry_id), fields.get("attempt", "0"), s.dlq_maxlen,
+                    s.task_retention_s, keys.GROUP, keys.REAPER_CONSUMER))
+            for (queue, stream, _), reply in zip(chunk, await execute(self._redis, pipe)):
+                if isinstance(reply, Exception):
+                    log.error("reaper: reclaim failed: %r", reply, extra={"stream": stream})
+                    per_queue[queue]["error"] += 1
+                else:
+                    per_queue[queue][text(reply)] += 1

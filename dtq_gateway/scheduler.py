@@ -27,7 +27,7 @@ import logging
 
 from redis.asyncio import Redis
 
-from dtq_gateway import keys
+from dtq_gateway import keys, observe
 from dtq_gateway.duty import PeriodicDuty
 from dtq_gateway.leader import LeaderLock, LockKeeper
 from dtq_gateway.reaper import Reaper
@@ -107,12 +107,14 @@ class Mover(PeriodicDuty):
         for task_id, (queue, priority, digest) in zip(due, records):
             _MOVE_DUE.queue(pipe, self._move_keys(task_id, queue, priority, digest),
                             _MOVE_DUE.argv(token, task_id, self._settings.task_retention_s))
-        for task_id, reply in zip(due, await execute(self._redis, pipe)):
+        for task_id, (queue, _, _), reply in zip(due, records, await execute(self._redis, pipe)):
             if isinstance(reply, Exception):
                 log.error("mover: move_due failed: %r", reply, extra={"task_id": task_id})
                 counts["error"] += 1
-            else:
-                counts[text(reply)] += 1
+                continue
+            counts[text(reply)] += 1
+            if text(reply) == "expired":
+                observe.expired(text(queue))
         if counts["not_leader"]:
             self._lock.lose("move_due found another lock value")
         self.counts.update(counts)
@@ -125,7 +127,7 @@ class Mover(PeriodicDuty):
         q, band = text(queue), text(priority)
         if not keys.QUEUE_RE.match(q) or len(band) != 1 or band not in "0123456789":
             return keys_
-        keys_.append(keys.stream(q, int(band)))
+        keys_ += [keys.stream(q, int(band)), keys.BUSY_QUEUES]
         if text(digest):
             keys_.append(keys.idempotency(q, text(digest)))
         return keys_
@@ -210,6 +212,7 @@ class Scheduler:
         return self.lock.is_leader
 
     def _on_acquired(self) -> None:
+        self.reaper.leadership_started()
         for duty in (self.mover, self.reaper, self.worker_sweep):
             duty.wake()
 

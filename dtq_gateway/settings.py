@@ -35,6 +35,9 @@ class Settings:
     listen: str = field(default="127.0.0.1:50051", metadata=_meta("gRPC listen address host:port."))
     metrics_port: int = field(default=9464, metadata=_meta(
         "Prometheus HTTP port on the listen host; 0 disables."))
+    metrics_max_queues: int = field(default=200, metadata=_meta(
+        "Most queues with per-queue gauges (the deepest busy queues win; "
+        "dtq_metrics_queues_omitted counts the rest)."))
     visibility_timeout_s: float = field(default=30.0, metadata=_meta(
         "Lease visibility timeout: an entry idle this long may be reclaimed (s)."))
     heartbeat_interval_s: float = field(default=10.0, metadata=_meta(
@@ -123,6 +126,7 @@ _POSITIVE = {
     "default_max_attempts", "default_timeout_ms", "backoff_base_ms", "backoff_cap_ms",
     "max_in_flight_cap", "scheduler_interval_ms", "result_max_bytes", "redis_max_connections",
     "events_max_subscribers", "events_max_deliveries_per_s",
+    "metrics_max_queues",
 }
 _NON_NEGATIVE = {"metrics_port", "max_queue_depth", "lease_grace_ms", "shutdown_grace_s"}
 

@@ -467,14 +467,20 @@ class CancelTaskResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[TaskStatus, str]] = ..., cancel_requested: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ListQueuesRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListQueuesResponse(_message.Message):
-    __slots__ = ("queues",)
+    __slots__ = ("queues", "next_page_token")
     QUEUES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     queues: _containers.RepeatedCompositeFieldContainer[QueueSummary]
-    def __init__(self, queues: _Optional[_Iterable[_Union[QueueSummary, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueSummary, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class QueueSummary(_message.Message):
     __slots__ = ("name", "depth", "pending", "paused")

@@ -514,7 +514,8 @@ class AdminServicer:
     """
 
     def ListQueues(self, request, context):
-        """ListQueues lists every queue that has streams in Redis.
+        """ListQueues pages through every queue a gateway created, sorted by name.
+        INVALID_ARGUMENT for a page_size above 1000 or a malformed page_token.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -5,9 +5,11 @@
 -- KEYS[1] dtq:lock:scheduler       (string: the leader's token)
 -- KEYS[2] dtq:retry:schedule       (zset: task_id scored by due epoch ms)
 -- KEYS[3] dtq:task:<task_id>       (hash: the task record)
--- KEYS[4] dtq:stream:<queue>:p<n>  (band stream of the task; absent when the caller
---                                   could not read the task hash)
--- KEYS[5] dtq:idempotency:<queue>:<digest> (optional; only when the task has a key)
+-- KEYS[4] dtq:stream:<queue>:p<n>  (band stream of the task; KEYS[4..] are absent when
+--                                   the caller could not read the task hash)
+-- KEYS[5] dtq:queues:busy           (set: the queue joins it when the task is moved,
+--                                   because its streams may have drained meanwhile)
+-- KEYS[6] dtq:idempotency:<queue>:<digest> (optional; only when the task has a key)
 -- ARGV[1] events channel, ARGV[2] event-id prefix (see _lib.lua)
 -- ARGV[3] lock token of the caller
 -- ARGV[4] task_id
@@ -50,13 +52,14 @@ redis.call('ZREM', sched_key, task_id)
 if expires_at > 0 and now >= expires_at and (tonumber(f[6]) or 0) == 0 then
   redis.call('HSET', task_key, 'status', 'expired', 'finished_at_ms', now, 'due_at_ms', 0)
   retire(task_key, now, retention_s)
-  idem_update(KEYS[5], task_id, 'failed', now)
+  idem_update(KEYS[6], task_id, 'failed', now)
   publish('TASK_EXPIRED', now, task_id, queue, task_type, attempt, '',
     {reason = 'deadline_passed', expires_at_ms = expires_at})
   return 'expired'
 end
 
 add_entry(stream_key, task_key, attempt)
+redis.call('SADD', KEYS[5], queue)
 redis.call('HSET', task_key, 'status', 'queued', 'due_at_ms', 0)
 keep_live(task_key, now)
 publish('TASK_QUEUED', now, task_id, queue, task_type, attempt, '', {reason = 'due'})

@@ -4,7 +4,8 @@
 -- KEYS[2]  dead-letter stream (dtq:stream:dead-letter)
 -- KEYS[3]  band stream of the task's queue and priority (dtq:stream:<q>:p<band>)
 -- KEYS[4]  audit stream (dtq:stream:audit)
--- KEYS[5]  optional: idempotency record (dtq:idempotency:<q>:<digest>)
+-- KEYS[5]  busy-queue set (dtq:queues:busy): the queue joins it with the new entry
+-- KEYS[6]  optional: idempotency record (dtq:idempotency:<q>:<digest>)
 -- ARGV[1..2] events channel, event id prefix (_lib.lua convention)
 -- ARGV[3]  approximate MAXLEN of the audit stream (entries)
 -- ARGV[4]  actor   ARGV[5] request_id   ARGV[6] audit action   ARGV[7] audit detail
@@ -17,8 +18,8 @@
 -- Effects: XDEL of the dead-letter entry; the earlier attempt records move to the
 -- JSON array field prev_attempts; status queued, attempt 1, requeues + 1,
 -- expires_at_ms / due_at_ms cleared (an operator asked for this run); a new band
--- entry (add_entry); idempotency record back to processing if it still names this
--- task; TASK_QUEUED {requeued=true}; one audit entry.
+-- entry (add_entry) and the queue in the busy set; idempotency record back to
+-- processing if it still names this task; TASK_QUEUED {requeued=true}; one audit entry.
 local task_key = KEYS[1]
 if redis.call('EXISTS', task_key) == 0 then return {'NOT_FOUND'} end
 local f = redis.call('HMGET', task_key, 'status', 'dlq_entry_id', 'queue', 'priority',
@@ -52,7 +53,8 @@ redis.call('HSET', task_key, 'status', 'queued', 'dlq_entry_id', '', 'finished_a
 redis.call('HINCRBY', task_key, 'requeues', 1)
 pcall(redis.call, 'XGROUP', 'CREATE', KEYS[3], ARGV[11], '0', 'MKSTREAM')
 local entry_id = add_entry(KEYS[3], task_key, 1)
-if KEYS[5] then idem_update(KEYS[5], f[5], 'processing', ms) end
+redis.call('SADD', KEYS[5], f[3])
+if KEYS[6] then idem_update(KEYS[6], f[5], 'processing', ms) end
 keep_live(task_key, ms)
 publish('TASK_QUEUED', ms, f[5], f[3], f[6], 1, '', {requeued = 'true'})
 audit(KEYS[4], ARGV[3], ms, ARGV[4], ARGV[6], f[5], ARGV[5], ARGV[7])

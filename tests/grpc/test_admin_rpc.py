@@ -30,6 +30,27 @@ async def test_list_queues_and_stats(ops) -> None:
     assert stats.oldest_task_age_ms >= 0
 
 
+async def test_list_queues_pages(ops) -> None:
+    await ops.redis.zadd(keys.QUEUES, {f"p{i:04d}": 0 for i in range(150)})
+    first = await ops.admin.ListQueues(pb.ListQueuesRequest())  # default page: 100
+    assert [q.name for q in first.queues] == [f"p{i:04d}" for i in range(100)]
+    assert first.next_page_token == "p0099"
+    rest = await ops.admin.ListQueues(pb.ListQueuesRequest(
+        page_size=1000, page_token=first.next_page_token))
+    assert [q.name for q in rest.queues] == [f"p{i:04d}" for i in range(100, 150)]
+    assert rest.next_page_token == ""
+
+
+@pytest.mark.parametrize("request_,field", [
+    (pb.ListQueuesRequest(page_token="no such token!"), "page_token"),
+    (pb.ListQueuesRequest(page_size=1001), "page_size")])
+async def test_list_queues_bad_page_arguments(ops, request_, field) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await ops.admin.ListQueues(request_)
+    assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_reason(exc.value) == "INVALID_FIELD" and error_field(exc.value) == field
+
+
 @pytest.mark.parametrize("queue,code,reason", [
     ("bad name", grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD"),
     ("missing", grpc.StatusCode.NOT_FOUND, "QUEUE_NOT_FOUND")])

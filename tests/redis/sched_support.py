@@ -85,6 +85,7 @@ async def seed_lease(r: Redis, task_id: str, worker_id: str = "w1") -> tuple[str
         "payload": t["payload"], "attempt": t["attempt"], "max_attempts": t["max_attempts"],
         "priority": t["priority"], "timeout_ms": t["timeout_ms"],
         "idempotency_key": t["idem_key"]})).decode()
+    await r.sadd(keys.BUSY_QUEUES, t["queue"])  # as every script that adds an entry does
     got = await r.xreadgroup(keys.GROUP, worker_id, {stream: ">"}, count=1)
     assert got and got[0][1][0][0].decode() == entry_id
     await r.hset(keys.task(task_id), mapping={

@@ -58,7 +58,9 @@ async def test_requeue_fresh_budget_entry_event_audit_idempotency(r: aioredis.Re
     pubsub = r.pubsub()
     await pubsub.subscribe(keys.EVENTS_CHANNEL)
     await pubsub.get_message(timeout=1)
+    assert not await r.exists(keys.BUSY_QUEUES)
     await admin_dlq.requeue(r, tid, CALL, CFG)
+    assert await r.smembers(keys.BUSY_QUEUES) == {b"q1"}  # the reaper watches it again
     h = await r.hgetall(keys.task(tid))
     assert (h[b"status"], h[b"attempt"], h[b"dlq_entry_id"], h[b"requeues"]) == (
         b"queued", b"1", b"", b"1")

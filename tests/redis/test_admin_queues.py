@@ -26,9 +26,43 @@ async def test_list_queues_sorted_with_depth_pending_and_paused(r: aioredis.Redi
     await put_task(r, "alpha", band=0)
     await r.xreadgroup(keys.GROUP, "w1", {keys.stream("alpha", 9): ">"}, count=1)
     await r.set(keys.paused("beta"), "1")
-    queues = await admin.list_queues(r)
+    queues, token = await admin.list_queues(r)
     assert [(q.name, q.depth, q.pending, q.paused) for q in queues] == [
         ("alpha", 2, 1, False), ("beta", 1, 0, True)]
+    assert token == ""
+
+
+async def test_list_queues_pages_through_the_registry_in_name_order(r: aioredis.Redis) -> None:
+    names = [f"q{i:03d}" for i in range(25)] + ["A", "Z.z", "a-b", "a_b"]
+    await r.zadd(keys.QUEUES, dict.fromkeys(names, 0))
+    await put_task(r, "q007", band=4)  # numbers come from the page's own streams
+    seen, token, pages = [], "", 0
+    while True:
+        page, token = await admin.list_queues(r, 10, token)
+        seen += page
+        pages += 1
+        if not token:
+            break
+        assert token == page[-1].name and len(page) == 10
+    assert pages == 3 and [q.name for q in seen] == sorted(names)  # byte order
+    assert [(q.depth, q.paused) for q in seen if q.name == "q007"] == [(1, False)]
+    assert all(q.depth == 0 and q.pending == 0 for q in seen if q.name != "q007")
+    last, token = await admin.list_queues(r, 9, "q019")  # a token past the end
+    assert [q.name for q in last] == [f"q0{i}" for i in range(20, 25)] and token == ""
+
+
+async def test_list_queues_exact_last_page_has_no_token(r: aioredis.Redis) -> None:
+    await r.zadd(keys.QUEUES, {"a": 0, "b": 0})
+    page, token = await admin.list_queues(r, 2)
+    assert [q.name for q in page] == ["a", "b"] and token == ""
+    assert await admin.list_queues(r, 5, "b") == ([], "")
+
+
+@pytest.mark.parametrize("token", ["bad token", "x" * 65, "a:b", "(a"])
+async def test_list_queues_rejects_a_malformed_token(r: aioredis.Redis, token: str) -> None:
+    with pytest.raises(InvalidArgument) as exc:
+        await admin.list_queues(r, 10, token)
+    assert exc.value.field == "page_token"
 
 
 async def test_queue_stats_bands_depth_pending_consumers(r: aioredis.Redis) -> None:

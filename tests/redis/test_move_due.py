@@ -31,7 +31,7 @@ async def move(r: Redis, task_id: str, token: str = TOKEN, with_stream: bool = T
     t = await task_fields(r, task_id)
     ks = [keys.SCHEDULER_LOCK, keys.RETRY_SCHEDULE, keys.task(task_id)]
     if t and with_stream:
-        ks.append(keys.stream(t["queue"], int(t["priority"])))
+        ks += [keys.stream(t["queue"], int(t["priority"])), keys.BUSY_QUEUES]
         if t["idem_digest"]:
             ks.append(keys.idempotency(t["queue"], t["idem_digest"]))
     reply = await MOVE_DUE(r, ks, MOVE_DUE.argv(token, task_id, RETENTION_S))
@@ -53,6 +53,7 @@ async def test_due_task_moves_into_its_band_with_task_queued(r: Redis) -> None:
     assert t["status"] == "queued" and t["entry_id"] == entry_id.decode()
     assert t["due_at_ms"] == "0" and t["attempt"] == "2"
     assert await r.zcard(keys.RETRY_SCHEDULE) == 0
+    assert await r.smembers(keys.BUSY_QUEUES) == {b"emails"}  # the reaper watches it
     assert await r.ttl(keys.task(tid)) == -1  # live again: no TTL (an older one dropped)
     assert len(queued) == 1 and queued[0]["task_id"] == tid
     assert queued[0]["queue"] == "emails" and queued[0]["metadata"] == {"reason": "due"}

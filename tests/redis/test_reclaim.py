@@ -1,4 +1,4 @@
-"""autoclaim.lua + reclaim.lua through the Reaper: a lost lease counts as an attempt."""
+"""reap_queue.lua + reclaim.lua through the Reaper: a lost lease counts as an attempt."""
 
 from __future__ import annotations
 
@@ -37,14 +37,18 @@ def reaper(r: Redis) -> Reaper:
 
 
 async def reap(reaper: Reaper, stream: str, outcome: str, n: int = 1) -> dict[str, int]:
-    """Reap the stream until `outcome` was counted n times (entries must idle VT_S first)."""
+    """Reap the stream's queue until `outcome` was counted n times (entries must idle
+    VT_S first); the "drained" count (the queue left the busy set) is not returned."""
     seen: collections.Counter[str] = collections.Counter()
+    parsed = keys.parse_stream(stream)
+    assert parsed is not None
 
     async def step() -> bool:
-        seen.update(await reaper.reap_stream(stream))
+        seen.update(await reaper.reap_queue(parsed[0]))
         return seen[outcome] >= n
 
     await wait_until(step)
+    seen.pop("drained", None)
     return dict(seen)
 
 
@@ -124,11 +128,13 @@ async def test_stale_entry_is_absorbed(r: Redis, reaper: Reaper, change: str) ->
 async def test_entries_deleted_while_pending_are_acked_away(r: Redis, reaper: Reaper) -> None:
     tid = await seed_task(r)
     stream, entry_id = await seed_lease(r, tid, "w1")
+    await r.xadd(stream, {"task_id": "queued-behind"})  # the stream is not empty
     await r.xdel(stream, entry_id)
     assert await pending_count(r, stream) == 1
     assert await reap(reaper, stream, "deleted") == {"deleted": 1}
     assert await pending_count(r, stream) == 0
     assert (await task_fields(r, tid))["status"] == "active"  # nothing else touched
+    assert await r.sismember(keys.BUSY_QUEUES, "emails")
 
 
 async def test_entry_not_owned_by_reaper_is_refused(r: Redis) -> None:
@@ -148,7 +154,7 @@ async def test_fresh_lease_is_not_claimed(r: Redis) -> None:
     reaper = Reaper(r, settings, LeaderLock(r, "gw"))
     tid = await seed_task(r)
     stream, _ = await seed_lease(r, tid, "w1")
-    assert await reaper.reap_stream(stream) == {}
+    assert await reaper.reap_queue("emails") == {}
     assert (await r.xpending_range(stream, keys.GROUP, "-", "+", 10))[0]["consumer"] == b"w1"
 
 
@@ -182,8 +188,22 @@ async def test_read_but_never_activated_entry_is_requeued_without_spending_attem
 async def test_stream_without_group_is_skipped(r: Redis, reaper: Reaper) -> None:
     stream = keys.stream("orphan", 3)
     await r.xadd(stream, {"task_id": "x"})
-    assert await reaper.reap_stream(stream) == {}
-    assert await reaper.reap_stream(keys.stream("nothing", 0)) == {}
+    await r.sadd(keys.BUSY_QUEUES, "orphan", "nothing")
+    assert await reaper.reap_queue("orphan") == {}
+    assert await reaper.reap_queue("nothing") == {"drained": 1}
+    assert await r.smembers(keys.BUSY_QUEUES) == {b"orphan"}
+
+
+async def test_queue_leaves_busy_set_once_all_ten_streams_are_empty(r: Redis,
+                                                                    reaper: Reaper) -> None:
+    tid = await seed_task(r, attempt=3, max_attempts=3)
+    stream, _ = await seed_lease(r, tid, "w1")
+    await r.xadd(keys.stream("emails", 0), {"task_id": "other"})
+    assert await reap(reaper, stream, "dead_lettered") == {"dead_lettered": 1}
+    assert await r.sismember(keys.BUSY_QUEUES, "emails")  # p0 still holds an entry
+    await r.delete(keys.stream("emails", 0))
+    assert await reaper.reap_queue("emails") == {"drained": 1}
+    assert not await r.exists(keys.BUSY_QUEUES)
 
 
 async def test_long_pel_is_reaped_across_cursor_rounds(r: Redis, reaper: Reaper) -> None:
@@ -196,15 +216,15 @@ async def test_long_pel_is_reaped_across_cursor_rounds(r: Redis, reaper: Reaper)
     assert await r.xlen(keys.DEAD_LETTER) == n
 
 
-async def test_tick_finds_band_streams_and_only_leader_reaps(r: Redis) -> None:
+async def test_tick_reaps_busy_queues_and_only_leader_reaps(r: Redis) -> None:
     settings = Settings(visibility_timeout_s=VT_S, heartbeat_interval_s=0.01, gateway_id="gw")
     lock = LeaderLock(r, "gw")
     reaper = Reaper(r, settings, lock)
     tid = await seed_task(r, queue="a.b", priority=9)
-    stream, _ = await seed_lease(r, tid, "w1")
-    await r.set("dtq:stream:audit", "not a band stream")
+    await seed_lease(r, tid, "w1")
+    await r.sadd(keys.BUSY_QUEUES, "bad name!")  # not a queue name: ignored
     assert not reaper.active()
-    assert await reaper.band_streams() == [stream]
+    assert await reaper.busy_queues() == ["a.b"]
     assert await lock.acquire() and reaper.active()
 
     async def retried() -> bool:

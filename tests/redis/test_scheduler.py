@@ -171,10 +171,19 @@ async def test_leader_moves_due_tasks_and_reclaims_leases(r: Redis, redis_url: s
     types = sorted(e["type"] for e in events)
     assert types == ["TASK_QUEUED", "TASK_RETRIED"]
     assert await r.get(keys.SCHEDULER_LOCK) is None
+    # the reaper ran the one-time registry backfill; both queues hold an entry, so both
+    # are busy: "other" its retry, "emails" the moved task (move_due added it)
+    assert await r.get(keys.QUEUES_BACKFILLED) == b"1"
+    assert await r.smembers(keys.BUSY_QUEUES) == {b"emails", b"other"}
+    # backfill: the streams that existed then ("emails" only once the mover ran)
+    assert {b"other"} <= set(await r.zrange(keys.QUEUES, 0, -1)) <= {b"emails", b"other"}
     for key in await r.keys("*"):  # every key the duties wrote is bounded
         if key.startswith(b"dtq:task:"):  # live records have no TTL, terminal ones do
             live = await r.hget(key, "status") in (b"queued", b"scheduled", b"active")
             assert (await r.ttl(key) == -1) if live else (await r.ttl(key) > 0), key
+        elif key in (keys.QUEUES_BACKFILLED.encode(), keys.BUSY_QUEUES.encode(),
+                     keys.QUEUES.encode()):
+            pass  # a marker, and one member per queue
         else:
             assert await r.type(key) == b"stream", key
 

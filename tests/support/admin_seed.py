@@ -27,7 +27,9 @@ async def now_ms(r: aioredis.Redis) -> int:
 
 
 async def ensure_group(r: aioredis.Redis, queue: str, band: int) -> None:
-    """Create the consumer group (MKSTREAM), ignoring BUSYGROUP."""
+    """Create the consumer group (MKSTREAM), ignoring BUSYGROUP, and register the
+    queue in ``dtq:queues`` (as the gateway's Groups.ensure does)."""
+    await r.zadd(keys.QUEUES, {queue: 0})
     try:
         await r.xgroup_create(keys.stream(queue, band), keys.GROUP, id="0", mkstream=True)
     except aioredis.ResponseError as exc:
@@ -62,6 +64,7 @@ async def put_task(r: aioredis.Redis, queue: str = "q1", *, band: int = 5,
             "attempt": attempt, "max_attempts": max_attempts, "priority": band,
             "timeout_ms": 60000, "idempotency_key": idem_key})
         await r.hset(keys.task(task_id), "entry_id", entry_id)
+        await r.sadd(keys.BUSY_QUEUES, queue)
     if idem_key:
         await r.set(keys.idempotency(queue, keys.idempotency_digest(idem_key)),
                     json.dumps({"task_id": task_id, "state": "failed", "updated_at": created}),

@@ -58,6 +58,8 @@ FAMILY_EXAMPLES = {
     "workers": keys.WORKERS,
     "paused": keys.paused("q-1"),
     "cancelled": keys.CANCELLED,
+    "queue-registry": keys.QUEUES,
+    "registry-backfilled": keys.QUEUES_BACKFILLED,
     "recent": keys.RECENT_TASKS,
     "scheduler-lock": keys.SCHEDULER_LOCK,
     "busy-queues": keys.BUSY_QUEUES,

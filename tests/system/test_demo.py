@@ -44,7 +44,8 @@ def key_family(key: str) -> str | None:
                keys.RETRY_SCHEDULE: "retry-schedule", keys.RETRY_CLAIMED: "retry-claimed",
                keys.WORKERS: "workers", keys.CANCELLED: "cancelled",
                keys.RECENT_TASKS: "recent-tasks", keys.SCHEDULER_LOCK: "scheduler-lock",
-               keys.BUSY_QUEUES: "busy-queues"}
+               keys.BUSY_QUEUES: "busy-queues", keys.QUEUES: "queue-registry",
+               keys.QUEUES_BACKFILLED: "registry-backfilled"}
     if key in singles:
         return singles[key]
     for family, build, pattern in (("task", keys.task, keys.TASK_ID_RE),

@@ -47,6 +47,7 @@ async def test_collector_sets_depth_pending_age_and_live_workers(fake) -> None:
     await fake.hset(keys.worker("w1"), mapping={"last_heartbeat": now_ms})
     await fake.hset(keys.worker("w2"), mapping={"last_heartbeat": now_ms - 120_000})
     await fake.sadd(keys.WORKERS, "w1", "w2")
+    await fake.sadd(keys.BUSY_QUEUES, "mq")
     collector = metrics.QueueGaugeCollector(fake, heartbeat_interval_ms=10_000)
     await collector.tick()
     assert sample("dtq_queue_depth", queue="mq", band="9") == 2
@@ -56,8 +57,35 @@ async def test_collector_sets_depth_pending_age_and_live_workers(fake) -> None:
     assert age is not None and 0 <= age < 25  # "a" was leased; "b"/"c" are fresh
     assert sample("dtq_workers_live") == 1
     await fake.delete(s9, s2)
+    await fake.srem(keys.BUSY_QUEUES, "mq")  # the reaper's step once the queue drained
     await collector.tick()
     assert sample("dtq_queue_depth", queue="mq", band="9") is None  # series removed
+
+
+def queue_series(prefix: str = "cap") -> set[str]:
+    return {s.labels["queue"] for m in REGISTRY.collect() if m.name.startswith("dtq_queue_")
+            for s in m.samples if s.labels.get("queue", "").startswith(prefix)}
+
+
+async def test_collector_reads_busy_queues_only_and_keeps_the_deepest(fake) -> None:
+    for i, depth in enumerate([3, 0, 5, 1, 4]):
+        for n in range(depth):
+            await fake.xadd(keys.stream(f"cap{i}", n % 10), {"task_id": str(n)})
+    await fake.sadd(keys.BUSY_QUEUES, "cap0", "cap1", "cap2", "cap3", "cap4")
+    for i in range(50):  # drained queues: streams (and groups) left, not busy
+        await fake.xgroup_create(keys.stream(f"idle{i}", 5), keys.GROUP, id="0", mkstream=True)
+    collector = metrics.QueueGaugeCollector(fake, heartbeat_interval_ms=10_000, max_queues=2)
+    await collector.tick()
+    assert queue_series() == {"cap2", "cap4"}  # depths 5 and 4
+    assert sample("dtq_metrics_queues_omitted") == 3
+    assert sample("dtq_queue_depth", queue="cap2", band="0") == 1
+    await fake.srem(keys.BUSY_QUEUES, "cap2", "cap4")
+    await collector.tick()
+    assert queue_series() == {"cap0", "cap3"}
+    assert sample("dtq_metrics_queues_omitted") == 1
+    await fake.delete(keys.BUSY_QUEUES)
+    await collector.tick()
+    assert queue_series() == set() and sample("dtq_metrics_queues_omitted") == 0
 
 
 class Ctx:
