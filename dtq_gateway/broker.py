@@ -174,4 +174,6 @@ class Broker:
             raise WrongState(f"task {task_id} is already {_s(reply[1])}", reason="TASK_TERMINAL")
         log.info("task cancel", extra={"task_id": task_id, "actor": actor,
                                        "request_id": request_id, "outcome": kind})
+        if kind == "cancelled" and idem[0]:  # queued or scheduled: it ends here
+            observe.outcome(_s(idem[0]), "cancelled", 0, 0)
         return kind

@@ -372,9 +372,13 @@ class Dispatcher:
             parsed.append((stream, _s(entry_id), f, digest))
         replies = await ACTIVATE(self.redis, keys_, Script.argv(
             session.worker_id, self.settings.task_retention_s, keys.GROUP, *args))
-        tasks = [self._leased_task(session, stream, entry_id, f, digest, rep)
-                 for (stream, entry_id, f, digest), rep in zip(parsed, replies)
-                 if _s(rep[0]) == "ok"]
+        tasks = []
+        for (stream, entry_id, f, digest), rep in zip(parsed, replies):
+            kind = _s(rep[0])
+            if kind == "ok":
+                tasks.append(self._leased_task(session, stream, entry_id, f, digest, rep))
+            elif kind == "expired":
+                observe.expired(_s(f["queue"]))
         if session.closed:
             # the stream ended while this batch was being activated: hand it back
             await self.release([t.lease_id for t in tasks])

@@ -67,5 +67,6 @@ def reaped(queue: str, counts: Mapping[str, int]) -> None:
 
 
 def expired(queue: str, count: int = 1) -> None:
-    """Count tasks the scheduler found past their deadline when they came due."""
+    """Count tasks found past their deadline before they started: by the scheduler
+    when they came due, or by the dispatcher when a read reached them."""
     _child(metrics.TASKS_EXPIRED, queue).inc(count)

@@ -97,3 +97,31 @@ async def test_one_worker_still_fills_its_buffer_to_max_in_flight(broker_stub):
     with pytest.raises(asyncio.TimeoutError):
         await lease.next(timeout_s=0.3)
     lease.close()
+
+
+def _count(name: str, queue: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, {"queue": queue}) or 0.0
+
+
+async def test_outcome_counters_count_queued_cancels_and_expiry_at_lease_time(broker_stub):
+    cancelled0 = _count("dtq_tasks_cancelled_total", "mq")
+    expired0 = _count("dtq_tasks_expired_total", "mq")
+    queued = await broker_stub.Enqueue(enq_to("mq"))
+    await broker_stub.CancelTask(pb.CancelTaskRequest(task_id=queued.task_id))
+    doomed = await broker_stub.Enqueue(enq_to("mq", ttl_ms=1))
+    await asyncio.sleep(0.01)  # the scenario: its 1 ms deadline passes before any read
+    lease = await LeaseStream(broker_stub, "w1", ["mq"]).open()
+
+    async def status() -> int:
+        return (await broker_stub.GetTask(pb.GetTaskRequest(task_id=doomed.task_id))).task.status
+
+    assert await poll(status, lambda s: s == pb.TASK_STATUS_EXPIRED, timeout_s=5)
+    assert _count("dtq_tasks_cancelled_total", "mq") == cancelled0 + 1
+    assert _count("dtq_tasks_expired_total", "mq") == expired0 + 1
+    lease.close()
+
+
+def enq_to(queue: str, **kw) -> pb.EnqueueRequest:
+    return pb.EnqueueRequest(queue=queue, task_type="t", payload=b"{}", **kw)
