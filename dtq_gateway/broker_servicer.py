@@ -149,6 +149,8 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
             lost, cancelled = await self.completion.heartbeat(request)
             if request.draining:
                 self.dispatcher.end_worker(request.worker_id)
+            else:
+                self.dispatcher.worker_alive(request.worker_id)
         except Exception as exc:  # noqa: BLE001
             await grpc_errors.abort(context, exc)
         return dtq_pb2.HeartbeatResponse(

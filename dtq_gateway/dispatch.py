@@ -46,8 +46,10 @@ BATCH_MAX = 256
 #: whose wake-up the dispatcher already got directly.
 _OWN_EVENT = b'"id_prefix":"' + EVENT_ID_PREFIX.encode()
 WAKE_EVENTS = frozenset({"TASK_QUEUED", "TASK_RETRIED"})
+#: Events that end a lease of their worker_id (TASK_RETRIED: the reaper took a lost
+#: lease away, which frees that worker's credit too)
 FREE_EVENTS = frozenset({"TASK_SUCCEEDED", "TASK_RETRY_SCHEDULED", "TASK_DEAD_LETTERED",
-                         "TASK_CANCELLED", "TASK_QUEUED"})
+                         "TASK_CANCELLED", "TASK_QUEUED", "TASK_RETRIED"})
 
 
 class Dispatcher:
@@ -117,6 +119,17 @@ class Dispatcher:
             return
         for s in self._by_worker.get(worker_id, ()):
             if s.full:
+                self._dirty_workers.add(worker_id)
+                self._wake.set()
+                return
+
+    def worker_alive(self, worker_id: str) -> None:
+        """The worker heartbeated through this gateway: a session of it that was held
+        back as stalled (no recent heartbeat) is read again at once, not at the tick."""
+        if worker_id in self._dirty_workers:
+            return
+        for s in self._by_worker.get(worker_id, ()):
+            if s.stalled:
                 self._dirty_workers.add(worker_id)
                 self._wake.set()
                 return
@@ -203,14 +216,23 @@ class Dispatcher:
 
     async def _run(self) -> None:
         backoff = 0.05
+        last_tick = time.monotonic()
         while True:
             tick = False
             try:
                 if not self._wake.is_set():  # timeout(): a timer, not a task per wake-up
-                    async with asyncio.timeout(self.tick_s):
+                    wait_s = max(0.0, last_tick + self.tick_s - time.monotonic())
+                    async with asyncio.timeout(wait_s):
                         await self._wake.wait()
             except TimeoutError:
                 tick = True
+            # the periodic re-check also runs while wake-ups keep the loop busy (under
+            # load a wake-up comes every few ms, so waiting for a quiet tick_s would
+            # starve full and stalled sessions that only the tick looks at)
+            if time.monotonic() - last_tick >= self.tick_s:
+                tick = True
+            if tick:
+                last_tick = time.monotonic()
             self._wake.clear()
             try:
                 await self._round(tick)
@@ -340,8 +362,9 @@ class Dispatcher:
         if stalled == 2:
             self.end_worker(session.worker_id)
             return 0, False, 0, live == 0
+        session.stalled = bool(stalled)
         if stalled:
-            session.full = True  # retried at the next tick or heartbeat-freed credit
+            session.full = True  # read again at its next heartbeat here, or the tick
             return 0, False, 0, live == 0
         if missing:
             self.groups.forget({keys.parse_stream(streams[int(i) - 1])[0] for i in missing})

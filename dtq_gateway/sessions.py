@@ -36,6 +36,8 @@ class Session:
     session_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     full: bool = False
+    #: the last read found the worker's heartbeat too old (see lease_read.lua)
+    stalled: bool = False
     closed: bool = False
     #: set when the stream ends because the worker said it is draining (ends with OK)
     worker_draining: bool = False

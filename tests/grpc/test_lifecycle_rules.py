@@ -125,3 +125,62 @@ async def test_outcome_counters_count_queued_cancels_and_expiry_at_lease_time(br
 
 def enq_to(queue: str, **kw) -> pb.EnqueueRequest:
     return pb.EnqueueRequest(queue=queue, task_type="t", payload=b"{}", **kw)
+
+
+async def _ack_slowly(stub, lease: LeaseStream, every_s: float, stop: asyncio.Event) -> int:
+    """Ack each task of ``lease`` after ``every_s``: a steady load of wake-ups."""
+    acked = 0
+    while not stop.is_set():
+        try:
+            task = await lease.next(timeout_s=0.2)
+        except TimeoutError:
+            continue
+        await asyncio.sleep(every_s)  # the scenario: a worker busy every_s per task
+        await stub.Ack(pb.AckRequest(items=[pb.AckItem(lease_id=task.lease_id)]))
+        acked += 1
+    return acked
+
+
+async def test_credit_freed_by_a_reclaim_reaches_a_busy_dispatcher(broker_stub):
+    """W1 (max_in_flight 1) holds a lease it never acks while W2 acks every 200 ms with
+    40 tasks waiting: once the reaper takes W1's lease away (visibility timeout 2 s), W1
+    gets work again at once, not after the load (the wake-ups of W2's acks used to keep
+    the periodic re-check from ever running, and the reclaim freed no credit)."""
+    w1 = await LeaseStream(broker_stub, "w1", ["q"], max_in_flight=1).open()
+    await broker_stub.Enqueue(enq())
+    held = await w1.next()
+    w2 = await LeaseStream(broker_stub, "w2", ["q"], max_in_flight=1).open()
+    await broker_stub.EnqueueBatch(pb.EnqueueBatchRequest(items=[enq() for _ in range(40)]))
+    stop = asyncio.Event()
+    load = asyncio.create_task(_ack_slowly(broker_stub, w2, 0.2, stop))
+    t0 = asyncio.get_running_loop().time()
+    nxt = await w1.next(timeout_s=6)  # VT 2 s + reaper interval 0.5 s + the read
+    waited = asyncio.get_running_loop().time() - t0
+    stop.set()
+    await load
+    assert nxt.task_id != held.task_id or nxt.attempt == 2
+    assert waited < 4.0, f"W1 waited {waited:.1f} s after its lease was lost"
+    w1.close()
+    w2.close()
+
+
+async def test_a_worker_that_resumes_heartbeats_gets_work_at_once(broker_stub):
+    """W1 skips heartbeats past the stale limit (2 intervals = 1 s) while W2 acks every
+    200 ms: its first heartbeat after that makes it eligible at once."""
+    w1 = await LeaseStream(broker_stub, "w1", ["q"], max_in_flight=4, heartbeat=False).open()
+    w2 = await LeaseStream(broker_stub, "w2", ["q"], max_in_flight=1).open()
+    await asyncio.sleep(1.5)  # the scenario: W1 is silent past the stale limit
+    await broker_stub.EnqueueBatch(pb.EnqueueBatchRequest(items=[enq() for _ in range(40)]))
+    stop = asyncio.Event()
+    load = asyncio.create_task(_ack_slowly(broker_stub, w2, 0.2, stop))
+    with pytest.raises(asyncio.TimeoutError):
+        await w1.next(timeout_s=0.5)  # stalled: nothing while it is silent
+    await broker_stub.Heartbeat(pb.HeartbeatRequest(worker_id="w1"))
+    t0 = asyncio.get_running_loop().time()
+    await w1.next(timeout_s=5)
+    waited = asyncio.get_running_loop().time() - t0
+    stop.set()
+    await load
+    assert waited < 2.0, f"W1 waited {waited:.2f} s after its heartbeat"
+    w1.close()
+    w2.close()
