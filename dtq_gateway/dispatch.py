@@ -393,7 +393,8 @@ class Dispatcher:
                       keys.idempotency(queue, digest) if digest else keys.task(task_id)]
             args += [_s(entry_id), task_id, _s(f["attempt"]), mode]
             parsed.append((stream, _s(entry_id), f, digest))
-        replies = await ACTIVATE(self.redis, keys_, Script.argv(
+        # argv_notified: this dispatcher needs none of its own activation events back
+        replies = await ACTIVATE(self.redis, keys_, Script.argv_notified(
             session.worker_id, self.settings.task_retention_s, keys.GROUP, *args))
         tasks = []
         for (stream, entry_id, f, digest), rep in zip(parsed, replies):
