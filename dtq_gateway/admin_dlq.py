@@ -184,6 +184,11 @@ def _raise_for(reply: list[object], task_id: str) -> None:
                        reason="DEAD_LETTER_NOT_FOUND")
     if status == "WRONG_STATE":
         raise WrongState(f"task {task_id} is {text(reply[1])}, not dead_lettered")
+    if status == "KEY_TAKEN":
+        raise WrongState(f"task {task_id} was not requeued: its idempotency key belongs to "
+                         f"live task {text(reply[1])} (at most one live task per key; "
+                         f"cancel that task first or enqueue a new task without the key)",
+                         field="task_id", reason="IDEMPOTENCY_KEY_TAKEN")
     raise DtqError(f"requeue of task {task_id}: unexpected script reply {status}")
 
 

@@ -14,7 +14,8 @@
 -- Reply: {"OK", ts (epoch ms), new entry id}
 --     or {"NOT_FOUND"} (no hash), {"NO_ENTRY"} (no dead-letter entry: discarded,
 --     purged or trimmed), {"WRONG_STATE", status}, {"MISMATCH"} (KEYS[3] is not the
---     task's band).
+--     task's band), {"KEY_TAKEN", other task id} (the task's idempotency key now belongs
+--     to another live task: requeueing would make two live tasks for one key).
 -- Effects: XDEL of the dead-letter entry; the earlier attempt records move to the
 -- JSON array field prev_attempts; status queued, attempt 1, requeues + 1,
 -- expires_at_ms / due_at_ms cleared (an operator asked for this run); a new band
@@ -28,6 +29,15 @@ if f[1] ~= 'dead_lettered' then return {'WRONG_STATE', f[1] or ''} end
 if (not f[2]) or f[2] == '' or f[7] == '1' then return {'NO_ENTRY'} end
 if #redis.call('XRANGE', KEYS[2], f[2], f[2]) == 0 then return {'NO_ENTRY'} end
 if f[3] ~= ARGV[8] or f[4] ~= ARGV[9] then return {'MISMATCH'} end
+if KEYS[6] then
+  -- at most one live task per idempotency key: a key that a later Enqueue took over
+  -- while this task was dead-lettered stays with that task while it is live
+  local raw = redis.call('GET', KEYS[6])
+  local rec = raw and cjson.decode(raw)
+  if rec and rec.task_id ~= f[5] and rec.state == 'processing' then
+    return {'KEY_TAKEN', rec.task_id}
+  end
+end
 local ms = now_ms()
 
 -- Archive att:<n> (ordered by n) so the new attempt 1 does not overwrite history.

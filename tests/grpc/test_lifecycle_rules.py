@@ -184,3 +184,29 @@ async def test_a_worker_that_resumes_heartbeats_gets_work_at_once(broker_stub):
     assert waited < 2.0, f"W1 waited {waited:.2f} s after its heartbeat"
     w1.close()
     w2.close()
+
+
+async def test_requeue_refuses_a_dead_letter_whose_key_a_live_task_holds(broker_stub, channel):
+    """Enqueue(K) → dead-lettered T1; Enqueue(K) → T2; RequeueDeadLetter(T1) would make two
+    live tasks for one key: refused with FAILED_PRECONDITION naming T2, nothing changed."""
+    import grpc
+
+    from dtq_proto import dtq_pb2_grpc
+    from tests.support.leasing import error_reason
+
+    admin = dtq_pb2_grpc.AdminStub(channel)
+    t1 = await broker_stub.Enqueue(enq(idempotency_key="K", max_attempts=1))
+    lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
+    task = await lease.next()
+    await broker_stub.Fail(pb.FailRequest(items=[pb.FailItem(
+        lease_id=task.lease_id, error_message="bad input", retryable=False)]))
+    lease.close()
+    t2 = await broker_stub.Enqueue(enq(idempotency_key="K", delay_ms=60_000))
+    assert not t2.deduplicated and t2.task_id != t1.task_id
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await admin.RequeueDeadLetter(pb.RequeueDeadLetterRequest(task_id=t1.task_id))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_reason(err.value) == "IDEMPOTENCY_KEY_TAKEN"
+    assert t2.task_id in err.value.details()
+    got = (await broker_stub.GetTask(pb.GetTaskRequest(task_id=t1.task_id))).task
+    assert got.status == pb.TASK_STATUS_DEAD_LETTERED
