@@ -552,7 +552,9 @@ class AdminServicer:
 
     def RequeueDeadLetter(self, request, context):
         """RequeueDeadLetter puts a dead-lettered task back in its queue with a fresh
-        attempt budget. NOT_FOUND when the task has no dead-letter entry.
+        attempt budget. NOT_FOUND when the task has no dead-letter entry;
+        FAILED_PRECONDITION (IDEMPOTENCY_KEY_TAKEN) when its idempotency key now
+        belongs to another live task.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
