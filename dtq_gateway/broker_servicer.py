@@ -19,7 +19,14 @@ from dtq_gateway.errors import DtqError, InvalidArgument, Unavailable
 from dtq_gateway.sessions import Session
 from dtq_gateway.settings import Settings
 from dtq_gateway.task_record import STATUS_BY_NAME, task_from_hash
-from dtq_gateway.validation import check_queue, check_task_id, check_worker_id, validate_enqueue
+from dtq_gateway.validation import (
+    MAX_REASON_BYTES,
+    check_queue,
+    check_task_id,
+    check_worker_id,
+    cut_utf8,
+    validate_enqueue,
+)
 from dtq_proto import dtq_pb2, dtq_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -186,7 +193,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
             check_task_id(request.task_id)
             request_id = self.request_id_of(context)
             kind = await self.broker.cancel(request.task_id, self.actor_of(context), request_id,
-                                            request.reason)
+                                            cut_utf8(request.reason, MAX_REASON_BYTES))
         except Exception as exc:  # noqa: BLE001
             await grpc_errors.abort(context, exc)
         requested = kind == "requested"

@@ -21,6 +21,8 @@ MAX_METADATA_ENTRIES = 64
 MAX_ATTEMPTS = 100
 MAX_TIMEOUT_MS = 86_400_000
 MAX_DELAY_MS = 365 * 86_400_000
+#: Longest audit reason (CancelTask, PauseQueue, ...), in bytes of UTF-8.
+MAX_REASON_BYTES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +68,28 @@ def check_task_id(task_id: str, field: str = "task_id") -> str:
     if not keys.TASK_ID_RE.match(task_id):
         raise InvalidArgument(f"{field}: must be 32 lowercase hex characters", field=field)
     return task_id
+
+
+def cut_utf8(text: str, max_bytes: int) -> str:
+    """``text`` cut to at most ``max_bytes`` bytes of UTF-8, at a character boundary.
+
+    The proto states text limits in bytes (error_message 4096, error_class 128,
+    reasons 1024); cutting by characters would let multi-byte text through at up
+    to four times the limit.
+
+    Args:
+        text: the user string.
+        max_bytes: the limit in bytes of UTF-8 (>= 0).
+
+    Returns:
+        ``text`` itself when it fits, else its longest prefix that fits.
+    """
+    if len(text) * 4 <= max_bytes:  # fits whatever the characters: no encoding needed
+        return text
+    data = text.encode()
+    if len(data) <= max_bytes:
+        return text
+    return data[:max_bytes].decode("utf-8", errors="ignore")
 
 
 def _range(value: int, lo: int, hi: int, field: str) -> int:
