@@ -36,10 +36,29 @@ SERVICE_NAMES = tuple(dtq_pb2.DESCRIPTOR.services_by_name[n].full_name
                       for n in ("Broker", "Admin", "Events"))
 GRPC_OPTIONS = [("grpc.so_reuseport", 0),  # a taken port must fail, not be shared
                 ("grpc.max_receive_message_length", 64 << 20),
-                ("grpc.max_send_message_length", 64 << 20),
-                ("grpc.keepalive_time_ms", 30000),
-                ("grpc.http2.max_pings_without_data", 0),
-                ("grpc.keepalive_permit_without_calls", 1)]
+                ("grpc.max_send_message_length", 64 << 20)]
+
+
+def grpc_options(settings: Settings) -> list[tuple[str, int]]:
+    """Server channel options: GRPC_OPTIONS plus HTTP/2 keepalive from the settings.
+
+    The gateway PINGs every connection every DTQ_GRPC_KEEPALIVE_TIME_MS, also when no
+    call is open and no data flows (an idle Lease stream sends nothing), and closes a
+    connection whose PING goes unanswered for DTQ_GRPC_KEEPALIVE_TIMEOUT_MS: a worker
+    whose connection was black-holed (no FIN or RST ever arrives) loses its Lease
+    stream then, instead of being sent leases that all expire unread. Clients may PING
+    as often as every DTQ_GRPC_MIN_PING_INTERVAL_MS, with or without calls, so that
+    workers can detect the same black hole from their side.
+    """
+    return [*GRPC_OPTIONS,
+            ("grpc.keepalive_time_ms", settings.grpc_keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", settings.grpc_keepalive_timeout_ms),
+            # grpc >= 1.5x waits for a PING ack this long (default 60 s), whatever
+            # keepalive_timeout_ms says: both must be set for the timeout to hold
+            ("grpc.http2.ping_timeout_ms", settings.grpc_keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),  # 0 = ping even when nothing flows
+            ("grpc.http2.min_ping_interval_without_data_ms", settings.grpc_min_ping_interval_ms)]
 
 
 def redis_client(settings: Settings, url: str) -> Redis:
@@ -112,7 +131,7 @@ class Gateway:
         self.redis = redis_client(settings, redis_url)
         self.draining = asyncio.Event()
         self.groups = Groups()
-        self.server = grpc.aio.server(options=GRPC_OPTIONS,
+        self.server = grpc.aio.server(options=grpc_options(settings),
                                       interceptors=server_interceptors(settings))
         self.completion = Completion(self.redis, settings, on_done=self._on_done)
         self.dispatcher = Dispatcher(self.redis, settings, self.groups, release=self._release)

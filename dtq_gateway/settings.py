@@ -70,6 +70,15 @@ class Settings:
         "Size of the Redis connection pool shared by all RPCs and duties."))
     shutdown_grace_s: float = field(default=10.0, metadata=_meta(
         "On SIGTERM, unary calls get this long to finish (s)."))
+    grpc_keepalive_time_ms: int = field(default=10000, metadata=_meta(
+        "HTTP/2 keepalive: the gateway PINGs each client connection this often, also "
+        "while no call is open (ms)."))
+    grpc_keepalive_timeout_ms: int = field(default=5000, metadata=_meta(
+        "A connection whose keepalive PING is not answered this long is closed, ending "
+        "its Lease streams (ms)."))
+    grpc_min_ping_interval_ms: int = field(default=5000, metadata=_meta(
+        "Shortest interval between client PINGs the gateway accepts (ms); must not exceed "
+        "the workers' keepalive time (10000 in the reference workers)."))
     embedded_dir: str = field(default=".dtq/redis", metadata=_meta(
         "Data directory of the embedded redis-server (AOF on)."))
     tls_cert: str = field(default="", metadata=_meta("Server certificate PEM path (enables TLS)."))
@@ -114,6 +123,7 @@ _POSITIVE = {
     "idem_ttl_s", "dlq_maxlen", "audit_maxlen", "recent_max", "max_payload_bytes",
     "default_max_attempts", "default_timeout_ms", "backoff_base_ms", "backoff_cap_ms",
     "max_in_flight_cap", "scheduler_interval_ms", "result_max_bytes", "redis_max_connections",
+    "grpc_keepalive_time_ms", "grpc_keepalive_timeout_ms", "grpc_min_ping_interval_ms",
 }
 _NON_NEGATIVE = {"metrics_port", "max_queue_depth", "lease_grace_ms", "shutdown_grace_s"}
 

@@ -130,3 +130,12 @@ test('errors: error text is cut by UTF-8 bytes at a character boundary', () => {
   const item = describeError(new Error('é'.repeat(3000)));
   assert.equal(Buffer.byteLength(item.error_message), 4096);
 });
+
+test('rpc: channel keepalive and a reconnect backoff capped by DTQ_RECONNECT_MAX_MS', () => {
+  const { channelOptions } = require('../src/rpc');
+  const opts = channelOptions(loadConfig({ DTQ_QUEUE: 'q', DTQ_RECONNECT_MAX_MS: '3000' }));
+  assert.equal(opts['grpc.max_reconnect_backoff_ms'], 3000);
+  assert.equal(opts['grpc.initial_reconnect_backoff_ms'], 200);
+  assert.equal(opts['grpc.keepalive_time_ms'], 10000);
+  assert.equal(opts['grpc.keepalive_permit_without_calls'], 1);
+});
