@@ -190,7 +190,7 @@ async def _heartbeat_once(worker: Worker, stub, runtime: Runtime,
     ids = runtime.all_lease_ids()[:MAX_HEARTBEAT_IDS]
     request = dtq_pb2.HeartbeatRequest(
         worker_id=worker.worker_id, lease_ids=ids, counters=worker.counters(),
-        active_tasks=len(runtime.running), concurrency=worker.concurrency,
+        active_tasks=runtime.busy_slots(), concurrency=worker.concurrency,
         hostname=worker.hostname, draining=worker._draining)
     response = await stub.Heartbeat(request, timeout=max(1.0, interval_ms / 1000.0))
     lost = runtime.stop(response.lost_lease_ids, STOP_LOST)

@@ -43,6 +43,11 @@ class Worker:
         queues: Queues to lease from (strict priority across them).
         target: Gateway address; default env ``DTQ_GATEWAY`` or 127.0.0.1:50051.
         concurrency: Handler slots (sync handlers run in a thread pool this size).
+            A handler's ``timeout_ms`` counts from its start (for a sync handler,
+            when its thread picks it up). A sync handler still running after its
+            timeout (or cancellation) is reported once and keeps its slot until
+            its thread returns: no new task starts there, a warning is logged and
+            heartbeats count the slot in ``active_tasks``.
         max_in_flight: Leases held at once (running + buffered); default 2 * concurrency.
         worker_id: Stable id of this process; default ``<host>-<pid>-<random>``.
         task_types: Filter sent with the Lease request; default the registered types.
