@@ -49,11 +49,12 @@ def _lease_result(oc: ItemOutcome) -> dtq_pb2.LeaseResult:
 
 
 class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
-    """Implements dtq.v1.Broker. ``actor_of(context)`` names the caller for the audit log."""
+    """Implements dtq.v1.Broker. ``actor_of(context)`` names the caller for the audit log;
+    ``admit()`` raises while Enqueue must be refused."""
 
     def __init__(self, settings: Settings, broker: Broker, completion: Completion,
                  dispatcher: Dispatcher, draining: asyncio.Event, actor_of=None,
-                 request_id_of=None) -> None:
+                 request_id_of=None, admit=None) -> None:
         self.settings = settings
         self.broker = broker
         self.completion = completion
@@ -61,9 +62,12 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
         self.draining = draining
         self.actor_of = actor_of or (lambda ctx: "anonymous")
         self.request_id_of = request_id_of or (lambda ctx: "")
+        #: Raises a DtqError while new tasks must be refused (an evicting Redis).
+        self.admit = admit or (lambda: None)
 
     async def Enqueue(self, request, context):
         try:
+            self.admit()
             task = validate_enqueue(request, self.settings)
             (out,) = await self.broker.enqueue_many([task])
             if isinstance(out, DtqError):
@@ -75,6 +79,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
 
     async def EnqueueBatch(self, request, context):
         try:
+            self.admit()
             if not 1 <= len(request.items) <= MAX_BATCH:
                 raise InvalidArgument(f"items: 1..{MAX_BATCH} items required", field="items")
             results: list = [None] * len(request.items)

@@ -68,6 +68,8 @@ WORKERS_LIVE = Gauge("dtq_workers_live", "Workers whose last heartbeat is younge
 EVENTS_DROPPED = Counter("dtq_events_dropped_total",
                          "Events dropped for slow Events.Subscribe clients (full buffer).")
 LEASE_SESSIONS = Gauge("dtq_lease_sessions", "Open Lease streams on this gateway replica.")
+REDIS_EVICTION_SAFE = Gauge("dtq_redis_eviction_safe", "1 when Redis maxmemory-policy is "
+                            "noeviction, 0 when Redis may evict dtq's keys, -1 when unknown.")
 
 
 def start_metrics_server(host: str, port: int) -> Any:

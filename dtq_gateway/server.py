@@ -26,6 +26,7 @@ from dtq_gateway.completion import Completion, ItemOutcome
 from dtq_gateway.dispatch import Dispatcher
 from dtq_gateway.groups import Groups
 from dtq_gateway.ops import Operations, server_interceptors
+from dtq_gateway.redis_policy import EvictionPolicyWatch
 from dtq_gateway.scheduler import Scheduler
 from dtq_gateway.settings import Settings
 from dtq_proto import dtq_pb2, dtq_pb2_grpc
@@ -74,14 +75,17 @@ def redis_client(settings: Settings, url: str) -> Redis:
 
 
 class HealthProbe:
-    """PINGs Redis every second; health is SERVING only while Redis answers and the
-    gateway is not draining."""
+    """PINGs Redis every second; health is SERVING only while Redis answers, the
+    gateway is not draining and (with DTQ_REQUIRE_NOEVICTION) Redis may not evict
+    keys. The eviction policy is read again every ``policy.interval_s``."""
 
     def __init__(self, redis: Redis, servicer: health.aio.HealthServicer,
-                 draining: asyncio.Event, interval_s: float = 1.0) -> None:
+                 draining: asyncio.Event, policy: EvictionPolicyWatch,
+                 interval_s: float = 1.0) -> None:
         self.redis = redis
         self.servicer = servicer
         self.draining = draining
+        self.policy = policy
         self.interval_s = interval_s
         self.redis_ok = False
         self._task: asyncio.Task | None = None
@@ -103,7 +107,12 @@ class HealthProbe:
             log.log(logging.INFO if ok else logging.WARNING,
                     "redis reachable" if ok else "redis unreachable; health NOT_SERVING")
         self.redis_ok = ok
-        await self._set(ok and not self.draining.is_set())
+        if ok:
+            try:
+                await self.policy.maybe_check()
+            except Exception:  # Redis went away: keep the last known policy
+                log.debug("reading the eviction policy failed", exc_info=True)
+        await self._set(ok and not self.draining.is_set() and not self.policy.refusing)
 
     async def run(self) -> None:
         """Probe until cancelled."""
@@ -138,7 +147,9 @@ class Gateway:
         self.broker = Broker(self.redis, settings, self.groups, on_queued=self.dispatcher.notify,
                              read_ahead=self.dispatcher.read_ahead)
         self.health = health.aio.HealthServicer()
-        self.probe = HealthProbe(self.redis, self.health, self.draining)
+        self.policy = EvictionPolicyWatch(self.redis, require=settings.require_noeviction,
+                                          interval_s=settings.eviction_check_interval_s)
+        self.probe = HealthProbe(self.redis, self.health, self.draining, self.policy)
         self.ops = Operations(self.redis, settings)
         self.ops.hub.add_listener(self.dispatcher.on_event, self.dispatcher.wants_raw_event)
         self.scheduler = Scheduler(self.redis, settings)
@@ -159,7 +170,8 @@ class Gateway:
     def _add_services(self) -> None:
         dtq_pb2_grpc.add_BrokerServicer_to_server(BrokerServicer(
             self.settings, self.broker, self.completion, self.dispatcher, self.draining,
-            actor_of=auth.actor_of, request_id_of=request_id_of), self.server)
+            actor_of=auth.actor_of, request_id_of=request_id_of, admit=self.policy.admit),
+            self.server)
         self.ops.add_to_server(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -181,7 +193,20 @@ class Gateway:
         return self.server.add_insecure_port(s.listen)
 
     async def start(self) -> None:
-        """Bind, start serving and start the background duties."""
+        """Check Redis's eviction policy, bind, start serving and start the duties.
+
+        Raises:
+            EvictionPolicyError: Redis may evict keys and DTQ_REQUIRE_NOEVICTION is on.
+            OSError: the gRPC address cannot be bound.
+        """
+        try:
+            await self.policy.check()
+        except Exception:  # Redis down: the health probe reads it once Redis answers
+            log.debug("eviction policy not read at startup", exc_info=True)
+        refused = self.policy.startup_error()
+        if refused is not None:
+            await self.redis.aclose()
+            raise refused
         self._add_services()
         try:
             self.port = self._bind()

@@ -79,6 +79,11 @@ class Settings:
     grpc_min_ping_interval_ms: int = field(default=5000, metadata=_meta(
         "Shortest interval between client PINGs the gateway accepts (ms); must not exceed "
         "the workers' keepalive time (10000 in the reference workers)."))
+    require_noeviction: bool = field(default=True, metadata=_meta(
+        "Refuse to serve while Redis maxmemory-policy is not noeviction (startup fails; "
+        "at run time health NOT_SERVING and Enqueue FAILED_PRECONDITION); false = warn."))
+    eviction_check_interval_s: float = field(default=30.0, metadata=_meta(
+        "How often the Redis maxmemory-policy is read again (s)."))
     embedded_dir: str = field(default=".dtq/redis", metadata=_meta(
         "Data directory of the embedded redis-server (AOF on)."))
     tls_cert: str = field(default="", metadata=_meta("Server certificate PEM path (enables TLS)."))
@@ -124,6 +129,7 @@ _POSITIVE = {
     "default_max_attempts", "default_timeout_ms", "backoff_base_ms", "backoff_cap_ms",
     "max_in_flight_cap", "scheduler_interval_ms", "result_max_bytes", "redis_max_connections",
     "grpc_keepalive_time_ms", "grpc_keepalive_timeout_ms", "grpc_min_ping_interval_ms",
+    "eviction_check_interval_s",
 }
 _NON_NEGATIVE = {"metrics_port", "max_queue_depth", "lease_grace_ms", "shutdown_grace_s"}
 
@@ -133,7 +139,15 @@ def env_name(name: str) -> str:
     return "DTQ_" + name.upper()
 
 
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True,
+          "0": False, "false": False, "no": False, "off": False}
+
+
 def _convert(name: str, raw: str, typ: Any, source: str) -> Any:
+    if typ in (bool, "bool"):
+        if raw.lower() not in _BOOLS:
+            raise SettingsError(f"{source}: expected true or false, got {raw!r}")
+        return _BOOLS[raw.lower()]
     try:
         if typ in (int, "int"):
             return int(raw)
