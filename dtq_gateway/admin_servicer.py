@@ -26,6 +26,7 @@ from dtq_gateway.grpc_errors import abort
 from dtq_gateway.replies import text
 from dtq_gateway.settings import Settings
 from dtq_gateway.task_record import NAME_BY_STATUS, task_from_hash
+from dtq_gateway.validation import MAX_REASON_BYTES, cut_utf8
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
 
@@ -152,7 +153,8 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
     async def _set_paused(self, request: Any, context: Any, paused: bool) -> tuple[bool, str]:
         admin.validate_queue(request.queue)
         call = _call(context)
-        changed = await admin.set_paused(self.redis, request.queue, paused, call, request.reason,
+        reason = cut_utf8(request.reason, MAX_REASON_BYTES)
+        changed = await admin.set_paused(self.redis, request.queue, paused, call, reason,
                                          audit_maxlen=self.settings.audit_maxlen)
         return changed, call.request_id
 

@@ -19,7 +19,14 @@ from dtq_gateway.errors import DtqError, InvalidArgument, Unavailable
 from dtq_gateway.sessions import Session
 from dtq_gateway.settings import Settings
 from dtq_gateway.task_record import STATUS_BY_NAME, task_from_hash
-from dtq_gateway.validation import check_queue, check_task_id, check_worker_id, validate_enqueue
+from dtq_gateway.validation import (
+    MAX_REASON_BYTES,
+    check_queue,
+    check_task_id,
+    check_worker_id,
+    cut_utf8,
+    validate_enqueue,
+)
 from dtq_proto import dtq_pb2, dtq_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -42,11 +49,12 @@ def _lease_result(oc: ItemOutcome) -> dtq_pb2.LeaseResult:
 
 
 class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
-    """Implements dtq.v1.Broker. ``actor_of(context)`` names the caller for the audit log."""
+    """Implements dtq.v1.Broker. ``actor_of(context)`` names the caller for the audit log;
+    ``admit()`` raises while Enqueue must be refused."""
 
     def __init__(self, settings: Settings, broker: Broker, completion: Completion,
                  dispatcher: Dispatcher, draining: asyncio.Event, actor_of=None,
-                 request_id_of=None) -> None:
+                 request_id_of=None, admit=None) -> None:
         self.settings = settings
         self.broker = broker
         self.completion = completion
@@ -54,9 +62,12 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
         self.draining = draining
         self.actor_of = actor_of or (lambda ctx: "anonymous")
         self.request_id_of = request_id_of or (lambda ctx: "")
+        #: Raises a DtqError while new tasks must be refused (an evicting Redis).
+        self.admit = admit or (lambda: None)
 
     async def Enqueue(self, request, context):
         try:
+            self.admit()
             task = validate_enqueue(request, self.settings)
             (out,) = await self.broker.enqueue_many([task])
             if isinstance(out, DtqError):
@@ -68,6 +79,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
 
     async def EnqueueBatch(self, request, context):
         try:
+            self.admit()
             if not 1 <= len(request.items) <= MAX_BATCH:
                 raise InvalidArgument(f"items: 1..{MAX_BATCH} items required", field="items")
             results: list = [None] * len(request.items)
@@ -189,7 +201,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
             check_task_id(request.task_id)
             request_id = self.request_id_of(context)
             kind = await self.broker.cancel(request.task_id, self.actor_of(context), request_id,
-                                            request.reason)
+                                            cut_utf8(request.reason, MAX_REASON_BYTES))
         except Exception as exc:  # noqa: BLE001
             await grpc_errors.abort(context, exc)
         requested = kind == "requested"

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from dtq_gateway import logconf
+from dtq_gateway.redis_policy import EvictionPolicyError
 from dtq_gateway.settings import SettingsError, load
 
 log = logging.getLogger("dtq_gateway")
@@ -69,6 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         log.error("gateway failed: %s (gRPC %s, metrics port %s)", exc, settings.listen,
                   settings.metrics_port or "off")
+        return 1
+    except EvictionPolicyError as exc:
+        log.error("gateway refused to start: %s", exc)
         return 1
     finally:
         if embedded:

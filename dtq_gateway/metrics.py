@@ -77,6 +77,8 @@ METRICS_QUEUES_OMITTED = Gauge("dtq_metrics_queues_omitted",
                                "Busy queues left out of the per-queue gauges "
                                "(more than DTQ_METRICS_MAX_QUEUES).")
 LEASE_SESSIONS = Gauge("dtq_lease_sessions", "Open Lease streams on this gateway replica.")
+REDIS_EVICTION_SAFE = Gauge("dtq_redis_eviction_safe", "1 when Redis maxmemory-policy is "
+                            "noeviction, 0 when Redis may evict dtq's keys, -1 when unknown.")
 
 
 def start_metrics_server(host: str, port: int) -> Any:

@@ -25,6 +25,7 @@ from redis.asyncio import Redis
 from dtq_gateway import events_servicer
 from dtq_gateway.admin_servicer import AdminServicer
 from dtq_gateway.auth import AuthInterceptor, parse_tokens
+from dtq_gateway.decoding import DecodeGuardInterceptor
 from dtq_gateway.events_hub import EventsHub
 from dtq_gateway.events_servicer import EventsServicer
 from dtq_gateway.metrics import MetricsInterceptor, QueueGaugeCollector, start_metrics_server
@@ -36,10 +37,12 @@ log = logging.getLogger(__name__)
 
 def server_interceptors(settings: Settings) -> list[grpc.aio.ServerInterceptor]:
     """Interceptors in order: metrics first (so refused calls are measured), then
-    auth when ``DTQ_AUTH_TOKENS`` is set."""
+    auth when ``DTQ_AUTH_TOKENS`` is set, then the decode guard (a request that does
+    not parse answers INVALID_ARGUMENT, after authentication decided)."""
     interceptors: list[grpc.aio.ServerInterceptor] = [MetricsInterceptor()]
     if settings.auth_tokens:
         interceptors.append(AuthInterceptor(parse_tokens(settings.auth_tokens)))
+    interceptors.append(DecodeGuardInterceptor())
     return interceptors
 
 

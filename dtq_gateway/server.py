@@ -26,6 +26,7 @@ from dtq_gateway.completion import Completion, ItemOutcome
 from dtq_gateway.dispatch import Dispatcher
 from dtq_gateway.groups import Groups
 from dtq_gateway.ops import Operations, server_interceptors
+from dtq_gateway.redis_policy import EvictionPolicyWatch
 from dtq_gateway.scheduler import Scheduler
 from dtq_gateway.settings import Settings
 from dtq_proto import dtq_pb2, dtq_pb2_grpc
@@ -36,10 +37,29 @@ SERVICE_NAMES = tuple(dtq_pb2.DESCRIPTOR.services_by_name[n].full_name
                       for n in ("Broker", "Admin", "Events"))
 GRPC_OPTIONS = [("grpc.so_reuseport", 0),  # a taken port must fail, not be shared
                 ("grpc.max_receive_message_length", 64 << 20),
-                ("grpc.max_send_message_length", 64 << 20),
-                ("grpc.keepalive_time_ms", 30000),
-                ("grpc.http2.max_pings_without_data", 0),
-                ("grpc.keepalive_permit_without_calls", 1)]
+                ("grpc.max_send_message_length", 64 << 20)]
+
+
+def grpc_options(settings: Settings) -> list[tuple[str, int]]:
+    """Server channel options: GRPC_OPTIONS plus HTTP/2 keepalive from the settings.
+
+    The gateway PINGs every connection every DTQ_GRPC_KEEPALIVE_TIME_MS, also when no
+    call is open and no data flows (an idle Lease stream sends nothing), and closes a
+    connection whose PING goes unanswered for DTQ_GRPC_KEEPALIVE_TIMEOUT_MS: a worker
+    whose connection was black-holed (no FIN or RST ever arrives) loses its Lease
+    stream then, instead of being sent leases that all expire unread. Clients may PING
+    as often as every DTQ_GRPC_MIN_PING_INTERVAL_MS, with or without calls, so that
+    workers can detect the same black hole from their side.
+    """
+    return [*GRPC_OPTIONS,
+            ("grpc.keepalive_time_ms", settings.grpc_keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", settings.grpc_keepalive_timeout_ms),
+            # grpc >= 1.5x waits for a PING ack this long (default 60 s), whatever
+            # keepalive_timeout_ms says: both must be set for the timeout to hold
+            ("grpc.http2.ping_timeout_ms", settings.grpc_keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),  # 0 = ping even when nothing flows
+            ("grpc.http2.min_ping_interval_without_data_ms", settings.grpc_min_ping_interval_ms)]
 
 
 def redis_client(settings: Settings, url: str) -> Redis:
@@ -55,14 +75,17 @@ def redis_client(settings: Settings, url: str) -> Redis:
 
 
 class HealthProbe:
-    """PINGs Redis every second; health is SERVING only while Redis answers and the
-    gateway is not draining."""
+    """PINGs Redis every second; health is SERVING only while Redis answers, the
+    gateway is not draining and (with DTQ_REQUIRE_NOEVICTION) Redis may not evict
+    keys. The eviction policy is read again every ``policy.interval_s``."""
 
     def __init__(self, redis: Redis, servicer: health.aio.HealthServicer,
-                 draining: asyncio.Event, interval_s: float = 1.0) -> None:
+                 draining: asyncio.Event, policy: EvictionPolicyWatch,
+                 interval_s: float = 1.0) -> None:
         self.redis = redis
         self.servicer = servicer
         self.draining = draining
+        self.policy = policy
         self.interval_s = interval_s
         self.redis_ok = False
         self._task: asyncio.Task | None = None
@@ -84,7 +107,12 @@ class HealthProbe:
             log.log(logging.INFO if ok else logging.WARNING,
                     "redis reachable" if ok else "redis unreachable; health NOT_SERVING")
         self.redis_ok = ok
-        await self._set(ok and not self.draining.is_set())
+        if ok:
+            try:
+                await self.policy.maybe_check()
+            except Exception:  # Redis went away: keep the last known policy
+                log.debug("reading the eviction policy failed", exc_info=True)
+        await self._set(ok and not self.draining.is_set() and not self.policy.refusing)
 
     async def run(self) -> None:
         """Probe until cancelled."""
@@ -112,14 +140,16 @@ class Gateway:
         self.redis = redis_client(settings, redis_url)
         self.draining = asyncio.Event()
         self.groups = Groups()
-        self.server = grpc.aio.server(options=GRPC_OPTIONS,
+        self.server = grpc.aio.server(options=grpc_options(settings),
                                       interceptors=server_interceptors(settings))
         self.completion = Completion(self.redis, settings, on_done=self._on_done)
         self.dispatcher = Dispatcher(self.redis, settings, self.groups, release=self._release)
         self.broker = Broker(self.redis, settings, self.groups, on_queued=self.dispatcher.notify,
                              read_ahead=self.dispatcher.read_ahead)
         self.health = health.aio.HealthServicer()
-        self.probe = HealthProbe(self.redis, self.health, self.draining)
+        self.policy = EvictionPolicyWatch(self.redis, require=settings.require_noeviction,
+                                          interval_s=settings.eviction_check_interval_s)
+        self.probe = HealthProbe(self.redis, self.health, self.draining, self.policy)
         self.ops = Operations(self.redis, settings)
         self.ops.hub.add_listener(self.dispatcher.on_event, self.dispatcher.wants_raw_event)
         self.scheduler = Scheduler(self.redis, settings)
@@ -140,7 +170,8 @@ class Gateway:
     def _add_services(self) -> None:
         dtq_pb2_grpc.add_BrokerServicer_to_server(BrokerServicer(
             self.settings, self.broker, self.completion, self.dispatcher, self.draining,
-            actor_of=auth.actor_of, request_id_of=request_id_of), self.server)
+            actor_of=auth.actor_of, request_id_of=request_id_of, admit=self.policy.admit),
+            self.server)
         self.ops.add_to_server(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -162,7 +193,20 @@ class Gateway:
         return self.server.add_insecure_port(s.listen)
 
     async def start(self) -> None:
-        """Bind, start serving and start the background duties."""
+        """Check Redis's eviction policy, bind, start serving and start the duties.
+
+        Raises:
+            EvictionPolicyError: Redis may evict keys and DTQ_REQUIRE_NOEVICTION is on.
+            OSError: the gRPC address cannot be bound.
+        """
+        try:
+            await self.policy.check()
+        except Exception:  # Redis down: the health probe reads it once Redis answers
+            log.debug("eviction policy not read at startup", exc_info=True)
+        refused = self.policy.startup_error()
+        if refused is not None:
+            await self.redis.aclose()
+            raise refused
         self._add_services()
         try:
             self.port = self._bind()

@@ -81,6 +81,20 @@ class Settings:
         "(events x subscribers); beyond it events are dropped and counted."))
     shutdown_grace_s: float = field(default=10.0, metadata=_meta(
         "On SIGTERM, unary calls get this long to finish (s)."))
+    grpc_keepalive_time_ms: int = field(default=10000, metadata=_meta(
+        "HTTP/2 keepalive: the gateway PINGs each client connection this often, also "
+        "while no call is open (ms)."))
+    grpc_keepalive_timeout_ms: int = field(default=5000, metadata=_meta(
+        "A connection whose keepalive PING is not answered this long is closed, ending "
+        "its Lease streams (ms)."))
+    grpc_min_ping_interval_ms: int = field(default=5000, metadata=_meta(
+        "Shortest interval between client PINGs the gateway accepts (ms); must not exceed "
+        "the workers' keepalive time (10000 in the reference workers)."))
+    require_noeviction: bool = field(default=True, metadata=_meta(
+        "Refuse to serve while Redis maxmemory-policy is not noeviction (startup fails; "
+        "at run time health NOT_SERVING and Enqueue FAILED_PRECONDITION); false = warn."))
+    eviction_check_interval_s: float = field(default=30.0, metadata=_meta(
+        "How often the Redis maxmemory-policy is read again (s)."))
     embedded_dir: str = field(default=".dtq/redis", metadata=_meta(
         "Data directory of the embedded redis-server (AOF on)."))
     tls_cert: str = field(default="", metadata=_meta("Server certificate PEM path (enables TLS)."))
@@ -127,6 +141,8 @@ _POSITIVE = {
     "max_in_flight_cap", "scheduler_interval_ms", "result_max_bytes", "redis_max_connections",
     "events_max_subscribers", "events_max_deliveries_per_s",
     "metrics_max_queues",
+    "grpc_keepalive_time_ms", "grpc_keepalive_timeout_ms", "grpc_min_ping_interval_ms",
+    "eviction_check_interval_s",
 }
 _NON_NEGATIVE = {"metrics_port", "max_queue_depth", "lease_grace_ms", "shutdown_grace_s"}
 
@@ -136,7 +152,15 @@ def env_name(name: str) -> str:
     return "DTQ_" + name.upper()
 
 
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True,
+          "0": False, "false": False, "no": False, "off": False}
+
+
 def _convert(name: str, raw: str, typ: Any, source: str) -> Any:
+    if typ in (bool, "bool"):
+        if raw.lower() not in _BOOLS:
+            raise SettingsError(f"{source}: expected true or false, got {raw!r}")
+        return _BOOLS[raw.lower()]
     try:
         if typ in (int, "int"):
             return int(raw)

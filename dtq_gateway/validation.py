@@ -8,6 +8,7 @@ Limits follow proto/dtq.proto.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -20,7 +21,14 @@ JSON_TYPES = ("application/json", "")
 MAX_METADATA_ENTRIES = 64
 MAX_ATTEMPTS = 100
 MAX_TIMEOUT_MS = 86_400_000
+#: Longest delay_ms and ttl_ms, and how far ahead not_before_ms / expires_at_ms may lie.
 MAX_DELAY_MS = 365 * 86_400_000
+#: Earliest plausible epoch ms (2001-09-09): a smaller time is a value in seconds.
+MIN_EPOCH_MS = 1_000_000_000_000
+#: Clock skew allowed between producer and gateway when checking absolute times (ms).
+CLOCK_TOLERANCE_MS = 300_000
+#: Longest audit reason (CancelTask, PauseQueue, ...), in bytes of UTF-8.
+MAX_REASON_BYTES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +76,28 @@ def check_task_id(task_id: str, field: str = "task_id") -> str:
     return task_id
 
 
+def cut_utf8(text: str, max_bytes: int) -> str:
+    """``text`` cut to at most ``max_bytes`` bytes of UTF-8, at a character boundary.
+
+    The proto states text limits in bytes (error_message 4096, error_class 128,
+    reasons 1024); cutting by characters would let multi-byte text through at up
+    to four times the limit.
+
+    Args:
+        text: the user string.
+        max_bytes: the limit in bytes of UTF-8 (>= 0).
+
+    Returns:
+        ``text`` itself when it fits, else its longest prefix that fits.
+    """
+    if len(text) * 4 <= max_bytes:  # fits whatever the characters: no encoding needed
+        return text
+    data = text.encode()
+    if len(data) <= max_bytes:
+        return text
+    return data[:max_bytes].decode("utf-8", errors="ignore")
+
+
 def _range(value: int, lo: int, hi: int, field: str) -> int:
     if not lo <= value <= hi:
         raise InvalidArgument(f"{field}: must be in {lo}..{hi} (got {value})", field=field)
@@ -101,7 +131,24 @@ def _metadata(req: dtq_pb2.EnqueueRequest, prefix: str) -> str:
     return json.dumps(dict(req.metadata), separators=(",", ":")) if req.metadata else "{}"
 
 
-def _timing(req: dtq_pb2.EnqueueRequest, prefix: str) -> None:
+def _epoch_ms(value: int, lo_ms: int, hi_ms: int, now_ms: int, field: str) -> None:
+    """Refuse an absolute time outside ``lo_ms..hi_ms`` (0 = unset is always fine),
+    naming the likely unit mistake."""
+    if value == 0 or lo_ms <= value <= hi_ms:
+        return
+    if 0 < value < MIN_EPOCH_MS:
+        hint = "looks like seconds"
+    elif value > now_ms * 100:
+        hint = "looks like microseconds or nanoseconds"
+    elif value > hi_ms:
+        hint = f"more than {MAX_DELAY_MS // 86_400_000} days ahead"
+    else:
+        hint = "already past"
+    raise InvalidArgument(f"{field}: {value} is not a plausible epoch ms ({hint}; the gateway's "
+                          f"clock reads {now_ms}; allowed {lo_ms}..{hi_ms})", field=field)
+
+
+def _timing(req: dtq_pb2.EnqueueRequest, prefix: str, now_ms: int) -> None:
     if req.delay_ms and req.not_before_ms:
         raise InvalidArgument(f"{prefix}delay_ms: exclusive with not_before_ms",
                               field=prefix + "delay_ms")
@@ -114,16 +161,25 @@ def _timing(req: dtq_pb2.EnqueueRequest, prefix: str) -> None:
         raise InvalidArgument(f"{prefix}not_before_ms: must be >= 0", field=prefix + "not_before_ms")
     if req.expires_at_ms < 0:
         raise InvalidArgument(f"{prefix}expires_at_ms: must be >= 0", field=prefix + "expires_at_ms")
+    # Absolute times get the bounds of their relative forms, against the gateway's clock
+    # with CLOCK_TOLERANCE_MS for skew. Redis TIME still decides due and expiry times in
+    # the scripts; these bounds only refuse unit mistakes (seconds, microseconds).
+    latest = now_ms + MAX_DELAY_MS + CLOCK_TOLERANCE_MS
+    _epoch_ms(req.not_before_ms, MIN_EPOCH_MS, latest, now_ms, prefix + "not_before_ms")
+    _epoch_ms(req.expires_at_ms, now_ms - CLOCK_TOLERANCE_MS, latest, now_ms,
+              prefix + "expires_at_ms")
 
 
 def validate_enqueue(req: dtq_pb2.EnqueueRequest, settings: Settings,
-                     prefix: str = "") -> NewTask:
+                     prefix: str = "", now_ms: int | None = None) -> NewTask:
     """Validate one Enqueue request and apply defaults.
 
     Args:
         req: the request (or one EnqueueBatch item).
         settings: gateway settings (limits and defaults).
         prefix: field-name prefix for batch items, e.g. ``"items[3]."``.
+        now_ms: the gateway's clock in epoch ms (default: read it), against which
+            ``not_before_ms`` and ``expires_at_ms`` are bounded.
 
     Raises:
         InvalidArgument: a field is malformed (``.field`` names it).
@@ -142,7 +198,7 @@ def validate_enqueue(req: dtq_pb2.EnqueueRequest, settings: Settings,
     if len(req.idempotency_key.encode()) > 256:
         raise InvalidArgument(f"{prefix}idempotency_key: at most 256 bytes",
                               field=prefix + "idempotency_key")
-    _timing(req, prefix)
+    _timing(req, prefix, int(time.time() * 1000) if now_ms is None else now_ms)
     base = req.retry_policy.backoff_base_ms or settings.backoff_base_ms
     cap = req.retry_policy.backoff_cap_ms or settings.backoff_cap_ms
     _range(base, 1, 3_600_000, prefix + "retry_policy.backoff_base_ms")

@@ -15,6 +15,21 @@ DEFAULT_TARGET = "127.0.0.1:50051"
 #: The gateway accepts 64 MiB messages; grpc's 4 MiB default is too small for
 #: large payloads delivered on the Lease stream.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: Reconnect backoff of the worker, in seconds: the Lease-stream reconnect loop and
+#: the channel's own connection backoff both start at the initial step and stop
+#: growing at the cap, so a worker is back at most about the cap (plus 20 % jitter)
+#: after its gateway serves again. Without the channel options grpc backs off up
+#: to 120 s on its own, and calls made meanwhile fail at once with the cached
+#: connect error however short the worker's own backoff is.
+RECONNECT_INITIAL_S = 0.1
+RECONNECT_MAX_S = 5.0
+#: HTTP/2 keepalive of worker and client channels, in ms: a PING every 10 s, also
+#: while no call is open and no data flows (an idle Lease stream sends nothing), and
+#: a connection whose PING is not answered within 5 s is closed and reconnected. So a
+#: black-holed connection (no FIN or RST ever arrives) is found within 15 s. The
+#: gateway accepts client pings this frequent (DTQ_GRPC_MIN_PING_INTERVAL_MS, 5 s).
+KEEPALIVE_TIME_MS = 10_000
+KEEPALIVE_TIMEOUT_MS = 5_000
 BROKER_METHODS = ("Enqueue", "EnqueueBatch", "Lease", "Heartbeat", "Ack", "Fail", "GetTask",
                   "CancelTask")
 _TRUE = {"1", "true", "yes", "on"}
@@ -66,10 +81,19 @@ class Connection:
         return grpc.ssl_channel_credentials(root_certificates=root, private_key=key,
                                             certificate_chain=cert)
 
-    def channel(self, *, aio: bool, options: list[tuple[str, Any]] | None = None):
-        """A new grpc (``aio=False``) or grpc.aio (``aio=True``) channel."""
-        opts = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES), *(options or [])]
+    def channel(self, *, aio: bool, options: list[tuple[str, Any]] | None = None,
+                reconnect_max_s: float = RECONNECT_MAX_S):
+        """A new grpc (``aio=False``) or grpc.aio (``aio=True``) channel.
+
+        Args:
+            aio: Build a grpc.aio channel.
+            options: Extra grpc channel options; one named like a default
+                (:func:`default_options`) replaces it.
+            reconnect_max_s: Cap of the channel's connection backoff, in seconds.
+        """
+        merged = dict(default_options(reconnect_max_s))
+        merged.update(options or [])
+        opts = list(merged.items())
         module = grpc.aio if aio else grpc
         creds = self.credentials()
         if creds is None:
@@ -82,6 +106,27 @@ class Connection:
         if not self.token:
             return stub
         return _AuthStub(stub, (("authorization", f"Bearer {self.token}"),))
+
+
+def default_options(reconnect_max_s: float = RECONNECT_MAX_S) -> list[tuple[str, Any]]:
+    """Channel options of every worker and client channel: message size limits,
+    keepalive (:data:`KEEPALIVE_TIME_MS`) and the reconnect backoff
+    (:data:`RECONNECT_INITIAL_S` .. ``reconnect_max_s``, in seconds)."""
+    cap_ms = max(int(RECONNECT_INITIAL_S * 1000), int(reconnect_max_s * 1000))
+    return [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+            ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+            # grpc >= 1.5x waits for a PING ack this long (default 60 s), whatever
+            # keepalive_timeout_ms says: both must be set for the timeout to hold
+            ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),  # 0 = ping even when nothing flows
+            ("grpc.initial_reconnect_backoff_ms", int(RECONNECT_INITIAL_S * 1000)),
+            ("grpc.max_reconnect_backoff_ms", cap_ms),
+            # the least time one connection attempt may take (grpc: 20 s); a black-holed
+            # SYN then also gives up after the cap
+            ("grpc.min_reconnect_backoff_ms", cap_ms)]
 
 
 class _AuthStub:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -61,6 +63,9 @@ class Execution:
         handle: The asyncio task running it (None while buffered).
         stop_reason: Set when the execution was stopped from outside.
         in_thread: True while a sync handler still occupies a pool thread.
+        on_thread_exit: Called from the pool thread when the sync handler returns
+            (set by the runtime once it stopped waiting for a handler still in
+            its thread, to give the slot back).
     """
 
     task: dtq_pb2.LeasedTask
@@ -68,10 +73,14 @@ class Execution:
     handle: asyncio.Task | None = None
     stop_reason: str | None = None
     in_thread: bool = field(default=False)
+    on_thread_exit: Callable[[], None] | None = None
 
 
 async def execute(handler: Handler, ex: Execution, executor: Executor) -> Outcome:
     """Run the handler of ``ex`` under its timeout and map the result.
+
+    The time limit (``timeout_ms``) counts from the moment the handler starts: for
+    a sync handler, when a pool thread picks it up, not when it was queued for one.
 
     Args:
         handler: The handler for the task type.
@@ -88,9 +97,19 @@ async def execute(handler: Handler, ex: Execution, executor: Executor) -> Outcom
     except (ValueError, UnicodeDecodeError) as exc:
         return Outcome(fail=fail_item(task.lease_id, "PayloadDecodeError", str(exc), False))
     timeout_s = task.timeout_ms / 1000.0 if task.timeout_ms else None
+    loop = asyncio.get_running_loop()
     try:
-        async with asyncio.timeout(timeout_s) as scope:
-            value = await _invoke(handler, payload, ex, executor)
+        async with asyncio.timeout(None) as scope:  # armed when the handler starts
+
+            def arm(started: float) -> None:
+                """Start the time limit at ``started`` (a time.monotonic() reading)."""
+                if timeout_s is None or scope.when() is not None or scope.expired():
+                    return
+                elapsed_s = time.monotonic() - started  # the loop's clock may differ
+                with contextlib.suppress(RuntimeError):  # the scope already ended
+                    scope.reschedule(loop.time() - elapsed_s + timeout_s)
+
+            value = await _invoke(handler, payload, ex, executor, arm)
     except TimeoutError as exc:
         if not scope.expired():  # the handler raised TimeoutError itself
             return exception_outcome(task.lease_id, exc)
@@ -107,17 +126,24 @@ async def execute(handler: Handler, ex: Execution, executor: Executor) -> Outcom
         return Outcome(fail=fail_item(task.lease_id, "ResultEncodeError", str(exc), False))
 
 
-async def _invoke(handler: Handler, payload: Any, ex: Execution, executor: Executor) -> Any:
-    if handler.is_async:
-        return await handler.fn(payload, ex.ctx)
+async def _invoke(handler: Handler, payload: Any, ex: Execution, executor: Executor,
+                  arm: Callable[[float], None]) -> Any:
     loop = asyncio.get_running_loop()
+    if handler.is_async:
+        arm(time.monotonic())
+        return await handler.fn(payload, ex.ctx)
 
     def call() -> Any:
         ex.in_thread = True
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(arm, time.monotonic())
         try:
             return handler.fn(payload, ex.ctx)
         finally:
             ex.in_thread = False
+            done = ex.on_thread_exit
+            if done is not None:
+                done()
 
     try:
         value = await loop.run_in_executor(executor, call)

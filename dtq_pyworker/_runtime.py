@@ -8,6 +8,7 @@ executions wait in FIFO order for one of ``concurrency`` slots.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -78,9 +79,20 @@ class Runtime:
             return
         self.pump()
 
+    def busy_slots(self) -> int:
+        """Slots taken: running handlers plus stopped sync handlers still in their
+        thread (a thread cannot be killed; its slot is free only when it returns)."""
+        return len(self.running) + self.stuck_threads()
+
+    def stuck_threads(self) -> int:
+        """Sync handlers no longer waited for (timed out, cancelled, lost) whose
+        thread has not returned yet."""
+        self._orphans = {ex for ex in self._orphans if ex.in_thread}
+        return len(self._orphans)
+
     def pump(self) -> None:
         """Start buffered executions while slots are free."""
-        while not self.draining and self.buffer and len(self.running) < self.concurrency:
+        while not self.draining and self.buffer and self.busy_slots() < self.concurrency:
             lease_id = self.buffer.popleft()
             ex = self.held.get(lease_id)
             if ex is None:
@@ -129,8 +141,7 @@ class Runtime:
 
     def threads_busy(self) -> int:
         """Sync handlers still in a pool thread, including ones already stopped."""
-        self._orphans = {ex for ex in self._orphans if ex.in_thread}
-        return len(self._orphans) + sum(1 for ex in self.held.values() if ex.in_thread)
+        return self.stuck_threads() + sum(1 for ex in self.held.values() if ex.in_thread)
 
     def _drop_buffered(self, ex: Execution) -> None:
         lease_id = ex.task.lease_id
@@ -184,8 +195,34 @@ class Runtime:
         ex = self.held.pop(lease_id, None)
         self.running.pop(lease_id, None)
         if ex is not None and ex.in_thread:
-            self._orphans = {o for o in self._orphans if o.in_thread}
-            self._orphans.add(ex)
+            self._orphan(ex)
+
+    def _orphan(self, ex: Execution) -> None:
+        """Keep the slot of a handler whose thread runs on after we stopped waiting
+        (its outcome, e.g. Timeout, is reported once, now): no new task takes the
+        slot until the thread returns, so tasks behind it do not queue for a busy
+        thread, and the heartbeat's active_tasks counts it."""
+        self._orphans.add(ex)
+        loop = asyncio.get_running_loop()
+
+        def exited() -> None:  # called from the pool thread
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._thread_returned, ex)
+
+        ex.on_thread_exit = exited
+        log.warning("handler still running in its thread after being stopped; its slot "
+                    "stays taken until it returns", extra={
+                        "task_id": ex.task.task_id, "lease_id": ex.task.lease_id,
+                        "stop": ex.stop_reason or "timeout", "stuck_threads": len(self._orphans)})
+        if not ex.in_thread:  # it returned before the callback was in place
+            loop.call_soon(self._thread_returned, ex)
+
+    def _thread_returned(self, ex: Execution) -> None:
+        if ex in self._orphans:
+            self._orphans.discard(ex)
+            log.info("stopped handler's thread returned; slot free again",
+                     extra={"task_id": ex.task.task_id})
+        self.pump()
 
     def _report(self, ex: Execution, outcome: Outcome) -> None:
         lease_id = ex.task.lease_id

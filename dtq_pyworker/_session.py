@@ -10,6 +10,7 @@ import grpc
 
 from dtq_proto import dtq_pb2
 from dtq_pyworker._backoff import Backoff
+from dtq_pyworker._channel import RECONNECT_INITIAL_S
 from dtq_pyworker._runtime import STOP_CANCELLED, STOP_LOST, Runtime
 from dtq_pyworker._version import SDK
 from dtq_pyworker.errors import DtqRpcError
@@ -21,6 +22,8 @@ log = logging.getLogger(__name__)
 
 MAX_HEARTBEAT_IDS = 10_000
 MAX_RETRY_INFO_S = 30.0
+#: A Lease call still waiting for its connection after this long is logged (s).
+WAIT_WARN_S = 10.0
 #: Codes after which retrying cannot help: the worker stops (docs/protocol.md §10).
 AUTH_ERRORS = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
 FATAL_LEASE_ERRORS = AUTH_ERRORS | {grpc.StatusCode.INVALID_ARGUMENT}
@@ -44,17 +47,26 @@ async def lease_loop(worker: Worker, stub, runtime: Runtime,
     draining and its stream ended (with OK after a draining heartbeat: every
     lease sent has then been received), or on a fatal status; else ends only by
     cancellation.
+
+    The call waits for the channel to be ready (``wait_for_ready``) instead of
+    failing at once while the channel backs off after a failed connect: the stream
+    then opens as soon as the channel reconnects, at most about
+    ``worker.reconnect_max_s`` after the gateway serves again, not one more worker
+    backoff step later.
     """
-    backoff = Backoff(0.1, 5.0)
+    backoff = Backoff(RECONNECT_INITIAL_S, worker.reconnect_max_s)
     request = lease_request(worker)
     failures = 0  # consecutive sessions that ended without delivering SessionInfo
     while not worker._draining:
-        call = stub.Lease(request)
+        call = stub.Lease(request, wait_for_ready=True)
         worker._lease_stream_open = True
         opened, floor_s = False, 0.0
+        # a call waiting for the connection fails nothing, so say that it waits
+        waiting = asyncio.get_running_loop().call_later(WAIT_WARN_S, _warn_waiting, worker)
         try:
             async for response in call:
                 if response.HasField("session"):
+                    waiting.cancel()
                     _on_session(worker, response.session)
                     session_ready.set()
                     backoff.reset()
@@ -72,11 +84,17 @@ async def lease_loop(worker: Worker, stub, runtime: Runtime,
         except Exception:
             log.exception("lease stream handling failed; reconnecting")
         finally:
+            waiting.cancel()
             worker._lease_stream_open = False
             call.cancel()
         failures = 1 if opened else failures + 1
         worker._count("reconnects")
         await asyncio.sleep(max(floor_s, backoff.next()))  # RetryInfo is a lower bound
+
+
+def _warn_waiting(worker: Worker) -> None:
+    log.warning("gateway %s not reachable yet; the Lease call waits for the connection",
+                worker.target, extra={"waited_s": WAIT_WARN_S})
 
 
 def _on_stream_error(worker: Worker, err: DtqRpcError, failures: int) -> float | None:
@@ -172,7 +190,7 @@ async def _heartbeat_once(worker: Worker, stub, runtime: Runtime,
     ids = runtime.all_lease_ids()[:MAX_HEARTBEAT_IDS]
     request = dtq_pb2.HeartbeatRequest(
         worker_id=worker.worker_id, lease_ids=ids, counters=worker.counters(),
-        active_tasks=len(runtime.running), concurrency=worker.concurrency,
+        active_tasks=runtime.busy_slots(), concurrency=worker.concurrency,
         hostname=worker.hostname, draining=worker._draining)
     response = await stub.Heartbeat(request, timeout=max(1.0, interval_ms / 1000.0))
     lost = runtime.stop(response.lost_lease_ids, STOP_LOST)

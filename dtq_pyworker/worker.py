@@ -16,7 +16,7 @@ from typing import Any
 
 from dtq_proto import dtq_pb2
 from dtq_pyworker import _session
-from dtq_pyworker._channel import DEFAULT_TARGET, Connection
+from dtq_pyworker._channel import DEFAULT_TARGET, RECONNECT_MAX_S, Connection
 from dtq_pyworker._execute import Handler
 from dtq_pyworker._reporter import ResultReporter
 from dtq_pyworker._runtime import STOP_DRAIN, Runtime
@@ -43,6 +43,11 @@ class Worker:
         queues: Queues to lease from (strict priority across them).
         target: Gateway address; default env ``DTQ_GATEWAY`` or 127.0.0.1:50051.
         concurrency: Handler slots (sync handlers run in a thread pool this size).
+            A handler's ``timeout_ms`` counts from its start (for a sync handler,
+            when its thread picks it up). A sync handler still running after its
+            timeout (or cancellation) is reported once and keeps its slot until
+            its thread returns: no new task starts there, a warning is logged and
+            heartbeats count the slot in ``active_tasks``.
         max_in_flight: Leases held at once (running + buffered); default 2 * concurrency.
         worker_id: Stable id of this process; default ``<host>-<pid>-<random>``.
         task_types: Filter sent with the Lease request; default the registered types.
@@ -50,7 +55,13 @@ class Worker:
         ack_flush_ms: How long results wait to be batched, in ms (or 256 items).
         labels: Free-form labels shown by ListWorkers.
         rpc_timeout_s: Deadline of unary calls (Heartbeat, Ack, Fail), in seconds.
-        channel_options: Extra grpc channel options.
+        reconnect_max_s: Cap of the reconnect backoff, in seconds: both the Lease
+            reconnect loop and the channel's connection attempts back off from
+            0.1 s up to it (with jitter), so after an outage the worker is back
+            within about this long (+20 %) of the gateway serving again.
+        channel_options: Extra grpc channel options (they replace the defaults of
+            the same name: keepalive every 10 s with a 5 s timeout, the reconnect
+            backoff above).
         token: Bearer token; default env ``DTQ_TOKEN`` (none when unset).
         tls: Use TLS; default env ``DTQ_TLS``, or on when a CA/client cert is given.
         tls_ca: CA bundle PEM path; default env ``DTQ_TLS_CA``.
@@ -67,6 +78,7 @@ class Worker:
                  worker_id: str | None = None, task_types: Iterable[str] | None = None,
                  drain_grace_s: float = 30.0, ack_flush_ms: float = 5,
                  labels: Mapping[str, str] | None = None, rpc_timeout_s: float = 10.0,
+                 reconnect_max_s: float = RECONNECT_MAX_S,
                  channel_options: list[tuple[str, Any]] | None = None,
                  token: str | None = None, tls: bool | None = None, tls_ca: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None) -> None:
@@ -88,6 +100,9 @@ class Worker:
         self.ack_flush_ms = ack_flush_ms
         self.labels = dict(labels or {})
         self.rpc_timeout_s = rpc_timeout_s
+        if reconnect_max_s <= 0:
+            raise ValueError("reconnect_max_s must be > 0")
+        self.reconnect_max_s = reconnect_max_s
         self.channel_options = list(channel_options or [])
         self.hostname = socket.gethostname()
         self.handlers: dict[str, Handler] = {}
@@ -144,7 +159,8 @@ class Worker:
         self._draining = False
         conn = Connection.resolve(self.target, **self._tls_args)
         installed = self._install_signals() if install_signal_handlers else []
-        channel = conn.channel(aio=True, options=self.channel_options)
+        channel = conn.channel(aio=True, options=self.channel_options,
+                               reconnect_max_s=self.reconnect_max_s)
         self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix="dtq-handler")
         try:
             await self._serve(conn.stub(channel))

@@ -32,6 +32,8 @@ def _default(f: dataclasses.Field) -> str:
     value = f.default
     if value == "" or value is None:
         return "(empty)"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     return f"`{value}`"

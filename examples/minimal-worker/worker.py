@@ -233,7 +233,9 @@ class Worker:
             item.error_message = f"handler exceeded timeout_ms={t.timeout_ms}"
         else:
             err = outcome[1]
-            item.error_class, item.error_message = type(err).__name__, str(err)[:4096]
+            item.error_class = type(err).__name__
+            # the limit is 4096 bytes of UTF-8: cut the bytes, drop a split last character
+            item.error_message = str(err).encode()[:4096].decode(errors="ignore")
             item.retryable = not isinstance(err, PermanentError)
         self.report(h, fail=item)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import grpc
 import pytest
@@ -294,3 +295,25 @@ async def test_draining_survives_the_stream_end_and_shows_in_list_workers(broker
     # a new session of the same worker id starts it afresh
     assert (await other.next()).attempt == 1
     other.close()
+
+
+async def test_absolute_times_out_of_bounds_name_their_field(broker_stub):
+    now_ms = int(time.time() * 1000)
+    bad = [(enq(not_before_ms=now_ms * 1000), "not_before_ms"),      # microseconds
+           (enq(not_before_ms=now_ms // 1000), "not_before_ms"),      # seconds
+           (enq(not_before_ms=now_ms + 400 * 86_400_000), "not_before_ms"),
+           (enq(expires_at_ms=now_ms // 1000), "expires_at_ms"),      # seconds: long past
+           (enq(expires_at_ms=now_ms * 1000), "expires_at_ms"),
+           (enq(expires_at_ms=now_ms - 3_600_000), "expires_at_ms")]  # an hour ago
+    for req, field in bad:
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await broker_stub.Enqueue(req)
+        assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT, field
+        assert error_field(exc.value) == field
+    batch = await broker_stub.EnqueueBatch(pb.EnqueueBatchRequest(items=[
+        enq(not_before_ms=now_ms * 1000), enq(not_before_ms=now_ms + 60_000)]))
+    assert batch.results[0].error.field == "items[0].not_before_ms"
+    assert batch.results[1].status == pb.TASK_STATUS_SCHEDULED
+    ok = await broker_stub.Enqueue(enq(not_before_ms=now_ms - 1000,
+                                       expires_at_ms=now_ms + 60_000))
+    assert ok.status == pb.TASK_STATUS_QUEUED  # a due time just past runs at once

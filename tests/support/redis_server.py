@@ -35,9 +35,10 @@ class RedisServer:
     """One redis-server process on 127.0.0.1:<port> with its own data directory."""
 
     def __init__(self, port: int | None = None, appendonly: bool = True,
-                 directory: str | None = None) -> None:
+                 directory: str | None = None, extra_args: tuple[str, ...] = ()) -> None:
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.extra_args = extra_args
         self.dir = Path(directory or tempfile.mkdtemp(prefix="dtq-redis-"))
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -51,7 +52,8 @@ class RedisServer:
         cmd = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
                "--dir", str(self.dir), "--save", "", "--daemonize", "no",
                "--appendonly", "yes" if self.appendonly else "no",
-               "--appendfsync", "everysec", "--logfile", str(self.dir / "redis.log")]
+               "--appendfsync", "everysec", "--logfile", str(self.dir / "redis.log"),
+               *self.extra_args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout_s
         client = redis.Redis(port=self.port, socket_timeout=0.5)

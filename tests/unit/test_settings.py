@@ -64,3 +64,11 @@ def test_more_invalid_settings(env, needle):
     with pytest.raises(SettingsError) as err:
         load([], environ=env)
     assert needle in str(err.value)
+
+
+def test_boolean_settings_parse_and_refuse_garbage():
+    assert load([]).require_noeviction is True
+    assert load([], environ={"DTQ_REQUIRE_NOEVICTION": "false"}).require_noeviction is False
+    assert load(["--require-noeviction", "0"]).require_noeviction is False
+    with pytest.raises(SettingsError, match="DTQ_REQUIRE_NOEVICTION: expected true or false"):
+        load([], environ={"DTQ_REQUIRE_NOEVICTION": "maybe"})

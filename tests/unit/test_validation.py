@@ -6,7 +6,7 @@ import pytest
 
 from dtq_gateway.errors import InvalidArgument, TooLarge
 from dtq_gateway.settings import load
-from dtq_gateway.validation import validate_enqueue
+from dtq_gateway.validation import cut_utf8, validate_enqueue
 from dtq_proto import dtq_pb2 as pb
 
 SETTINGS = load([], environ={"DTQ_MAX_PAYLOAD_BYTES": "100"})
@@ -53,3 +53,11 @@ def test_bad_fields_are_named(kwargs, field):
     with pytest.raises(InvalidArgument) as err:
         validate_enqueue(pb.EnqueueRequest(**base), SETTINGS, prefix="items[2].")
     assert err.value.field == "items[2]." + field
+
+
+@pytest.mark.parametrize(("text", "limit", "want"), [
+    ("abc", 3, "abc"), ("abcd", 3, "abc"), ("é" * 3, 5, "éé"), ("é" * 3, 6, "ééé"),
+    ("a€", 3, "a"), ("😀x", 4, "😀"), ("😀x", 3, ""), ("", 0, "")])
+def test_cut_utf8_cuts_bytes_at_a_character_boundary(text, limit, want):
+    assert cut_utf8(text, limit) == want
+    assert len(cut_utf8(text, limit).encode()) <= limit

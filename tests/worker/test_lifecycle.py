@@ -48,7 +48,8 @@ async def test_reconnect_when_gateway_is_down_at_start():
     worker.register("t", lambda p, c: "ok")
     task = asyncio.create_task(worker.run_async(install_signal_handlers=False))
     try:
-        await poll_until(lambda: worker.stats["reconnects"] >= 2)
+        # the Lease call waits for the connection (wait_for_ready) instead of failing
+        await poll_until(lambda: worker._lease_stream_open)
         port = int(target.rsplit(":", 1)[1])
         server, _ = await start_server(broker, port)
         lease = await broker.push("t")

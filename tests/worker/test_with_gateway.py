@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 from dtq_proto import dtq_pb2
 from dtq_pyworker import AsyncClient, PermanentError, Retry, Worker
@@ -142,3 +143,38 @@ async def test_worker_survives_gateway_restart(redis_url):
     finally:
         if second is not None:
             await second.stop()
+
+
+async def test_hung_sync_handler_keeps_its_slot_and_times_out_once(gateway, caplog):
+    worker = _worker(gateway, concurrency=1)
+    ran: list[int] = []
+
+    @worker.task("hang")
+    def hang(payload, ctx):  # ignores its 1 s time limit and ctx.cancelled: runs 2.5 s
+        time.sleep(2.5)
+        return "late"
+
+    @worker.task("quick")
+    def quick(payload, ctx):
+        ran.append(payload["n"])
+        return payload["n"]
+
+    async with AsyncClient(f"127.0.0.1:{gateway.port}") as client, running(worker):
+        hung = (await client.enqueue("e2e", "hang", {}, timeout_ms=1000, max_attempts=1,
+                                     priority=9)).task_id
+        await poll_until(lambda: worker.threads_busy == 1, 10)
+        quick_ids = [(await client.enqueue("e2e", "quick", {"n": n}, timeout_ms=1000,
+                                           max_attempts=1)).task_id for n in range(4)]
+        dead = await client.wait(hung, 10)
+        # past its limit the hung thread still holds the only slot: nothing starts,
+        # and the heartbeat reports the slot as taken
+        await poll_until(lambda: worker._runtime.stuck_threads() == 1, 5)
+        assert ran == [] and worker._runtime.busy_slots() == 1
+        done = [await client.wait(t, 10) for t in quick_ids]
+        await poll_until(lambda: worker.threads_busy == 0, 5)
+    assert (dead.status, dead.last_error_class) == (dtq_pb2.TASK_STATUS_DEAD_LETTERED,
+                                                    "Timeout")
+    assert [a.outcome for a in dead.attempts] == ["failed"]  # reported once
+    assert [t.status for t in done] == [dtq_pb2.TASK_STATUS_SUCCEEDED] * 4
+    assert sorted(ran) == [0, 1, 2, 3] and worker.stats["timeouts"] == 1
+    assert any("slot stays taken" in r.getMessage() for r in caplog.records)

@@ -33,6 +33,22 @@ class RetryError extends TaskError {
   }
 }
 
+/**
+ * Cut a string to at most maxBytes bytes of UTF-8, at a character boundary (the
+ * proto's limits are in bytes; String.prototype.slice counts UTF-16 units).
+ *
+ * @param {string} text the string to cut
+ * @param {number} maxBytes limit in bytes of UTF-8
+ * @returns {string} text itself when it fits, else its longest prefix that fits
+ */
+function cutUtf8(text, maxBytes) {
+  const data = Buffer.from(text, 'utf8');
+  if (data.length <= maxBytes) return text;
+  let end = maxBytes;
+  while (end > 0 && (data[end] & 0xc0) === 0x80) end -= 1; // continuation byte: back up
+  return data.subarray(0, end).toString('utf8');
+}
+
 /** Fail item fields for an error thrown by a handler. */
 function describeError(err) {
   const isError = err instanceof Error;
@@ -40,11 +56,11 @@ function describeError(err) {
   if (isError && err.code === 'ENOENT') errorClass = 'FileNotFoundError';
   const message = isError ? err.message : String(err);
   return {
-    error_class: errorClass.slice(0, 128),
-    error_message: message.slice(0, 4096),
+    error_class: cutUtf8(errorClass, 128),
+    error_message: cutUtf8(message, 4096),
     retryable: !(isError && (err.retryable === false || err.nonRetryable === true)),
     retry_after_ms: isError && Number.isFinite(err.retryAfterMs) ? Math.max(0, Math.round(err.retryAfterMs)) : 0,
   };
 }
 
-module.exports = { TaskError, PermanentError, RetryError, describeError };
+module.exports = { TaskError, PermanentError, RetryError, describeError, cutUtf8 };

@@ -37,6 +37,32 @@ function channelCredentials(config) {
   return grpc.credentials.createSsl(ca);
 }
 
+/** HTTP/2 keepalive, in ms: a PING every 10 s even while the Lease stream is idle;
+ * no answer within 5 s closes the connection, so a black-holed one is found in 15 s. */
+const KEEPALIVE_TIME_MS = 10000;
+const KEEPALIVE_TIMEOUT_MS = 5000;
+
+/**
+ * Channel options: message size, keepalive, and a connection backoff bounded by the
+ * worker's own reconnect backoff (DTQ_RECONNECT_BASE_MS .. DTQ_RECONNECT_MAX_MS).
+ * grpc-js alone backs off up to 120 s between connection attempts, during which
+ * calls fail at once, so the worker came back long after its gateway did.
+ *
+ * @param {object} config from loadConfig()
+ * @returns {object} grpc-js channel options
+ */
+function channelOptions(config) {
+  return {
+    'grpc.max_receive_message_length': 16 * 1024 * 1024,
+    'grpc.primary_user_agent': 'dtq-node-worker/0.1.0',
+    'grpc.keepalive_time_ms': KEEPALIVE_TIME_MS,
+    'grpc.keepalive_timeout_ms': KEEPALIVE_TIMEOUT_MS,
+    'grpc.keepalive_permit_without_calls': 1,
+    'grpc.initial_reconnect_backoff_ms': config.reconnectBaseMs,
+    'grpc.max_reconnect_backoff_ms': config.reconnectMaxMs,
+  };
+}
+
 /**
  * Create the Broker client for a configuration.
  *
@@ -45,10 +71,7 @@ function channelCredentials(config) {
  */
 function createBroker(config) {
   const dtq = loadDtq(config.protoPath);
-  const broker = new dtq.Broker(config.gateway, channelCredentials(config), {
-    'grpc.max_receive_message_length': 16 * 1024 * 1024,
-    'grpc.primary_user_agent': 'dtq-node-worker/0.1.0',
-  });
+  const broker = new dtq.Broker(config.gateway, channelCredentials(config), channelOptions(config));
   const metadata = () => {
     const md = new grpc.Metadata();
     if (config.token) md.set('authorization', `Bearer ${config.token}`);
@@ -77,4 +100,4 @@ function unary(broker, method, request, metadata, deadlineMs) {
   });
 }
 
-module.exports = { loadDtq, createBroker, unary, LOADER_OPTIONS };
+module.exports = { loadDtq, createBroker, channelOptions, unary, LOADER_OPTIONS };

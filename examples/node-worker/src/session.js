@@ -70,7 +70,11 @@ class LeaseSession {
   /** Open one Lease stream; resolves with its final status. */
   once() {
     return new Promise((resolve) => {
-      const call = this.broker.Lease(this.request(), this.metadata());
+      // wait for the channel to (re)connect instead of failing at once while it backs
+      // off: the stream opens as soon as the gateway serves again
+      const md = this.metadata();
+      md.setOptions({ waitForReady: true });
+      const call = this.broker.Lease(this.request(), md);
       this.call = call;
       this.ended = new Promise((r) => call.on('status', () => r(true)));
       call.on('data', (msg) => this.onMessage(msg));

@@ -9,7 +9,7 @@ const path = require('node:path');
 const { loadConfig, ConfigError } = require('../src/config');
 const { Backoff } = require('../src/backoff');
 const { decodePayload, encodeResult, isJson } = require('../src/task');
-const { describeError, PermanentError, RetryError } = require('../src/errors');
+const { cutUtf8, describeError, PermanentError, RetryError } = require('../src/errors');
 const demo = require('../src/handlers/demo');
 const conf = require('../src/handlers/conf');
 
@@ -120,4 +120,22 @@ test('conf.fail honours retryable and message', async () => {
 test('conf.echo returns the payload bytes', async () => {
   const bytes = Buffer.from([1, 2, 3]);
   assert.equal(await conf.handlers['conf.echo'](null, { payloadBytes: bytes }), bytes);
+});
+
+test('errors: error text is cut by UTF-8 bytes at a character boundary', () => {
+  assert.equal(cutUtf8('abcd', 3), 'abc');
+  assert.equal(cutUtf8('ééé', 5), 'éé');
+  assert.equal(cutUtf8('a€', 3), 'a');
+  assert.equal(cutUtf8('😀x', 4), '😀');
+  const item = describeError(new Error('é'.repeat(3000)));
+  assert.equal(Buffer.byteLength(item.error_message), 4096);
+});
+
+test('rpc: channel keepalive and a reconnect backoff capped by DTQ_RECONNECT_MAX_MS', () => {
+  const { channelOptions } = require('../src/rpc');
+  const opts = channelOptions(loadConfig({ DTQ_QUEUE: 'q', DTQ_RECONNECT_MAX_MS: '3000' }));
+  assert.equal(opts['grpc.max_reconnect_backoff_ms'], 3000);
+  assert.equal(opts['grpc.initial_reconnect_backoff_ms'], 200);
+  assert.equal(opts['grpc.keepalive_time_ms'], 10000);
+  assert.equal(opts['grpc.keepalive_permit_without_calls'], 1);
 });
