@@ -17,7 +17,7 @@ from dtq_gateway import keys, observe
 from dtq_gateway.errors import DtqError, NotFound, QueueFull, WrongState
 from dtq_gateway.groups import Groups
 from dtq_gateway.replies import text as _s
-from dtq_gateway.scripts import Script, call_chunks, execute
+from dtq_gateway.scripts import Script, call_each, execute
 from dtq_gateway.settings import Settings
 from dtq_gateway.validation import NewTask
 
@@ -72,13 +72,16 @@ class Broker:
                      t.expires_at_ms, t.ttl_ms, takeover)
         return keys_, args
 
-    async def enqueue_many(self, tasks: list[NewTask]) -> list[Enqueued | DtqError]:
+    async def enqueue_many(self, tasks: list[NewTask]) -> list[Enqueued | Exception]:
         """Enqueue validated tasks in one round trip; per-item outcomes.
 
         The tasks go out as enqueue.lua calls of at most ``CHUNK`` tasks each, pipelined
-        (one EVALSHA for a unary Enqueue). Returns one :class:`Enqueued` or
-        :class:`DtqError` (QueueFull) per task, in order. Raises redis connection errors
-        (mapped to UNAVAILABLE by the servicer).
+        (one EVALSHA for a unary Enqueue). Returns one :class:`Enqueued` or exception
+        per task, in order: :class:`QueueFull`, or the Redis error of the task's chunk
+        (a chunk is one script call, refused as a whole, e.g. OutOfMemoryError at
+        ``maxmemory``; the other chunks' outcomes stand, so a resend of the failed items
+        stores nothing twice). A single task's Redis error is raised, as are connection
+        errors of a single call (the servicer maps them to a status).
         """
         await self.groups.ensure(self.redis, {t.queue for t in tasks})
         if len(tasks) == 1 and self.read_ahead is not None and not tasks[0].delay_ms \
@@ -86,11 +89,20 @@ class Broker:
             ahead = self.read_ahead(tasks[0].queue, tasks[0].task_type)
             if ahead is not None:
                 return [await self._enqueue_read_ahead(tasks[0], ahead)]
-        replies = await call_chunks(self.redis, ENQUEUE, [
+        chunks = await call_each(self.redis, ENQUEUE, [
             self._enqueue_call(tasks[i:i + CHUNK]) for i in range(0, len(tasks), CHUNK)])
-        out: list[Enqueued | DtqError] = []
-        for task, reply in zip(tasks, replies):
-            out.append(await self._outcome(task, reply))
+        if len(tasks) == 1 and isinstance(chunks[0], Exception):
+            raise chunks[0]  # a unary Enqueue answers the error as its status
+        out: list[Enqueued | Exception] = []
+        for i, chunk in enumerate(chunks):
+            part = tasks[i * CHUNK:(i + 1) * CHUNK]
+            if isinstance(chunk, Exception):
+                # a chunk is one script call: refused as a whole (Redis refuses a script
+                # at its first write), the other chunks' outcomes stand
+                out += [chunk] * len(part)
+                continue
+            for task, reply in zip(part, chunk):
+                out.append(await self._outcome(task, reply))
         fresh = [o.queue for o in out if isinstance(o, Enqueued) and not o.deduplicated]
         for q in set(fresh):
             observe.enqueued(q, fresh.count(q))

@@ -70,7 +70,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
             self.admit()
             task = validate_enqueue(request, self.settings)
             (out,) = await self.broker.enqueue_many([task])
-            if isinstance(out, DtqError):
+            if isinstance(out, Exception):
                 raise out
         except Exception as exc:  # noqa: BLE001 - mapped to a status in one place
             await grpc_errors.abort(context, exc)

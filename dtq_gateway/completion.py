@@ -180,6 +180,8 @@ class Completion:
                                         s.lease_grace_ms))
             checked.append(lid)
         replies = await execute(self.redis, pipe)
+        if isinstance(replies[0], Exception):  # the worker record was not refreshed
+            raise replies[0]
         cancelled = []
         for lid, reply in zip(checked, replies[1:]):
             if isinstance(reply, Exception):
@@ -205,4 +207,6 @@ class Completion:
         """Record a session start ("started") or end ("stopped") with its event."""
         pipe = self.redis.pipeline(transaction=False)
         self.queue_worker_beat(pipe, worker_id, hostname, event, "", concurrency or "")
-        await execute(self.redis, pipe)
+        (reply,) = await execute(self.redis, pipe)
+        if isinstance(reply, Exception):
+            raise reply

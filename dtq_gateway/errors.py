@@ -82,6 +82,14 @@ class Unavailable(DtqError):
     reason = "REDIS_UNAVAILABLE"
 
 
+class RedisFull(DtqError):
+    """Redis reached ``maxmemory`` under ``noeviction`` and refused the write; nothing was
+    written by the refused call (a script is refused at its first write)."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "REDIS_OUT_OF_MEMORY"
+
+
 class Unauthenticated(DtqError):
     """No or unknown bearer token."""
 

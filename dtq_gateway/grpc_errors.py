@@ -15,10 +15,11 @@ import grpc
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
+from redis.exceptions import BusyLoadingError, MasterDownError, OutOfMemoryError, ReadOnlyError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from dtq_gateway.errors import DtqError, Unavailable
+from dtq_gateway.errors import DtqError, RedisFull, Unavailable
 from dtq_proto import dtq_pb2
 
 log = logging.getLogger(__name__)
@@ -26,11 +27,20 @@ DOMAIN = "dtq.v1"
 
 
 def to_dtq_error(exc: BaseException) -> DtqError:
-    """Map any exception to a DtqError (Redis outages → Unavailable, else INTERNAL)."""
+    """Map any exception to a DtqError.
+
+    Redis unreachable, loading, read-only (a replica after a failover) or without a
+    primary → UNAVAILABLE (REDIS_UNAVAILABLE); Redis at ``maxmemory`` → RESOURCE_EXHAUSTED
+    (REDIS_OUT_OF_MEMORY); anything else → INTERNAL, logged with its traceback.
+    """
     if isinstance(exc, DtqError):
         return exc
-    if isinstance(exc, (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)):
-        return Unavailable(f"redis unreachable: {exc.__class__.__name__}", retry_after_ms=1000)
+    if isinstance(exc, OutOfMemoryError):
+        return RedisFull("Redis is out of memory (maxmemory reached): the request was not "
+                         "stored; retry later", retry_after_ms=1000)
+    if isinstance(exc, (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError,
+                        BusyLoadingError, ReadOnlyError, MasterDownError)):
+        return Unavailable(f"redis unavailable: {exc.__class__.__name__}", retry_after_ms=1000)
     log.exception("internal error", exc_info=exc)
     return DtqError("internal error")
 

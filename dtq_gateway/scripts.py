@@ -113,18 +113,28 @@ async def execute(client: Redis, pipe: Any) -> list[Any]:
     return replies
 
 
-async def call_chunks(client: Redis, script: Script,
-                      calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
-    """Run calls of a script that answers one list per call (one item per input) and
-    return the items concatenated, in order: one EVALSHA for a single call, one
-    pipeline otherwise. Raises the first failed call's error."""
+async def call_each(client: Redis, script: Script,
+                    calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+    """Run calls of a script; one reply per call, in order, with a failed call's error
+    in its place (one EVALSHA for a single call, one pipeline otherwise). Connection
+    errors of a single call are raised."""
     if len(calls) == 1:
-        return list(await script(client, *calls[0]))
+        try:
+            return [await script(client, *calls[0])]
+        except ResponseError as exc:
+            return [exc]
     pipe = client.pipeline(transaction=False)
     for keys_, args in calls:
         script.queue(pipe, keys_, args)
+    return await execute(client, pipe)
+
+
+async def call_chunks(client: Redis, script: Script,
+                      calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+    """Run calls of a script that answers one list per call (one item per input) and
+    return the items concatenated, in order. Raises the first failed call's error."""
     items: list[Any] = []
-    for reply in await execute(client, pipe):
+    for reply in await call_each(client, script, calls):
         if isinstance(reply, Exception):
             raise reply
         items += reply

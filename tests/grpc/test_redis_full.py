@@ -1,0 +1,77 @@
+"""Redis at maxmemory (noeviction): every refused write is an error to its caller.
+
+A script is refused at its first write, so an EnqueueBatch chunk (one script call of
+up to 100 tasks) is stored whole or not at all; items answer per chunk.
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+import redis.asyncio as aioredis
+
+from dtq_gateway import keys
+from dtq_gateway.server import Gateway
+from dtq_proto import dtq_pb2 as pb
+from dtq_proto import dtq_pb2_grpc
+from tests.conftest import gateway_settings
+from tests.support.leasing import error_reason
+
+PAYLOAD = b'{"pad":"' + b"x" * 900 + b'"}'
+
+
+def enq(**kw) -> pb.EnqueueRequest:
+    return pb.EnqueueRequest(queue="q", task_type="t", payload=PAYLOAD, **kw)
+
+
+@pytest.fixture
+async def full_env(own_redis):
+    gw = Gateway(gateway_settings(own_redis.url), own_redis.url)
+    await gw.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}")
+    r = aioredis.Redis.from_url(own_redis.url)
+    yield dtq_pb2_grpc.BrokerStub(channel), r
+    await r.config_set("maxmemory", 0)
+    await channel.close()
+    await gw.stop()
+    await r.aclose()
+
+
+async def _cap_memory(r: aioredis.Redis, headroom_bytes: int) -> None:
+    used = int((await r.info("memory"))["used_memory"])
+    await r.config_set("maxmemory", used + headroom_bytes)
+
+
+async def test_batch_over_maxmemory_answers_per_chunk_and_stores_no_half_chunk(full_env):
+    stub, r = full_env
+    await stub.Enqueue(pb.EnqueueRequest(queue="q", task_type="t", payload=b"{}"))  # groups
+    await _cap_memory(r, 300_000)  # room for a few 100-task chunks of ~1 KB tasks
+    resp = await stub.EnqueueBatch(pb.EnqueueBatchRequest(items=[enq() for _ in range(1000)]))
+    stored = [res.task_id for res in resp.results if res.task_id]
+    refused = [res.error for res in resp.results if not res.task_id]
+    assert stored and refused, "the cap should stop the batch part-way"
+    assert len(stored) % 100 == 0, "a chunk is stored whole or not at all"
+    assert {(e.code, e.reason) for e in refused} == {
+        (grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], "REDIS_OUT_OF_MEMORY")}
+    assert await r.xlen(keys.stream("q", 5)) == len(stored) + 1
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.Enqueue(enq())
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error_reason(err.value) == "REDIS_OUT_OF_MEMORY"
+    await r.config_set("maxmemory", 0)  # memory freed: resending the refused items
+    again = await stub.EnqueueBatch(pb.EnqueueBatchRequest(items=[enq() for _ in refused]))
+    assert all(res.task_id for res in again.results)
+    assert await r.xlen(keys.stream("q", 5)) == 1 + len(stored) + len(refused)
+
+
+async def test_heartbeat_and_lease_report_a_full_redis(full_env):
+    stub, r = full_env
+    await stub.Heartbeat(pb.HeartbeatRequest(worker_id="w1"))
+    await _cap_memory(r, -1_000_000)  # below what is used: every write is refused
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.Heartbeat(pb.HeartbeatRequest(worker_id="w1"))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    call = stub.Lease(pb.LeaseRequest(worker_id="w2", queues=["q"], max_in_flight=1))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call.read()
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
