@@ -79,6 +79,8 @@ METRICS_QUEUES_OMITTED = Gauge("dtq_metrics_queues_omitted",
 LEASE_SESSIONS = Gauge("dtq_lease_sessions", "Open Lease streams on this gateway replica.")
 REDIS_EVICTION_SAFE = Gauge("dtq_redis_eviction_safe", "1 when Redis maxmemory-policy is "
                             "noeviction, 0 when Redis may evict dtq's keys, -1 when unknown.")
+REDIS_MEMORY_FULL = Gauge("dtq_redis_memory_full", "1 while Redis used_memory has reached "
+                          "maxmemory (writes are refused), else 0.")
 
 
 def start_metrics_server(host: str, port: int) -> Any:

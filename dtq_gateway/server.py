@@ -25,6 +25,7 @@ from dtq_gateway.broker_servicer import BrokerServicer
 from dtq_gateway.completion import Completion, ItemOutcome
 from dtq_gateway.dispatch import Dispatcher
 from dtq_gateway.groups import Groups
+from dtq_gateway.metrics import REDIS_MEMORY_FULL
 from dtq_gateway.ops import Operations, server_interceptors
 from dtq_gateway.redis_policy import EvictionPolicyWatch
 from dtq_gateway.scheduler import Scheduler
@@ -76,17 +77,22 @@ def redis_client(settings: Settings, url: str) -> Redis:
 
 class HealthProbe:
     """PINGs Redis every second; health is SERVING only while Redis answers, the
-    gateway is not draining and (with DTQ_REQUIRE_NOEVICTION) Redis may not evict
-    keys. The eviction policy is read again every ``policy.interval_s``."""
+    gateway is not draining, Redis's memory is not full (``used_memory`` at
+    ``maxmemory``: every write would be refused) and (with DTQ_REQUIRE_NOEVICTION) Redis
+    may not evict keys. Memory is read every ``memory_check_s`` (INFO memory), the
+    eviction policy every ``policy.interval_s``."""
 
     def __init__(self, redis: Redis, servicer: health.aio.HealthServicer,
                  draining: asyncio.Event, policy: EvictionPolicyWatch,
-                 interval_s: float = 1.0) -> None:
+                 interval_s: float = 1.0, memory_check_s: float = 2.0) -> None:
         self.redis = redis
         self.servicer = servicer
         self.draining = draining
         self.policy = policy
         self.interval_s = interval_s
+        self.memory_check_s = memory_check_s
+        self.memory_full = False
+        self._memory_at = float("-inf")
         self.redis_ok = False
         self._task: asyncio.Task | None = None
 
@@ -110,9 +116,30 @@ class HealthProbe:
         if ok:
             try:
                 await self.policy.maybe_check()
-            except Exception:  # Redis went away: keep the last known policy
-                log.debug("reading the eviction policy failed", exc_info=True)
-        await self._set(ok and not self.draining.is_set() and not self.policy.refusing)
+                await self._check_memory()
+            except Exception:  # Redis went away: keep the last known state
+                log.debug("reading the eviction policy or memory failed", exc_info=True)
+        await self._set(ok and not self.draining.is_set() and not self.policy.refusing
+                        and not self.memory_full)
+
+    async def _check_memory(self) -> None:
+        """Read used_memory / maxmemory (INFO memory) every ``memory_check_s``."""
+        now = time.monotonic()
+        if now - self._memory_at < self.memory_check_s:
+            return
+        self._memory_at = now
+        info = await self.redis.info("memory")
+        limit = int(info.get("maxmemory") or 0)
+        full = limit > 0 and int(info.get("used_memory") or 0) >= limit
+        if full != self.memory_full:
+            if full:
+                log.warning("redis memory is full (used_memory %s >= maxmemory %s): writes "
+                            "are refused with REDIS_OUT_OF_MEMORY; health NOT_SERVING",
+                            info.get("used_memory"), limit)
+            else:
+                log.info("redis memory is no longer full; health follows Redis again")
+        self.memory_full = full
+        REDIS_MEMORY_FULL.set(1 if full else 0)
 
     async def run(self) -> None:
         """Probe until cancelled."""

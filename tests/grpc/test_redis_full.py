@@ -6,6 +6,8 @@ up to 100 tasks) is stored whole or not at all; items answer per chunk.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import grpc
 import pytest
 import redis.asyncio as aioredis
@@ -30,7 +32,7 @@ async def full_env(own_redis):
     await gw.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}")
     r = aioredis.Redis.from_url(own_redis.url)
-    yield dtq_pb2_grpc.BrokerStub(channel), r
+    yield SimpleNamespace(stub=dtq_pb2_grpc.BrokerStub(channel), r=r, channel=channel)
     await r.config_set("maxmemory", 0)
     await channel.close()
     await gw.stop()
@@ -43,7 +45,7 @@ async def _cap_memory(r: aioredis.Redis, headroom_bytes: int) -> None:
 
 
 async def test_batch_over_maxmemory_answers_per_chunk_and_stores_no_half_chunk(full_env):
-    stub, r = full_env
+    stub, r = full_env.stub, full_env.r
     await stub.Enqueue(pb.EnqueueRequest(queue="q", task_type="t", payload=b"{}"))  # groups
     await _cap_memory(r, 300_000)  # room for a few 100-task chunks of ~1 KB tasks
     resp = await stub.EnqueueBatch(pb.EnqueueBatchRequest(items=[enq() for _ in range(1000)]))
@@ -65,7 +67,7 @@ async def test_batch_over_maxmemory_answers_per_chunk_and_stores_no_half_chunk(f
 
 
 async def test_heartbeat_and_lease_report_a_full_redis(full_env):
-    stub, r = full_env
+    stub, r = full_env.stub, full_env.r
     await stub.Heartbeat(pb.HeartbeatRequest(worker_id="w1"))
     await _cap_memory(r, -1_000_000)  # below what is used: every write is refused
     with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -75,3 +77,22 @@ async def test_heartbeat_and_lease_report_a_full_redis(full_env):
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await call.read()
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+
+async def test_health_is_not_serving_while_redis_memory_is_full(full_env):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from tests.support.leasing import poll
+
+    r = full_env.r
+    health = health_pb2_grpc.HealthStub(full_env.channel)
+
+    async def status() -> int:
+        return (await health.Check(health_pb2.HealthCheckRequest())).status
+
+    assert await poll(status, lambda s: s == health_pb2.HealthCheckResponse.SERVING)
+    await _cap_memory(r, -1_000_000)
+    assert await poll(status, lambda s: s == health_pb2.HealthCheckResponse.NOT_SERVING)
+    await r.config_set("maxmemory", 0)
+    assert await poll(status, lambda s: s == health_pb2.HealthCheckResponse.SERVING)
