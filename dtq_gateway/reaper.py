@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 from typing import Any
 
 from redis.asyncio import Redis
@@ -77,21 +78,40 @@ class Reaper(PeriodicDuty):
         self.counts: Counts = collections.Counter()
         #: reap_queue.lua calls since start (what a tick costs: one per busy queue).
         self.queue_calls = 0
+        #: no reclaim before this time (monotonic s), see :meth:`hold`
+        self._hold_until = 0.0
+
+    def hold(self) -> None:
+        """Reclaim nothing for one visibility timeout from now.
+
+        Called when leadership starts and when Redis is reachable again after failed
+        ticks: leases can then look expired only because their workers could not reach a
+        gateway or Redis to heartbeat (a gateway restart, an outage), and a live worker
+        gets one visibility timeout to heartbeat before its lease is reclaimed. A lease
+        whose worker is really gone is reclaimed at most one visibility timeout later.
+        """
+        self._hold_until = time.monotonic() + self._settings.visibility_timeout_s
 
     def leadership_started(self) -> None:
-        """Check the registry marker again at the next tick (one EXISTS per leadership)."""
+        """Check the registry marker again at the next tick (one EXISTS per leadership),
+        and :meth:`hold` reclaims for one visibility timeout."""
         self._registry_checked = False
+        self.hold()
 
     def interval_s(self) -> float:
         """A quarter of the visibility timeout, within [0.25, 5] s."""
         return min(5.0, max(0.25, self._settings.visibility_timeout_s / 4))
 
     def active(self) -> bool:
-        """Only the scheduler leader reaps."""
-        return self._lock.is_leader
+        """Only the scheduler leader reaps, and not while it holds (see :meth:`hold`)."""
+        return self._lock.is_leader and time.monotonic() >= self._hold_until
 
     async def tick(self) -> None:
-        """Reap every busy queue once (bounded per queue)."""
+        """Reap every busy queue once (bounded per queue); the first tick after failed
+        ones (Redis unreachable) only starts a :meth:`hold`."""
+        if self.failures:
+            self.hold()
+            return
         if not self._registry_checked:
             await groups.backfill_registry(self._redis)
             self._registry_checked = True
