@@ -172,13 +172,17 @@ class Broker:
             NotFound: unknown task.
             WrongState: the task is already terminal.
         """
-        idem = await self.redis.hmget(keys.task(task_id), "queue", "idem_digest")
+        idem = await self.redis.hmget(keys.task(task_id), "queue", "idem_digest", "priority")
         has_idem = bool(idem[0] and idem[1])
+        queue, band = _s(idem[0] or b""), _s(idem[2] or b"")
+        valid = keys.QUEUE_RE.match(queue) and len(band) == 1 and band.isdigit()
+        stream = keys.stream(queue, int(band)) if valid else keys.task(task_id)
         keys_ = [keys.task(task_id), keys.CANCELLED, keys.RETRY_SCHEDULE, keys.AUDIT,
-                 keys.idempotency(_s(idem[0]), _s(idem[1])) if has_idem else keys.task(task_id)]
+                 keys.idempotency(_s(idem[0]), _s(idem[1])) if has_idem else keys.task(task_id),
+                 stream]
         reply = await CANCEL(self.redis, keys_, Script.argv(
             task_id, actor, request_id, reason[:1024], self.settings.audit_maxlen,
-            self.settings.task_retention_s, "1" if has_idem else "0"))
+            self.settings.task_retention_s, "1" if has_idem else "0", keys.GROUP))
         kind = _s(reply[0])
         if kind == "missing":
             raise NotFound(f"task {task_id} not found", field="task_id")

@@ -1,13 +1,20 @@
 -- cancel: cancel a queued or scheduled task, or flag an active one; audited.
+-- A queued task's entry is deleted at once when no read has taken it yet, so depth,
+-- the depth gate and the backlog age count live tasks only; an entry a lease_read
+-- already took (the moment before its activation) is left to activate.lua, which
+-- acks it away and drops the id from the cancelled set.
 -- KEYS[1] task hash  [2] cancelled set  [3] retry schedule zset  [4] audit stream
 -- KEYS[5] idempotency record or the task hash again (see has_idem)
+-- KEYS[6] the task's band stream (its queue and priority; the task hash again when
+--         the record could not be read)
 -- ARGV[3] task id  [4] actor  [5] request id  [6] reason  [7] audit MAXLEN (~)
--- ARGV[8] task retention s  [9] has_idem '1'/'0'
+-- ARGV[8] task retention s  [9] has_idem '1'/'0'  [10] consumer group
 -- Reply: {'cancelled'} | {'requested'} | {'terminal', status} | {'missing'}
 local task_key, cancelled_key, schedule_key, audit_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local idem_key = ARGV[9] == '1' and KEYS[5] or nil
 local task_id = ARGV[3]
-local h = redis.call('HMGET', task_key, 'status', 'queue', 'task_type', 'attempt', 'worker_id')
+local h = redis.call('HMGET', task_key, 'status', 'queue', 'task_type', 'attempt', 'worker_id',
+  'entry_id')
 local status = h[1]
 if not status then return {'missing'} end
 if status ~= 'queued' and status ~= 'scheduled' and status ~= 'active' then
@@ -20,7 +27,18 @@ if status == 'active' then
   reply = {'requested'}
 else
   if status == 'queued' then
-    redis.call('SADD', cancelled_key, task_id)  -- the lease path acks the entry away
+    local stream, entry_id = KEYS[6], h[6]
+    local taken = true
+    if stream ~= task_key and entry_id and entry_id ~= '' then
+      local p = redis.pcall('XPENDING', stream, ARGV[10], entry_id, entry_id, 1)
+      taken = type(p) ~= 'table' or p.err ~= nil or #p > 0
+    end
+    if taken then
+      redis.call('SADD', cancelled_key, task_id)  -- activate.lua acks the entry away
+    else
+      redis.call('XDEL', stream, entry_id)
+    end
+    redis.call('HSET', task_key, 'entry_id', '')
   else
     redis.call('ZREM', schedule_key, task_id)
   end

@@ -210,3 +210,31 @@ async def test_requeue_refuses_a_dead_letter_whose_key_a_live_task_holds(broker_
     assert t2.task_id in err.value.details()
     got = (await broker_stub.GetTask(pb.GetTaskRequest(task_id=t1.task_id))).task
     assert got.status == pb.TASK_STATUS_DEAD_LETTERED
+
+
+async def test_depth_gate_counts_live_tasks_only(redis_url):
+    """DTQ_MAX_QUEUE_DEPTH=20: 20 enqueued then all cancelled leave room for more (the
+    cancelled tasks' entries used to count until a worker read them)."""
+    import grpc
+
+    from dtq_gateway.server import Gateway
+    from dtq_proto import dtq_pb2_grpc
+    from tests.conftest import gateway_settings
+    from tests.support.leasing import error_reason
+
+    gw = Gateway(gateway_settings(redis_url, max_queue_depth=20), redis_url)
+    await gw.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}")
+    stub = dtq_pb2_grpc.BrokerStub(channel)
+    try:
+        resp = await stub.EnqueueBatch(pb.EnqueueBatchRequest(items=[enq() for _ in range(20)]))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Enqueue(enq())
+        assert error_reason(err.value) == "QUEUE_FULL"
+        for res in resp.results:
+            await stub.CancelTask(pb.CancelTaskRequest(task_id=res.task_id))
+        after = await stub.Enqueue(enq())
+        assert after.status == pb.TASK_STATUS_QUEUED
+    finally:
+        await channel.close()
+        await gw.stop()

@@ -233,15 +233,32 @@ async def test_activate_expires_a_task_past_its_deadline(env):
     assert await env.redis.xlen(keys.stream("q", 5)) == 0
 
 
-async def test_cancelled_queued_task_is_acked_away_and_leaves_the_set(env):
+async def test_cancel_of_an_unread_queued_task_deletes_its_entry_at_once(env):
+    """Depth, the depth gate and the backlog age count live tasks only."""
     tid = await env.enqueue()
     assert await env.broker.cancel(tid, "tester", "req-1", "why") == "cancelled"
-    assert await env.redis.sismember(keys.CANCELLED, tid)
-    assert await env.lease() == []
-    assert not await env.redis.sismember(keys.CANCELLED, tid)
     assert await env.redis.xlen(keys.stream("q", 5)) == 0
+    assert not await env.redis.sismember(keys.CANCELLED, tid)
+    assert await env.lease() == []
     audit = await env.redis.xrange(keys.AUDIT)
     assert audit[0][1][b"action"] == b"cancel_task" and audit[0][1][b"actor"] == b"tester"
+
+
+async def test_cancel_of_an_entry_already_read_is_acked_away_at_activation(env):
+    """An entry that a lease_read took just before the cancel (not yet activated) stays
+    for activate.lua, which acks it away and clears the cancelled set."""
+    tid = await env.enqueue()
+    session = Session(worker_id="w1", queues=["q"], max_in_flight=10)
+    ((_, entries),) = await env.redis.xreadgroup(keys.GROUP, "w1", {keys.stream("q", 5): ">"})
+    assert await env.broker.cancel(tid, "tester", "req-1", "why") == "cancelled"
+    assert await env.redis.sismember(keys.CANCELLED, tid)
+    index = session.streams.index(keys.stream("q", 5)) + 1
+    flat = [x for kv in entries[0][1].items() for x in kv]
+    assert await env.dispatcher._activate(session, session.streams,
+                                          [(index, entries[0][0], flat)]) == 0
+    assert not await env.redis.sismember(keys.CANCELLED, tid)
+    assert await env.redis.xlen(keys.stream("q", 5)) == 0
+    assert await env.status(tid) == "cancelled"
 
 
 async def test_paused_queue_leases_nothing(env):
