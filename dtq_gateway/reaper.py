@@ -41,6 +41,10 @@ log = logging.getLogger(__name__)
 
 _REAP_QUEUE = Script("reap_queue")
 _RECLAIM = Script("reclaim")
+_PRUNE_CONSUMERS = Script("prune_consumers")
+#: How often one busy queue's consumers are pruned (s, or DTQ_CONSUMER_PRUNE_IDLE_S when
+#: shorter); a queue that drains is pruned once more DTQ_CONSUMER_PRUNE_IDLE_S later.
+PRUNE_EVERY_S = 60.0
 
 #: Entries claimed per stream per reap_queue.lua call.
 CLAIM_COUNT = 100
@@ -80,6 +84,12 @@ class Reaper(PeriodicDuty):
         self.queue_calls = 0
         #: no reclaim before this time (monotonic s), see :meth:`hold`
         self._hold_until = 0.0
+        #: busy queue -> when its consumers were last pruned (monotonic s)
+        self._pruned_at: dict[str, float] = {}
+        #: drained queue -> when to prune its consumers once more (monotonic s)
+        self._prune_later: dict[str, float] = {}
+        #: consumers deleted by prune_consumers.lua since start
+        self.consumers_pruned = 0
 
     def hold(self) -> None:
         """Reclaim nothing for one visibility timeout from now.
@@ -117,6 +127,12 @@ class Reaper(PeriodicDuty):
             self._registry_checked = True
         busy = await self.busy_queues()
         self._cursors = {q: c for q, c in self._cursors.items() if q in busy}
+        self._pruned_at = {q: t for q, t in self._pruned_at.items() if q in busy}
+        now = time.monotonic()
+        due = [q for q, at in self._prune_later.items() if at <= now]
+        for q in due:
+            del self._prune_later[q]
+        await self._prune(due)
         for start in range(0, len(busy), QUEUES_PER_PIPELINE):
             if self.stopping or not self._lock.is_leader:
                 return
@@ -150,12 +166,40 @@ class Reaper(PeriodicDuty):
             claimed, todo = await self._claim(todo, per_queue)
             if claimed:
                 await self._reclaim(claimed, per_queue)
+        now = time.monotonic()
+        idle_s = self._settings.consumer_prune_idle_s
+        for q in queues:
+            if per_queue[q]["drained"]:  # its workers' consumers go idle from now on
+                self._prune_later[q] = now + idle_s
+        await self._prune([q for q in queues if not per_queue[q]["drained"]
+                           and now - self._pruned_at.setdefault(q, now)
+                           >= min(PRUNE_EVERY_S, idle_s)])
         for queue, counts in per_queue.items():
             self.counts.update(counts)
             observe.reaped(queue, counts)
             if set(counts) - {"drained"}:
                 log.info("reaper: %s", dict(counts), extra={"queue": queue})
         return dict(per_queue)
+
+    async def _prune(self, queues: list[str]) -> None:
+        """Delete the consumers of gone workers in these queues (one pipeline): no
+        pending entry, no read for DTQ_CONSUMER_PRUNE_IDLE_S."""
+        if not queues:
+            return
+        pipe = self._redis.pipeline(transaction=False)
+        for q in queues:
+            _PRUNE_CONSUMERS.queue(pipe, keys.queue_streams_desc(q), _PRUNE_CONSUMERS.argv(
+                keys.GROUP, int(self._settings.consumer_prune_idle_s * 1000),
+                keys.REAPER_CONSUMER))
+        now = time.monotonic()
+        for q, reply in zip(queues, await execute(self._redis, pipe)):
+            self._pruned_at[q] = now
+            if isinstance(reply, Exception):
+                log.warning("reaper: prune_consumers failed: %r", reply, extra={"queue": q})
+            elif int(reply):
+                self.consumers_pruned += int(reply)
+                log.info("reaper: deleted %d consumers of gone workers", int(reply),
+                         extra={"queue": q})
 
     async def _claim(self, queues: list[str], per_queue: dict[str, Counts]
                      ) -> tuple[list[tuple[str, str, Any]], list[str]]:

@@ -79,6 +79,9 @@ class Settings:
     events_max_deliveries_per_s: int = field(default=5000, metadata=_meta(
         "Events buffered for Events.Subscribe streams per second, all streams together "
         "(events x subscribers); beyond it events are dropped and counted."))
+    consumer_prune_idle_s: float = field(default=300.0, metadata=_meta(
+        "A worker id's consumer in a queue's streams is deleted once it holds no pending "
+        "entry and has not read for this long (s); checked per busy queue every minute."))
     shutdown_grace_s: float = field(default=10.0, metadata=_meta(
         "On SIGTERM, unary calls get this long to finish (s)."))
     grpc_keepalive_time_ms: int = field(default=10000, metadata=_meta(
@@ -140,7 +143,7 @@ _POSITIVE = {
     "default_max_attempts", "default_timeout_ms", "backoff_base_ms", "backoff_cap_ms",
     "max_in_flight_cap", "scheduler_interval_ms", "result_max_bytes", "redis_max_connections",
     "events_max_subscribers", "events_max_deliveries_per_s",
-    "metrics_max_queues",
+    "metrics_max_queues", "consumer_prune_idle_s",
     "grpc_keepalive_time_ms", "grpc_keepalive_timeout_ms", "grpc_min_ping_interval_ms",
     "eviction_check_interval_s",
 }

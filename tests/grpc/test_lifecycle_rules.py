@@ -238,3 +238,57 @@ async def test_depth_gate_counts_live_tasks_only(redis_url):
     finally:
         await channel.close()
         await gw.stop()
+
+
+async def test_consumers_of_gone_workers_are_deleted(redis_url):
+    """Twenty worker ids each lease and ack one task, then go away: their consumers leave
+    XINFO CONSUMERS once idle (DTQ_CONSUMER_PRUNE_IDLE_S), while a worker that still
+    holds a lease keeps its consumer (deleting it would drop the lease)."""
+    import grpc
+    import redis.asyncio as aioredis
+
+    from dtq_gateway import keys
+    from dtq_gateway.server import Gateway
+    from dtq_proto import dtq_pb2_grpc
+    from tests.conftest import gateway_settings
+
+    gw = Gateway(gateway_settings(redis_url, consumer_prune_idle_s=0.3), redis_url)
+    await gw.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}")
+    stub = dtq_pb2_grpc.BrokerStub(channel)
+    r = aioredis.Redis.from_url(redis_url)
+    try:
+        for n in range(20):
+            await stub.Enqueue(enq())
+            lease = await LeaseStream(stub, f"gone-{n}", ["q"], max_in_flight=1).open()
+            task = await lease.next()
+            await stub.Ack(pb.AckRequest(items=[pb.AckItem(lease_id=task.lease_id)]))
+            lease.close()
+        await stub.Enqueue(enq())
+        holder = await LeaseStream(stub, "holder", ["q"], max_in_flight=1,
+                                   heartbeat=False).open()
+        held = await holder.next()  # never acked: its entry stays pending on "holder"
+        stop = asyncio.Event()
+
+        async def keep() -> None:  # the holder is alive: it heartbeats its lease
+            while not stop.is_set():
+                await stub.Heartbeat(pb.HeartbeatRequest(worker_id="holder",
+                                                         lease_ids=[held.lease_id]))
+                await asyncio.sleep(0.25)  # the worker's heartbeat cadence
+
+        beats = asyncio.create_task(keep())
+
+        async def names() -> set[str]:
+            got = await r.xinfo_consumers(keys.stream("q", 5), keys.GROUP)
+            return {c["name"].decode() if isinstance(c["name"], bytes) else c["name"]
+                    for c in got} - {keys.REAPER_CONSUMER}
+
+        assert len(await names()) >= 21
+        assert await poll(names, lambda n: n == {"holder"}, timeout_s=10) == {"holder"}
+        stop.set()
+        await beats
+        holder.close()
+    finally:
+        await r.aclose()
+        await channel.close()
+        await gw.stop()
