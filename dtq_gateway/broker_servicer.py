@@ -139,6 +139,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
                 task = await session.out.get()
                 if task is None:
                     break
+                self.dispatcher.stream_progress(session)
                 yield dtq_pb2.LeaseResponse(task=task)
         finally:
             await self.dispatcher.unregister(session)

@@ -67,6 +67,9 @@ class Dispatcher:
         #: two heartbeat intervals (the WORKER_STALE rule), at most the visibility timeout.
         self.stale_after_ms = min(2 * settings.heartbeat_interval_ms,
                                   settings.visibility_timeout_ms)
+        #: Tasks that wait this long in a session's buffer with no write progress are
+        #: released (s): half the visibility timeout, at most 5 s.
+        self.release_after_s = min(5.0, settings.visibility_timeout_s / 2)
         self.sessions: dict[str, Session] = {}
         #: open sessions by queue name, for read-ahead
         self._by_queue: dict[str, list[Session]] = {}
@@ -100,7 +103,7 @@ class Dispatcher:
         if not on_queue:
             return None
         for s in on_queue:
-            if not (s.closed or s.full or s.reading) \
+            if not (s.closed or s.full or s.reading or s.backlogged) \
                     and (not s.task_types or task_type in s.task_types) \
                     and self.groups.ready(s.queues):
                 s.reading = True
@@ -249,6 +252,37 @@ class Dispatcher:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
 
+    def stream_progress(self, session: Session) -> None:
+        """The session's stream took a task from ``out`` to write it (called by the Lease
+        handler): once ``out`` is empty, a read that was held back happens now."""
+        session.out_since = time.monotonic()
+        if session.held_back and not session.backlogged and not session.closed:
+            session.held_back = False
+            self._dirty_workers.add(session.worker_id)
+            self._wake.set()
+
+    async def _release_unwritten(self) -> None:
+        """Hand back the tasks that waited in a session's ``out`` with no write progress
+        for ``release_after_s``: the reader is stuck (no window, a black-holed
+        connection). Released leases go back to their queue without spending an attempt,
+        instead of expiring unread and coming back as a retry."""
+        now = time.monotonic()
+        for s in list(self.sessions.values()):
+            if s.backlogged and now - s.out_since > self.release_after_s:
+                ids = []
+                while not s.out.empty():
+                    item = s.out.get_nowait()
+                    if item is None:  # the end marker stays last
+                        s.out.put_nowait(None)
+                        break
+                    ids.append(item.lease_id)
+                if ids:
+                    log.warning("lease stream is not reading: released %d undelivered "
+                                "leases", len(ids), extra={"worker_id": s.worker_id,
+                                                            "session_id": s.session_id})
+                    s.held_back = True
+                    await self.release(ids)
+
     def _log_error(self, msg: str, exc: BaseException, exc_info: bool = False) -> None:
         now = time.monotonic()
         if now - self._last_error_log > 5:
@@ -274,6 +308,11 @@ class Dispatcher:
         picked = []
         for s in sessions:
             if s.closed:
+                continue
+            if s.backlogged:
+                # write-paced: the stream has not written what it already has (a slow or
+                # stuck reader); it reads again once it has (stream_progress)
+                s.held_back = True
                 continue
             if s.worker_id in workers:
                 s.full = False
@@ -316,6 +355,8 @@ class Dispatcher:
                 self._wake.set()
         if tick and skipped:
             await self._end_draining({s.worker_id for s in skipped})
+        if tick:
+            await self._release_unwritten()
 
     async def _end_draining(self, worker_ids: set[str]) -> None:
         """End the streams of workers whose record says ``draining``.
@@ -407,6 +448,8 @@ class Dispatcher:
             # the stream ended while this batch was being activated: hand it back
             await self.release([t.lease_id for t in tasks])
             return 0
+        if tasks and not session.backlogged:
+            session.out_since = time.monotonic()
         for task in tasks:
             observe.delivered(task)
             session.out.put_nowait(task)

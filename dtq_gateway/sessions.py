@@ -43,9 +43,19 @@ class Session:
     worker_draining: bool = False
     #: a lease_read for this session rides in an enqueue's round trip (see ReadAhead)
     reading: bool = False
+    #: write pacing: when the stream last took a task from ``out`` (or ``out`` last went
+    #: from empty to non-empty), monotonic s; and whether a read was skipped because the
+    #: stream had not written what it already had
+    out_since: float = 0.0
+    held_back: bool = False
     #: band streams, band-major p9 first, and the full KEYS of lease_read (fixed per session)
     streams: list[str] = field(init=False)
     read_keys: list[str] = field(init=False)
+
+    @property
+    def backlogged(self) -> bool:
+        """True while tasks wait in ``out`` for the stream to write them."""
+        return not self.out.empty()
 
     def read_cap(self, most: int) -> int:
         """Most entries one lease_read may take for this session (``most`` = the

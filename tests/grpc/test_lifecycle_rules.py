@@ -292,3 +292,35 @@ async def test_consumers_of_gone_workers_are_deleted(redis_url):
         await r.aclose()
         await channel.close()
         await gw.stop()
+
+
+async def test_a_slow_lease_reader_holds_no_backlog(gateway, broker_stub):
+    """A Lease with max_in_flight 500 whose client reads one message and stops (its
+    HTTP/2 window fills) takes only what its stream can write; the rest goes to a
+    working worker at once, no attempt spent (it used to activate everything into the
+    gateway's memory, where it expired unread and came back as attempt 2)."""
+    import grpc
+
+    from dtq_proto import dtq_pb2_grpc
+
+    slow_channel = grpc.aio.insecure_channel(  # a small, fixed receive window
+        f"127.0.0.1:{gateway.port}", options=[("grpc.http2.bdp_probe", 0)])
+    slow = dtq_pb2_grpc.BrokerStub(slow_channel)
+    await slow.Heartbeat(pb.HeartbeatRequest(worker_id="slow"))
+    call = slow.Lease(pb.LeaseRequest(worker_id="slow", queues=["q"], max_in_flight=500))
+    await call.read()  # SessionInfo, then nothing more is read
+    big = b'{"pad":"' + b"x" * 4000 + b'"}'
+    await broker_stub.EnqueueBatch(pb.EnqueueBatchRequest(
+        items=[pb.EnqueueRequest(queue="q", task_type="t", payload=big) for _ in range(300)]))
+    worker = await LeaseStream(broker_stub, "w2", ["q"], max_in_flight=50).open()
+    got = []
+    try:
+        while len(got) < 200:
+            task = await worker.next(timeout_s=5)
+            got.append(task)
+            await broker_stub.Ack(pb.AckRequest(items=[pb.AckItem(lease_id=task.lease_id)]))
+        assert all(t.attempt == 1 for t in got), "tasks came back as retries"
+    finally:
+        call.cancel()
+        worker.close()
+        await slow_channel.close()
