@@ -35,6 +35,9 @@ class WorkerRecord:
     tasks_retried: int
     status: str
     alive: bool
+    #: an open Lease stream on a live gateway (the leasing@<gateway tag> counts of the
+    #: record, for gateways whose dtq:gateway:<tag> key exists)
+    leasing: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +74,14 @@ async def list_workers(redis: Redis, heartbeat_interval_ms: int) -> list[WorkerR
             pipe.hgetall(keys.worker(worker_id))
         hashes = await pipe.execute()
     now = await redis_now_ms(redis)
+    tags = sorted({text(k)[len("leasing@"):] for raw in hashes for k, v in (raw or {}).items()
+                   if text(k).startswith("leasing@") and as_int(v) > 0})
+    live_tags: set[str] = set()
+    if tags:
+        async with redis.pipeline(transaction=False) as pipe:
+            for tag in tags:
+                pipe.exists(keys.gateway(tag))
+            live_tags = {t for t, n in zip(tags, await pipe.execute()) if n}
     out = []
     for worker_id, raw in zip(ids, hashes):
         if not raw:
@@ -89,7 +100,9 @@ async def list_workers(redis: Redis, heartbeat_interval_ms: int) -> list[WorkerR
             tasks_processed=as_int(f.get("tasks_processed")),
             tasks_failed=as_int(f.get("tasks_failed")),
             tasks_retried=as_int(f.get("tasks_retried")),
-            status=status, alive=alive and status != "stopped"))
+            status=status, alive=alive and status != "stopped",
+            leasing=any(k.startswith("leasing@") and k[len("leasing@"):] in live_tags
+                        and as_int(v) > 0 for k, v in f.items())))
     return out
 
 

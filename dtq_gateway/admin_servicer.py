@@ -86,7 +86,7 @@ def _worker(w: admin_lists.WorkerRecord) -> pb.WorkerInfo:
         last_heartbeat_at_ms=w.last_heartbeat_at_ms, heartbeat_age_ms=w.heartbeat_age_ms,
         active_tasks=w.active_tasks, concurrency=w.concurrency,
         tasks_processed=w.tasks_processed, tasks_failed=w.tasks_failed,
-        tasks_retried=w.tasks_retried, status=w.status, alive=w.alive)
+        tasks_retried=w.tasks_retried, status=w.status, alive=w.alive, leasing=w.leasing)
 
 
 def _redrive_filter(req: pb.RedriveDeadLettersRequest) -> admin_dlq.RedriveFilter:

@@ -195,18 +195,23 @@ class Completion:
 
     def queue_worker_beat(self, pipe, worker_id: str, hostname: str, event: str,
                           active: int | str = "", concurrency: int | str = "",
-                          counters: dtq_pb2.WorkerCounters | None = None) -> None:
-        """Queue a refresh of dtq:worker:<id> (PEXPIRE 3x heartbeat) on a pipeline."""
+                          counters: dtq_pb2.WorkerCounters | None = None,
+                          gateway_tag: str = "") -> None:
+        """Queue a refresh of dtq:worker:<id> (PEXPIRE 3x heartbeat) on a pipeline;
+        ``gateway_tag`` with a "started"/"stopped" event counts the worker's open Lease
+        streams on this gateway (ListWorkers' ``leasing``)."""
         c = counters or dtq_pb2.WorkerCounters()
         WORKER_BEAT.queue(pipe, [keys.worker(worker_id), keys.WORKERS], Script.argv(
             worker_id, hostname, self.settings.worker_ttl_ms, event, active, concurrency,
-            c.tasks_processed, c.tasks_failed, c.tasks_retried, "1" if counters else "0"))
+            c.tasks_processed, c.tasks_failed, c.tasks_retried, "1" if counters else "0",
+            gateway_tag))
 
     async def worker_event(self, worker_id: str, hostname: str, event: str,
                            concurrency: int = 0) -> None:
         """Record a session start ("started") or end ("stopped") with its event."""
         pipe = self.redis.pipeline(transaction=False)
-        self.queue_worker_beat(pipe, worker_id, hostname, event, "", concurrency or "")
+        self.queue_worker_beat(pipe, worker_id, hostname, event, "", concurrency or "",
+                               gateway_tag=keys.gateway_tag(self.settings.gateway_id))
         (reply,) = await execute(self.redis, pipe)
         if isinstance(reply, Exception):
             raise reply

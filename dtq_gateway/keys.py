@@ -100,6 +100,18 @@ def worker(worker_id: str) -> str:
     return f"{PREFIX}worker:{worker_id}"
 
 
+def gateway_tag(gateway_id: str) -> str:
+    """A key-safe tag of a gateway replica's id (DTQ_GATEWAY_ID is free text): the first
+    16 hex characters of its SHA-256."""
+    return hashlib.sha256(gateway_id.encode("utf-8")).hexdigest()[:16]
+
+
+def gateway(tag: str) -> str:
+    """Liveness of a gateway replica: ``dtq:gateway:<gateway_tag>`` (a string with a
+    TTL that the replica refreshes). ``tag`` comes from :func:`gateway_tag`."""
+    return f"{PREFIX}gateway:{tag}"
+
+
 def paused(queue: str) -> str:
     """Pause flag of a queue: ``dtq:queue:<queue>:paused``."""
     return f"{PREFIX}queue:{queue}:paused"

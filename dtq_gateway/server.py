@@ -18,7 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from dtq_gateway import auth, observe
+from dtq_gateway import auth, keys, observe
 from dtq_gateway.audit import request_id_of
 from dtq_gateway.broker import Broker
 from dtq_gateway.broker_servicer import BrokerServicer
@@ -84,13 +84,18 @@ class HealthProbe:
 
     def __init__(self, redis: Redis, servicer: health.aio.HealthServicer,
                  draining: asyncio.Event, policy: EvictionPolicyWatch,
-                 interval_s: float = 1.0, memory_check_s: float = 2.0) -> None:
+                 interval_s: float = 1.0, memory_check_s: float = 2.0,
+                 liveness_key: str = "", liveness_ttl_ms: int = 30_000) -> None:
         self.redis = redis
         self.servicer = servicer
         self.draining = draining
         self.policy = policy
         self.interval_s = interval_s
         self.memory_check_s = memory_check_s
+        #: dtq:gateway:<tag>, refreshed by every successful probe (ListWorkers counts a
+        #: worker's Lease streams only on gateways whose key exists)
+        self.liveness_key = liveness_key
+        self.liveness_ttl_ms = liveness_ttl_ms
         self.memory_full = False
         self._memory_at = float("-inf")
         self.redis_ok = False
@@ -115,6 +120,8 @@ class HealthProbe:
         self.redis_ok = ok
         if ok:
             try:
+                if self.liveness_key:
+                    await self.redis.set(self.liveness_key, "1", px=self.liveness_ttl_ms)
                 await self.policy.maybe_check()
                 await self._check_memory()
             except Exception:  # Redis went away: keep the last known state
@@ -157,6 +164,11 @@ class HealthProbe:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         await self._set(False)
+        if self.liveness_key:
+            try:  # a crashed replica's key expires by its TTL instead
+                await asyncio.wait_for(self.redis.delete(self.liveness_key), timeout=1.0)
+            except Exception:
+                log.debug("could not delete the gateway liveness key", exc_info=True)
 
 
 class Gateway:
@@ -176,7 +188,10 @@ class Gateway:
         self.health = health.aio.HealthServicer()
         self.policy = EvictionPolicyWatch(self.redis, require=settings.require_noeviction,
                                           interval_s=settings.eviction_check_interval_s)
-        self.probe = HealthProbe(self.redis, self.health, self.draining, self.policy)
+        self.probe = HealthProbe(
+            self.redis, self.health, self.draining, self.policy,
+            liveness_key=keys.gateway(keys.gateway_tag(settings.gateway_id)),
+            liveness_ttl_ms=settings.worker_ttl_ms)
         self.ops = Operations(self.redis, settings)
         self.ops.hub.add_listener(self.dispatcher.on_event, self.dispatcher.wants_raw_event)
         self.scheduler = Scheduler(self.redis, settings)

@@ -699,7 +699,7 @@ class ListWorkersResponse(_message.Message):
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "hostname", "started_at_ms", "last_heartbeat_at_ms", "heartbeat_age_ms", "active_tasks", "concurrency", "tasks_processed", "tasks_failed", "tasks_retried", "status", "alive")
+    __slots__ = ("worker_id", "hostname", "started_at_ms", "last_heartbeat_at_ms", "heartbeat_age_ms", "active_tasks", "concurrency", "tasks_processed", "tasks_failed", "tasks_retried", "status", "alive", "leasing")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -712,6 +712,7 @@ class WorkerInfo(_message.Message):
     TASKS_RETRIED_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
+    LEASING_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     hostname: str
     started_at_ms: int
@@ -724,7 +725,8 @@ class WorkerInfo(_message.Message):
     tasks_retried: int
     status: str
     alive: bool
-    def __init__(self, worker_id: _Optional[str] = ..., hostname: _Optional[str] = ..., started_at_ms: _Optional[int] = ..., last_heartbeat_at_ms: _Optional[int] = ..., heartbeat_age_ms: _Optional[int] = ..., active_tasks: _Optional[int] = ..., concurrency: _Optional[int] = ..., tasks_processed: _Optional[int] = ..., tasks_failed: _Optional[int] = ..., tasks_retried: _Optional[int] = ..., status: _Optional[str] = ..., alive: _Optional[bool] = ...) -> None: ...
+    leasing: bool
+    def __init__(self, worker_id: _Optional[str] = ..., hostname: _Optional[str] = ..., started_at_ms: _Optional[int] = ..., last_heartbeat_at_ms: _Optional[int] = ..., heartbeat_age_ms: _Optional[int] = ..., active_tasks: _Optional[int] = ..., concurrency: _Optional[int] = ..., tasks_processed: _Optional[int] = ..., tasks_failed: _Optional[int] = ..., tasks_retried: _Optional[int] = ..., status: _Optional[str] = ..., alive: _Optional[bool] = ..., leasing: _Optional[bool] = ...) -> None: ...
 
 class ListRecentTasksRequest(_message.Message):
     __slots__ = ("limit", "queue", "status")

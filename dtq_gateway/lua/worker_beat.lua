@@ -3,6 +3,8 @@
 -- ARGV[3] worker id  [4] hostname  [5] TTL ms (3 x heartbeat interval)
 -- ARGV[6] event: '' | 'started' | 'stopped' | 'draining' (status draining: no new leases)  [7] active tasks  [8] concurrency
 -- ARGV[9] tasks_processed  [10] tasks_failed  [11] tasks_retried  [12] '1' = counters given
+-- ARGV[13] gateway tag (keys.gateway_tag) for 'started' / 'stopped': the field
+--          leasing@<tag> counts the worker's open Lease streams on that gateway
 -- Reply: now (epoch ms)
 local now = now_ms()
 local key, worker = KEYS[1], ARGV[3]
@@ -24,6 +26,14 @@ if ARGV[8] ~= '' then redis.call('HSET', key, 'concurrency', ARGV[8]) end
 if ARGV[12] == '1' then
   redis.call('HSET', key, 'tasks_processed', ARGV[9], 'tasks_failed', ARGV[10],
     'tasks_retried', ARGV[11])
+end
+local tag = ARGV[13]
+if tag and tag ~= '' then
+  if ARGV[6] == 'started' then
+    redis.call('HINCRBY', key, 'leasing@' .. tag, 1)
+  elseif ARGV[6] == 'stopped' and redis.call('HINCRBY', key, 'leasing@' .. tag, -1) <= 0 then
+    redis.call('HDEL', key, 'leasing@' .. tag)
+  end
 end
 redis.call('PEXPIRE', key, tonumber(ARGV[5]))
 redis.call('SADD', KEYS[2], worker)

@@ -324,3 +324,37 @@ async def test_a_slow_lease_reader_holds_no_backlog(gateway, broker_stub):
         call.cancel()
         worker.close()
         await slow_channel.close()
+
+
+async def test_list_workers_shows_whether_a_worker_has_a_lease_stream(broker_stub, channel,
+                                                                       redis_url):
+    """A worker that heartbeats but has no open Lease stream (it reconnects, or its
+    stream's connection died) is alive but not leasing; a gateway that is gone (its
+    liveness key expired) counts for no stream."""
+    import redis.asyncio as aioredis
+
+    from dtq_gateway import keys
+    from dtq_proto import dtq_pb2_grpc
+
+    admin = dtq_pb2_grpc.AdminStub(channel)
+
+    async def leasing() -> bool:
+        workers = (await admin.ListWorkers(pb.ListWorkersRequest())).workers
+        return {w.worker_id: w.leasing for w in workers}.get("w1", False)
+
+    await broker_stub.Heartbeat(pb.HeartbeatRequest(worker_id="w1"))
+    assert not await leasing()
+    lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
+    assert await poll(leasing, lambda v: v)
+    r = aioredis.Redis.from_url(redis_url)
+    try:
+        gone = [k async for k in r.scan_iter(match=keys.gateway("*"))]
+        assert len(gone) == 1
+        await r.delete(*gone)  # as if its gateway had died: the key is not refreshed...
+        await r.hset(keys.worker("w1"), "leasing@" + "f" * 16, 1)  # ...and a stale count
+        # the live gateway refreshes its key within a probe interval; the stale count of
+        # a gateway without a key never counts
+        lease.close()
+        assert await poll(leasing, lambda v: not v) is False
+    finally:
+        await r.aclose()

@@ -40,6 +40,7 @@ _PLACEHOLDERS = {
     "<queue>": _body(keys.QUEUE_RE),
     "<0-9>": "[0-9]",
     "<sha256(key)>": "[0-9a-f]{64}",
+    "<tag>": "[0-9a-f]{16}",
 }
 #: ``<id>`` names a worker in the worker row and a task everywhere else.
 _WORKER_ID = _body(keys.WORKER_ID_RE)
@@ -55,6 +56,7 @@ FAMILY_EXAMPLES = {
     "result": keys.result("0" * 32),
     "idempotency": keys.idempotency("q-1", keys.idempotency_digest("k")),
     "worker": keys.worker("host-1:w@1"),
+    "gateway": keys.gateway(keys.gateway_tag("gw-1")),
     "workers": keys.WORKERS,
     "paused": keys.paused("q-1"),
     "cancelled": keys.CANCELLED,

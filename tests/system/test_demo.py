@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,8 @@ from tests.support.redis_server import free_port
 ROOT = Path(__file__).resolve().parents[2]
 FILES = 30
 #: Families that carry a TTL (the rest are bounded by trimming or cleaned as they go).
-_EXPIRING = {"task", "result", "idempotency", "worker", "scheduler-lock"}
+_EXPIRING = {"task", "result", "idempotency", "worker", "scheduler-lock", "gateway"}
+_GATEWAY_TAG_RE = re.compile(r"^[0-9a-f]{16}\Z")
 
 
 def key_family(key: str) -> str | None:
@@ -50,7 +52,8 @@ def key_family(key: str) -> str | None:
         return singles[key]
     for family, build, pattern in (("task", keys.task, keys.TASK_ID_RE),
                                    ("result", keys.result, keys.TASK_ID_RE),
-                                   ("worker", keys.worker, keys.WORKER_ID_RE)):
+                                   ("worker", keys.worker, keys.WORKER_ID_RE),
+                                   ("gateway", keys.gateway, _GATEWAY_TAG_RE)):
         prefix = build("")
         if key.startswith(prefix) and pattern.match(key[len(prefix):]):
             return family
