@@ -358,3 +358,24 @@ async def test_list_workers_shows_whether_a_worker_has_a_lease_stream(broker_stu
         assert await poll(leasing, lambda v: not v) is False
     finally:
         await r.aclose()
+
+
+async def test_a_queued_cancel_emits_one_task_cancelled(broker_stub, channel):
+    """CancelTask of a queued task emits TASK_CANCELLED once (the lease path used to emit
+    a second one, stage=dispatch, when it acked the entry away)."""
+    from dtq_proto import dtq_pb2_grpc
+
+    events = dtq_pb2_grpc.EventsStub(channel).Subscribe(pb.SubscribeRequest(queues=["q"]))
+    cancelled = await broker_stub.Enqueue(enq())
+    await broker_stub.CancelTask(pb.CancelTaskRequest(task_id=cancelled.task_id))
+    marker = await broker_stub.Enqueue(enq())  # leased after the cancelled one's entry
+    lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
+    assert (await lease.next()).task_id == marker.task_id
+    seen = []
+    async for ev in events:  # events of one queue arrive in order: stop at the marker
+        seen.append((ev.type, ev.task_id))
+        if ev.type == pb.EVENT_TYPE_TASK_STARTED and ev.task_id == marker.task_id:
+            break
+    events.cancel()
+    lease.close()
+    assert seen.count((pb.EVENT_TYPE_TASK_CANCELLED, cancelled.task_id)) == 1
