@@ -96,7 +96,7 @@ class Completion:
                 keys_ += (le.stream, keys.task(le.task_id), keys.result(le.task_id),
                           _idem_key(le))
                 args += (le.entry_id, le.attempt, le.worker_id, le.task_id, result,
-                         "1" if len(it.result) > len(result) else "0")
+                         "1" if len(it.result) > len(result) else "0", le.tag)
             calls.append((keys_, args))
         replies = await call_chunks(self.redis, ACK, calls)
         self._record([oc for _, oc in todo], replies)
@@ -115,7 +115,8 @@ class Completion:
                         _MODES.get(it.mode, "failure"), "1" if retryable else "0",
                         min(it.retry_after_ms, 86_400_000), random.random(),
                         cut_utf8(it.error_message, 4096), cut_utf8(it.error_class, 128),
-                        s.dlq_maxlen, s.task_retention_s, "1" if le.idem_digest else "0"))
+                        s.dlq_maxlen, s.task_retention_s, "1" if le.idem_digest else "0",
+                        le.tag))
 
         return await self._apply(items, FAIL, call)
 
@@ -177,7 +178,7 @@ class Completion:
                 continue
             HEARTBEAT.queue(pipe, [le.stream, keys.task(le.task_id)],
                             Script.argv(keys.GROUP, le.entry_id, le.attempt, le.worker_id,
-                                        s.lease_grace_ms))
+                                        s.lease_grace_ms, le.tag))
             checked.append(lid)
         replies = await execute(self.redis, pipe)
         if isinstance(replies[0], Exception):  # the worker record was not refreshed

@@ -213,7 +213,7 @@ class Dispatcher:
         """Stop the loop and end every session's stream."""
         if self._task:
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await asyncio.wait({self._task}, timeout=2.0)  # bounded: a stop must not hang
         for s in list(self.sessions.values()):
             s.out.put_nowait(None)
 

@@ -23,7 +23,7 @@ from dtq_gateway.errors import InvalidArgument
 _VERSION = "1"
 _ENTRY_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}\Z")
 _DIGEST_RE = re.compile(r"^(-|[0-9a-f]{64})\Z")
-_ATTEMPT_RE = re.compile(r"^[0-9]{1,9}\Z")
+_ATTEMPT_RE = re.compile(r"^(0|[1-9][0-9]{0,8})\Z")  # canonical: "01" is not attempt 1
 MAX_LEN = 400
 
 
@@ -43,6 +43,14 @@ class Lease:
         """The wire form of this lease."""
         return "|".join((_VERSION, self.task_id, self.queue, str(self.band), self.entry_id,
                          str(self.attempt), self.worker_id, self.idem_digest or "-"))
+
+    @property
+    def tag(self) -> str:
+        """``<queue>:<band>:<digest or ->``: what the scripts check against the task record
+        (its queue, priority and idem_digest), so a lease id edited to name another
+        queue, band or idempotency record is stale, not a way to reach another stream's
+        entry with the same id or to skip the idempotency update."""
+        return f"{self.queue}:{self.band}:{self.idem_digest or '-'}"
 
     @property
     def stream(self) -> str:

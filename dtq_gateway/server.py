@@ -98,6 +98,7 @@ class HealthProbe:
         self.liveness_ttl_ms = liveness_ttl_ms
         self.memory_full = False
         self._memory_at = float("-inf")
+        self._stopped = False
         self.redis_ok = False
         self._task: asyncio.Task | None = None
 
@@ -121,7 +122,9 @@ class HealthProbe:
         if ok:
             try:
                 if self.liveness_key:
-                    await self.redis.set(self.liveness_key, "1", px=self.liveness_ttl_ms)
+                    await asyncio.wait_for(self.redis.set(
+                        self.liveness_key, "1", px=self.liveness_ttl_ms),
+                        timeout=self.interval_s * 2)
                 await self.policy.maybe_check()
                 await self._check_memory()
             except Exception:  # Redis went away: keep the last known state
@@ -149,8 +152,9 @@ class HealthProbe:
         REDIS_MEMORY_FULL.set(1 if full else 0)
 
     async def run(self) -> None:
-        """Probe until cancelled."""
-        while True:
+        """Probe until :meth:`stop` (a flag as well as the cancel: Python 3.11's
+        ``wait_for`` can swallow a cancel that lands as its inner call completes)."""
+        while not self._stopped:
             await self.check_once()
             await asyncio.sleep(self.interval_s)
 
@@ -159,10 +163,16 @@ class HealthProbe:
         self._task = asyncio.create_task(self.run(), name="dtq-health")
 
     async def stop(self) -> None:
-        """Stop probing and report NOT_SERVING."""
+        """Stop probing and report NOT_SERVING.
+
+        The wait for the cancelled probe is bounded: a Redis call cancelled while it
+        waits for a pool connection can take long to unwind, and a stopping gateway must
+        not wait for it (seen as a rare hang of Gateway.stop under load).
+        """
+        self._stopped = True
         if self._task:
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await asyncio.wait({self._task}, timeout=2.0)
         await self._set(False)
         if self.liveness_key:
             try:  # a crashed replica's key expires by its TTL instead

@@ -136,19 +136,25 @@ local function finished_by(task_key, id, kind, attempt, worker)
 end
 
 -- Fencing check shared by ack/fail/heartbeat. Returns the HMGET of status, attempt,
--- entry_id, worker_id and then `fields` (so fields[i] is h[4 + i]) when the lease
--- (stream entry id, consumer, attempt) is the task's current one, else nil plus the
--- task status (false when the hash is gone). Every transition that ends a lease
--- changes the record's status, entry_id or attempt in the same script, and
--- activation records the consumer in worker_id, so the record alone decides; the PEL
--- owner is not read (an entry the reaper claimed but had not yet reclaimed can still
--- be completed by its worker: reclaim.lua then finds it gone and does nothing).
-local function current_lease(task_key, id, consumer, attempt, fields)
+-- entry_id, worker_id, queue, priority, idem_digest and then `fields` (so fields[i] is
+-- h[7 + i]) when the lease (stream entry id, consumer, attempt) is the task's current
+-- one, else nil plus the task status (false when the hash is gone). `tag` is the lease's
+-- '<queue>:<band>:<idem digest or ->' (leaseid.Lease.tag): the caller built the stream
+-- and idempotency KEYS from those fields, so they must be the record's own (entry ids
+-- repeat across streams). Every transition that ends a lease changes the record's
+-- status, entry_id or attempt in the same script, and activation records the consumer
+-- in worker_id, so the record alone decides; the PEL owner is not read (an entry the
+-- reaper claimed but had not yet reclaimed can still be completed by its worker:
+-- reclaim.lua then finds it gone and does nothing).
+local function current_lease(task_key, id, consumer, attempt, tag, fields)
   local h = redis.call('HMGET', task_key, 'status', 'attempt', 'entry_id', 'worker_id',
-    unpack(fields))
+    'queue', 'priority', 'idem_digest', unpack(fields))
   if h[1] ~= 'active' or tonumber(h[2]) ~= tonumber(attempt) or h[3] ~= id
       or h[4] ~= consumer then
     return nil, h[1]
   end
+  local digest = h[7]
+  if not digest or digest == '' then digest = '-' end
+  if tag ~= h[5] .. ':' .. h[6] .. ':' .. digest then return nil, h[1] end
   return h, h[1]
 end

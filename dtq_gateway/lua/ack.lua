@@ -8,9 +8,9 @@
 --   KEYS[k+1] band stream  [k+2] task hash  [k+3] result string  [k+4] idempotency record,
 --   or the task hash again when the task has no idempotency key
 -- ARGV[3] group  [4] n leases  [5] result TTL s  [6] task retention s
--- then per lease i, 6 values from a = 6 + (i-1)*6:
+-- then per lease i, 7 values from a = 6 + (i-1)*7:
 --   [a+1] entry id  [a+2] attempt  [a+3] worker id  [a+4] task id  [a+5] result bytes
---   [a+6] '1' if the result was truncated
+--   [a+6] '1' if the result was truncated  [a+7] lease tag (see current_lease)
 -- Reply: one item per lease, in order:
 --   {'ok', started_at_ms, created_at_ms, finished_at_ms} | {'dup', status} | {'stale', status}
 local group, n = ARGV[3], tonumber(ARGV[4])
@@ -22,8 +22,8 @@ local function ack_one(k, a)
   local stream, task_key, result_key = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
   local idem_key = KEYS[k + 4] ~= task_key and KEYS[k + 4] or nil
   local id, attempt, worker, task_id = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
-  local h, status = current_lease(task_key, id, worker, attempt,
-    {'started_at_ms', 'created_at_ms', 'queue', 'task_type'})
+  local h, status = current_lease(task_key, id, worker, attempt, ARGV[a + 7],
+    {'started_at_ms', 'created_at_ms', 'task_type'})
   if not h then
     if finished_by(task_key, id, 'ack', attempt, worker) then return {'dup', status} end
     return {'stale', status or 'missing'}
@@ -38,7 +38,7 @@ local function ack_one(k, a)
   -- ack adds three (finished_at_ms, done, att:<n>) and result_truncated only when set.
   redis.call('HSET', task_key, 'status', 'succeeded', 'finished_at_ms', now, 'entry_id', '',
     'done', 'ack:' .. id,
-    'att:' .. attempt, '{"worker_id":"' .. worker .. '","started_at_ms":' .. h[5]
+    'att:' .. attempt, '{"worker_id":"' .. worker .. '","started_at_ms":' .. h[8]
       .. ',"finished_at_ms":' .. now .. ',"outcome":"succeeded","error_message":"",'
       .. '"error_class":""}',
     'updated_at_ms', now)
@@ -47,12 +47,12 @@ local function ack_one(k, a)
   -- an empty result stores nothing: GetTask answers an empty result either way
   if ARGV[a + 5] ~= '' then redis.call('SET', result_key, ARGV[a + 5], 'EX', result_ttl_s) end
   idem_update(idem_key, task_id, 'completed', now)
-  publish('TASK_SUCCEEDED', now, task_id, h[7], h[8], attempt, worker, nil)
-  return {'ok', h[5], h[6], now}
+  publish('TASK_SUCCEEDED', now, task_id, h[5], h[10], attempt, worker, nil)
+  return {'ok', h[8], h[9], now}
 end
 
 local replies = {}
-for i = 1, n do replies[i] = ack_one((i - 1) * 4, 6 + (i - 1) * 6) end
+for i = 1, n do replies[i] = ack_one((i - 1) * 4, 6 + (i - 1) * 7) end
 -- the same script call, so the record and the PEL/stream change together
 for stream, ids in pairs(done) do
   redis.call('XACK', stream, group, unpack(ids))

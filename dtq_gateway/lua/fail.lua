@@ -5,6 +5,7 @@
 -- ARGV[8] mode: 'failure' | 'release' | 'cancelled'  [9] retryable '1'/'0'
 -- ARGV[10] retry_after_ms (0 = backoff)  [11] jitter u in [0,1)  [12] error message
 -- ARGV[13] error class  [14] dead-letter MAXLEN (~)  [15] task retention s  [16] has_idem
+-- ARGV[17] lease tag (see current_lease in _lib.lua)
 -- Reply: {'retry', status, started_at_ms, due_at_ms} | {'dead', ...} | {'released', ...}
 --        | {'cancelled', ...} | {'dup', status} | {'stale', status}
 -- Backoff: delay = floor(u * min(cap, base * 2^(attempt-1))) ("full jitter"),
@@ -13,14 +14,14 @@ local stream, task_key, dlq_key, schedule_key = KEYS[1], KEYS[2], KEYS[3], KEYS[
 local idem_key = ARGV[16] == '1' and KEYS[5] or nil
 local group, id, attempt, worker, task_id = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[7]
 local mode, err, err_class = ARGV[8], ARGV[12], ARGV[13]
-local h, status = current_lease(task_key, id, worker, attempt,
+local h, status = current_lease(task_key, id, worker, attempt, ARGV[17],
   {'started_at_ms', 'max_attempts', 'backoff_base_ms', 'backoff_cap_ms', 'cancel_requested',
-   'queue', 'task_type'})
+   'task_type'})
 if not h then
   if finished_by(task_key, id, 'fail', attempt, worker) then return {'dup', status} end
   return {'stale', status or 'missing'}
 end
-local started, queue, task_type = h[5], h[10], h[11]
+local started, queue, task_type = h[8], h[5], h[13]
 local now = now_ms()
 local retention = tonumber(ARGV[15])
 redis.call('XACK', stream, group, id)
@@ -34,7 +35,7 @@ local function finish(kind, new_status, extra)
   return {kind, new_status, started, extra or 0}
 end
 
-if h[9] == '1' then
+if h[12] == '1' then
   -- cancellation was requested: whatever the handler reported, the task ends cancelled
   redis.call('HSET', task_key, 'status', 'cancelled', 'finished_at_ms', now)
   record_attempt(task_key, attempt, worker, started, now, 'cancelled', err, err_class)
@@ -56,10 +57,10 @@ redis.call('HSET', task_key, 'last_error', err, 'last_error_class', err_class)
 publish('TASK_FAILED', now, task_id, queue, task_type, attempt, worker,
   {error = string.sub(err, 1, 512), error_class = err_class})
 
-if ARGV[9] == '1' and attempt < tonumber(h[6]) then
+if ARGV[9] == '1' and attempt < tonumber(h[9]) then
   local delay = tonumber(ARGV[10])
   if delay <= 0 then
-    local ceiling = math.min(tonumber(h[8]), tonumber(h[7]) * 2 ^ (attempt - 1))
+    local ceiling = math.min(tonumber(h[11]), tonumber(h[10]) * 2 ^ (attempt - 1))
     delay = math.floor(tonumber(ARGV[11]) * ceiling)
   end
   local due = now + delay

@@ -196,7 +196,7 @@ async def test_fail_backoff_is_full_jitter_from_the_task_policy(env):
     reply = await FAIL(env.redis, [keys.stream("q", 5), keys.task(tid), keys.DEAD_LETTER,
                                    keys.RETRY_SCHEDULE, keys.task(tid)],
                        Script.argv(keys.GROUP, le[4], 1, "w1", tid, "failure", "1", 0, 0.5,
-                                   "boom", "E", 100, 3600, "0"))
+                                   "boom", "E", 100, 3600, "0", "q:5:-"))
     assert reply[0] == b"retry"
     due = int(reply[3])
     # attempt 1: ceiling = min(3000, 1000 * 2^0) = 1000, u = 0.5 -> 500 ms
