@@ -101,6 +101,7 @@ class DlqSettings:
 
     audit_maxlen: int = 10000
     task_retention_s: int = 7 * 86400
+    idem_ttl_s: int = 86400
 
 
 async def scan(redis: Redis, reverse: bool, after: str = "",
@@ -219,7 +220,7 @@ async def requeue(redis: Redis, task_id: str, call: CallInfo, cfg: DlqSettings, 
         keys_.append(keys.idempotency(queue_s, text(digest)))
     reply = await REQUEUE_DEAD_LETTER(redis, keys_, REQUEUE_DEAD_LETTER.argv(
         cfg.audit_maxlen, call.actor, call.request_id, action, detail, queue_s, text(priority),
-        cfg.task_retention_s, keys.GROUP))
+        cfg.task_retention_s, keys.GROUP, cfg.idem_ttl_s))
     _raise_for(reply, task_id)
     log_audit(call.actor, action, task_id, call.request_id, detail, int(reply[1]))
     return int(reply[1])

@@ -118,7 +118,8 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
         self.redis = redis
         self.settings = settings
         self.dlq = admin_dlq.DlqSettings(audit_maxlen=settings.audit_maxlen,
-                                         task_retention_s=settings.task_retention_s)
+                                         task_retention_s=settings.task_retention_s,
+                                         idem_ttl_s=settings.idem_ttl_s)
 
     @_rpc
     async def ListQueues(self, request: pb.ListQueuesRequest, context: Any

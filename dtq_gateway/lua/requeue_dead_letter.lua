@@ -11,6 +11,7 @@
 -- ARGV[4]  actor   ARGV[5] request_id   ARGV[6] audit action   ARGV[7] audit detail
 -- ARGV[8]  expected queue   ARGV[9] expected priority (the caller built KEYS[3] from them)
 -- ARGV[10] task retention (s)   ARGV[11] consumer group name
+-- ARGV[12] idempotency TTL (s): the window of a key record this requeue takes over
 -- Reply: {"OK", ts (epoch ms), new entry id}
 --     or {"NOT_FOUND"} (no hash), {"NO_ENTRY"} (no dead-letter entry: discarded,
 --     purged or trimmed), {"WRONG_STATE", status}, {"MISMATCH"} (KEYS[3] is not the
@@ -64,7 +65,12 @@ redis.call('HINCRBY', task_key, 'requeues', 1)
 pcall(redis.call, 'XGROUP', 'CREATE', KEYS[3], ARGV[11], '0', 'MKSTREAM')
 local entry_id = add_entry(KEYS[3], task_key, 1)
 redis.call('SADD', KEYS[5], f[3])
-if KEYS[6] then idem_update(KEYS[6], f[5], 'processing', ms) end
+if KEYS[6] then
+  -- the requeued task is live with its key: the key names it again (a record of an
+  -- ended task, or none left, is taken over; a live holder was refused above)
+  redis.call('SET', KEYS[6], cjson.encode({task_id = f[5], state = 'processing',
+    updated_at = ms, expires_at_ms = ms + tonumber(ARGV[12] or '86400') * 1000}))
+end
 keep_live(task_key, ms)
 publish('TASK_QUEUED', ms, f[5], f[3], f[6], 1, '', {requeued = 'true'})
 audit(KEYS[4], ARGV[3], ms, ARGV[4], ARGV[6], f[5], ARGV[5], ARGV[7])

@@ -379,3 +379,23 @@ async def test_a_queued_cancel_emits_one_task_cancelled(broker_stub, channel):
     events.cancel()
     lease.close()
     assert seen.count((pb.EVENT_TYPE_TASK_CANCELLED, cancelled.task_id)) == 1
+
+
+async def test_requeue_takes_the_key_over_from_a_task_that_ended(broker_stub, channel):
+    """The key's later holder T2 completed: RequeueDeadLetter(T1) goes through and the key
+    names T1 again, so an Enqueue with the key dedupes to the live T1 (it used to keep
+    naming T2 and, once T2's window ran out, let a second live task take the key)."""
+    from dtq_proto import dtq_pb2_grpc
+
+    admin = dtq_pb2_grpc.AdminStub(channel)
+    t1 = await broker_stub.Enqueue(enq(idempotency_key="K2", max_attempts=1))
+    lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
+    await broker_stub.Fail(pb.FailRequest(items=[pb.FailItem(
+        lease_id=(await lease.next()).lease_id, retryable=False)]))
+    t2 = await broker_stub.Enqueue(enq(idempotency_key="K2"))
+    await broker_stub.Ack(pb.AckRequest(items=[pb.AckItem(lease_id=(await lease.next()).lease_id)]))
+    lease.close()
+    await admin.PauseQueue(pb.PauseQueueRequest(queue="q"))  # keep T1 queued
+    await admin.RequeueDeadLetter(pb.RequeueDeadLetterRequest(task_id=t1.task_id))
+    again = await broker_stub.Enqueue(enq(idempotency_key="K2"))
+    assert (again.task_id, again.deduplicated) == (t1.task_id, True), (t2.task_id, again)
