@@ -31,7 +31,8 @@ class Settings:
     """Validated gateway configuration. Units are in the field names."""
 
     redis_url: str = field(default="", metadata=_meta(
-        "Redis URL (redis:// or rediss://). Empty = start an embedded redis-server.", secret=True))
+        "Redis URL (redis://, rediss:// or unix://). Empty = start an embedded "
+        "redis-server.", secret=True))
     listen: str = field(default="127.0.0.1:50051", metadata=_meta("gRPC listen address host:port."))
     metrics_port: int = field(default=9464, metadata=_meta(
         "Prometheus HTTP port on the listen host; 0 disables."))

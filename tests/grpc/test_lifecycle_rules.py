@@ -399,3 +399,37 @@ async def test_requeue_takes_the_key_over_from_a_task_that_ended(broker_stub, ch
     await admin.RequeueDeadLetter(pb.RequeueDeadLetterRequest(task_id=t1.task_id))
     again = await broker_stub.Enqueue(enq(idempotency_key="K2"))
     assert (again.task_id, again.deduplicated) == (t1.task_id, True), (t2.task_id, again)
+
+
+async def test_a_lease_id_edited_to_another_queue_or_key_is_stale(broker_stub):
+    """Two tasks of one batch in two queues share their entry id: A's lease id edited to
+    name B's queue must not ack B's entry; a keyed task's lease id edited to carry no
+    digest must not complete it while leaving its idempotency record untouched."""
+    import grpc
+
+    from tests.support.leasing import error_reason
+
+    batch = await broker_stub.EnqueueBatch(pb.EnqueueBatchRequest(items=[
+        pb.EnqueueRequest(queue="xa", task_type="t", payload=b"{}", idempotency_key="KA"),
+        pb.EnqueueRequest(queue="xb", task_type="t", payload=b"{}")]))
+    lease = await LeaseStream(broker_stub, "w1", ["xa", "xb"]).open()
+    a, b = sorted(await lease.take(2), key=lambda t: t.queue)
+    if a.lease_id.split("|")[4] == b.lease_id.split("|")[4]:  # same entry id: the case
+        forged = a.lease_id.replace("|xa|", "|xb|")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await broker_stub.Ack(pb.AckRequest(items=[pb.AckItem(lease_id=forged)]))
+        assert error_reason(err.value) == "STALE_LEASE"
+    no_key = "|".join(a.lease_id.split("|")[:7] + ["-"])
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await broker_stub.Ack(pb.AckRequest(items=[pb.AckItem(lease_id=no_key)]))
+    assert error_reason(err.value) == "STALE_LEASE"
+    zero = a.lease_id.split("|")
+    zero[5] = "0" + zero[5]
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await broker_stub.Ack(pb.AckRequest(items=[pb.AckItem(lease_id="|".join(zero))]))
+    assert error_reason(err.value) in ("MALFORMED_LEASE", "INVALID_ARGUMENT")
+    ok = await broker_stub.Ack(pb.AckRequest(items=[pb.AckItem(lease_id=a.lease_id),
+                                                    pb.AckItem(lease_id=b.lease_id)]))
+    assert [r.status for r in ok.results] == [pb.TASK_STATUS_SUCCEEDED] * 2
+    assert {r.task_id for r in batch.results} == {a.task_id, b.task_id}
+    lease.close()
