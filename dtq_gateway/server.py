@@ -121,14 +121,17 @@ class HealthProbe:
         self.redis_ok = ok
         if ok:
             try:
-                if self.liveness_key:
-                    await asyncio.wait_for(self.redis.set(
-                        self.liveness_key, "1", px=self.liveness_ttl_ms),
-                        timeout=self.interval_s * 2)
                 await self.policy.maybe_check()
                 await self._check_memory()
             except Exception:  # Redis went away: keep the last known state
                 log.debug("reading the eviction policy or memory failed", exc_info=True)
+            if self.liveness_key:
+                try:  # refused while Redis is full: the key then expires by its TTL
+                    await asyncio.wait_for(self.redis.set(
+                        self.liveness_key, "1", px=self.liveness_ttl_ms),
+                        timeout=self.interval_s * 2)
+                except Exception:
+                    log.debug("refreshing the gateway liveness key failed", exc_info=True)
         await self._set(ok and not self.draining.is_set() and not self.policy.refusing
                         and not self.memory_full)
 
