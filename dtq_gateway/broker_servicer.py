@@ -139,8 +139,8 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
                 task = await session.out.get()
                 if task is None:
                     break
-                self.dispatcher.stream_progress(session)
                 yield dtq_pb2.LeaseResponse(task=task)
+                self.dispatcher.stream_progress(session)  # that write completed
         finally:
             await self.dispatcher.unregister(session)
             try:

@@ -103,7 +103,7 @@ class Dispatcher:
         if not on_queue:
             return None
         for s in on_queue:
-            if not (s.closed or s.full or s.reading or s.backlogged) \
+            if not (s.closed or s.full or s.reading or s.backlogged or s.stuck) \
                     and (not s.task_types or task_type in s.task_types) \
                     and self.groups.ready(s.queues):
                 s.reading = True
@@ -253,9 +253,10 @@ class Dispatcher:
                 backoff = min(backoff * 2, 2.0)
 
     def stream_progress(self, session: Session) -> None:
-        """The session's stream took a task from ``out`` to write it (called by the Lease
-        handler): once ``out`` is empty, a read that was held back happens now."""
+        """The session's stream wrote a task (called by the Lease handler after each
+        write): once ``out`` is empty, a read that was held back happens now."""
         session.out_since = time.monotonic()
+        session.stuck = False
         if session.held_back and not session.backlogged and not session.closed:
             session.held_back = False
             self._dirty_workers.add(session.worker_id)
@@ -280,7 +281,7 @@ class Dispatcher:
                     log.warning("lease stream is not reading: released %d undelivered "
                                 "leases", len(ids), extra={"worker_id": s.worker_id,
                                                             "session_id": s.session_id})
-                    s.held_back = True
+                    s.held_back = s.stuck = True
                     await self.release(ids)
 
     def _log_error(self, msg: str, exc: BaseException, exc_info: bool = False) -> None:
@@ -309,7 +310,7 @@ class Dispatcher:
         for s in sessions:
             if s.closed:
                 continue
-            if s.backlogged:
+            if s.backlogged or s.stuck:
                 # write-paced: the stream has not written what it already has (a slow or
                 # stuck reader); it reads again once it has (stream_progress)
                 s.held_back = True

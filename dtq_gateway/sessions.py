@@ -48,6 +48,9 @@ class Session:
     #: stream had not written what it already had
     out_since: float = 0.0
     held_back: bool = False
+    #: leases were released because the stream wrote nothing for too long: no read for
+    #: this session until its stream writes again
+    stuck: bool = False
     #: band streams, band-major p9 first, and the full KEYS of lease_read (fixed per session)
     streams: list[str] = field(init=False)
     read_keys: list[str] = field(init=False)
