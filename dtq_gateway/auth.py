@@ -163,6 +163,40 @@ def wrap_handler(handler: grpc.RpcMethodHandler, fn: Callable[[Callable[..., Any
         fn(handler.stream_stream), handler.request_deserializer, handler.response_serializer)
 
 
+class WrappingInterceptor(grpc.aio.ServerInterceptor):
+    """Serves every method through ``wrap(method, handler)``, computed once per method.
+
+    The registry hands out the same handler object per method, so the wrapped handler is
+    cached by method name (and rebuilt only if the handler object changes), not built
+    once per call. Subclasses implement :meth:`wrap`.
+    """
+
+    def __init__(self) -> None:
+        # method -> (handler, wrapped handler)
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """The handler to serve ``method`` with instead of ``handler``."""
+        raise NotImplementedError
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        """Return the method's handler, wrapped (None for an unknown method)."""
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self.wrap(method, handler)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+
 def _rejecting(err: DtqError) -> Callable[[Callable[..., Any]], Any]:
     status = rpc_status.to_status(status_of(err))
 

@@ -172,13 +172,13 @@ class Broker:
             NotFound: unknown task.
             WrongState: the task is already terminal.
         """
-        idem = await self.redis.hmget(keys.task(task_id), "queue", "idem_digest", "priority")
-        has_idem = bool(idem[0] and idem[1])
-        queue, band = _s(idem[0] or b""), _s(idem[2] or b"")
+        rec = await self.redis.hmget(keys.task(task_id), "queue", "idem_digest", "priority")
+        has_idem = bool(rec[0] and rec[1])
+        queue, band = _s(rec[0] or b""), _s(rec[2] or b"")
         valid = keys.QUEUE_RE.match(queue) and len(band) == 1 and band.isdigit()
         stream = keys.stream(queue, int(band)) if valid else keys.task(task_id)
         keys_ = [keys.task(task_id), keys.CANCELLED, keys.RETRY_SCHEDULE, keys.AUDIT,
-                 keys.idempotency(_s(idem[0]), _s(idem[1])) if has_idem else keys.task(task_id),
+                 keys.idempotency(_s(rec[0]), _s(rec[1])) if has_idem else keys.task(task_id),
                  stream]
         reply = await CANCEL(self.redis, keys_, Script.argv(
             task_id, actor, request_id, reason[:1024], self.settings.audit_maxlen,
@@ -190,6 +190,6 @@ class Broker:
             raise WrongState(f"task {task_id} is already {_s(reply[1])}", reason="TASK_TERMINAL")
         log.info("task cancel", extra={"task_id": task_id, "actor": actor,
                                        "request_id": request_id, "outcome": kind})
-        if kind == "cancelled" and idem[0]:  # queued or scheduled: it ends here
-            observe.outcome(_s(idem[0]), "cancelled", 0, 0)
+        if kind == "cancelled" and rec[0]:  # queued or scheduled: it ends here
+            observe.outcome(_s(rec[0]), "cancelled", 0, 0)
         return kind

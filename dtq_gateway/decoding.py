@@ -17,12 +17,13 @@ methods (only server reflection has one) keep grpc's own handling.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 
 from dtq_gateway import grpc_errors
+from dtq_gateway.auth import WrappingInterceptor
 from dtq_gateway.errors import InvalidArgument
 
 #: Longest parser message quoted back to the caller (characters, ASCII in practice).
@@ -91,29 +92,13 @@ def guard_handler(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethod
         handler.response_serializer)
 
 
-class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
+class DecodeGuardInterceptor(WrappingInterceptor):
     """Applies :func:`guard_handler` to every method (each handler wrapped once).
 
     Put it last in the interceptor list, so that authentication decides before a
     request's bytes matter.
     """
 
-    def __init__(self) -> None:
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        """Return the method's handler, guarded."""
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        method = handler_call_details.method
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = guard_handler(method, handler)
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """The method's handler with its request decoding guarded."""
+        return guard_handler(method, handler)

@@ -118,24 +118,20 @@ class Dispatcher:
         Called once per acked item: a worker already marked for the next round costs
         one set lookup, not a scan of every session (1,000 idle sessions = 1,000 checks).
         """
-        if worker_id in self._dirty_workers:
-            return
-        for s in self._by_worker.get(worker_id, ()):
-            if s.full:
-                self._dirty_workers.add(worker_id)
-                self._wake.set()
-                return
+        self._wake_worker_if(worker_id, lambda s: s.full)
 
     def worker_alive(self, worker_id: str) -> None:
         """The worker heartbeated through this gateway: a session of it that was held
         back as stalled (no recent heartbeat) is read again at once, not at the tick."""
+        self._wake_worker_if(worker_id, lambda s: s.stalled)
+
+    def _wake_worker_if(self, worker_id: str, held: Callable[[Session], bool]) -> None:
+        """Mark the worker for the next round when one of its sessions is ``held``."""
         if worker_id in self._dirty_workers:
             return
-        for s in self._by_worker.get(worker_id, ()):
-            if s.stalled:
-                self._dirty_workers.add(worker_id)
-                self._wake.set()
-                return
+        if any(held(s) for s in self._by_worker.get(worker_id, ())):
+            self._dirty_workers.add(worker_id)
+            self._wake.set()
 
     def wants_raw_event(self, raw: bytes) -> bool:
         """Raw pre-filter for the events hub: this process's own events never (it already

@@ -17,7 +17,7 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -25,7 +25,7 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 from redis.asyncio import Redis
 
 from dtq_gateway import admin, admin_lists
-from dtq_gateway.auth import wrap_handler
+from dtq_gateway.auth import WrappingInterceptor, wrap_handler
 from dtq_gateway.duty import PeriodicDuty
 
 log = logging.getLogger(__name__)
@@ -225,7 +225,7 @@ def _observed(method: str) -> Callable[[Callable[..., Any]], Any]:
     return make
 
 
-class MetricsInterceptor(grpc.aio.ServerInterceptor):
+class MetricsInterceptor(WrappingInterceptor):
     """Observes ``dtq_rpc_duration_seconds{method, code}`` for every known method.
 
     Put it first in the interceptor list so calls refused by authentication are
@@ -233,24 +233,6 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
     the ``method`` label bounded.
     """
 
-    def __init__(self) -> None:
-        # method -> (handler, wrapped handler): the registry hands out the same handler
-        # object per method, so each method is wrapped once, not once per call.
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        """Wrap the method's handler with a timer."""
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        method = handler_call_details.method
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = wrap_handler(handler, _observed(method))
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """The method's handler with a timer."""
+        return wrap_handler(handler, _observed(method))

@@ -13,28 +13,17 @@ import redis.asyncio as aioredis
 from dtq_gateway import keys
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
+from tests.support.drained_queues import leftovers
 from tests.support.leasing import LeaseStream
 
 IDLE_QUEUES = 2000
-
-
-async def leftovers(r: aioredis.Redis, n: int) -> list[str]:
-    names = [f"drained{i:05d}" for i in range(n)]
-    for start in range(0, n, 200):
-        pipe = r.pipeline(transaction=False)
-        for q in names[start:start + 200]:
-            for stream in keys.queue_streams_desc(q):
-                pipe.xgroup_create(stream, keys.GROUP, id="0", mkstream=True)
-        await pipe.execute()
-    await r.zadd(keys.QUEUES, dict.fromkeys(names, 0))
-    return names
 
 
 async def test_lost_lease_among_drained_queues_is_leased_again_within_vt_plus_1s(
         gateway, broker_stub, channel, redis_url) -> None:
     r = aioredis.Redis.from_url(redis_url)
     try:
-        names = await leftovers(r, IDLE_QUEUES)
+        names = await leftovers(r, IDLE_QUEUES, prefix="drained", backfilled=False)
         vt_s = gateway.settings.visibility_timeout_s
         done = await broker_stub.Enqueue(pb.EnqueueRequest(
             queue="live", task_type="t", payload=b"{}", max_attempts=3))

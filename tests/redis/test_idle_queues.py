@@ -19,25 +19,12 @@ from dtq_gateway.reaper import Reaper
 from dtq_gateway.scheduler import Scheduler
 from dtq_gateway.settings import Settings
 from tests.redis.sched_support import r, redis_ms, seed_lease, seed_task, task_fields, wait_until
+from tests.support.drained_queues import leftovers
 
 __all__ = ["r"]
 
 IDLE_QUEUES = 2000
 VT_S = 1.0
-
-
-async def leftovers(r: Redis, n: int, prefix: str = "idle") -> list[str]:
-    """n drained queues: ten empty band streams with the group each, registered."""
-    names = [f"{prefix}{i:05d}" for i in range(n)]
-    for start in range(0, n, 200):
-        pipe = r.pipeline(transaction=False)
-        for q in names[start:start + 200]:
-            for stream in keys.queue_streams_desc(q):
-                pipe.xgroup_create(stream, keys.GROUP, id="0", mkstream=True)
-        await pipe.execute()
-    await r.zadd(keys.QUEUES, dict.fromkeys(names, 0))
-    await r.set(keys.QUEUES_BACKFILLED, "1")  # a deployment whose registry exists
-    return names
 
 
 async def command_calls(r: Redis) -> dict[str, int]:
