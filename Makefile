@@ -32,7 +32,7 @@ lint: proto-check
 	$(VENV)/bin/ruff check dtq_gateway dtq_pyworker tests examples bench
 
 test: install proto-check
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n 2 --dist loadscope
 
 demo: install
 	$(PY) -m examples.demo
