@@ -14,6 +14,7 @@ mapped (to 127.0.0.1 and free ports), as Docker's network would.
 from __future__ import annotations
 
 import fnmatch
+import importlib
 import json
 import os
 import shlex
@@ -32,7 +33,7 @@ import redis
 
 from dtq_gateway.settings import Settings
 from dtq_proto import dtq_pb2 as pb
-from dtq_pyworker import TERMINAL_STATUSES, Client
+from dtq_pyworker import TERMINAL_STATUSES, Client, Worker
 from tests.support.redis_server import free_port, redis_server_binary
 from tests.system.chaos_support import wait_until
 
@@ -219,7 +220,7 @@ def test_hadolint_finds_nothing() -> None:
     assert run.returncode == 0, run.stdout + run.stderr
 
 
-def test_stages_gateway_last_and_worker() -> None:
+def test_gateway_is_the_default_target_and_worker_runs_dtq_pyworker() -> None:
     stages = parse_dockerfile()
     assert list(stages)[-1] == "gateway", "`docker build .` must build the gateway"
     gw, worker = stages["gateway"], stages["worker"]
@@ -267,9 +268,7 @@ def test_compose_names_real_stages_settings_and_handlers() -> None:
     host, _, port = worker["environment"]["DTQ_GATEWAY"].removeprefix("dns:///").rpartition(":")
     assert (host, port) == ("gateway", gateways[0]["environment"]["DTQ_LISTEN"].rpartition(":")[2])
     module, _, attr = worker["command"][0].partition(":")
-    from dtq_pyworker import Worker
-    handlers = getattr(__import__(module, fromlist=[attr]), attr)
-    assert isinstance(handlers, Worker)
+    assert isinstance(getattr(importlib.import_module(module), attr), Worker)
     redis_cmd = services["redis"]["command"]
     flags = dict(zip(redis_cmd[1::2], redis_cmd[2::2]))
     assert (flags["--appendonly"], flags["--maxmemory-policy"]) == ("yes", "noeviction")

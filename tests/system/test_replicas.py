@@ -15,6 +15,7 @@ two-address target), as workers behind a load balancer would.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -106,7 +107,7 @@ async def replicas(pair) -> AsyncIterator[tuple[ChaosEnv, Replica, Replica]]:
 async def keep_extending(worker_id: str, held: set[str], via: list[Replica]) -> None:
     """Heartbeat the leases in ``held`` every HEARTBEAT_S, alternating replicas, so
     they stay the worker's however long a test holds them."""
-    for n in range(10**6):
+    for n in itertools.count():
         await via[n % len(via)].broker.Heartbeat(
             pb.HeartbeatRequest(worker_id=worker_id, lease_ids=sorted(held)))
         await asyncio.sleep(HEARTBEAT_S)
