@@ -22,14 +22,17 @@ function el(tag, attrs, ...children) {
     else if (k === "class") node.className = v;
     else node.setAttribute(k, v === true ? "" : String(v));
   }
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined || c === false) continue;
     node.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
   return node;
 }
 const main = () => document.getElementById("main");
-function show(...nodes) { main().replaceChildren(...nodes.flat()); }
+function show(...nodes) {
+  main().replaceChildren(...nodes.flat(Infinity).filter((n) => n !== null && n !== undefined &&
+    n !== false));
+}
 function flash(text, isError) {
   const box = document.getElementById("flash");
   box.textContent = text;
