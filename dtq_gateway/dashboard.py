@@ -189,8 +189,9 @@ class Dashboard:
             log.warning("dashboard listens on a non-loopback address without "
                         "DTQ_AUTH_TOKENS: anyone who reaches it can requeue, discard and "
                         "pause", extra={"host": self.host, "port": self.port})
-        log.info("dashboard listening", extra={"host": self.host, "port": self.port,
-                                               "auth": bool(self.tokens)})
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        log.info("dashboard listening on http://%s:%d/", host, self.port,
+                 extra={"host": self.host, "port": self.port, "auth": bool(self.tokens)})
 
     async def stop(self) -> None:
         """End live feeds and close the server."""
