@@ -40,6 +40,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
+from urllib.parse import urlsplit
 
 import grpc
 from aiohttp import web
@@ -222,7 +223,8 @@ class Dashboard:
                                    reason="HOST_NOT_ALLOWED")
         if request.method == "POST":
             origin = request.headers.get("Origin")
-            if origin is not None and origin != f"{request.scheme}://{request.host}":
+            # the host part only: behind a TLS-terminating proxy the scheme differs
+            if origin is not None and urlsplit(origin).netloc.lower() != request.host.lower():
                 raise PermissionDenied("cross-origin request refused", reason="BAD_ORIGIN")
             if request.content_type != "application/json":
                 raise InvalidArgument("body: Content-Type must be application/json",

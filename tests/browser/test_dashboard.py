@@ -18,7 +18,8 @@ from dtq_proto import dtq_pb2
 from tests.support.dashboard import XSS, DashboardGateway, dashboard_gateway
 from tests.support.leasing import LeaseStream
 
-pytestmark = pytest.mark.slow
+# the first test may install chromium with apt-get (once per machine): minutes, not seconds
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 ADMIN = "dashboard-admin-token"
 

@@ -143,6 +143,9 @@ async def test_malformed_bodies_and_cross_site_posts_are_refused(redis_url):
         status, reply = await _json(http, "POST", url, json={"dry_run": True},
                                     headers={"Origin": "http://evil.example"})
         assert status == 403 and reply["error"]["reason"] == "BAD_ORIGIN"
+        status, reply = await _json(http, "POST", url, json={"dry_run": True},
+                                    headers={"Origin": "null"})  # sandboxed frame
+        assert status == 403 and reply["error"]["reason"] == "BAD_ORIGIN"
         # DNS rebinding: a foreign name pointing at 127.0.0.1
         status, reply = await _json(http, "GET", dg.url + "/api/queues",
                                     headers={"Host": "evil.example"})
