@@ -200,3 +200,23 @@ async def test_live_feed_streams_events_and_ends_on_stop(redis_url):
             rest = await asyncio.wait_for(resp.content.read(), 5)
             assert rest in (b"", b"\n")
         assert dg.gateway.ops.hub.subscriber_count == 0
+
+
+async def test_feeds_count_against_the_subscriber_cap(redis_url):
+    async with dashboard_gateway(redis_url, events_max_subscribers=1) as dg, \
+            aiohttp.ClientSession() as http:
+        async with http.get(dg.url + "/api/events") as first:
+            assert first.status == 200
+            status, reply = await _json(http, "GET", dg.url + "/api/events")
+            assert status == 429 and reply["error"]["reason"] == "TOO_MANY_SUBSCRIBERS"
+            await dg.gateway.dashboard.stop()
+
+
+async def test_redis_down_is_503_like_the_rpcs(own_redis):
+    async with dashboard_gateway(own_redis.url) as dg, aiohttp.ClientSession() as http:
+        own_redis.kill()
+        async with http.get(dg.url + "/api/queues") as resp:
+            reply = await resp.json()
+            assert resp.status == 503 and resp.headers["Retry-After"] == "1"
+        assert reply["error"]["code"] == "UNAVAILABLE"
+        assert reply["error"]["reason"] == "REDIS_UNAVAILABLE"
