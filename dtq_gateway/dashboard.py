@@ -30,6 +30,7 @@ RESOURCE_EXHAUSTED → 429, UNAVAILABLE → 503, anything else → 500; the body
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hmac
 import ipaddress
 import json
@@ -73,6 +74,9 @@ _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:/-]{1,128}\Z")
 #: Largest request body accepted (bytes).
 MAX_BODY_BYTES = 64 * 1024
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: The authenticated caller of the request being handled (None without tokens).
+_principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
+    "dtq_dashboard_principal", default=None)
 
 
 def error_body(err: DtqError) -> dict[str, Any]:
@@ -229,9 +233,14 @@ class Dashboard:
             if request.content_type != "application/json":
                 raise InvalidArgument("body: Content-Type must be application/json",
                                       field="content_type")
+        principal = None
         if request.path.startswith("/api/") and request.path != "/api/info":
-            request["principal"] = self._authenticate(request)
-        return await handler(request)
+            principal = self._authenticate(request)
+        token = _principal.set(principal)
+        try:
+            return await handler(request)
+        finally:
+            _principal.reset(token)
 
     def _authenticate(self, request: web.Request) -> Principal | None:
         if not self.tokens:
@@ -253,7 +262,7 @@ class Dashboard:
     # -- helpers ---------------------------------------------------------------------
     @staticmethod
     def _call(request: web.Request) -> CallInfo:
-        principal = request.get("principal")
+        principal = _principal.get()
         supplied = request.headers.get("X-Request-Id", "")
         return CallInfo(actor=principal.identity if principal else "dashboard",
                         request_id=supplied if _REQUEST_ID_RE.match(supplied)
