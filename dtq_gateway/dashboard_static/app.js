@@ -169,8 +169,9 @@ function loginView(message) {
   input.focus();
 }
 
-async function queuesView() {
-  const data = await api("/api/queues" + qs({ page_size: 500 }));
+async function queuesView(params) {
+  const after = params.get("after") || "";
+  const data = await api("/api/queues" + qs({ page_size: 200, page_token: after }));
   const bands = [9, 8, 7, 6, 5, 4, 3, 2, 1, 0];
   const rows = data.queues.map((q) => {
     const byBand = Object.fromEntries(q.bands.map((b) => [b.band, b]));
@@ -190,7 +191,9 @@ async function queuesView() {
     table(["queue", "state", "depth#", "leased#", "backlog age#",
       ...bands.map((b) => "p" + b), "enq/min#", "ok/min#", "failed/min#"], rows, "queues"),
     el("p", { class: "muted" }, "Depth = entries in the band streams (waiting + leased). " +
-      "Backlog age = age of the oldest entry not yet leased. Rates: last 60 s, all gateways."));
+      "Backlog age = age of the oldest entry not yet leased. Rates: last 60 s, all gateways."),
+    data.next_page_token ? link("#/queues?after=" + encodeURIComponent(data.next_page_token),
+      "More queues →") : null);
   autoRefresh();
 }
 
@@ -486,7 +489,7 @@ async function route(quiet) {
     else if (parts[0] === "workers") await workersView();
     else if (parts[0] === "events") eventsView(params);
     else if (parts[0] === "audit") await auditView(params);
-    else await queuesView();
+    else await queuesView(params);
   } catch (e) {
     if (e.status === 401) return;
     show(el("h1", {}, "Error"), el("p", { class: "error-text", id: "error" },

@@ -204,12 +204,11 @@ async def test_live_feed_streams_events_and_ends_on_stop(redis_url):
 
 async def test_feeds_count_against_the_subscriber_cap(redis_url):
     async with dashboard_gateway(redis_url, events_max_subscribers=1) as dg, \
-            aiohttp.ClientSession() as http:
-        async with http.get(dg.url + "/api/events") as first:
-            assert first.status == 200
-            status, reply = await _json(http, "GET", dg.url + "/api/events")
-            assert status == 429 and reply["error"]["reason"] == "TOO_MANY_SUBSCRIBERS"
-            await dg.gateway.dashboard.stop()
+            aiohttp.ClientSession() as http, http.get(dg.url + "/api/events") as first:
+        assert first.status == 200
+        status, reply = await _json(http, "GET", dg.url + "/api/events")
+        assert status == 429 and reply["error"]["reason"] == "TOO_MANY_SUBSCRIBERS"
+        await dg.gateway.dashboard.stop()
 
 
 async def test_redis_down_is_503_like_the_rpcs(own_redis):
@@ -220,3 +219,25 @@ async def test_redis_down_is_503_like_the_rpcs(own_redis):
             assert resp.status == 503 and resp.headers["Retry-After"] == "1"
         assert reply["error"]["code"] == "UNAVAILABLE"
         assert reply["error"]["reason"] == "REDIS_UNAVAILABLE"
+
+
+async def test_cancel_recent_and_audit(redis_url):
+    async with dashboard_gateway(redis_url) as dg, aiohttp.ClientSession() as http:
+        task_id = await dg.enqueue("cq", "t", {"n": 1})
+        status, body = await _json(http, "POST", dg.url + f"/api/tasks/{task_id}/cancel",
+                                   json={"reason": "not needed"},
+                                   headers={"X-Request-Id": "req-42"})
+        assert status == 200 and body["outcome"] == "cancelled"
+        assert body["request_id"] == "req-42"
+        status, body = await _json(http, "POST", dg.url + f"/api/tasks/{task_id}/cancel",
+                                   json={})
+        assert status == 409 and body["error"]["reason"] == "TASK_TERMINAL"
+
+        status, recent = await _json(http, "GET", dg.url + "/api/recent?queue=cq&status=cancelled")
+        assert status == 200 and [t["task_id"] for t in recent["tasks"]] == [task_id]
+        assert "payload" not in recent["tasks"][0]
+
+        status, audit = await _json(http, "GET", dg.url + "/api/audit?page_size=1")
+        (entry,) = audit["entries"]
+        assert (entry["action"], entry["actor"], entry["task_id"], entry["request_id"]) == (
+            "cancel_task", "dashboard", task_id, "req-42")
