@@ -153,5 +153,7 @@ async def test_dashboard_login_with_admin_token(redis_url, chromium: str):
             assert re.fullmatch(ADMIN, await page.evaluate(
                 "() => sessionStorage.getItem('dtq.token')"))
             assert await page.context.cookies() == []
+            await page.goto(dg.url + "/#/events")  # the feed sends the token too
+            await expect(page.locator("#feed-state .badge")).to_have_text("live")
         finally:
             await browser.close()
