@@ -34,6 +34,8 @@ from dtq_proto import dtq_pb2 as pb
 QUEUES_PAGE_MAX = 500
 MAX_REDRIVE_LIMIT = 100_000
 MAX_REDRIVE_RATE = 10_000
+#: Most payload bytes of one dead letter in a listing (the task page shows all).
+LIST_PAYLOAD_BYTES = 1024
 
 
 @dataclass
@@ -56,12 +58,20 @@ class Backend:
                                      idem_ttl_s=s.idem_ttl_s)
 
 
-def decode_bytes(data: bytes, content_type: str = "") -> dict[str, Any]:
+def decode_bytes(data: bytes, content_type: str = "", max_bytes: int = 0) -> dict[str, Any]:
     """Bytes for display: ``{"encoding": "json"|"text"|"base64"|"empty", "value": ...,
-    "bytes": n}``. JSON is tried for JSON content types and for untyped data."""
+    "bytes": n}``. JSON is tried for JSON content types and for untyped data.
+
+    With ``max_bytes`` > 0, data longer than that is cut to its first ``max_bytes``
+    bytes, shown as text (invalid UTF-8 replaced) and marked ``"truncated": true``:
+    listings stay small whatever the payloads weigh.
+    """
     out: dict[str, Any] = {"bytes": len(data)}
     if not data:
         return {**out, "encoding": "empty", "value": ""}
+    if 0 < max_bytes < len(data):
+        return {**out, "encoding": "text", "truncated": True,
+                "value": data[:max_bytes].decode("utf-8", errors="replace")}
     ct = content_type.split(";", 1)[0].strip().lower()
     if ct in ("", "application/json") or ct.endswith("+json"):
         try:
@@ -226,7 +236,8 @@ def _dead_letter_json(e: admin_dlq.DeadLetterEntry) -> dict[str, Any]:
     return {"entry_id": e.entry_id, "task_id": text(f.get("task_id")),
             "queue": text(f.get("original_queue") or f.get("queue")),
             "task_type": text(f.get("task_type")),
-            "payload": decode_bytes(f.get("payload", b""), text(f.get("content_type"))),
+            "payload": decode_bytes(f.get("payload", b""), text(f.get("content_type")),
+                                    max_bytes=LIST_PAYLOAD_BYTES),
             "attempts_made": as_int(f.get("attempts_made")),
             "last_error": text(f.get("last_error")),
             "last_error_class": text(f.get("last_error_class")),

@@ -81,7 +81,8 @@ function decoded(p) {
 }
 function preview(p) {
   if (!p || p.encoding === "empty") return "";
-  return p.encoding === "json" ? JSON.stringify(p.value) : p.value;
+  const text = p.encoding === "json" ? JSON.stringify(p.value) : p.value;
+  return p.truncated ? text + "… (" + p.bytes + " bytes)" : text;
 }
 function perMin(r, key) { return r ? r[key + "_per_min"] : 0; }
 

@@ -72,6 +72,9 @@ def test_decode_bytes_json_text_and_binary():
     assert decode_bytes(b"not json", "")["encoding"] == "text"
     assert decode_bytes(b"\xff\x00", "application/octet-stream")["value"] == "/wA="
     assert decode_bytes(b"")["encoding"] == "empty"
+    cut = decode_bytes(b'{"a":"' + "é".encode() * 10 + b'"}', "application/json", max_bytes=9)
+    assert cut == {"bytes": 28, "encoding": "text", "truncated": True,
+                   "value": '{"a":"é\ufffd'}
 
 
 def test_argument_rules_name_the_field():
