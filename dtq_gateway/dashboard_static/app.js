@@ -468,7 +468,11 @@ function stopTimers() {
 }
 function autoRefresh() {
   clearTimeout(refreshTimer);
-  refreshTimer = setTimeout(() => route(true), 5000);
+  refreshTimer = setTimeout(() => {
+    // not while a button waits for its confirming click: redrawing would reset it
+    if (document.querySelector("button.armed")) autoRefresh();
+    else route(true);
+  }, 5000);
 }
 
 async function route(quiet) {
