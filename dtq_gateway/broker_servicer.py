@@ -113,7 +113,8 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
         return Session(worker_id=request.worker_id, queues=queues,
                        max_in_flight=min(request.max_in_flight, self.settings.max_in_flight_cap),
                        task_types=frozenset(request.task_types),
-                       concurrency=request.concurrency)
+                       concurrency=request.concurrency,
+                       labels=dict(list(request.labels.items())[:64]))
 
     async def Lease(self, request, context) -> AsyncIterator[dtq_pb2.LeaseResponse]:
         try:

@@ -23,6 +23,9 @@ from dtq_gateway.audit import request_id_of
 from dtq_gateway.broker import Broker
 from dtq_gateway.broker_servicer import BrokerServicer
 from dtq_gateway.completion import Completion, ItemOutcome
+from dtq_gateway.dashboard import Dashboard
+from dtq_gateway.dashboard_api import Backend
+from dtq_gateway.dashboard_rates import RateTracker
 from dtq_gateway.dispatch import Dispatcher
 from dtq_gateway.groups import Groups
 from dtq_gateway.metrics import REDIS_MEMORY_FULL
@@ -208,7 +211,17 @@ class Gateway:
         self.ops = Operations(self.redis, settings)
         self.ops.hub.add_listener(self.dispatcher.on_event, self.dispatcher.wants_raw_event)
         self.scheduler = Scheduler(self.redis, settings)
+        self.dashboard = self._dashboard() if settings.dashboard_port else None
         self.port = 0
+
+    def _dashboard(self) -> Dashboard:
+        """The web dashboard (DTQ_DASHBOARD_PORT), counting throughput from the hub."""
+        rates = RateTracker()
+        self.ops.hub.add_listener(rates.on_event, rates.wants_raw)
+        backend = Backend(self.redis, self.settings, self.broker, rates,
+                          self.dispatcher.sessions)
+        return Dashboard(backend, self.ops.hub, self.settings.dashboard_host,
+                         self.settings.dashboard_port)
 
     def _on_done(self, worker_id: str, queue: str, outcome: ItemOutcome) -> None:
         self.dispatcher.credit_freed(worker_id)
@@ -252,7 +265,7 @@ class Gateway:
 
         Raises:
             EvictionPolicyError: Redis may evict keys and DTQ_REQUIRE_NOEVICTION is on.
-            OSError: the gRPC address cannot be bound.
+            OSError: the gRPC, metrics or dashboard address cannot be bound.
         """
         try:
             await self.policy.check()
@@ -272,6 +285,8 @@ class Gateway:
         await self.probe.check_once()
         await self.server.start()
         self.ops.start()
+        if self.dashboard is not None:
+            await self.dashboard.start()
         self.probe.start()
         self.dispatcher.start()
         self.scheduler.start()
@@ -283,6 +298,8 @@ class Gateway:
         started = time.monotonic()
         self.draining.set()
         await self.probe.stop()
+        if self.dashboard is not None:
+            await self.dashboard.stop()
         await self.ops.stop()  # Subscribe streams end with UNAVAILABLE
         await self.dispatcher.stop()  # Lease streams end with UNAVAILABLE
         await self.server.stop(self.settings.shutdown_grace_s)

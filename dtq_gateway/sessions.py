@@ -33,6 +33,8 @@ class Session:
     #: takes at most this many entries, so a burst is shared by the idle sessions of a
     #: queue instead of filling the first one's buffer up to max_in_flight
     concurrency: int = 0
+    #: LeaseRequest.labels (shown by the web dashboard for workers of this replica)
+    labels: dict[str, str] = field(default_factory=dict)
     session_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     full: bool = False

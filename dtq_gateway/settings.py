@@ -36,6 +36,11 @@ class Settings:
     listen: str = field(default="127.0.0.1:50051", metadata=_meta("gRPC listen address host:port."))
     metrics_port: int = field(default=9464, metadata=_meta(
         "Prometheus HTTP port on the listen host; 0 disables."))
+    dashboard_port: int = field(default=0, metadata=_meta(
+        "Web dashboard HTTP port; 0 disables it (docs/dashboard.md)."))
+    dashboard_host: str = field(default="127.0.0.1", metadata=_meta(
+        "Address the web dashboard listens on (loopback only by default). With "
+        "DTQ_AUTH_TOKENS set, every dashboard API call needs an admin token."))
     metrics_max_queues: int = field(default=200, metadata=_meta(
         "Most queues with per-queue gauges (the deepest busy queues win; "
         "dtq_metrics_queues_omitted counts the rest)."))
@@ -148,7 +153,8 @@ _POSITIVE = {
     "grpc_keepalive_time_ms", "grpc_keepalive_timeout_ms", "grpc_min_ping_interval_ms",
     "eviction_check_interval_s",
 }
-_NON_NEGATIVE = {"metrics_port", "max_queue_depth", "lease_grace_ms", "shutdown_grace_s"}
+_NON_NEGATIVE = {"metrics_port", "dashboard_port", "max_queue_depth", "lease_grace_ms",
+                 "shutdown_grace_s"}
 
 
 def env_name(name: str) -> str:
@@ -198,6 +204,10 @@ def _validate(s: Settings) -> None:
                             f"(got {s.log_level!r})")
     if s.metrics_port > 65535:
         raise SettingsError(f"DTQ_METRICS_PORT must be a port number (got {s.metrics_port})")
+    if s.dashboard_port > 65535:
+        raise SettingsError(f"DTQ_DASHBOARD_PORT must be a port number (got {s.dashboard_port})")
+    if s.dashboard_port and not s.dashboard_host.strip():
+        raise SettingsError("DTQ_DASHBOARD_HOST must not be empty while DTQ_DASHBOARD_PORT is set")
     if s.redis_url and not s.redis_url.startswith(("redis://", "rediss://", "unix://")):
         raise SettingsError("DTQ_REDIS_URL must start with redis://, rediss:// or unix://")
     if bool(s.tls_cert) != bool(s.tls_key):
