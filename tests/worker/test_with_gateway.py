@@ -6,9 +6,9 @@ import asyncio
 import json
 import time
 
-from dtq_proto import dtq_pb2
 import pytest
 
+from dtq_proto import dtq_pb2
 from dtq_pyworker import AsyncClient, PermanentError, Retry, TaskFailed, TaskStatus, Worker
 from tests.worker.helpers import poll_until, running, wait_event
 
