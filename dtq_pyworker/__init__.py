@@ -15,6 +15,7 @@ Example::
 
 from dtq_pyworker._requests import TERMINAL_STATUSES, EnqueueResult
 from dtq_pyworker._version import __version__
+from dtq_pyworker.admin import AdminClient
 from dtq_pyworker.client import AsyncClient, Client
 from dtq_pyworker.context import TaskContext
 from dtq_pyworker.errors import DtqRpcError, PermanentError, Retry
@@ -34,6 +35,7 @@ from dtq_pyworker.worker import Worker
 
 __all__ = [
     "TERMINAL_STATUSES",
+    "AdminClient",
     "AsyncClient",
     "Attempt",
     "CancelResult",

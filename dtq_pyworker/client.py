@@ -49,11 +49,11 @@ def _cancel_result(resp: dtq_pb2.CancelTaskResponse) -> CancelResult:
 
 
 def _connect(target: str | None, aio: bool, options: list[tuple[str, Any]] | None,
-             **security: Any) -> tuple[str, Any, Any]:
-    """(resolved target, channel, Broker stub) for a client; ``security``: token/TLS."""
+             **security: Any) -> tuple[Connection, Any, Any]:
+    """(resolved connection, channel, Broker stub) for a client; ``security``: token/TLS."""
     conn = Connection.resolve(target, **security)
     channel = conn.channel(aio=aio, options=options)
-    return conn.target, channel, conn.stub(channel)
+    return conn, channel, conn.stub(channel)
 
 
 class Client:
@@ -77,9 +77,10 @@ class Client:
                  token: str | None = None, tls: bool | None = None, tls_ca: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None) -> None:
         self.timeout_s = timeout_s
-        self.target, self._channel, self._stub = _connect(
+        self.connection, self._channel, self._stub = _connect(
             target, False, channel_options, token=token, tls=tls, tls_ca=tls_ca,
             tls_cert=tls_cert, tls_key=tls_key)
+        self.target = self.connection.target
 
     def _call(self, method: str, request: Any) -> Any:
         try:
@@ -201,9 +202,10 @@ class AsyncClient:
                  token: str | None = None, tls: bool | None = None, tls_ca: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None) -> None:
         self.timeout_s = timeout_s
-        self.target, self._channel, self._stub = _connect(
+        self.connection, self._channel, self._stub = _connect(
             target, True, channel_options, token=token, tls=tls, tls_ca=tls_ca,
             tls_cert=tls_cert, tls_key=tls_key)
+        self.target = self.connection.target
 
     async def _call(self, method: str, request: Any) -> Any:
         try:
