@@ -29,7 +29,7 @@ _OUTCOME_EXIT = {TaskStatus.SUCCEEDED: ExitCode.OK, TaskStatus.DEAD_LETTERED: Ex
                  TaskStatus.CANCELLED: ExitCode.TASK_CANCELLED,
                  TaskStatus.EXPIRED: ExitCode.TASK_EXPIRED}
 _STATUS_NAMES = [s.name for s in TaskStatus if s is not TaskStatus.UNSPECIFIED]
-_EVENT_NAMES = [n.removeprefix("EVENT_TYPE_") for n in dtq_pb2.EventType
+_EVENT_NAMES = [n.removeprefix("EVENT_TYPE_") for n in dtq_pb2.EventType.keys()  # noqa: SIM118 - not a dict
                 if n != "EVENT_TYPE_UNSPECIFIED"]
 
 
