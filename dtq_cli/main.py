@@ -130,7 +130,7 @@ def json_option(fn: Callable) -> Callable:
 pass_state = click.make_pass_decorator(State, ensure=True)
 
 
-@click.group(cls=DtqGroup, context_settings={"help_option_names": ["-h", "--help"],
+@click.group(name="dtq", cls=DtqGroup, context_settings={"help_option_names": ["-h", "--help"],
                                              "max_content_width": 100})
 @click.option("--gateway", envvar="DTQ_GATEWAY", show_envvar=True, metavar="HOST:PORT",
               help="Gateway address [default: 127.0.0.1:50051].")
