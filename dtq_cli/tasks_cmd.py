@@ -16,6 +16,7 @@ from dtq_cli.render import (
     emit_json,
     enum_name,
     fields,
+    human_duration,
     show_value,
     table,
     to_dict,
@@ -29,8 +30,8 @@ _OUTCOME_EXIT = {TaskStatus.SUCCEEDED: ExitCode.OK, TaskStatus.DEAD_LETTERED: Ex
                  TaskStatus.CANCELLED: ExitCode.TASK_CANCELLED,
                  TaskStatus.EXPIRED: ExitCode.TASK_EXPIRED}
 _STATUS_NAMES = [s.name for s in TaskStatus if s is not TaskStatus.UNSPECIFIED]
-_EVENT_NAMES = [n.removeprefix("EVENT_TYPE_") for n in dtq_pb2.EventType.keys()  # noqa: SIM118 - not a dict
-                if n != "EVENT_TYPE_UNSPECIFIED"]
+_EVENT_NAMES = [v.name.removeprefix("EVENT_TYPE_")
+                for v in dtq_pb2.EventType.DESCRIPTOR.values if v.number != 0]
 
 
 def task_doc(task: Task) -> dict[str, Any]:
@@ -71,11 +72,7 @@ def show_task(state: State, task: Task) -> None:
 
 
 def _took(start_ms: int, end_ms: int) -> str:
-    if not (start_ms and end_ms):
-        return ""
-    from dtq_cli.render import human_duration
-
-    return human_duration(end_ms - start_ms)
+    return human_duration(end_ms - start_ms) if start_ms and end_ms else ""
 
 
 def finish_wait(state: State, task_id: str, timeout_ms: int) -> None:
@@ -261,8 +258,10 @@ def tail(state: State, queues: tuple[str, ...], types: tuple[str, ...],
 
 
 def _print_event(state: State, ev: dtq_pb2.SubscribeResponse) -> None:
+    """One event per line, flushed at once (tail is read through pipes)."""
     if state.json:
         emit_json(to_dict(ev))
+        sys.stdout.flush()
         return
     kind = enum_name(ev.DESCRIPTOR.fields_by_name["type"], ev.type)
     parts = [ev.ts, f"{kind:<22}"]
