@@ -147,3 +147,16 @@ def test_task_handle_enqueues_by_function(threaded):
     assert [(t.queue, t.task_type) for t in tasks] == [
         ("emails", "email.send"), ("bounces", "email.bounce"), ("emails", "email.send")]
     assert tasks[0].payload == {"to": "ada@example.com"} and tasks[0].priority == 7
+
+
+async def test_task_handle_with_an_async_client(fake):
+    worker = Worker(["jobs"], fake.target)
+
+    @worker.task("job.run")
+    async def run(payload, ctx):
+        return payload
+
+    async with AsyncClient(fake.target) as client:
+        res = await run.enqueue({"n": 1}, client=client, delay_ms=10)
+        task = await client.get(res.task_id)
+    assert (task.queue, task.task_type, task.payload) == ("jobs", "job.run", {"n": 1})
