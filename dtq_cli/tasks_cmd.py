@@ -135,10 +135,12 @@ def _metadata(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--wait", "wait_", is_flag=True, help="Wait for the outcome; exit code tells it.")
 @click.option("--wait-timeout", type=Duration(), default="30s", show_default=True,
               help="How long --wait waits.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the task id "
+              "(for id=$(dtq enqueue -q ...)).")
 @json_option
 @pass_state
 def enqueue(state: State, queue: str, task_type: str, payload: str | None,
-            wait_: bool, wait_timeout: int, **opts: Any) -> None:
+            wait_: bool, wait_timeout: int, quiet: bool, **opts: Any) -> None:
     """Enqueue a task of TYPE to QUEUE with a JSON PAYLOAD ('-' reads stdin, '@file' a file).
 
     \b
@@ -159,6 +161,9 @@ def enqueue(state: State, queue: str, task_type: str, payload: str | None,
     if state.json:
         emit_json({"task_id": res.task_id, "deduplicated": res.deduplicated,
                    "status": res.status.name})
+        return
+    if quiet:
+        click.echo(res.task_id)
         return
     dedup = " (deduplicated: an earlier task has this key)" if res.deduplicated else ""
     click.echo(f"{res.task_id} {res.status.name}{dedup}")
