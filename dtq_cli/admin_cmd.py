@@ -9,6 +9,7 @@ from dtq_cli.render import (
     Duration,
     ago,
     emit_json,
+    extra_fields,
     fields,
     human_duration,
     table,
@@ -31,6 +32,11 @@ def queues(state: State) -> None:
           empty="no queues")
 
 
+#: Queue stats fields the view prints itself (the rest are printed generically).
+_STATS_SHOWN = {"queue", "paused", "depth", "pending", "scheduled", "oldest_task_age_ms",
+                "dead_letter_depth", "bands", "consumers"}
+
+
 @cli.command()
 @click.argument("queue")
 @json_option
@@ -45,7 +51,7 @@ def stats(state: State, queue: str) -> None:
             ("pending", s.pending), ("scheduled", s.scheduled),
             ("oldest waiting", human_duration(s.oldest_task_age_ms)
              if s.oldest_task_age_ms else ""),
-            ("dead letters", s.dead_letter_depth)])
+            ("dead letters", s.dead_letter_depth), *extra_fields(s, _STATS_SHOWN)])
     click.echo()
     table("bands", ["band", "depth", "pending"],
           [(b.band, b.depth, b.pending) for b in s.bands if b.depth or b.pending],
@@ -97,12 +103,17 @@ def workers(state: State) -> None:
     if state.json:
         emit_json([to_dict(w) for w in found])
         return
+    # labels: shown when the gateway reports them (a map field of newer gateways)
+    labels = [dict(getattr(w, "labels", {}) or {}) for w in found]
+    extra = ["labels"] if any(labels) else []
     table(None, ["worker", "host", "status", "leasing", "active", "processed", "failed",
-                 "heartbeat", "started"],
+                 "heartbeat", "started", *extra],
           [(w.worker_id, w.hostname, w.status, "yes" if w.leasing else "no",
             f"{w.active_tasks}/{w.concurrency}" if w.concurrency else w.active_tasks,
             w.tasks_processed, w.tasks_failed, f"{human_duration(w.heartbeat_age_ms)} ago",
-            ago(w.started_at_ms)) for w in found],
+            ago(w.started_at_ms),
+            *([",".join(f"{k}={v}" for k, v in sorted(lab.items()))] if extra else []))
+           for w, lab in zip(found, labels, strict=True)],
           empty="no workers")
 
 

@@ -168,6 +168,19 @@ def to_dict(msg: Message) -> dict[str, Any]:
     return out
 
 
+def extra_fields(msg: Message, shown: Iterable[str]) -> list[tuple[str, Any]]:
+    """Set fields of ``msg`` that a detail view does not show itself (fields a newer
+    gateway added, say), as (name, text) pairs in field order."""
+    skip = set(shown)
+    out = []
+    for name, value in to_dict(msg).items():
+        if name in skip or value in (None, "", 0, False, [], {}):
+            continue
+        out.append((name.replace("_", " "), value if isinstance(value, str | int | float)
+                    else json.dumps(value, ensure_ascii=False)))
+    return out
+
+
 # -- output -------------------------------------------------------------------------------
 def console() -> Console:
     """A console on the current stdout; wide and without colour when not a terminal."""

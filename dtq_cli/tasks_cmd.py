@@ -15,6 +15,7 @@ from dtq_cli.render import (
     ago,
     emit_json,
     enum_name,
+    extra_fields,
     fields,
     human_duration,
     show_value,
@@ -34,6 +35,14 @@ _EVENT_NAMES = [v.name.removeprefix("EVENT_TYPE_")
                 for v in dtq_pb2.EventType.DESCRIPTOR.values if v.number != 0]
 
 
+#: Task fields the detail view prints itself (the rest are printed generically).
+_TASK_SHOWN = {"task_id", "queue", "task_type", "status", "cancel_requested", "priority",
+               "attempt", "max_attempts", "created_at", "due_at", "started_at", "finished_at",
+               "expires_at", "worker_id", "idempotency_key", "content_type", "payload",
+               "result", "result_truncated", "last_error", "last_error_class", "metadata",
+               "attempts", "retry_policy", "updated_at", "timeout_ms", "not_before"}
+
+
 def task_doc(task: Task) -> dict[str, Any]:
     """A task as a JSON document (see render.to_dict)."""
     return to_dict(task.raw)
@@ -50,6 +59,7 @@ def show_task(state: State, task: Task) -> None:
         ("task", t.task_id), ("queue", t.queue), ("type", t.task_type),
         ("status", task.status.name + (" (cancel requested)" if t.cancel_requested else "")),
         ("priority", t.priority), ("attempt", f"{t.attempt} of {t.max_attempts}"),
+        ("time limit", human_duration(t.timeout_ms) if t.timeout_ms else ""),
         ("created", when(t.created_at_ms)), ("due", when(t.due_at_ms) if t.due_at_ms else ""),
         ("started", when(t.started_at_ms) if t.started_at_ms else ""),
         ("finished", when(t.finished_at_ms) if t.finished_at_ms else ""),
@@ -61,6 +71,7 @@ def show_task(state: State, task: Task) -> None:
          + (" (truncated)" if t.result_truncated else "")),
         ("error", error),
         ("metadata", json.dumps(dict(t.metadata)) if t.metadata else ""),
+        *extra_fields(t, _TASK_SHOWN),
     ])
     if t.attempts:
         click.echo()

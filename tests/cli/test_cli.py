@@ -15,7 +15,8 @@ from datetime import UTC, datetime
 import pytest
 
 from dtq_cli import ExitCode
-from dtq_cli.render import ago, parse_duration_ms
+from dtq_cli.render import ago, extra_fields, parse_duration_ms
+from dtq_proto import dtq_pb2
 from tests.cli.conftest import SERVED
 from tests.support.threaded_gateway import ADMIN_TOKEN, PRODUCER_TOKEN
 
@@ -45,6 +46,13 @@ def test_duration_and_relative_time_parsing():
             parse_duration_ms(bad)
     assert ago(1_000, now_ms=4_000) == "3.0s ago" and ago(10_000, now_ms=4_000) == "in 6.0s"
     assert ago(0) == "-"
+
+
+def test_fields_a_view_does_not_know_are_still_printed():
+    task = dtq_pb2.Task(task_id="t1", queue="q", status=dtq_pb2.TASK_STATUS_SUCCEEDED,
+                        timeout_ms=1500, updated_at_ms=1_000, metadata={"a": "b"})
+    assert extra_fields(task, {"task_id", "queue", "metadata"}) == [
+        ("status", "SUCCEEDED"), ("timeout ms", 1500), ("updated at", "1970-01-01T00:00:01.000Z")]
 
 
 def test_enqueue_wait_and_get_a_succeeding_task(env):
