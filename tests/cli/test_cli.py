@@ -247,7 +247,8 @@ def test_tail_prints_json_lines(env):
     assert all(len(ev["task_id"]) == 32 for ev in lines)
 
 
-def test_tail_exits_0_on_ctrl_c(env):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_tail_exits_0_on_ctrl_c_or_sigterm(env, sig):
     proc = subprocess.Popen(
         [sys.executable, "-m", "dtq_cli", "--gateway", env.gw.target, "tail"],
         env={**os.environ, "DTQ_TOKEN": ADMIN_TOKEN}, stdout=subprocess.PIPE,
@@ -256,7 +257,7 @@ def test_tail_exits_0_on_ctrl_c(env):
         banner = proc.stderr.readline()  # printed once the command runs
         assert "Ctrl-C" in banner
         env.client.enqueue("tail-q", "t", {})
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         assert proc.wait(15) == 0
     finally:
         if proc.poll() is None:
