@@ -169,7 +169,7 @@ def test_queues_stats_pause_and_resume(env):
     assert "already paused" in env.run("pause", "stats-q").stdout
     assert env.json("stats", "stats-q")["paused"] is True
     assert "paused" in env.run("queues").stdout
-    assert env.json("resume", "stats-q", "--reason", "done")["changed"] is True
+    assert env.run("resume", "stats-q", "--reason", "done").stdout.strip() == "stats-q resumed"
     assert env.json("resume", "stats-q")["changed"] is False
 
 
@@ -194,6 +194,8 @@ def test_dead_letter_commands(env):
     requeued = env.run("dlq", "requeue", ids[1], MISSING)  # one real, one unknown
     assert requeued.exit_code == ExitCode.NOT_FOUND and f"{ids[1]} requeued" in requeued.stdout
     assert env.run("wait", ids[1], "--timeout", "10s").exit_code == ExitCode.TASK_FAILED
+    as_json = env.json("dlq", "requeue", ids[2])
+    assert [d["task_id"] for d in as_json["requeued"]] == [ids[2]] and not as_json["not_found"]
     redrive = env.run("dlq", "redrive", "--queue", SERVED, "--type", "boom",
                       "--older-than", "0s")
     assert redrive.exit_code == 0 and "requeued" in redrive.stdout
