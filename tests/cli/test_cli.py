@@ -158,6 +158,8 @@ def test_gateway_refusals_map_to_exit_codes(env):
 def test_queues_stats_pause_and_resume(env):
     for prio in ("2", "9", "9"):
         env.json("enqueue", "stats-q", "t", "{}", "--priority", prio)
+    after = env.run("queues", "--json")  # --json after the command works as well
+    assert after.exit_code == 0 and json.loads(after.stdout) == env.json("queues")
     queues = {q["name"]: q for q in env.json("queues")}
     assert queues["stats-q"] == {"name": "stats-q", "depth": 3, "pending": 0, "paused": False}
     stats = env.json("stats", "stats-q")
