@@ -29,7 +29,7 @@ proto-check: install
 	$(PY) scripts/gen_config_doc.py --check
 
 lint: proto-check
-	$(VENV)/bin/ruff check dtq_gateway dtq_pyworker tests examples bench
+	$(VENV)/bin/ruff check dtq_gateway dtq_pyworker dtq_cli tests examples bench
 
 test: install proto-check
 	$(VENV)/bin/pytest -q -n 2 --dist loadscope

@@ -9,6 +9,7 @@ from typing import Any
 from dtq_proto import dtq_pb2
 from dtq_pyworker.codec import encode_payload
 from dtq_pyworker.errors import DtqRpcError
+from dtq_pyworker.tasks import TaskStatus
 
 TERMINAL_STATUSES = frozenset({
     dtq_pb2.TASK_STATUS_SUCCEEDED, dtq_pb2.TASK_STATUS_DEAD_LETTERED,
@@ -27,12 +28,13 @@ class EnqueueResult:
     Attributes:
         task_id: The new task's id, or the earlier one's when deduplicated.
         deduplicated: True when an earlier task with the idempotency key was returned.
-        status: ``dtq_pb2.TaskStatus`` value right after the call.
+        status: :class:`TaskStatus` right after the call (equal to the
+            ``dtq_pb2.TaskStatus`` value).
     """
 
     task_id: str
     deduplicated: bool
-    status: int
+    status: TaskStatus
 
 
 def enqueue_request(queue: str, task_type: str, payload: Any = None, *,
@@ -89,7 +91,7 @@ def batch_request(items) -> dtq_pb2.EnqueueBatchRequest:
 
 def enqueue_result(resp) -> EnqueueResult:
     """EnqueueResult from an EnqueueResponse."""
-    return EnqueueResult(resp.task_id, resp.deduplicated, resp.status)
+    return EnqueueResult(resp.task_id, resp.deduplicated, TaskStatus.of(resp.status))
 
 
 def batch_results(resp: dtq_pb2.EnqueueBatchResponse) -> list[EnqueueResult | DtqRpcError]:
@@ -99,7 +101,7 @@ def batch_results(resp: dtq_pb2.EnqueueBatchResponse) -> list[EnqueueResult | Dt
         if r.HasField("error") and r.error.code != 0:
             out.append(DtqRpcError.from_item_error(r.error))
         else:
-            out.append(EnqueueResult(r.task_id, r.deduplicated, r.status))
+            out.append(EnqueueResult(r.task_id, r.deduplicated, TaskStatus.of(r.status)))
     return out
 
 
