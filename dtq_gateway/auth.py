@@ -133,6 +133,24 @@ def actor_of(context: Any) -> str:
     return _peer_cn(context) or "anonymous"
 
 
+def caller_identity(context: Any) -> str:
+    """Identity a worker id and its leases are bound to.
+
+    ``token:<identity>`` with bearer tokens on, ``cert:<common name>`` for a client
+    certificate (mTLS), both joined by ``|`` when both are present, "" for an
+    anonymous caller (no auth, no client certificate): then every caller is the
+    same identity and nothing is bound.
+    """
+    parts = []
+    principal = _principal.get()
+    if principal is not None:
+        parts.append("token:" + principal.identity)
+    cn = _peer_cn(context)
+    if cn:
+        parts.append("cert:" + cn)
+    return "|".join(parts)
+
+
 def _bearer(metadata: Any) -> str:
     for key, value in metadata or ():
         if key == "authorization":

@@ -29,7 +29,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dtq_gateway import keys, metrics, observe
 from dtq_gateway.groups import Groups
-from dtq_gateway.leaseid import Lease
+from dtq_gateway.leaseid import Keyring, Lease, default_keyring
 from dtq_gateway.replies import text as _s
 from dtq_gateway.scripts import EVENT_ID_PREFIX, Script
 from dtq_gateway.sessions import LEASE_READ, ReadAhead, Session
@@ -57,8 +57,10 @@ class Dispatcher:
 
     def __init__(self, redis: Redis, settings: Settings, groups: Groups,
                  release: Callable[[list[str]], Awaitable[None]],
-                 tick_s: float = 1.0) -> None:
+                 tick_s: float = 1.0, keyring: Keyring | None = None) -> None:
         self.redis = redis
+        #: signs the lease ids handed out (see leaseid.py)
+        self.keyring = keyring or default_keyring()
         self.settings = settings
         self.groups = groups
         self.release = release
@@ -416,6 +418,7 @@ class Dispatcher:
         return delivered, credit > 0, len(entries), False
 
     async def _activate(self, session: Session, streams: list[str], entries: list) -> int:
+        await self.keyring.ensure()
         keys_: list[str] = [keys.CANCELLED]
         args: list = []
         parsed = []
@@ -456,10 +459,11 @@ class Dispatcher:
                      digest: str, rep: list) -> dtq_pb2.LeasedTask:
         queue, band = keys.parse_stream(stream)
         task_id, attempt = _s(f["task_id"]), int(f["attempt"])
-        lease = Lease(task_id, queue, band, entry_id, attempt, session.worker_id, digest)
+        lease = Lease(task_id, queue, band, entry_id, attempt, session.worker_id, digest,
+                      session.owner)
         metadata = json.loads(rep[2]) if rep[2] else {}
         return dtq_pb2.LeasedTask(
-            lease_id=lease.encode(), task_id=task_id, queue=queue,
+            lease_id=lease.encode(self.keyring), task_id=task_id, queue=queue,
             task_type=_s(f["task_type"]), payload=f.get("payload", b""),
             content_type=_s(rep[1] or b""), priority=band, attempt=attempt,
             max_attempts=int(f["max_attempts"]), timeout_ms=int(f["timeout_ms"]),

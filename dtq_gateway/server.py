@@ -18,7 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from dtq_gateway import auth, keys, observe
+from dtq_gateway import auth, keys, leaseid, observe
 from dtq_gateway.audit import request_id_of
 from dtq_gateway.broker import Broker
 from dtq_gateway.broker_servicer import BrokerServicer
@@ -194,8 +194,12 @@ class Gateway:
         self.groups = Groups()
         self.server = grpc.aio.server(options=grpc_options(settings),
                                       interceptors=server_interceptors(settings))
-        self.completion = Completion(self.redis, settings, on_done=self._on_done)
-        self.dispatcher = Dispatcher(self.redis, settings, self.groups, release=self._release)
+        self.keyring = leaseid.Keyring(loader=lambda ring: leaseid.load_keyring(
+            ring, self.redis, settings.lease_secret))
+        self.completion = Completion(self.redis, settings, on_done=self._on_done,
+                                     keyring=self.keyring)
+        self.dispatcher = Dispatcher(self.redis, settings, self.groups, release=self._release,
+                                     keyring=self.keyring)
         self.broker = Broker(self.redis, settings, self.groups, on_queued=self.dispatcher.notify,
                              read_ahead=self.dispatcher.read_ahead)
         self.health = health.aio.HealthServicer()
@@ -225,7 +229,8 @@ class Gateway:
     def _add_services(self) -> None:
         dtq_pb2_grpc.add_BrokerServicer_to_server(BrokerServicer(
             self.settings, self.broker, self.completion, self.dispatcher, self.draining,
-            actor_of=auth.actor_of, request_id_of=request_id_of, admit=self.policy.admit),
+            actor_of=auth.actor_of, request_id_of=request_id_of, admit=self.policy.admit,
+            identity_of=auth.caller_identity),
             self.server)
         self.ops.add_to_server(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -258,6 +263,10 @@ class Gateway:
             await self.policy.check()
         except Exception:  # Redis down: the health probe reads it once Redis answers
             log.debug("eviction policy not read at startup", exc_info=True)
+        try:
+            await self.keyring.ensure()
+        except Exception:  # Redis down: loaded at the first lease or Ack instead
+            log.debug("lease secret not loaded at startup", exc_info=True)
         refused = self.policy.startup_error()
         if refused is not None:
             await self.redis.aclose()

@@ -33,6 +33,8 @@ class Session:
     #: takes at most this many entries, so a burst is shared by the idle sessions of a
     #: queue instead of filling the first one's buffer up to max_in_flight
     concurrency: int = 0
+    #: leaseid.owner_tag of the identity that opened the stream: its leases carry it
+    owner: str = ""
     session_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     full: bool = False

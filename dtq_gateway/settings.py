@@ -108,6 +108,12 @@ class Settings:
     auth_tokens: str = field(default="", metadata=_meta(
         "Bearer tokens 'token=role:identity,...' (roles producer, worker, admin); "
         "empty = no auth.", secret=True))
+    lease_secret: str = field(default="", metadata=_meta(
+        "Lease-id signing secrets, comma-separated, newest first (16+ bytes each): ids are "
+        "signed with the first and accepted under any, so a new secret is added in front, "
+        "rolled out, and the old one dropped after the visibility timeout. Empty = a random "
+        "secret created once in Redis (dtq:secret:lease) and shared by every replica.",
+        secret=True))
     gateway_id: str = field(default="", metadata=_meta(
         "Identity of this replica; default host-pid-random."))
     log_level: str = field(default="INFO", metadata=_meta("Log level."))
@@ -210,6 +216,14 @@ def _validate(s: Settings) -> None:
             raise SettingsError(f"{env_name(path_field)}: no such file {path!r}")
     if s.log_format not in ("json", "text"):
         raise SettingsError(f"DTQ_LOG_FORMAT must be json or text (got {s.log_format!r})")
+    if s.lease_secret:
+        from dtq_gateway.leaseid import parse_secrets
+
+        try:
+            if not parse_secrets(s.lease_secret):
+                raise ValueError("no secret given")
+        except ValueError as exc:
+            raise SettingsError(f"DTQ_LEASE_SECRET: {exc}") from None
     if s.auth_tokens:
         from dtq_gateway.auth import parse_tokens  # local import: auth is optional
 

@@ -69,6 +69,30 @@ def check_worker_id(worker_id: str, field: str = "worker_id") -> str:
     return worker_id
 
 
+#: Most entries of LeaseRequest.task_types; each is a task type (1..128 bytes).
+MAX_TASK_TYPES = 256
+#: Longest hostname a worker may report (bytes of UTF-8).
+MAX_HOSTNAME_BYTES = 256
+
+
+def check_task_types(task_types, field: str = "task_types") -> None:
+    """Refuse more than MAX_TASK_TYPES entries, or one not matching the task-type
+    alphabet ``[A-Za-z0-9_.:/-]{1,128}``."""
+    if len(task_types) > MAX_TASK_TYPES:
+        raise InvalidArgument(f"{field}: at most {MAX_TASK_TYPES} task types", field=field)
+    for t in task_types:
+        if not keys.TASK_TYPE_RE.match(t):
+            raise InvalidArgument(f"{field}: each must match [A-Za-z0-9_.:/-]{{1,128}}",
+                                  field=field)
+
+
+def check_hostname(hostname: str, field: str = "hostname") -> str:
+    """Refuse a hostname over MAX_HOSTNAME_BYTES bytes of UTF-8."""
+    if len(hostname) > MAX_HOSTNAME_BYTES or len(hostname.encode()) > MAX_HOSTNAME_BYTES:
+        raise InvalidArgument(f"{field}: at most {MAX_HOSTNAME_BYTES} bytes", field=field)
+    return hostname
+
+
 def check_task_id(task_id: str, field: str = "task_id") -> str:
     """Return ``task_id`` if it is 32 lowercase hex characters."""
     if not keys.TASK_ID_RE.match(task_id):
