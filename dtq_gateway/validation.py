@@ -128,6 +128,38 @@ def _range(value: int, lo: int, hi: int, field: str) -> int:
     return value
 
 
+def is_json_type(content_type: str) -> bool:
+    """True for ``application/json`` and every ``<type>/<subtype>+json`` media type,
+    parameters (``; charset=utf-8``) and case aside."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.endswith("+json") and "/" in media)
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON (RFC 8259)")
+
+
+def check_json(payload: bytes, field: str) -> None:
+    """Refuse a payload that is not RFC 8259 JSON in UTF-8.
+
+    Refused: bytes that are not UTF-8 (UTF-16/32 included), a byte-order mark, the
+    non-standard constants ``NaN``, ``Infinity`` and ``-Infinity``, and nesting deeper
+    than the parser's recursion limit (about 1,000 levels of arrays and objects).
+
+    Raises:
+        InvalidArgument: naming ``field``.
+    """
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidArgument(f"{field}: JSON must be UTF-8 (RFC 8259)", field=field) from None
+    try:
+        json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
+        raise InvalidArgument(f"{field}: not valid JSON (RFC 8259: UTF-8, no NaN or "
+                              "Infinity) for a JSON content_type", field=field) from None
+
+
 def _payload(req: dtq_pb2.EnqueueRequest, settings: Settings, prefix: str) -> str:
     if len(req.payload) > settings.max_payload_bytes:
         raise TooLarge(f"{prefix}payload: {len(req.payload)} bytes exceeds "
@@ -135,12 +167,8 @@ def _payload(req: dtq_pb2.EnqueueRequest, settings: Settings, prefix: str) -> st
     content_type = req.content_type or "application/json"
     if len(content_type) > 128:
         raise InvalidArgument(f"{prefix}content_type: too long", field=prefix + "content_type")
-    if content_type in JSON_TYPES and req.payload:
-        try:
-            json.loads(req.payload)
-        except (UnicodeDecodeError, ValueError):
-            raise InvalidArgument(f"{prefix}payload: not valid JSON for content_type "
-                                  "application/json", field=prefix + "payload") from None
+    if req.payload and is_json_type(content_type):
+        check_json(req.payload, prefix + "payload")
     return content_type
 
 
