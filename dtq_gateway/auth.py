@@ -238,12 +238,27 @@ def _with_principal(principal: Principal) -> Callable[[Callable[..., Any]], Any]
     def make(behavior: Callable[..., Any]) -> Any:
         if inspect.isasyncgenfunction(behavior):
             async def run_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                token = _principal.set(principal)
+                # The variable is set around each step of the inner generator, never
+                # across a yield: a cancelled call's generator may be closed from another
+                # context (asyncio's async-generator finalizer), where resetting a token
+                # set in the call's context raises "was created in a different Context".
+                inner = behavior(request, context)
                 try:
-                    async for item in behavior(request, context):
+                    while True:
+                        token = _principal.set(principal)
+                        try:
+                            item = await inner.__anext__()
+                        except StopAsyncIteration:
+                            return
+                        finally:
+                            _principal.reset(token)
                         yield item
                 finally:
-                    _principal.reset(token)
+                    token = _principal.set(principal)
+                    try:
+                        await inner.aclose()
+                    finally:
+                        _principal.reset(token)
 
             return run_stream
 
