@@ -147,6 +147,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
                 task = await session.out.get()
                 if task is None:
                     break
+                self.dispatcher.buffered(session, -len(task.payload))
                 yield dtq_pb2.LeaseResponse(task=task)
                 self.dispatcher.stream_progress(session)  # that write completed
         finally:

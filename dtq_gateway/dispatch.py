@@ -85,6 +85,8 @@ class Dispatcher:
         self._task: asyncio.Task | None = None
         self._rr = itertools.count()
         self._last_error_log = 0.0
+        #: payload bytes in every session's ``out`` (dtq_lease_buffered_bytes)
+        self.buffered_total = 0
 
     # -- notifications (cheap, synchronous) -------------------------------------------
     def notify(self, queue: str) -> None:
@@ -183,6 +185,7 @@ class Dispatcher:
             item = session.out.get_nowait()
             if item is not None:
                 undelivered.append(item.lease_id)
+        self.buffered(session, -session.buffered_bytes)
         if undelivered:
             try:
                 await self.release(undelivered)
@@ -275,6 +278,7 @@ class Dispatcher:
                         s.out.put_nowait(None)
                         break
                     ids.append(item.lease_id)
+                self.buffered(s, -s.buffered_bytes)
                 if ids:
                     log.warning("lease stream is not reading: released %d undelivered "
                                 "leases", len(ids), extra={"worker_id": s.worker_id,
@@ -450,10 +454,28 @@ class Dispatcher:
             return 0
         if tasks and not session.backlogged:
             session.out_since = time.monotonic()
+        cap, over = self.settings.lease_buffer_max_bytes, []
         for task in tasks:
+            size = len(task.payload)
+            if session.buffered_bytes and session.buffered_bytes + size > cap:
+                over.append(task.lease_id)  # one task always fits an empty buffer
+                continue
             observe.delivered(task)
+            self.buffered(session, size)
             session.out.put_nowait(task)
-        return len(tasks)
+        if over:
+            # the stream has not written what it holds: hand the rest back now (no
+            # attempt spent) instead of pinning their payloads until it reads
+            metrics.LIMIT_REFUSALS.labels(limit="lease_buffer_max_bytes").inc(len(over))
+            session.held_back = True
+            await self.release(over)
+        return len(tasks) - len(over)
+
+    def buffered(self, session: Session, delta: int) -> None:
+        """Account ``delta`` payload bytes put into (+) or taken from (-) ``session.out``."""
+        session.buffered_bytes = max(0, session.buffered_bytes + delta)
+        self.buffered_total = max(0, self.buffered_total + delta)
+        metrics.LEASE_BUFFERED_BYTES.set(self.buffered_total)
 
     def _leased_task(self, session: Session, stream: str, entry_id: str, f: dict,
                      digest: str, rep: list) -> dtq_pb2.LeasedTask:

@@ -51,6 +51,10 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
     stream then, instead of being sent leases that all expire unread. Clients may PING
     as often as every DTQ_GRPC_MIN_PING_INTERVAL_MS, with or without calls, so that
     workers can detect the same black hole from their side.
+
+    Bounds: at most DTQ_GRPC_MAX_CONNECTIONS connections, DTQ_GRPC_MAX_CONCURRENT_STREAMS
+    calls per connection, 16 KiB of metadata per call, and a connection with no call
+    open is closed after DTQ_GRPC_MAX_CONNECTION_IDLE_MS.
     """
     return [*GRPC_OPTIONS,
             ("grpc.keepalive_time_ms", settings.grpc_keepalive_time_ms),
@@ -60,7 +64,12 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
             ("grpc.http2.ping_timeout_ms", settings.grpc_keepalive_timeout_ms),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),  # 0 = ping even when nothing flows
-            ("grpc.http2.min_ping_interval_without_data_ms", settings.grpc_min_ping_interval_ms)]
+            ("grpc.http2.min_ping_interval_without_data_ms", settings.grpc_min_ping_interval_ms),
+            # bounds on what clients can make the server hold (docs/security.md)
+            ("grpc.max_allowed_incoming_connections", settings.grpc_max_connections),
+            ("grpc.max_concurrent_streams", settings.grpc_max_concurrent_streams),
+            ("grpc.max_connection_idle_ms", settings.grpc_max_connection_idle_ms or 2**31 - 1),
+            ("grpc.max_metadata_size", 16 << 10)]
 
 
 def redis_client(settings: Settings, url: str) -> Redis:
@@ -192,8 +201,10 @@ class Gateway:
         self.redis = redis_client(settings, redis_url)
         self.draining = asyncio.Event()
         self.groups = Groups()
+        #: the server's interceptors (ops.server_interceptors), in order
+        self.interceptors = server_interceptors(settings)
         self.server = grpc.aio.server(options=grpc_options(settings),
-                                      interceptors=server_interceptors(settings))
+                                      interceptors=self.interceptors)
         self.keyring = leaseid.Keyring(loader=lambda ring: leaseid.load_keyring(
             ring, self.redis, settings.lease_secret))
         self.completion = Completion(self.redis, settings, on_done=self._on_done,

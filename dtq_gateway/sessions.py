@@ -53,6 +53,8 @@ class Session:
     #: leases were released because the stream wrote nothing for too long: no read for
     #: this session until its stream writes again
     stuck: bool = False
+    #: payload bytes of the tasks in ``out`` (bounded by DTQ_LEASE_BUFFER_MAX_BYTES)
+    buffered_bytes: int = 0
     #: band streams, band-major p9 first, and the full KEYS of lease_read (fixed per session)
     streams: list[str] = field(init=False)
     read_keys: list[str] = field(init=False)
