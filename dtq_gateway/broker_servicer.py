@@ -16,6 +16,7 @@ from dtq_gateway.broker import Broker, Enqueued
 from dtq_gateway.completion import Completion, ItemOutcome
 from dtq_gateway.dispatch import Dispatcher
 from dtq_gateway.errors import DtqError, InvalidArgument, Unavailable
+from dtq_gateway.groups import queue_limit
 from dtq_gateway.leaseid import owner_tag
 from dtq_gateway.sessions import Session
 from dtq_gateway.settings import Settings
@@ -128,6 +129,10 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
                 raise Unavailable("gateway is draining", reason="DRAINING")
             identity = self.identity_of(context)
             session = self._session(request, identity)
+            refused = await self.broker.groups.ensure_some(self.broker.redis, session.queues)
+            if refused:
+                raise queue_limit(sorted(refused)[0], self.broker.groups.max_queues,
+                                  field="queues")
             await self.completion.worker_event(session.worker_id, request.hostname, "started",
                                                request.concurrency, caller=identity)
         except Exception as exc:  # noqa: BLE001

@@ -200,7 +200,7 @@ class Gateway:
         self.settings = settings
         self.redis = redis_client(settings, redis_url)
         self.draining = asyncio.Event()
-        self.groups = Groups()
+        self.groups = Groups(max_queues=settings.max_queues)
         #: the server's interceptors (ops.server_interceptors), in order
         self.interceptors = server_interceptors(settings)
         self.server = grpc.aio.server(options=grpc_options(settings),
