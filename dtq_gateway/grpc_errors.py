@@ -53,16 +53,15 @@ def _reply_code(exc: BaseException) -> str:
     return message.split(" ", 1)[0]
 
 
-def to_dtq_error(exc: BaseException) -> DtqError:
-    """Map any exception to a DtqError.
+def is_redis_outage(exc: BaseException) -> bool:
+    """True when ``exc`` says Redis cannot serve right now (unreachable, loading, busy
+    with a script, read-only, failing to persist, a cluster slot moving, out of
+    memory): transient, to be retried, never a bug to log at ERROR."""
+    return isinstance(to_dtq_error_quiet(exc), (Unavailable, RedisFull))
 
-    Redis unreachable, loading, read-only (a replica after a failover), without a
-    primary, busy with a script, failing to persist (MISCONF), refusing dtq's own
-    credentials, a cluster slot moving, or the connection pool exhausted →
-    UNAVAILABLE (REDIS_UNAVAILABLE, with RetryInfo); Redis at ``maxmemory`` →
-    RESOURCE_EXHAUSTED (REDIS_OUT_OF_MEMORY); anything else (a bug in dtq, never a
-    client's input) → INTERNAL, logged with its traceback.
-    """
+
+def to_dtq_error_quiet(exc: BaseException) -> DtqError | None:
+    """:func:`to_dtq_error` without logging; None where it would be INTERNAL."""
     if isinstance(exc, DtqError):
         return exc
     if isinstance(exc, OutOfMemoryError) or (
@@ -75,6 +74,22 @@ def to_dtq_error(exc: BaseException) -> DtqError:
                         NoPermissionError)) or (
             isinstance(exc, ResponseError) and _reply_code(exc) in _TRANSIENT_REPLIES):
         return Unavailable(f"redis unavailable: {exc.__class__.__name__}", retry_after_ms=1000)
+    return None
+
+
+def to_dtq_error(exc: BaseException) -> DtqError:
+    """Map any exception to a DtqError.
+
+    Redis unreachable, loading, read-only (a replica after a failover), without a
+    primary, busy with a script, failing to persist (MISCONF), refusing dtq's own
+    credentials, a cluster slot moving, or the connection pool exhausted →
+    UNAVAILABLE (REDIS_UNAVAILABLE, with RetryInfo); Redis at ``maxmemory`` →
+    RESOURCE_EXHAUSTED (REDIS_OUT_OF_MEMORY); anything else (a bug in dtq, never a
+    client's input) → INTERNAL, logged with its traceback.
+    """
+    mapped = to_dtq_error_quiet(exc)
+    if mapped is not None:
+        return mapped
     log.exception("internal error", exc_info=exc)
     return DtqError("internal error")
 
