@@ -25,8 +25,8 @@ from dtq_gateway.validation import (
     MAX_REASON_BYTES,
     check_hostname,
     check_queue,
-    check_task_types,
     check_task_id,
+    check_task_types,
     check_worker_id,
     cut_utf8,
     validate_enqueue,
@@ -131,7 +131,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
             session = self._session(request, identity)
             refused = await self.broker.groups.ensure_some(self.broker.redis, session.queues)
             if refused:
-                raise queue_limit(sorted(refused)[0], self.broker.groups.max_queues,
+                raise queue_limit(min(refused), self.broker.groups.max_queues,
                                   field="queues")
             await self.completion.worker_event(session.worker_id, request.hostname, "started",
                                                request.concurrency, caller=identity)

@@ -50,7 +50,7 @@ class Groups:
         """
         refused = await self.ensure_some(redis, queues)
         if refused:
-            raise queue_limit(sorted(refused)[0], self.max_queues)
+            raise queue_limit(min(refused), self.max_queues)
 
     async def ensure_some(self, redis: Redis, queues: list[str] | set[str]) -> set[str]:
         """:meth:`ensure` for the queues that fit under ``max_queues``; returns the new

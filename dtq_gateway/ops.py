@@ -27,8 +27,8 @@ from dtq_gateway.admin_servicer import AdminServicer
 from dtq_gateway.auth import AuthInterceptor, parse_tokens
 from dtq_gateway.decoding import DecodeGuardInterceptor
 from dtq_gateway.events_hub import EventsHub
-from dtq_gateway.limits import PeerLimitInterceptor
 from dtq_gateway.events_servicer import EventsServicer
+from dtq_gateway.limits import PeerLimitInterceptor
 from dtq_gateway.metrics import MetricsInterceptor, QueueGaugeCollector, start_metrics_server
 from dtq_gateway.settings import Settings
 from dtq_proto import dtq_pb2_grpc

@@ -8,6 +8,7 @@ import logging
 
 import grpc
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 from dtq_proto import dtq_pb2 as pb
@@ -113,7 +114,7 @@ async def test_a_busy_redis_is_unavailable_not_internal(broker_stub, redis_url):
             grpc.StatusCode.UNAVAILABLE, "REDIS_UNAVAILABLE")
     finally:
         await control.script_kill()
-        with pytest.raises(Exception):
+        with pytest.raises(redis.exceptions.ResponseError):  # "Script killed by user"
             await spin
         await control.config_set("busy-reply-threshold", 5000)
         await blocker.aclose()
