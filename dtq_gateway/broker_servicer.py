@@ -28,6 +28,7 @@ from dtq_gateway.validation import (
     check_task_id,
     check_task_types,
     check_worker_id,
+    check_worker_strings,
     cut_utf8,
     validate_enqueue,
 )
@@ -118,6 +119,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
             raise InvalidArgument("max_in_flight: must be >= 1", field="max_in_flight")
         check_task_types(request.task_types)
         check_hostname(request.hostname)
+        check_worker_strings(request)
         return Session(worker_id=request.worker_id, queues=queues,
                        max_in_flight=min(request.max_in_flight, self.settings.max_in_flight_cap),
                        task_types=frozenset(request.task_types),

@@ -86,6 +86,28 @@ def check_task_types(task_types, field: str = "task_types") -> None:
                                   field=field)
 
 
+#: Most LeaseRequest.labels entries; keys up to 128 bytes, values up to 1024 bytes.
+MAX_LABELS = 64
+#: Longest LeaseRequest.sdk (bytes of UTF-8).
+MAX_SDK_BYTES = 128
+
+
+def check_worker_strings(request) -> None:
+    """Bounds of the free-text fields of a LeaseRequest: ``labels`` (MAX_LABELS entries,
+    keys 1..128 bytes, values up to 1024 bytes) and ``sdk`` (MAX_SDK_BYTES).
+
+    Raises:
+        InvalidArgument: naming ``labels`` or ``sdk``.
+    """
+    if len(request.labels) > MAX_LABELS or any(
+            not k or len(k.encode()) > 128 or len(v.encode()) > 1024
+            for k, v in request.labels.items()):
+        raise InvalidArgument(f"labels: at most {MAX_LABELS} entries, keys 1..128 bytes, "
+                              "values up to 1024 bytes", field="labels")
+    if len(request.sdk.encode()) > MAX_SDK_BYTES:
+        raise InvalidArgument(f"sdk: at most {MAX_SDK_BYTES} bytes", field="sdk")
+
+
 def check_hostname(hostname: str, field: str = "hostname") -> str:
     """Refuse a hostname over MAX_HOSTNAME_BYTES bytes of UTF-8."""
     if len(hostname) > MAX_HOSTNAME_BYTES or len(hostname.encode()) > MAX_HOSTNAME_BYTES:

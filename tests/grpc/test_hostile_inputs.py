@@ -92,6 +92,12 @@ async def test_stored_worker_strings_are_bounded(broker_stub):
     lease = broker_stub.Lease(pb.LeaseRequest(worker_id="w1", queues=["q"], max_in_flight=1,
                                               hostname="é" * 200))
     await _invalid(lease.read(), "hostname")
+    for field, extra in (("labels", {"labels": {f"k{i}": "v" for i in range(65)}}),
+                         ("labels", {"labels": {"k": "v" * 1025}}),
+                         ("sdk", {"sdk": "s" * 129})):
+        lease = broker_stub.Lease(pb.LeaseRequest(worker_id="w1", queues=["q"],
+                                                  max_in_flight=1, **extra))
+        await _invalid(lease.read(), field)
     for task_types in (["t"] * 2_000, ["x" * 129], ["bad type"]):
         lease = broker_stub.Lease(pb.LeaseRequest(worker_id="w1", queues=["q"],
                                                   max_in_flight=1, task_types=task_types))
