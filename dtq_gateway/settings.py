@@ -47,6 +47,10 @@ class Settings:
         "Most queue names in the registry (dtq:queues); Enqueue or Lease naming a new queue "
         "beyond it answers RESOURCE_EXHAUSTED (TOO_MANY_QUEUES). Replicas check it "
         "independently, so a burst of new names may pass it by a few."))
+    queue_idle_delete_s: float = field(default=86400.0, metadata=_meta(
+        "A drained queue nothing has written, read or listened on for this long is deleted "
+        "(its ten empty streams and registry entry), between one and two such periods "
+        "after its last use; a paused queue is kept. 0 = never (s)."))
     max_streams_per_peer: int = field(default=10000, metadata=_meta(
         "Most calls (Lease and Subscribe streams included) one client IP address may have "
         "open on this gateway at once; more answer RESOURCE_EXHAUSTED (TOO_MANY_CALLS)."))
@@ -179,7 +183,7 @@ _POSITIVE = {
     "eviction_check_interval_s", "max_queues", "max_streams_per_peer", "grpc_max_connections",
     "grpc_max_concurrent_streams", "lease_buffer_max_bytes",
 }
-_NON_NEGATIVE = {"grpc_max_connection_idle_ms", "metrics_port", "max_queue_depth", "lease_grace_ms", "shutdown_grace_s"}
+_NON_NEGATIVE = {"queue_idle_delete_s", "grpc_max_connection_idle_ms", "metrics_port", "max_queue_depth", "lease_grace_ms", "shutdown_grace_s"}
 
 
 def env_name(name: str) -> str:

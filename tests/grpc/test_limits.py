@@ -200,3 +200,41 @@ async def test_new_queue_names_beyond_the_cap_are_refused(redis_url):
         assert not await gw.redis.exists(*[f"dtq:stream:{q}:p5" for q in ("q4", "q5", "q6")])
     finally:
         await gw.stop()
+
+
+async def test_idle_queues_are_deleted_and_come_back_on_use(redis_url):
+    """A drained queue nothing writes to is deleted (streams and registry entry), a
+    paused one is kept; a deleted name works again at once, also for a worker that
+    kept listening on it through a gateway whose group cache is stale."""
+    from dtq_gateway import keys
+    from tests.support.leasing import LeaseStream
+
+    gw = await _gateway(redis_url, queue_idle_delete_s=0.5)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+            stub = dtq_pb2_grpc.BrokerStub(ch)
+            admin = dtq_pb2_grpc.AdminStub(ch)
+            for q in ("gone", "paused"):
+                await stub.Enqueue(pb.EnqueueRequest(queue=q, task_type="t", payload=b"{}"))
+            listener = await LeaseStream(stub, "w1", ["gone", "paused"]).open()
+            done = await listener.take(2)
+            await stub.Ack(pb.AckRequest(items=[pb.AckItem(lease_id=t.lease_id)
+                                                for t in done]))
+            await admin.PauseQueue(pb.PauseQueueRequest(queue="paused"))
+
+            async def registry() -> set[str]:
+                return {m.decode() for m in await gw.redis.zrange(keys.QUEUES, 0, -1)}
+
+            deadline = time.monotonic() + 15
+            while "gone" in await registry() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert await registry() == {"paused"}
+            assert not await gw.redis.exists(*keys.queue_streams_desc("gone"))
+            assert await gw.redis.exists(keys.stream("paused", 5))
+            again = await stub.Enqueue(pb.EnqueueRequest(queue="gone", task_type="t",
+                                                         payload=b"{}"))
+            assert (await listener.next(10)).task_id == again.task_id
+            assert "gone" in await registry()
+            listener.close()
+    finally:
+        await gw.stop()
