@@ -88,12 +88,23 @@ class QueueSummary:
     paused: bool
 
 
+#: Largest value of a uint64 field (as_int clamps to it).
+UINT64_MAX = (1 << 64) - 1
+
+
 def as_int(value: Any) -> int:
-    """Redis reply value as int (0 when empty or malformed)."""
+    """Redis reply value as int (0 when empty or malformed), clamped to 0..2^64-1
+    where larger (a stored counter can never break the reply's uint64 fields).
+    Integers are parsed exactly (a float round trip turns 2^64-1 into 2^64)."""
+    raw = text(value) or "0"
     try:
-        return int(float(text(value) or 0))
+        number = int(raw)
     except ValueError:
-        return 0
+        try:
+            number = int(float(raw))
+        except (ValueError, OverflowError):
+            return 0
+    return min(number, UINT64_MAX)
 
 
 def entry_ms(entry_id: str) -> int:
@@ -114,9 +125,18 @@ def validate_queue(name: str, field_name: str = "queue") -> str:
 
 
 def validate_page_token(token: str, field_name: str = "page_token") -> str:
-    """A page token is a stream entry id ("" = first page)."""
-    if token and not ENTRY_ID_RE.match(token):
-        raise InvalidArgument(f"{field_name}: malformed page token", field=field_name)
+    """A page token is a stream entry id ("" = first page): ``<ms>-<seq>``, both at most
+    2^64-1, and not ``0-0`` (nothing lies before it).
+
+    Raises:
+        InvalidArgument: names ``field_name``.
+    """
+    if token:
+        ms, _, seq = token.partition("-")
+        if not ENTRY_ID_RE.match(token) or int(ms) > UINT64_MAX or int(seq) > UINT64_MAX \
+                or token == "0-0" or (int(ms) == 0 and int(seq) == 0):
+            raise InvalidArgument(f"{field_name}: malformed page token (a stream entry id "
+                                  "from next_page_token)", field=field_name)
     return token
 
 

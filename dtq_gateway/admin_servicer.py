@@ -94,7 +94,7 @@ def _redrive_filter(req: pb.RedriveDeadLettersRequest) -> admin_dlq.RedriveFilte
         admin.validate_queue(req.queue)
     if req.task_type and not keys.TASK_TYPE_RE.match(req.task_type):
         raise InvalidArgument("task_type: must match [A-Za-z0-9_.:/-]{1,128}", field="task_type")
-    if len(req.error_class) > 128:
+    if len(req.error_class.encode()) > 128:
         raise InvalidArgument("error_class: at most 128 bytes", field="error_class")
     for name in ("min_age_ms", "max_age_ms"):
         if getattr(req, name) < 0:

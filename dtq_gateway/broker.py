@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 
 from dtq_gateway import keys, observe
 from dtq_gateway.errors import DtqError, NotFound, QueueFull, WrongState
-from dtq_gateway.groups import Groups
+from dtq_gateway.groups import Groups, queue_limit
 from dtq_gateway.replies import text as _s
 from dtq_gateway.scripts import Script, call_each, execute
 from dtq_gateway.settings import Settings
@@ -83,7 +83,15 @@ class Broker:
         stores nothing twice). A single task's Redis error is raised, as are connection
         errors of a single call (the servicer maps them to a status).
         """
-        await self.groups.ensure(self.redis, {t.queue for t in tasks})
+        refused = await self.groups.ensure_some(self.redis, {t.queue for t in tasks})
+        if refused:  # new queue names beyond DTQ_MAX_QUEUES: those items only
+            if len(tasks) == 1:
+                raise queue_limit(tasks[0].queue, self.groups.max_queues)
+            kept = [t for t in tasks if t.queue not in refused]
+            outs = await self.enqueue_many(kept) if kept else []
+            it = iter(outs)
+            return [queue_limit(t.queue, self.groups.max_queues) if t.queue in refused
+                    else next(it) for t in tasks]
         if len(tasks) == 1 and self.read_ahead is not None and not tasks[0].delay_ms \
                 and not tasks[0].not_before_ms:
             ahead = self.read_ahead(tasks[0].queue, tasks[0].task_type)

@@ -16,14 +16,19 @@ from dtq_gateway.broker import Broker, Enqueued
 from dtq_gateway.completion import Completion, ItemOutcome
 from dtq_gateway.dispatch import Dispatcher
 from dtq_gateway.errors import DtqError, InvalidArgument, Unavailable
+from dtq_gateway.groups import queue_limit
+from dtq_gateway.leaseid import owner_tag
 from dtq_gateway.sessions import Session
 from dtq_gateway.settings import Settings
 from dtq_gateway.task_record import STATUS_BY_NAME, task_from_hash
 from dtq_gateway.validation import (
     MAX_REASON_BYTES,
+    check_hostname,
     check_queue,
     check_task_id,
+    check_task_types,
     check_worker_id,
+    check_worker_strings,
     cut_utf8,
     validate_enqueue,
 )
@@ -54,7 +59,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
 
     def __init__(self, settings: Settings, broker: Broker, completion: Completion,
                  dispatcher: Dispatcher, draining: asyncio.Event, actor_of=None,
-                 request_id_of=None, admit=None) -> None:
+                 request_id_of=None, admit=None, identity_of=None) -> None:
         self.settings = settings
         self.broker = broker
         self.completion = completion
@@ -62,6 +67,8 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
         self.draining = draining
         self.actor_of = actor_of or (lambda ctx: "anonymous")
         self.request_id_of = request_id_of or (lambda ctx: "")
+        #: the identity worker ids and leases are bound to (auth.caller_identity)
+        self.identity_of = identity_of or (lambda ctx: "")
         #: Raises a DtqError while new tasks must be refused (an evicting Redis).
         self.admit = admit or (lambda: None)
 
@@ -102,7 +109,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
                 results[i] = dtq_pb2.EnqueueBatchResult(error=grpc_errors.item_error(out))
         return dtq_pb2.EnqueueBatchResponse(results=results)
 
-    def _session(self, request: dtq_pb2.LeaseRequest) -> Session:
+    def _session(self, request: dtq_pb2.LeaseRequest, identity: str) -> Session:
         check_worker_id(request.worker_id)
         if not 1 <= len(request.queues) <= MAX_QUEUES:
             raise InvalidArgument(f"queues: 1..{MAX_QUEUES} queue names required",
@@ -110,19 +117,27 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
         queues = list(dict.fromkeys(check_queue(q, "queues") for q in request.queues))
         if request.max_in_flight < 1:
             raise InvalidArgument("max_in_flight: must be >= 1", field="max_in_flight")
+        check_task_types(request.task_types)
+        check_hostname(request.hostname)
+        check_worker_strings(request)
         return Session(worker_id=request.worker_id, queues=queues,
                        max_in_flight=min(request.max_in_flight, self.settings.max_in_flight_cap),
                        task_types=frozenset(request.task_types),
-                       concurrency=request.concurrency,
+                       concurrency=request.concurrency, owner=owner_tag(identity),
                        labels=dict(list(request.labels.items())[:64]))
 
     async def Lease(self, request, context) -> AsyncIterator[dtq_pb2.LeaseResponse]:
         try:
             if self.draining.is_set():
                 raise Unavailable("gateway is draining", reason="DRAINING")
-            session = self._session(request)
+            identity = self.identity_of(context)
+            session = self._session(request, identity)
+            refused = await self.broker.groups.ensure_some(self.broker.redis, session.queues)
+            if refused:
+                raise queue_limit(min(refused), self.broker.groups.max_queues,
+                                  field="queues")
             await self.completion.worker_event(session.worker_id, request.hostname, "started",
-                                               request.concurrency)
+                                               request.concurrency, caller=identity)
         except Exception as exc:  # noqa: BLE001
             await grpc_errors.abort(context, exc)
         s = self.settings
@@ -140,13 +155,14 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
                 task = await session.out.get()
                 if task is None:
                     break
+                self.dispatcher.buffered(session, -len(task.payload))
                 yield dtq_pb2.LeaseResponse(task=task)
                 self.dispatcher.stream_progress(session)  # that write completed
         finally:
             await self.dispatcher.unregister(session)
             try:
                 await self.completion.worker_event(session.worker_id, request.hostname,
-                                                   "stopped")
+                                                   "stopped", caller=identity)
             except Exception as exc:  # noqa: BLE001 - best effort on a closing stream
                 log.debug("could not record worker stop", extra={"error": repr(exc)})
             log.info("lease session closed", extra={"worker_id": session.worker_id,
@@ -158,9 +174,11 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
     async def Heartbeat(self, request, context):
         try:
             check_worker_id(request.worker_id)
+            check_hostname(request.hostname)
             if len(request.lease_ids) > 10000:
                 raise InvalidArgument("lease_ids: at most 10000", field="lease_ids")
-            lost, cancelled = await self.completion.heartbeat(request)
+            lost, cancelled = await self.completion.heartbeat(
+                request, caller=self.identity_of(context))
             if request.draining:
                 self.dispatcher.end_worker(request.worker_id)
             else:
@@ -175,7 +193,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
         try:
             if not 1 <= len(items) <= MAX_BATCH:
                 raise InvalidArgument(f"items: 1..{MAX_BATCH} items required", field="items")
-            outcomes = await op(items)
+            outcomes = await op(items, caller=self.identity_of(context))
         except Exception as exc:  # noqa: BLE001
             await grpc_errors.abort(context, exc)
         if len(outcomes) == 1 and outcomes[0].error is not None:

@@ -29,7 +29,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dtq_gateway import keys, metrics, observe
 from dtq_gateway.groups import Groups
-from dtq_gateway.leaseid import Lease
+from dtq_gateway.leaseid import Keyring, Lease, default_keyring
 from dtq_gateway.replies import text as _s
 from dtq_gateway.scripts import EVENT_ID_PREFIX, Script
 from dtq_gateway.sessions import LEASE_READ, ReadAhead, Session
@@ -57,8 +57,10 @@ class Dispatcher:
 
     def __init__(self, redis: Redis, settings: Settings, groups: Groups,
                  release: Callable[[list[str]], Awaitable[None]],
-                 tick_s: float = 1.0) -> None:
+                 tick_s: float = 1.0, keyring: Keyring | None = None) -> None:
         self.redis = redis
+        #: signs the lease ids handed out (see leaseid.py)
+        self.keyring = keyring or default_keyring()
         self.settings = settings
         self.groups = groups
         self.release = release
@@ -83,6 +85,8 @@ class Dispatcher:
         self._task: asyncio.Task | None = None
         self._rr = itertools.count()
         self._last_error_log = 0.0
+        #: payload bytes in every session's ``out`` (dtq_lease_buffered_bytes)
+        self.buffered_total = 0
 
     # -- notifications (cheap, synchronous) -------------------------------------------
     def notify(self, queue: str) -> None:
@@ -181,6 +185,7 @@ class Dispatcher:
             item = session.out.get_nowait()
             if item is not None:
                 undelivered.append(item.lease_id)
+        self.buffered(session, -session.buffered_bytes)
         if undelivered:
             try:
                 await self.release(undelivered)
@@ -273,6 +278,7 @@ class Dispatcher:
                         s.out.put_nowait(None)
                         break
                     ids.append(item.lease_id)
+                self.buffered(s, -s.buffered_bytes)
                 if ids:
                     log.warning("lease stream is not reading: released %d undelivered "
                                 "leases", len(ids), extra={"worker_id": s.worker_id,
@@ -416,6 +422,7 @@ class Dispatcher:
         return delivered, credit > 0, len(entries), False
 
     async def _activate(self, session: Session, streams: list[str], entries: list) -> int:
+        await self.keyring.ensure()
         keys_: list[str] = [keys.CANCELLED]
         args: list = []
         parsed = []
@@ -447,19 +454,38 @@ class Dispatcher:
             return 0
         if tasks and not session.backlogged:
             session.out_since = time.monotonic()
+        cap, over = self.settings.lease_buffer_max_bytes, []
         for task in tasks:
+            size = len(task.payload)
+            if session.buffered_bytes and session.buffered_bytes + size > cap:
+                over.append(task.lease_id)  # one task always fits an empty buffer
+                continue
             observe.delivered(task)
+            self.buffered(session, size)
             session.out.put_nowait(task)
-        return len(tasks)
+        if over:
+            # the stream has not written what it holds: hand the rest back now (no
+            # attempt spent) instead of pinning their payloads until it reads
+            metrics.LIMIT_REFUSALS.labels(limit="lease_buffer_max_bytes").inc(len(over))
+            session.held_back = True
+            await self.release(over)
+        return len(tasks) - len(over)
+
+    def buffered(self, session: Session, delta: int) -> None:
+        """Account ``delta`` payload bytes put into (+) or taken from (-) ``session.out``."""
+        session.buffered_bytes = max(0, session.buffered_bytes + delta)
+        self.buffered_total = max(0, self.buffered_total + delta)
+        metrics.LEASE_BUFFERED_BYTES.set(self.buffered_total)
 
     def _leased_task(self, session: Session, stream: str, entry_id: str, f: dict,
                      digest: str, rep: list) -> dtq_pb2.LeasedTask:
         queue, band = keys.parse_stream(stream)
         task_id, attempt = _s(f["task_id"]), int(f["attempt"])
-        lease = Lease(task_id, queue, band, entry_id, attempt, session.worker_id, digest)
+        lease = Lease(task_id, queue, band, entry_id, attempt, session.worker_id, digest,
+                      session.owner)
         metadata = json.loads(rep[2]) if rep[2] else {}
         return dtq_pb2.LeasedTask(
-            lease_id=lease.encode(), task_id=task_id, queue=queue,
+            lease_id=lease.encode(self.keyring), task_id=task_id, queue=queue,
             task_type=_s(f["task_type"]), payload=f.get("payload", b""),
             content_type=_s(rep[1] or b""), priority=band, attempt=attempt,
             max_attempts=int(f["max_attempts"]), timeout_ms=int(f["timeout_ms"]),

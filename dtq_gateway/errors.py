@@ -61,6 +61,13 @@ class QueueFull(DtqError):
     reason = "QUEUE_FULL"
 
 
+class QueueLimit(DtqError):
+    """A new queue name while the registry holds DTQ_MAX_QUEUES names."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "TOO_MANY_QUEUES"
+
+
 class TooLarge(DtqError):
     """A payload or request exceeds a size limit."""
 

@@ -47,6 +47,9 @@ QUEUES = PREFIX + "queues"
 #: String set once the registry (and the busy set) were rebuilt from a SCAN of the band
 #: streams (the one-time backfill for data written before they existed; see groups.py).
 QUEUES_BACKFILLED = PREFIX + "queues:backfilled"
+#: String: the deployment's lease-id secret (hex), created once with SET NX by the first
+#: gateway that starts without DTQ_LEASE_SECRET, so that every replica signs alike.
+LEASE_SECRET = PREFIX + "secret:lease"
 #: Pub/sub channel (not a key) for lifecycle events.
 EVENTS_CHANNEL = PREFIX + "events"
 

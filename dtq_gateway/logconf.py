@@ -11,6 +11,8 @@ import sys
 
 from pythonjsonlogger.json import JsonFormatter
 
+from dtq_gateway.limits import TruncatingFilter
+
 
 def configure(level: str = "INFO", fmt: str = "json") -> None:
     """Send every log record to stderr as one JSON object (or text) per line."""
@@ -21,6 +23,7 @@ def configure(level: str = "INFO", fmt: str = "json") -> None:
             rename_fields={"asctime": "ts", "levelname": "level", "name": "logger"}))
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(TruncatingFilter())  # client strings never make a line huge
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -76,6 +76,14 @@ EVENTS_SUBSCRIPTIONS_REFUSED = Counter(
 METRICS_QUEUES_OMITTED = Gauge("dtq_metrics_queues_omitted",
                                "Busy queues left out of the per-queue gauges "
                                "(more than DTQ_METRICS_MAX_QUEUES).")
+LIMIT_REFUSALS = Counter("dtq_limit_refusals_total", "Requests refused, or leases released, "
+                         "because a configured bound was reached (limit: max_queues, "
+                         "max_streams_per_peer, lease_buffer_max_bytes, events_max_subscribers).",
+                         ["limit"])
+QUEUES_DELETED = Counter("dtq_queues_deleted_total", "Idle queues deleted by the idle-queue "
+                         "sweep (DTQ_QUEUE_IDLE_DELETE_S).")
+LEASE_BUFFERED_BYTES = Gauge("dtq_lease_buffered_bytes", "Payload bytes delivered to Lease "
+                             "streams of this replica and not yet written to them.")
 LEASE_SESSIONS = Gauge("dtq_lease_sessions", "Open Lease streams on this gateway replica.")
 REDIS_EVICTION_SAFE = Gauge("dtq_redis_eviction_safe", "1 when Redis maxmemory-policy is "
                             "noeviction, 0 when Redis may evict dtq's keys, -1 when unknown.")

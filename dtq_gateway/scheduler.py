@@ -14,6 +14,8 @@ Every gateway replica runs a :class:`Scheduler`; exactly one of them leads (see
   between "claimed" and "enqueued" for it to cover.
 * :class:`~dtq_gateway.reaper.Reaper` reclaims expired leases.
 * :class:`WorkerSweep` marks workers whose heartbeats stopped (WORKER_STALE).
+* :class:`~dtq_gateway.queue_sweep.QueueSweep` deletes queues idle for
+  DTQ_QUEUE_IDLE_DELETE_S.
 
 Due times come from Redis TIME (read by the scripts themselves), never from this
 process's clock, so replicas with drifting clocks agree.
@@ -30,6 +32,7 @@ from redis.asyncio import Redis
 from dtq_gateway import keys, observe
 from dtq_gateway.duty import PeriodicDuty
 from dtq_gateway.leader import LeaderLock, LockKeeper
+from dtq_gateway.queue_sweep import QueueSweep
 from dtq_gateway.reaper import Reaper
 from dtq_gateway.replies import text
 from dtq_gateway.scripts import Script, execute
@@ -199,10 +202,11 @@ class Scheduler:
         self.mover = Mover(redis, settings, self.lock)
         self.reaper = Reaper(redis, settings, self.lock)
         self.worker_sweep = WorkerSweep(redis, settings, self.lock)
+        self.queue_sweep = QueueSweep(redis, settings, self.lock)
         self.keeper = LockKeeper(self.lock, refresh_interval_s, acquire_interval_s,
                                  on_acquired=self._on_acquired)
         self._duties: list[PeriodicDuty] = [self.keeper, self.mover, self.reaper,
-                                            self.worker_sweep]
+                                            self.worker_sweep, self.queue_sweep]
         self._tasks: list[asyncio.Task[None]] = []
         self._run_task: asyncio.Task[None] | None = None
 

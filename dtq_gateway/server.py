@@ -18,7 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from dtq_gateway import auth, keys, observe
+from dtq_gateway import auth, keys, leaseid, observe
 from dtq_gateway.audit import request_id_of
 from dtq_gateway.broker import Broker
 from dtq_gateway.broker_servicer import BrokerServicer
@@ -54,6 +54,10 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
     stream then, instead of being sent leases that all expire unread. Clients may PING
     as often as every DTQ_GRPC_MIN_PING_INTERVAL_MS, with or without calls, so that
     workers can detect the same black hole from their side.
+
+    Bounds: at most DTQ_GRPC_MAX_CONNECTIONS connections, DTQ_GRPC_MAX_CONCURRENT_STREAMS
+    calls per connection, 16 KiB of metadata per call, and a connection with no call
+    open is closed after DTQ_GRPC_MAX_CONNECTION_IDLE_MS.
     """
     return [*GRPC_OPTIONS,
             ("grpc.keepalive_time_ms", settings.grpc_keepalive_time_ms),
@@ -63,7 +67,12 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
             ("grpc.http2.ping_timeout_ms", settings.grpc_keepalive_timeout_ms),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),  # 0 = ping even when nothing flows
-            ("grpc.http2.min_ping_interval_without_data_ms", settings.grpc_min_ping_interval_ms)]
+            ("grpc.http2.min_ping_interval_without_data_ms", settings.grpc_min_ping_interval_ms),
+            # bounds on what clients can make the server hold (docs/security.md)
+            ("grpc.max_allowed_incoming_connections", settings.grpc_max_connections),
+            ("grpc.max_concurrent_streams", settings.grpc_max_concurrent_streams),
+            ("grpc.max_connection_idle_ms", settings.grpc_max_connection_idle_ms or 2**31 - 1),
+            ("grpc.max_metadata_size", 16 << 10)]
 
 
 def redis_client(settings: Settings, url: str) -> Redis:
@@ -194,11 +203,17 @@ class Gateway:
         self.settings = settings
         self.redis = redis_client(settings, redis_url)
         self.draining = asyncio.Event()
-        self.groups = Groups()
+        self.groups = Groups(max_queues=settings.max_queues)
+        #: the server's interceptors (ops.server_interceptors), in order
+        self.interceptors = server_interceptors(settings)
         self.server = grpc.aio.server(options=grpc_options(settings),
-                                      interceptors=server_interceptors(settings))
-        self.completion = Completion(self.redis, settings, on_done=self._on_done)
-        self.dispatcher = Dispatcher(self.redis, settings, self.groups, release=self._release)
+                                      interceptors=self.interceptors)
+        self.keyring = leaseid.Keyring(loader=lambda ring: leaseid.load_keyring(
+            ring, self.redis, settings.lease_secret))
+        self.completion = Completion(self.redis, settings, on_done=self._on_done,
+                                     keyring=self.keyring)
+        self.dispatcher = Dispatcher(self.redis, settings, self.groups, release=self._release,
+                                     keyring=self.keyring)
         self.broker = Broker(self.redis, settings, self.groups, on_queued=self.dispatcher.notify,
                              read_ahead=self.dispatcher.read_ahead)
         self.health = health.aio.HealthServicer()
@@ -238,7 +253,8 @@ class Gateway:
     def _add_services(self) -> None:
         dtq_pb2_grpc.add_BrokerServicer_to_server(BrokerServicer(
             self.settings, self.broker, self.completion, self.dispatcher, self.draining,
-            actor_of=auth.actor_of, request_id_of=request_id_of, admit=self.policy.admit),
+            actor_of=auth.actor_of, request_id_of=request_id_of, admit=self.policy.admit,
+            identity_of=auth.caller_identity),
             self.server)
         self.ops.add_to_server(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -271,6 +287,10 @@ class Gateway:
             await self.policy.check()
         except Exception:  # Redis down: the health probe reads it once Redis answers
             log.debug("eviction policy not read at startup", exc_info=True)
+        try:
+            await self.keyring.ensure()
+        except Exception:  # Redis down: loaded at the first lease or Ack instead
+            log.debug("lease secret not loaded at startup", exc_info=True)
         refused = self.policy.startup_error()
         if refused is not None:
             await self.redis.aclose()

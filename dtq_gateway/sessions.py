@@ -35,6 +35,8 @@ class Session:
     concurrency: int = 0
     #: LeaseRequest.labels (shown by the web dashboard for workers of this replica)
     labels: dict[str, str] = field(default_factory=dict)
+    #: leaseid.owner_tag of the identity that opened the stream: its leases carry it
+    owner: str = ""
     session_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     full: bool = False
@@ -53,6 +55,8 @@ class Session:
     #: leases were released because the stream wrote nothing for too long: no read for
     #: this session until its stream writes again
     stuck: bool = False
+    #: payload bytes of the tasks in ``out`` (bounded by DTQ_LEASE_BUFFER_MAX_BYTES)
+    buffered_bytes: int = 0
     #: band streams, band-major p9 first, and the full KEYS of lease_read (fixed per session)
     streams: list[str] = field(init=False)
     read_keys: list[str] = field(init=False)

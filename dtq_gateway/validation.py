@@ -69,6 +69,52 @@ def check_worker_id(worker_id: str, field: str = "worker_id") -> str:
     return worker_id
 
 
+#: Most entries of LeaseRequest.task_types; each is a task type (1..128 bytes).
+MAX_TASK_TYPES = 256
+#: Longest hostname a worker may report (bytes of UTF-8).
+MAX_HOSTNAME_BYTES = 256
+
+
+def check_task_types(task_types, field: str = "task_types") -> None:
+    """Refuse more than MAX_TASK_TYPES entries, or one not matching the task-type
+    alphabet ``[A-Za-z0-9_.:/-]{1,128}``."""
+    if len(task_types) > MAX_TASK_TYPES:
+        raise InvalidArgument(f"{field}: at most {MAX_TASK_TYPES} task types", field=field)
+    for t in task_types:
+        if not keys.TASK_TYPE_RE.match(t):
+            raise InvalidArgument(f"{field}: each must match [A-Za-z0-9_.:/-]{{1,128}}",
+                                  field=field)
+
+
+#: Most LeaseRequest.labels entries; keys up to 128 bytes, values up to 1024 bytes.
+MAX_LABELS = 64
+#: Longest LeaseRequest.sdk (bytes of UTF-8).
+MAX_SDK_BYTES = 128
+
+
+def check_worker_strings(request) -> None:
+    """Bounds of the free-text fields of a LeaseRequest: ``labels`` (MAX_LABELS entries,
+    keys 1..128 bytes, values up to 1024 bytes) and ``sdk`` (MAX_SDK_BYTES).
+
+    Raises:
+        InvalidArgument: naming ``labels`` or ``sdk``.
+    """
+    if len(request.labels) > MAX_LABELS or any(
+            not k or len(k.encode()) > 128 or len(v.encode()) > 1024
+            for k, v in request.labels.items()):
+        raise InvalidArgument(f"labels: at most {MAX_LABELS} entries, keys 1..128 bytes, "
+                              "values up to 1024 bytes", field="labels")
+    if len(request.sdk.encode()) > MAX_SDK_BYTES:
+        raise InvalidArgument(f"sdk: at most {MAX_SDK_BYTES} bytes", field="sdk")
+
+
+def check_hostname(hostname: str, field: str = "hostname") -> str:
+    """Refuse a hostname over MAX_HOSTNAME_BYTES bytes of UTF-8."""
+    if len(hostname) > MAX_HOSTNAME_BYTES or len(hostname.encode()) > MAX_HOSTNAME_BYTES:
+        raise InvalidArgument(f"{field}: at most {MAX_HOSTNAME_BYTES} bytes", field=field)
+    return hostname
+
+
 def check_task_id(task_id: str, field: str = "task_id") -> str:
     """Return ``task_id`` if it is 32 lowercase hex characters."""
     if not keys.TASK_ID_RE.match(task_id):
@@ -104,6 +150,38 @@ def _range(value: int, lo: int, hi: int, field: str) -> int:
     return value
 
 
+def is_json_type(content_type: str) -> bool:
+    """True for ``application/json`` and every ``<type>/<subtype>+json`` media type,
+    parameters (``; charset=utf-8``) and case aside."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.endswith("+json") and "/" in media)
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON (RFC 8259)")
+
+
+def check_json(payload: bytes, field: str) -> None:
+    """Refuse a payload that is not RFC 8259 JSON in UTF-8.
+
+    Refused: bytes that are not UTF-8 (UTF-16/32 included), a byte-order mark, the
+    non-standard constants ``NaN``, ``Infinity`` and ``-Infinity``, and nesting deeper
+    than the parser's recursion limit (about 1,000 levels of arrays and objects).
+
+    Raises:
+        InvalidArgument: naming ``field``.
+    """
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidArgument(f"{field}: JSON must be UTF-8 (RFC 8259)", field=field) from None
+    try:
+        json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
+        raise InvalidArgument(f"{field}: not valid JSON (RFC 8259: UTF-8, no NaN or "
+                              "Infinity) for a JSON content_type", field=field) from None
+
+
 def _payload(req: dtq_pb2.EnqueueRequest, settings: Settings, prefix: str) -> str:
     if len(req.payload) > settings.max_payload_bytes:
         raise TooLarge(f"{prefix}payload: {len(req.payload)} bytes exceeds "
@@ -111,12 +189,8 @@ def _payload(req: dtq_pb2.EnqueueRequest, settings: Settings, prefix: str) -> st
     content_type = req.content_type or "application/json"
     if len(content_type) > 128:
         raise InvalidArgument(f"{prefix}content_type: too long", field=prefix + "content_type")
-    if content_type in JSON_TYPES and req.payload:
-        try:
-            json.loads(req.payload)
-        except (UnicodeDecodeError, ValueError):
-            raise InvalidArgument(f"{prefix}payload: not valid JSON for content_type "
-                                  "application/json", field=prefix + "payload") from None
+    if req.payload and is_json_type(content_type):
+        check_json(req.payload, prefix + "payload")
     return content_type
 
 

@@ -5,9 +5,14 @@
 -- ARGV[9] tasks_processed  [10] tasks_failed  [11] tasks_retried  [12] '1' = counters given
 -- ARGV[13] gateway tag (keys.gateway_tag) for 'started' / 'stopped': the field
 --          leasing@<tag> counts the worker's open Lease streams on that gateway
--- Reply: now (epoch ms)
-local now = now_ms()
+-- ARGV[14] owner tag (leaseid.owner_tag of the caller's identity): the first beat of a
+--          record binds the worker id to it; a beat with another tag changes nothing
+-- Reply: now (epoch ms), or 'denied' when the record is bound to another owner
 local key, worker = KEYS[1], ARGV[3]
+local owner = redis.call('HGET', key, 'owner')
+if owner and ARGV[14] and owner ~= ARGV[14] then return 'denied' end
+local now = now_ms()
+if ARGV[14] then redis.call('HSET', key, 'owner', ARGV[14]) end
 redis.call('HSETNX', key, 'started_at', now)
 -- 'draining' sticks until a new session starts: neither the end of the draining
 -- worker's stream ('stopped') nor a plain heartbeat already in flight may let another

@@ -116,3 +116,16 @@ async def poll(fn: Callable[[], Awaitable[Any]], pred: Callable[[Any], bool],
         if time.monotonic() > deadline:
             raise TimeoutError(f"condition not met within {timeout_s}s; last value: {value!r}")
         await asyncio.sleep(interval_s)
+
+
+def resign(lease_id: str, keyring=None, **changes) -> str:
+    """``lease_id`` with fields replaced (leaseid.Lease field names) and signed again:
+    an edit that passes the MAC, to test the scripts' own fencing behind it. Without
+    ``keyring`` the per-process one of components built alone (leaseid.default_keyring)."""
+    import dataclasses
+
+    from dtq_gateway import leaseid
+
+    ring = keyring or leaseid.default_keyring()
+    lease = leaseid.decode(lease_id, ring)
+    return dataclasses.replace(lease, **changes).encode(ring)
