@@ -21,13 +21,14 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from collections import Counter
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from dtq_gateway import keys, metrics, observe
+from dtq_gateway import keys, metrics, observe, ratelimits
 from dtq_gateway.groups import Groups
 from dtq_gateway.leaseid import Lease
 from dtq_gateway.replies import text as _s
@@ -83,6 +84,8 @@ class Dispatcher:
         self._task: asyncio.Task | None = None
         self._rr = itertools.count()
         self._last_error_log = 0.0
+        #: queue -> timer that reads it again once its rate limit has a token
+        self._limit_timers: dict[str, asyncio.TimerHandle] = {}
 
     # -- notifications (cheap, synchronous) -------------------------------------------
     def notify(self, queue: str) -> None:
@@ -207,6 +210,9 @@ class Dispatcher:
 
     async def stop(self) -> None:
         """Stop the loop and end every session's stream."""
+        for timer in self._limit_timers.values():
+            timer.cancel()
+        self._limit_timers.clear()
         if self._task:
             self._task.cancel()
             await asyncio.wait({self._task}, timeout=2.0)  # bounded: a stop must not hang
@@ -396,7 +402,9 @@ class Dispatcher:
         """
         streams = session.streams
         pending, missing, stalled = int(reply[0]), reply[1], int(reply[2])
-        live, entries = int(reply[3]), reply[4:]
+        live, entries = int(reply[3]), reply[5:]
+        limits = ratelimits.Limits.from_reply(reply[4], session.queues)
+        self._throttled(limits.throttled, limits.wait_ms, "queue")
         if stalled == 2:
             self.end_worker(session.worker_id)
             return 0, False, 0, live == 0
@@ -412,35 +420,63 @@ class Dispatcher:
         session.full = credit <= 0
         if not entries:
             return 0, credit > 0, 0, live == 0 or credit > 0
-        delivered = await self._activate(session, streams, entries)
+        delivered = await self._activate(session, streams, entries, limits)
         return delivered, credit > 0, len(entries), False
 
-    async def _activate(self, session: Session, streams: list[str], entries: list) -> int:
+    def _throttled(self, queues: set[str], wait_ms: int, scope: str, count: int = 1) -> None:
+        """Count throttling and read ``queues`` again in ``wait_ms`` (one timer each)."""
+        loop = asyncio.get_running_loop()
+        for queue in queues:
+            metrics.RATE_LIMITED.labels(queue, scope).inc(count)
+            if queue not in self._limit_timers:
+                self._limit_timers[queue] = loop.call_later(
+                    max(wait_ms, 1) / 1000, self._limit_wake, queue)
+
+    def _limit_wake(self, queue: str) -> None:
+        self._limit_timers.pop(queue, None)
+        self.notify(queue)
+
+    async def _activate(self, session: Session, streams: list[str], entries: list,
+                        limits: ratelimits.Limits | None = None) -> int:
+        limits = limits or ratelimits.Limits(0, set(), set(), set())
         keys_: list[str] = [keys.CANCELLED]
         args: list = []
         parsed = []
         for index, entry_id, raw in entries:
             f = {_s(raw[i]): raw[i + 1] for i in range(0, len(raw), 2)}
-            stream = streams[int(index) - 1]
+            parsed.append((streams[int(index) - 1], _s(entry_id), f))
+        modes = [("r" if session.task_types and _s(f["task_type"]) not in session.task_types
+                  else "a") for _, _, f in parsed]
+        held = await self._hold_throttled_types(parsed, modes, limits)
+        digests = []
+        for (stream, entry_id, f), mode in zip(parsed, modes):
             task_id, queue = _s(f["task_id"]), _s(f["queue"])
             idem = _s(f.get("idempotency_key", b""))
             digest = keys.idempotency_digest(idem) if idem else ""
-            mode = "r" if session.task_types and _s(f["task_type"]) not in session.task_types \
-                else "a"
             keys_ += [stream, keys.task(task_id),
                       keys.idempotency(queue, digest) if digest else keys.task(task_id)]
-            args += [_s(entry_id), task_id, _s(f["attempt"]), mode]
-            parsed.append((stream, _s(entry_id), f, digest))
+            args += [entry_id, task_id, _s(f["attempt"]), mode]
+            digests.append(digest)
         # argv_notified: this dispatcher needs none of its own activation events back
         replies = await ACTIVATE(self.redis, keys_, Script.argv_notified(
             session.worker_id, self.settings.task_retention_s, keys.GROUP, *args))
         tasks = []
-        for (stream, entry_id, f, digest), rep in zip(parsed, replies):
+        returns: dict[str, Counter[str]] = {}
+        for i, ((stream, entry_id, f), digest, rep) in enumerate(zip(parsed, digests, replies)):
             kind = _s(rep[0])
             if kind == "ok":
                 tasks.append(self._leased_task(session, stream, entry_id, f, digest, rep))
-            elif kind == "expired":
+                continue
+            if kind == "expired":
                 observe.expired(_s(f["queue"]))
+            queue = _s(f["queue"])
+            if queue in limits.limited:  # its tokens were taken for nothing: give them back
+                back = returns.setdefault(queue, Counter())
+                back[ratelimits.QUEUE_SCOPE] += 1
+                if queue in limits.typed and modes[i] == "a" and i not in held:
+                    back[_s(f["task_type"])] += 1
+        if returns:
+            await ratelimits.give_back(self.redis, returns)
         if session.closed:
             # the stream ended while this batch was being activated: hand it back
             await self.release([t.lease_id for t in tasks])
@@ -451,6 +487,26 @@ class Dispatcher:
             observe.delivered(task)
             session.out.put_nowait(task)
         return len(tasks)
+
+    async def _hold_throttled_types(self, parsed: list, modes: list[str],
+                                    limits: ratelimits.Limits) -> set[int]:
+        """Take task-type tokens for the entries about to be activated; an entry that
+        gets none is switched to mode ``r`` (put back, still queued, no attempt spent).
+        Returns the positions of the entries held back."""
+        if not limits.typed:
+            return set()
+        wanted = [(i, (_s(f["queue"]), _s(f["task_type"]))) for i, (_, _, f) in
+                  enumerate(parsed) if modes[i] == "a" and _s(f["queue"]) in limits.typed]
+        if not wanted:
+            return set()
+        granted, waits = await ratelimits.take_types(self.redis, [w for _, w in wanted])
+        held = {i for (i, _), ok in zip(wanted, granted) if not ok}
+        for i in held:
+            modes[i] = "r"
+        for queue, wait_ms in waits.items():
+            count = sum(1 for i, (q, _) in wanted if q == queue and i in held)
+            self._throttled({queue}, wait_ms, "task_type", count)
+        return held
 
     def _leased_task(self, session: Session, stream: str, entry_id: str, f: dict,
                      digest: str, rep: list) -> dtq_pb2.LeasedTask:

@@ -47,6 +47,15 @@ QUEUES = PREFIX + "queues"
 #: String set once the registry (and the busy set) were rebuilt from a SCAN of the band
 #: streams (the one-time backfill for data written before they existed; see groups.py).
 QUEUES_BACKFILLED = PREFIX + "queues:backfilled"
+#: Registry of periodic schedules: sorted set, member = schedule name, score = its next
+#: fire (epoch ms; +inf while paused). Touched only by single-key commands, each step
+#: safe if the process dies after it (see schedules.py).
+SCHEDULES = PREFIX + "schedules"
+#: Set of queue names that have (or had) rate limits: ListRateLimits without a queue
+#: reads it. Touched only by single-key commands (see ratelimits.py).
+RATE_LIMITED_QUEUES = PREFIX + "ratelimits"
+#: Schedule names follow the queue-name alphabet (no ':', so keys never collide).
+SCHEDULE_RE = QUEUE_RE
 #: Pub/sub channel (not a key) for lifecycle events.
 EVENTS_CHANNEL = PREFIX + "events"
 
@@ -115,3 +124,15 @@ def gateway(tag: str) -> str:
 def paused(queue: str) -> str:
     """Pause flag of a queue: ``dtq:queue:<queue>:paused``."""
     return f"{PREFIX}queue:{queue}:paused"
+
+
+def rate_limit(queue: str) -> str:
+    """Rate limits of a queue and their token buckets: ``dtq:queue:<queue>:ratelimit``
+    (a hash; one key per queue, so every limiter script touches one queue's keys)."""
+    return f"{PREFIX}queue:{queue}:ratelimit"
+
+
+def schedule(name: str) -> str:
+    """A periodic schedule (definition and state): ``dtq:schedule:<name>`` (a hash).
+    ``name`` matches :data:`SCHEDULE_RE`."""
+    return f"{PREFIX}schedule:{name}"

@@ -76,6 +76,15 @@ EVENTS_SUBSCRIPTIONS_REFUSED = Counter(
 METRICS_QUEUES_OMITTED = Gauge("dtq_metrics_queues_omitted",
                                "Busy queues left out of the per-queue gauges "
                                "(more than DTQ_METRICS_MAX_QUEUES).")
+RATE_LIMITED = Counter("dtq_rate_limited_total",
+                       "Times a rate limit held a queue's tasks back: scope=queue counts "
+                       "lease reads cut short by the queue-wide limit, scope=task_type "
+                       "counts entries of a throttled task type put back in their queue.",
+                       ["queue", "scope"])
+SCHEDULE_FIRES = Counter("dtq_schedule_fires_total",
+                         "Fires of periodic schedules by outcome (enqueued, deduplicated, "
+                         "dropped = missed and skipped by the catch-up policy, failed).",
+                         ["outcome"])
 LEASE_SESSIONS = Gauge("dtq_lease_sessions", "Open Lease streams on this gateway replica.")
 REDIS_EVICTION_SAFE = Gauge("dtq_redis_eviction_safe", "1 when Redis maxmemory-policy is "
                             "noeviction, 0 when Redis may evict dtq's keys, -1 when unknown.")

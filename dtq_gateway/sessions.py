@@ -18,7 +18,7 @@ from dtq_gateway.scripts import Script
 if TYPE_CHECKING:
     from dtq_gateway.dispatch import Dispatcher
 
-LEASE_READ = Script("lease_read")
+LEASE_READ = Script("lease_read", helpers=("_bucket",))
 
 
 @dataclass(eq=False)
@@ -67,7 +67,8 @@ class Session:
 
     def __post_init__(self) -> None:
         self.streams = [keys.stream(q, b) for b in keys.BANDS_DESC for q in self.queues]
-        self.read_keys = ([keys.paused(q) for q in self.queues] + self.streams
+        self.read_keys = ([keys.paused(q) for q in self.queues]
+                          + [keys.rate_limit(q) for q in self.queues] + self.streams
                           + [keys.worker(self.worker_id)])
 
 
