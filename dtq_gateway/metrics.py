@@ -82,8 +82,9 @@ RATE_LIMITED = Counter("dtq_rate_limited_total",
                        "counts entries of a throttled task type put back in their queue.",
                        ["queue", "scope"])
 SCHEDULE_FIRES = Counter("dtq_schedule_fires_total",
-                         "Fires of periodic schedules by outcome (enqueued, deduplicated, "
-                         "dropped = missed and skipped by the catch-up policy, failed).",
+                         "Fires of periodic schedules by outcome: enqueued, deduplicated (a "
+                         "fire enqueued before, e.g. by a leader that died), failed (not "
+                         "enqueued yet: retried at the next tick).",
                          ["outcome"])
 LEASE_SESSIONS = Gauge("dtq_lease_sessions", "Open Lease streams on this gateway replica.")
 REDIS_EVICTION_SAFE = Gauge("dtq_redis_eviction_safe", "1 when Redis maxmemory-policy is "
