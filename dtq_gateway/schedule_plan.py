@@ -41,6 +41,10 @@ MAX_INTERVAL_MS = 366 * 86_400_000
 DEFAULT_MAX_FIRES = 10
 MAX_FIRES = 1000
 DEFAULT_MAX_AGE_MS = 86_400_000
+#: The usual cron nicknames, spelled out (cronsim takes the 5-field form).
+NICKNAMES = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
+             "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *",
+             "@hourly": "0 * * * *"}
 SKIP, LATEST, ALL = (pb.SCHEDULE_CATCH_UP_SKIP, pb.SCHEDULE_CATCH_UP_LATEST,
                      pb.SCHEDULE_CATCH_UP_ALL)
 
@@ -54,6 +58,10 @@ class Timetable:
     tz: str = "UTC"
     interval_ms: int = 0
     anchor_ms: int = 0
+
+    def _cron(self, start: datetime, reverse: bool = False) -> CronSim:
+        return CronSim(NICKNAMES.get(self.cron.strip().lower(), self.cron), start,
+                       reverse=reverse)
 
     def _zone(self) -> ZoneInfo | timezone:
         return timezone.utc if self.tz == "UTC" else ZoneInfo(self.tz)
@@ -69,7 +77,7 @@ class Timetable:
                                        itertools.count(last, -self.interval_ms))
         # cronsim is exclusive: start just after now_ms (cron has whole minutes)
         start = datetime.fromtimestamp(now_ms // 1000 + 1, self._zone())
-        return (int(dt.timestamp() * 1000) for dt in CronSim(self.cron, start, reverse=True))
+        return (int(dt.timestamp() * 1000) for dt in self._cron(start, reverse=True))
 
     def next_after(self, now_ms: int) -> int:
         """The first fire strictly after ``now_ms`` (epoch ms)."""
@@ -79,7 +87,7 @@ class Timetable:
             return self.anchor_ms + ((now_ms - self.anchor_ms) // self.interval_ms + 1) * \
                 self.interval_ms
         start = datetime.fromtimestamp(now_ms // 1000, self._zone())
-        for dt in CronSim(self.cron, start):
+        for dt in self._cron(start):
             fire = int(dt.timestamp() * 1000)
             if fire > now_ms:
                 return fire
@@ -156,7 +164,7 @@ def validate_spec(spec: pb.Schedule, prefix: str = "schedule.") -> None:
         except (ZoneInfoNotFoundError, ValueError):
             raise bad("timezone", "unknown IANA time zone") from None
         try:
-            next(CronSim(spec.cron, datetime.now(zone)))
+            Timetable(cron=spec.cron)._cron(datetime.now(zone))
         except (CronSimError, StopIteration, ValueError) as exc:
             raise bad("cron", f"not a valid cron expression ({exc})") from None
     if spec.catch_up not in (0, SKIP, LATEST, ALL):
