@@ -43,6 +43,9 @@ ACTIVATE = Script("activate")
 WORKER_STATES = Script("worker_states")
 #: Most entries one lease_read returns (bounds script run time).
 BATCH_MAX = 256
+#: Reads re-run at once after a task-type rate limit put entries back (per session, until
+#: one delivers something): bounds the rotation through a stream of throttled entries.
+LIMIT_REREADS = 4
 #: A message (one per script call, see events_wire.py) of a call this process made and
 #: whose wake-up the dispatcher already got directly.
 _OWN_EVENT = b'"id_prefix":"' + EVENT_ID_PREFIX.encode()
@@ -404,7 +407,7 @@ class Dispatcher:
         pending, missing, stalled = int(reply[0]), reply[1], int(reply[2])
         live, entries = int(reply[3]), reply[5:]
         limits = ratelimits.Limits.from_reply(reply[4], session.queues)
-        self._throttled(limits.throttled, limits.wait_ms, "queue")
+        self._throttled(limits.throttled, limits.wait_ms, metrics.RATE_LIMITED_READS)
         if stalled == 2:
             self.end_worker(session.worker_id)
             return 0, False, 0, live == 0
@@ -421,16 +424,34 @@ class Dispatcher:
         if not entries:
             return 0, credit > 0, 0, live == 0 or credit > 0
         delivered = await self._activate(session, streams, entries, limits)
+        if session.limit_held:
+            # Entries of a throttled task type went back to the tail of their stream, so
+            # the credit they took is free again and other types may wait behind them:
+            # read again at once, at most LIMIT_REREADS times in a row (a stream of only
+            # throttled entries must not turn into a busy loop; the limit's timer or the
+            # tick reads it later).
+            credit = session.max_in_flight - pending - delivered
+            session.full = credit <= 0
+            if credit > 0 and session.limit_rounds < LIMIT_REREADS:
+                session.limit_rounds += 1
+                self._dirty_workers.add(session.worker_id)
+                self._wake.set()
+        elif delivered:
+            session.limit_rounds = 0
         return delivered, credit > 0, len(entries), False
 
-    def _throttled(self, queues: set[str], wait_ms: int, scope: str, count: int = 1) -> None:
+    def _throttled(self, queues: set[str], wait_ms: int, counter: Any, count: int = 1) -> None:
         """Count throttling and read ``queues`` again in ``wait_ms`` (one timer each)."""
         loop = asyncio.get_running_loop()
         for queue in queues:
-            metrics.RATE_LIMITED.labels(queue, scope).inc(count)
-            if queue not in self._limit_timers:
-                self._limit_timers[queue] = loop.call_later(
-                    max(wait_ms, 1) / 1000, self._limit_wake, queue)
+            counter.labels(queue).inc(count)
+            at = loop.time() + max(wait_ms, 1) / 1000
+            timer = self._limit_timers.get(queue)
+            if timer is not None and timer.when() <= at:
+                continue
+            if timer is not None:  # a changed limit refills sooner than the old one did
+                timer.cancel()
+            self._limit_timers[queue] = loop.call_at(at, self._limit_wake, queue)
 
     def _limit_wake(self, queue: str) -> None:
         self._limit_timers.pop(queue, None)
@@ -448,6 +469,7 @@ class Dispatcher:
         modes = [("r" if session.task_types and _s(f["task_type"]) not in session.task_types
                   else "a") for _, _, f in parsed]
         held = await self._hold_throttled_types(parsed, modes, limits)
+        session.limit_held = len(held)
         digests = []
         for (stream, entry_id, f), mode in zip(parsed, modes):
             task_id, queue = _s(f["task_id"]), _s(f["queue"])
@@ -505,7 +527,7 @@ class Dispatcher:
             modes[i] = "r"
         for queue, wait_ms in waits.items():
             count = sum(1 for i, (q, _) in wanted if q == queue and i in held)
-            self._throttled({queue}, wait_ms, "task_type", count)
+            self._throttled({queue}, wait_ms, metrics.RATE_LIMITED_TASKS, count)
         return held
 
     def _leased_task(self, session: Session, stream: str, entry_id: str, f: dict,

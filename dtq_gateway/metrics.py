@@ -76,16 +76,18 @@ EVENTS_SUBSCRIPTIONS_REFUSED = Counter(
 METRICS_QUEUES_OMITTED = Gauge("dtq_metrics_queues_omitted",
                                "Busy queues left out of the per-queue gauges "
                                "(more than DTQ_METRICS_MAX_QUEUES).")
-RATE_LIMITED = Counter("dtq_rate_limited_total",
-                       "Times a rate limit held a queue's tasks back: scope=queue counts "
-                       "lease reads cut short by the queue-wide limit, scope=task_type "
-                       "counts entries of a throttled task type put back in their queue.",
-                       ["queue", "scope"])
+RATE_LIMITED_READS = Counter("dtq_rate_limited_reads_total",
+                             "Lease reads of a queue cut short by its queue-wide rate limit "
+                             "(its tasks wait, queued, for tokens).", ["queue"])
+RATE_LIMITED_TASKS = Counter("dtq_rate_limited_tasks_total",
+                             "Entries of a throttled task type put back in their queue "
+                             "(still queued, no attempt spent).", ["queue"])
 SCHEDULE_FIRES = Counter("dtq_schedule_fires_total",
-                         "Fires of periodic schedules by outcome: enqueued, deduplicated (a "
-                         "fire enqueued before, e.g. by a leader that died), failed (not "
-                         "enqueued yet: retried at the next tick).",
-                         ["outcome"])
+                         "Fires of periodic schedules enqueued (deduplicated ones, e.g. "
+                         "enqueued before by a leader that died, excluded).")
+SCHEDULE_FIRES_FAILED = Counter("dtq_schedule_fires_failed_total",
+                                "Schedule fires not enqueued yet (queue full, Redis refused, "
+                                "template refused): retried at the next tick.")
 LEASE_SESSIONS = Gauge("dtq_lease_sessions", "Open Lease streams on this gateway replica.")
 REDIS_EVICTION_SAFE = Gauge("dtq_redis_eviction_safe", "1 when Redis maxmemory-policy is "
                             "noeviction, 0 when Redis may evict dtq's keys, -1 when unknown.")

@@ -285,16 +285,17 @@ class ScheduleFirer(PeriodicDuty):
             if isinstance(out, Exception):
                 raise out
         except InvalidArgument as exc:  # e.g. a limit lowered since the schedule was made
-            metrics.SCHEDULE_FIRES.labels("failed").inc()
+            metrics.SCHEDULE_FIRES_FAILED.inc()
             self._fail_log.log(logging.WARNING, "schedule %s: task template refused: %s",
                                spec.name, exc.message, schedule=spec.name)
             return None
         except Exception as exc:  # noqa: BLE001 - queue full, Redis refused: retry later
-            metrics.SCHEDULE_FIRES.labels("failed").inc()
+            metrics.SCHEDULE_FIRES_FAILED.inc()
             self._fail_log.log(logging.WARNING, "schedule %s: fire not enqueued yet: %r",
                                spec.name, exc, schedule=spec.name)
             return None
-        metrics.SCHEDULE_FIRES.labels("deduplicated" if out.deduplicated else "enqueued").inc()
+        if not out.deduplicated:
+            metrics.SCHEDULE_FIRES.inc()
         return str(out.task_id)
 
     async def _forget(self, name: str) -> None:

@@ -51,6 +51,10 @@ class Session:
     #: leases were released because the stream wrote nothing for too long: no read for
     #: this session until its stream writes again
     stuck: bool = False
+    #: entries of the last activation put back by a task-type rate limit, and how many
+    #: reads in a row were re-run at once for that (bounded, see Dispatcher._after_read)
+    limit_held: int = 0
+    limit_rounds: int = 0
     #: band streams, band-major p9 first, and the full KEYS of lease_read (fixed per session)
     streams: list[str] = field(init=False)
     read_keys: list[str] = field(init=False)
