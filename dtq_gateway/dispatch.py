@@ -20,8 +20,8 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from redis.asyncio import Redis

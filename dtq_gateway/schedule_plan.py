@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
@@ -64,7 +64,7 @@ class Timetable:
                        reverse=reverse)
 
     def _zone(self) -> ZoneInfo | timezone:
-        return timezone.utc if self.tz == "UTC" else ZoneInfo(self.tz)
+        return UTC if self.tz == "UTC" else ZoneInfo(self.tz)
 
     def before(self, now_ms: int) -> Iterator[int]:
         """Fires at or before ``now_ms``, newest first (epoch ms)."""
@@ -160,7 +160,7 @@ def validate_spec(spec: pb.Schedule, prefix: str = "schedule.") -> None:
     else:
         try:
             zone: ZoneInfo | timezone = ZoneInfo(spec.timezone) if spec.timezone else \
-                timezone.utc
+                UTC
         except (ZoneInfoNotFoundError, ValueError):
             raise bad("timezone", "unknown IANA time zone") from None
         try:

@@ -8,8 +8,16 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from dtq_gateway.errors import InvalidArgument
-from dtq_gateway.schedule_plan import (ALL, LATEST, ON_TIME_MS, SKIP, Policy, Timetable, plan,
-                                       validate_spec)
+from dtq_gateway.schedule_plan import (
+    ALL,
+    LATEST,
+    ON_TIME_MS,
+    SKIP,
+    Policy,
+    Timetable,
+    plan,
+    validate_spec,
+)
 from dtq_proto import dtq_pb2 as pb
 
 H = 3_600_000
