@@ -424,20 +424,20 @@ class Dispatcher:
         if not entries:
             return 0, credit > 0, 0, live == 0 or credit > 0
         delivered = await self._activate(session, streams, entries, limits)
+        if delivered:
+            session.limit_rounds = 0
         if session.limit_held:
             # Entries of a throttled task type went back to the tail of their stream, so
             # the credit they took is free again and other types may wait behind them:
             # read again at once, at most LIMIT_REREADS times in a row (a stream of only
             # throttled entries must not turn into a busy loop; the limit's timer or the
-            # tick reads it later).
+            # tick reads it later). A read that delivered something resets the count.
             credit = session.max_in_flight - pending - delivered
             session.full = credit <= 0
             if credit > 0 and session.limit_rounds < LIMIT_REREADS:
                 session.limit_rounds += 1
                 self._dirty_workers.add(session.worker_id)
                 self._wake.set()
-        elif delivered:
-            session.limit_rounds = 0
         return delivered, credit > 0, len(entries), False
 
     def _throttled(self, queues: set[str], wait_ms: int, counter: Any, count: int = 1) -> None:
