@@ -87,8 +87,8 @@ class Dispatcher:
         self._task: asyncio.Task | None = None
         self._rr = itertools.count()
         self._last_error_log = 0.0
-        #: queue -> timer that reads it again once its rate limit has a token
-        self._limit_timers: dict[str, asyncio.TimerHandle] = {}
+        #: reads a throttled queue again once its rate limit has a token
+        self._limit_waker = ratelimits.Waker(self.notify)
 
     # -- notifications (cheap, synchronous) -------------------------------------------
     def notify(self, queue: str) -> None:
@@ -213,9 +213,7 @@ class Dispatcher:
 
     async def stop(self) -> None:
         """Stop the loop and end every session's stream."""
-        for timer in self._limit_timers.values():
-            timer.cancel()
-        self._limit_timers.clear()
+        self._limit_waker.cancel()
         if self._task:
             self._task.cancel()
             await asyncio.wait({self._task}, timeout=2.0)  # bounded: a stop must not hang
@@ -407,7 +405,7 @@ class Dispatcher:
         pending, missing, stalled = int(reply[0]), reply[1], int(reply[2])
         live, entries = int(reply[3]), reply[5:]
         limits = ratelimits.Limits.from_reply(reply[4], session.queues)
-        self._throttled(limits.throttled, limits.wait_ms, metrics.RATE_LIMITED_READS)
+        self._limit_waker.throttled(limits.throttled, limits.wait_ms, metrics.RATE_LIMITED_READS)
         if stalled == 2:
             self.end_worker(session.worker_id)
             return 0, False, 0, live == 0
@@ -439,23 +437,6 @@ class Dispatcher:
                 self._dirty_workers.add(session.worker_id)
                 self._wake.set()
         return delivered, credit > 0, len(entries), False
-
-    def _throttled(self, queues: set[str], wait_ms: int, counter: Any, count: int = 1) -> None:
-        """Count throttling and read ``queues`` again in ``wait_ms`` (one timer each)."""
-        loop = asyncio.get_running_loop()
-        for queue in queues:
-            counter.labels(queue).inc(count)
-            at = loop.time() + max(wait_ms, 1) / 1000
-            timer = self._limit_timers.get(queue)
-            if timer is not None and timer.when() <= at:
-                continue
-            if timer is not None:  # a changed limit refills sooner than the old one did
-                timer.cancel()
-            self._limit_timers[queue] = loop.call_at(at, self._limit_wake, queue)
-
-    def _limit_wake(self, queue: str) -> None:
-        self._limit_timers.pop(queue, None)
-        self.notify(queue)
 
     async def _activate(self, session: Session, streams: list[str], entries: list,
                         limits: ratelimits.Limits | None = None) -> int:
@@ -527,7 +508,7 @@ class Dispatcher:
             modes[i] = "r"
         for queue, wait_ms in waits.items():
             count = sum(1 for i, (q, _) in wanted if q == queue and i in held)
-            self._throttled({queue}, wait_ms, metrics.RATE_LIMITED_TASKS, count)
+            self._limit_waker.throttled({queue}, wait_ms, metrics.RATE_LIMITED_TASKS, count)
         return held
 
     def _leased_task(self, session: Session, stream: str, entry_id: str, f: dict,

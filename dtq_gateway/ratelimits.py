@@ -21,8 +21,11 @@ registry ``dtq:ratelimits`` (queue names) is touched with single-key commands on
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -160,6 +163,43 @@ class Limits:
         """Parse ``{wait_ms, {typed}, {limited}, {throttled}}`` (1-based queue indexes)."""
         names = [{queues[int(i) - 1] for i in part[k]} for k in (1, 2, 3)]
         return cls(int(part[0]), *names)
+
+
+class Waker:
+    """Reads a throttled queue again when its bucket holds a token (one timer per queue).
+
+    Args:
+        notify: ``notify(queue)`` of the dispatcher (a task may be leasable).
+    """
+
+    def __init__(self, notify: Callable[[str], None]) -> None:
+        self._notify = notify
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+
+    def throttled(self, queues: set[str], wait_ms: int, counter: Any, count: int = 1) -> None:
+        """Count throttling of ``queues`` on ``counter`` and wake each in ``wait_ms`` ms
+        (an earlier timer of the queue stands; a later one is moved earlier, e.g. after
+        a limit was raised)."""
+        loop = asyncio.get_running_loop()
+        for queue in queues:
+            counter.labels(queue).inc(count)
+            at = loop.time() + max(wait_ms, 1) / 1000
+            timer = self._timers.get(queue)
+            if timer is not None and timer.when() <= at:
+                continue
+            if timer is not None:
+                timer.cancel()
+            self._timers[queue] = loop.call_at(at, self._wake, queue)
+
+    def _wake(self, queue: str) -> None:
+        self._timers.pop(queue, None)
+        self._notify(queue)
+
+    def cancel(self) -> None:
+        """Drop every pending wake-up (the dispatcher stops)."""
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
 
 
 async def take_types(redis: Redis, wanted: list[tuple[str, str]]
