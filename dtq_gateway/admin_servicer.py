@@ -17,11 +17,11 @@ from typing import Any, TypeVar
 import grpc
 from redis.asyncio import Redis
 
-from dtq_gateway import admin, admin_dlq, admin_lists, keys
+from dtq_gateway import admin, admin_dlq, admin_lists, keys, ratelimits, schedules
 from dtq_gateway.admin import CallInfo, as_int, page_size
-from dtq_gateway.audit import request_id_of
+from dtq_gateway.audit import append_audit, request_id_of
 from dtq_gateway.auth import actor_of
-from dtq_gateway.errors import InvalidArgument
+from dtq_gateway.errors import InvalidArgument, Unavailable
 from dtq_gateway.grpc_errors import abort
 from dtq_gateway.replies import text
 from dtq_gateway.settings import Settings
@@ -112,11 +112,13 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
     Args:
         redis: the gateway's client.
         settings: gateway settings (audit MAXLEN, task retention, heartbeat interval).
+        broker: the gateway's :class:`~dtq_gateway.broker.Broker` (TriggerSchedule).
     """
 
-    def __init__(self, redis: Redis, settings: Settings) -> None:
+    def __init__(self, redis: Redis, settings: Settings, broker: Any = None) -> None:
         self.redis = redis
         self.settings = settings
+        self.broker = broker
         self.dlq = admin_dlq.DlqSettings(audit_maxlen=settings.audit_maxlen,
                                          task_retention_s=settings.task_retention_s,
                                          idem_ttl_s=settings.idem_ttl_s)
@@ -240,3 +242,102 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
         return pb.ListAuditResponse(next_page_token=token, entries=[pb.AuditEntry(
             entry_id=a.entry_id, actor=a.actor, action=a.action, task_id=a.task_id,
             ts_ms=a.ts_ms, request_id=a.request_id, detail=a.detail) for a in items])
+
+    # -- periodic schedules (schedules.py) ----------------------------------------------
+    async def _audit(self, context: Any, action: str, target: str, detail: str = "") -> str:
+        call = _call(context)
+        await append_audit(self.redis, call.actor, action, target, call.request_id, detail,
+                           maxlen=self.settings.audit_maxlen)
+        return call.request_id
+
+    @_rpc
+    async def CreateSchedule(self, request: pb.CreateScheduleRequest, context: Any
+                             ) -> pb.CreateScheduleResponse:
+        """Store a schedule (audited as create_schedule)."""
+        info, created = await schedules.create(self.redis, self.settings, request.schedule,
+                                               request.replace)
+        await self._audit(context, "create_schedule", request.schedule.name,
+                          "" if created else "replaced")
+        return pb.CreateScheduleResponse(schedule=info, created=created)
+
+    @_rpc
+    async def GetSchedule(self, request: pb.GetScheduleRequest, context: Any
+                          ) -> pb.GetScheduleResponse:
+        """One schedule with its state."""
+        return pb.GetScheduleResponse(schedule=await schedules.get(self.redis, request.name))
+
+    @_rpc
+    async def ListSchedules(self, request: pb.ListSchedulesRequest, context: Any
+                            ) -> pb.ListSchedulesResponse:
+        """One page of schedules sorted by name."""
+        size = page_size(request.page_size, "page_size", LIST_QUEUES_PAGE_DEFAULT,
+                         LIST_QUEUES_PAGE_MAX)
+        infos, token = await schedules.list_page(self.redis, size, request.page_token)
+        return pb.ListSchedulesResponse(schedules=infos, next_page_token=token)
+
+    @_rpc
+    async def PauseSchedule(self, request: pb.PauseScheduleRequest, context: Any
+                            ) -> pb.PauseScheduleResponse:
+        """Stop a schedule's fires (audited)."""
+        info = await schedules.set_paused(self.redis, request.name, True)
+        await self._audit(context, "pause_schedule", request.name)
+        return pb.PauseScheduleResponse(schedule=info)
+
+    @_rpc
+    async def ResumeSchedule(self, request: pb.ResumeScheduleRequest, context: Any
+                             ) -> pb.ResumeScheduleResponse:
+        """Resume a schedule from now on (audited)."""
+        info = await schedules.set_paused(self.redis, request.name, False)
+        await self._audit(context, "resume_schedule", request.name)
+        return pb.ResumeScheduleResponse(schedule=info)
+
+    @_rpc
+    async def TriggerSchedule(self, request: pb.TriggerScheduleRequest, context: Any
+                              ) -> pb.TriggerScheduleResponse:
+        """Enqueue a schedule's task now (audited)."""
+        if self.broker is None:
+            raise Unavailable("this gateway cannot enqueue")
+        task_id = await schedules.trigger(self.redis, self.settings, self.broker, request.name)
+        await self._audit(context, "trigger_schedule", request.name, task_id)
+        return pb.TriggerScheduleResponse(task_id=task_id)
+
+    @_rpc
+    async def DeleteSchedule(self, request: pb.DeleteScheduleRequest, context: Any
+                             ) -> pb.DeleteScheduleResponse:
+        """Remove a schedule (audited)."""
+        deleted = await schedules.delete(self.redis, request.name)
+        await self._audit(context, "delete_schedule", request.name,
+                          "" if deleted else "absent")
+        return pb.DeleteScheduleResponse(deleted=deleted)
+
+    # -- rate limits (ratelimits.py) ----------------------------------------------------
+    @_rpc
+    async def SetRateLimit(self, request: pb.SetRateLimitRequest, context: Any
+                           ) -> pb.SetRateLimitResponse:
+        """Set or change a rate limit (audited as set_rate_limit)."""
+        r = request.rate_limit
+        rl = ratelimits.validate(r.queue, r.task_type, r.limit, r.period_ms, r.burst)
+        created = await ratelimits.set_limit(self.redis, rl, actor_of(context))
+        await self._audit(context, "set_rate_limit", rl.queue,
+                          f"task_type={rl.task_type or '*'} limit={rl.limit} "
+                          f"period_ms={rl.period_ms} burst={rl.burst}")
+        return pb.SetRateLimitResponse(created=created)
+
+    @_rpc
+    async def DeleteRateLimit(self, request: pb.DeleteRateLimitRequest, context: Any
+                              ) -> pb.DeleteRateLimitResponse:
+        """Remove a rate limit (audited as delete_rate_limit)."""
+        deleted = await ratelimits.delete_limit(self.redis, request.queue, request.task_type,
+                                                actor_of(context))
+        await self._audit(context, "delete_rate_limit", request.queue,
+                          f"task_type={request.task_type or '*'}")
+        return pb.DeleteRateLimitResponse(deleted=deleted)
+
+    @_rpc
+    async def ListRateLimits(self, request: pb.ListRateLimitsRequest, context: Any
+                             ) -> pb.ListRateLimitsResponse:
+        """The limits of one queue, or of every queue."""
+        limits = await ratelimits.list_limits(self.redis, request.queue)
+        return pb.ListRateLimitsResponse(rate_limits=[pb.RateLimit(
+            queue=r.queue, task_type=r.task_type, limit=r.limit, period_ms=r.period_ms,
+            burst=r.burst, tokens=r.tokens) for r in limits])

@@ -20,6 +20,7 @@ import itertools
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,7 +28,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from dtq_gateway import keys, metrics, observe
+from dtq_gateway import keys, metrics, observe, ratelimits
 from dtq_gateway.groups import Groups
 from dtq_gateway.leaseid import Keyring, Lease, default_keyring
 from dtq_gateway.replies import text as _s
@@ -42,6 +43,9 @@ ACTIVATE = Script("activate")
 WORKER_STATES = Script("worker_states")
 #: Most entries one lease_read returns (bounds script run time).
 BATCH_MAX = 256
+#: Reads re-run at once after a task-type rate limit put entries back (per session, until
+#: one delivers something): bounds the rotation through a stream of throttled entries.
+LIMIT_REREADS = 4
 #: A message (one per script call, see events_wire.py) of a call this process made and
 #: whose wake-up the dispatcher already got directly.
 _OWN_EVENT = b'"id_prefix":"' + EVENT_ID_PREFIX.encode()
@@ -87,6 +91,8 @@ class Dispatcher:
         self._last_error_log = 0.0
         #: payload bytes in every session's ``out`` (dtq_lease_buffered_bytes)
         self.buffered_total = 0
+        #: reads a throttled queue again once its rate limit has a token
+        self._limit_waker = ratelimits.Waker(self.notify)
 
     # -- notifications (cheap, synchronous) -------------------------------------------
     def notify(self, queue: str) -> None:
@@ -212,6 +218,7 @@ class Dispatcher:
 
     async def stop(self) -> None:
         """Stop the loop and end every session's stream."""
+        self._limit_waker.cancel()
         if self._task:
             self._task.cancel()
             await asyncio.wait({self._task}, timeout=2.0)  # bounded: a stop must not hang
@@ -402,7 +409,9 @@ class Dispatcher:
         """
         streams = session.streams
         pending, missing, stalled = int(reply[0]), reply[1], int(reply[2])
-        live, entries = int(reply[3]), reply[4:]
+        live, entries = int(reply[3]), reply[5:]
+        limits = ratelimits.Limits.from_reply(reply[4], session.queues)
+        self._limit_waker.throttled(limits.throttled, limits.wait_ms, metrics.RATE_LIMITED_READS)
         if stalled == 2:
             self.end_worker(session.worker_id)
             return 0, False, 0, live == 0
@@ -418,36 +427,66 @@ class Dispatcher:
         session.full = credit <= 0
         if not entries:
             return 0, credit > 0, 0, live == 0 or credit > 0
-        delivered = await self._activate(session, streams, entries)
+        delivered = await self._activate(session, streams, entries, limits)
+        if delivered:
+            session.limit_rounds = 0
+        if session.limit_held:
+            # Entries of a throttled task type went back to the tail of their stream, so
+            # the credit they took is free again and other types may wait behind them:
+            # read again at once, at most LIMIT_REREADS times in a row (a stream of only
+            # throttled entries must not turn into a busy loop; the limit's timer or the
+            # tick reads it later). A read that delivered something resets the count.
+            credit = session.max_in_flight - pending - delivered
+            session.full = credit <= 0
+            if credit > 0 and session.limit_rounds < LIMIT_REREADS:
+                session.limit_rounds += 1
+                self._dirty_workers.add(session.worker_id)
+                self._wake.set()
         return delivered, credit > 0, len(entries), False
 
-    async def _activate(self, session: Session, streams: list[str], entries: list) -> int:
+    async def _activate(self, session: Session, streams: list[str], entries: list,
+                        limits: ratelimits.Limits | None = None) -> int:
+        limits = limits or ratelimits.Limits(0, set(), set(), set())
         await self.keyring.ensure()
         keys_: list[str] = [keys.CANCELLED]
         args: list = []
         parsed = []
         for index, entry_id, raw in entries:
             f = {_s(raw[i]): raw[i + 1] for i in range(0, len(raw), 2)}
-            stream = streams[int(index) - 1]
+            parsed.append((streams[int(index) - 1], _s(entry_id), f))
+        modes = [("r" if session.task_types and _s(f["task_type"]) not in session.task_types
+                  else "a") for _, _, f in parsed]
+        held = await self._hold_throttled_types(parsed, modes, limits)
+        session.limit_held = len(held)
+        digests = []
+        for (stream, entry_id, f), mode in zip(parsed, modes):
             task_id, queue = _s(f["task_id"]), _s(f["queue"])
             idem = _s(f.get("idempotency_key", b""))
             digest = keys.idempotency_digest(idem) if idem else ""
-            mode = "r" if session.task_types and _s(f["task_type"]) not in session.task_types \
-                else "a"
             keys_ += [stream, keys.task(task_id),
                       keys.idempotency(queue, digest) if digest else keys.task(task_id)]
-            args += [_s(entry_id), task_id, _s(f["attempt"]), mode]
-            parsed.append((stream, _s(entry_id), f, digest))
+            args += [entry_id, task_id, _s(f["attempt"]), mode]
+            digests.append(digest)
         # argv_notified: this dispatcher needs none of its own activation events back
         replies = await ACTIVATE(self.redis, keys_, Script.argv_notified(
             session.worker_id, self.settings.task_retention_s, keys.GROUP, *args))
         tasks = []
-        for (stream, entry_id, f, digest), rep in zip(parsed, replies):
+        returns: dict[str, Counter[str]] = {}
+        for i, ((stream, entry_id, f), digest, rep) in enumerate(zip(parsed, digests, replies)):
             kind = _s(rep[0])
             if kind == "ok":
                 tasks.append(self._leased_task(session, stream, entry_id, f, digest, rep))
-            elif kind == "expired":
+                continue
+            if kind == "expired":
                 observe.expired(_s(f["queue"]))
+            queue = _s(f["queue"])
+            if queue in limits.limited:  # its tokens were taken for nothing: give them back
+                back = returns.setdefault(queue, Counter())
+                back[ratelimits.QUEUE_SCOPE] += 1
+                if queue in limits.typed and modes[i] == "a" and i not in held:
+                    back[_s(f["task_type"])] += 1
+        if returns:
+            await ratelimits.give_back(self.redis, returns)
         if session.closed:
             # the stream ended while this batch was being activated: hand it back
             await self.release([t.lease_id for t in tasks])
@@ -476,6 +515,26 @@ class Dispatcher:
         session.buffered_bytes = max(0, session.buffered_bytes + delta)
         self.buffered_total = max(0, self.buffered_total + delta)
         metrics.LEASE_BUFFERED_BYTES.set(self.buffered_total)
+
+    async def _hold_throttled_types(self, parsed: list, modes: list[str],
+                                    limits: ratelimits.Limits) -> set[int]:
+        """Take task-type tokens for the entries about to be activated; an entry that
+        gets none is switched to mode ``r`` (put back, still queued, no attempt spent).
+        Returns the positions of the entries held back."""
+        if not limits.typed:
+            return set()
+        wanted = [(i, (_s(f["queue"]), _s(f["task_type"]))) for i, (_, _, f) in
+                  enumerate(parsed) if modes[i] == "a" and _s(f["queue"]) in limits.typed]
+        if not wanted:
+            return set()
+        granted, waits = await ratelimits.take_types(self.redis, [w for _, w in wanted])
+        held = {i for (i, _), ok in zip(wanted, granted) if not ok}
+        for i in held:
+            modes[i] = "r"
+        for queue, wait_ms in waits.items():
+            count = sum(1 for i, (q, _) in wanted if q == queue and i in held)
+            self._limit_waker.throttled({queue}, wait_ms, metrics.RATE_LIMITED_TASKS, count)
+        return held
 
     def _leased_task(self, session: Session, stream: str, entry_id: str, f: dict,
                      digest: str, rep: list) -> dtq_pb2.LeasedTask:

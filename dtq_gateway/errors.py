@@ -40,6 +40,13 @@ class NotFound(DtqError):
     reason = "NOT_FOUND"
 
 
+class AlreadyExists(DtqError):
+    """The object to create exists already (a schedule of that name)."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+    reason = "ALREADY_EXISTS"
+
+
 class StaleLease(DtqError):
     """The lease is no longer the task's current one (reclaimed or finished)."""
 

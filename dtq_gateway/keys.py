@@ -50,6 +50,15 @@ QUEUES_BACKFILLED = PREFIX + "queues:backfilled"
 #: String: the deployment's lease-id secret (hex), created once with SET NX by the first
 #: gateway that starts without DTQ_LEASE_SECRET, so that every replica signs alike.
 LEASE_SECRET = PREFIX + "secret:lease"
+#: Registry of periodic schedules: sorted set, member = schedule name, score = its next
+#: fire (epoch ms; +inf while paused). Touched only by single-key commands, each step
+#: safe if the process dies after it (see schedules.py).
+SCHEDULES = PREFIX + "schedules"
+#: Set of queue names that have (or had) rate limits: ListRateLimits without a queue
+#: reads it. Touched only by single-key commands (see ratelimits.py).
+RATE_LIMITED_QUEUES = PREFIX + "ratelimits"
+#: Schedule names follow the queue-name alphabet (no ':', so keys never collide).
+SCHEDULE_RE = QUEUE_RE
 #: Pub/sub channel (not a key) for lifecycle events.
 EVENTS_CHANNEL = PREFIX + "events"
 
@@ -118,3 +127,15 @@ def gateway(tag: str) -> str:
 def paused(queue: str) -> str:
     """Pause flag of a queue: ``dtq:queue:<queue>:paused``."""
     return f"{PREFIX}queue:{queue}:paused"
+
+
+def rate_limit(queue: str) -> str:
+    """Rate limits of a queue and their token buckets: ``dtq:queue:<queue>:ratelimit``
+    (a hash; one key per queue, so every limiter script touches one queue's keys)."""
+    return f"{PREFIX}queue:{queue}:ratelimit"
+
+
+def schedule(name: str) -> str:
+    """A periodic schedule (definition and state): ``dtq:schedule:<name>`` (a hash).
+    ``name`` matches :data:`SCHEDULE_RE`."""
+    return f"{PREFIX}schedule:{name}"

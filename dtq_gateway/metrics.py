@@ -84,6 +84,18 @@ QUEUES_DELETED = Counter("dtq_queues_deleted_total", "Idle queues deleted by the
                          "sweep (DTQ_QUEUE_IDLE_DELETE_S).")
 LEASE_BUFFERED_BYTES = Gauge("dtq_lease_buffered_bytes", "Payload bytes delivered to Lease "
                              "streams of this replica and not yet written to them.")
+RATE_LIMITED_READS = Counter("dtq_rate_limited_reads_total",
+                             "Lease reads of a queue cut short by its queue-wide rate limit "
+                             "(its tasks wait, queued, for tokens).", ["queue"])
+RATE_LIMITED_TASKS = Counter("dtq_rate_limited_tasks_total",
+                             "Entries of a throttled task type put back in their queue "
+                             "(still queued, no attempt spent).", ["queue"])
+SCHEDULE_FIRES = Counter("dtq_schedule_fires_total",
+                         "Fires of periodic schedules enqueued (deduplicated ones, e.g. "
+                         "enqueued before by a leader that died, excluded).")
+SCHEDULE_FIRES_FAILED = Counter("dtq_schedule_fires_failed_total",
+                                "Schedule fires not enqueued yet (queue full, Redis refused, "
+                                "template refused): retried at the next tick.")
 LEASE_SESSIONS = Gauge("dtq_lease_sessions", "Open Lease streams on this gateway replica.")
 REDIS_EVICTION_SAFE = Gauge("dtq_redis_eviction_safe", "1 when Redis maxmemory-policy is "
                             "noeviction, 0 when Redis may evict dtq's keys, -1 when unknown.")

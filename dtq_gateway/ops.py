@@ -56,14 +56,16 @@ class Operations:
         redis: the gateway's client.
         settings: gateway settings (metrics port 0 = no HTTP endpoint).
         gauge_interval_s: period of the queue-gauge refresh (s).
+        broker: the gateway's broker (Admin.TriggerSchedule enqueues through it).
     """
 
-    def __init__(self, redis: Redis, settings: Settings, *, gauge_interval_s: float = 5.0) -> None:
+    def __init__(self, redis: Redis, settings: Settings, *, gauge_interval_s: float = 5.0,
+                 broker: Any = None) -> None:
         self.settings = settings
         self.hub = EventsHub(redis, max_subscribers=settings.events_max_subscribers,
                              max_deliveries_per_s=settings.events_max_deliveries_per_s,
                              **events_servicer.hub_options())
-        self.admin = AdminServicer(redis, settings)
+        self.admin = AdminServicer(redis, settings, broker)
         self.events = EventsServicer(self.hub)
         self.gauges = QueueGaugeCollector(redis, settings.heartbeat_interval_ms,
                                           interval_s=gauge_interval_s,

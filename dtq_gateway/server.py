@@ -223,9 +223,9 @@ class Gateway:
             self.redis, self.health, self.draining, self.policy,
             liveness_key=keys.gateway(keys.gateway_tag(settings.gateway_id)),
             liveness_ttl_ms=settings.worker_ttl_ms)
-        self.ops = Operations(self.redis, settings)
+        self.ops = Operations(self.redis, settings, broker=self.broker)
         self.ops.hub.add_listener(self.dispatcher.on_event, self.dispatcher.wants_raw_event)
-        self.scheduler = Scheduler(self.redis, settings)
+        self.scheduler = Scheduler(self.redis, settings, broker=self.broker)
         self.dashboard = self._dashboard() if settings.dashboard_port else None
         self.port = 0
 

@@ -18,7 +18,7 @@ from dtq_gateway.scripts import Script
 if TYPE_CHECKING:
     from dtq_gateway.dispatch import Dispatcher
 
-LEASE_READ = Script("lease_read")
+LEASE_READ = Script("lease_read", helpers=("_bucket",))
 
 
 @dataclass(eq=False)
@@ -57,6 +57,10 @@ class Session:
     stuck: bool = False
     #: payload bytes of the tasks in ``out`` (bounded by DTQ_LEASE_BUFFER_MAX_BYTES)
     buffered_bytes: int = 0
+    #: entries of the last activation put back by a task-type rate limit, and how many
+    #: reads in a row were re-run at once for that (bounded, see Dispatcher._after_read)
+    limit_held: int = 0
+    limit_rounds: int = 0
     #: band streams, band-major p9 first, and the full KEYS of lease_read (fixed per session)
     streams: list[str] = field(init=False)
     read_keys: list[str] = field(init=False)
@@ -73,7 +77,8 @@ class Session:
 
     def __post_init__(self) -> None:
         self.streams = [keys.stream(q, b) for b in keys.BANDS_DESC for q in self.queues]
-        self.read_keys = ([keys.paused(q) for q in self.queues] + self.streams
+        self.read_keys = ([keys.paused(q) for q in self.queues]
+                          + [keys.rate_limit(q) for q in self.queues] + self.streams
                           + [keys.worker(self.worker_id)])
 
 

@@ -42,6 +42,13 @@ class EventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_TYPE_CONFIGURATION_CHANGED: _ClassVar[EventType]
     EVENT_TYPE_TASK_EXPIRED: _ClassVar[EventType]
     EVENT_TYPE_TASK_DUPLICATE_ABSORBED: _ClassVar[EventType]
+
+class ScheduleCatchUp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SCHEDULE_CATCH_UP_UNSPECIFIED: _ClassVar[ScheduleCatchUp]
+    SCHEDULE_CATCH_UP_SKIP: _ClassVar[ScheduleCatchUp]
+    SCHEDULE_CATCH_UP_LATEST: _ClassVar[ScheduleCatchUp]
+    SCHEDULE_CATCH_UP_ALL: _ClassVar[ScheduleCatchUp]
 TASK_STATUS_UNSPECIFIED: TaskStatus
 TASK_STATUS_QUEUED: TaskStatus
 TASK_STATUS_SCHEDULED: TaskStatus
@@ -69,6 +76,10 @@ EVENT_TYPE_WORKER_STALE: EventType
 EVENT_TYPE_CONFIGURATION_CHANGED: EventType
 EVENT_TYPE_TASK_EXPIRED: EventType
 EVENT_TYPE_TASK_DUPLICATE_ABSORBED: EventType
+SCHEDULE_CATCH_UP_UNSPECIFIED: ScheduleCatchUp
+SCHEDULE_CATCH_UP_SKIP: ScheduleCatchUp
+SCHEDULE_CATCH_UP_LATEST: ScheduleCatchUp
+SCHEDULE_CATCH_UP_ALL: ScheduleCatchUp
 
 class RetryPolicy(_message.Message):
     __slots__ = ("backoff_base_ms", "backoff_cap_ms")
@@ -816,3 +827,187 @@ class SubscribeResponse(_message.Message):
     metadata: _containers.ScalarMap[str, str]
     dropped: int
     def __init__(self, event_id: _Optional[str] = ..., ts: _Optional[str] = ..., type: _Optional[_Union[EventType, str]] = ..., task_id: _Optional[str] = ..., queue: _Optional[str] = ..., task_type: _Optional[str] = ..., attempt: _Optional[int] = ..., worker_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., dropped: _Optional[int] = ...) -> None: ...
+
+class Schedule(_message.Message):
+    __slots__ = ("name", "cron", "timezone", "interval_ms", "task", "catch_up", "catch_up_max_fires", "catch_up_max_age_ms", "paused")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CRON_FIELD_NUMBER: _ClassVar[int]
+    TIMEZONE_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_MAX_FIRES_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_MAX_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    cron: str
+    timezone: str
+    interval_ms: int
+    task: EnqueueRequest
+    catch_up: ScheduleCatchUp
+    catch_up_max_fires: int
+    catch_up_max_age_ms: int
+    paused: bool
+    def __init__(self, name: _Optional[str] = ..., cron: _Optional[str] = ..., timezone: _Optional[str] = ..., interval_ms: _Optional[int] = ..., task: _Optional[_Union[EnqueueRequest, _Mapping]] = ..., catch_up: _Optional[_Union[ScheduleCatchUp, str]] = ..., catch_up_max_fires: _Optional[int] = ..., catch_up_max_age_ms: _Optional[int] = ..., paused: _Optional[bool] = ...) -> None: ...
+
+class ScheduleInfo(_message.Message):
+    __slots__ = ("schedule", "next_fire_ms", "last_fire_ms", "last_task_id", "fires_total", "created_at_ms")
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIRE_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIRE_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    schedule: Schedule
+    next_fire_ms: int
+    last_fire_ms: int
+    last_task_id: str
+    fires_total: int
+    created_at_ms: int
+    def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., next_fire_ms: _Optional[int] = ..., last_fire_ms: _Optional[int] = ..., last_task_id: _Optional[str] = ..., fires_total: _Optional[int] = ..., created_at_ms: _Optional[int] = ...) -> None: ...
+
+class CreateScheduleRequest(_message.Message):
+    __slots__ = ("schedule", "replace")
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
+    schedule: Schedule
+    replace: bool
+    def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., replace: _Optional[bool] = ...) -> None: ...
+
+class CreateScheduleResponse(_message.Message):
+    __slots__ = ("schedule", "created")
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    schedule: ScheduleInfo
+    created: bool
+    def __init__(self, schedule: _Optional[_Union[ScheduleInfo, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class GetScheduleRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ListSchedulesRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListSchedulesResponse(_message.Message):
+    __slots__ = ("schedules", "next_page_token")
+    SCHEDULES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    schedules: _containers.RepeatedCompositeFieldContainer[ScheduleInfo]
+    next_page_token: str
+    def __init__(self, schedules: _Optional[_Iterable[_Union[ScheduleInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class PauseScheduleRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ResumeScheduleRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class GetScheduleResponse(_message.Message):
+    __slots__ = ("schedule",)
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    schedule: ScheduleInfo
+    def __init__(self, schedule: _Optional[_Union[ScheduleInfo, _Mapping]] = ...) -> None: ...
+
+class PauseScheduleResponse(_message.Message):
+    __slots__ = ("schedule",)
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    schedule: ScheduleInfo
+    def __init__(self, schedule: _Optional[_Union[ScheduleInfo, _Mapping]] = ...) -> None: ...
+
+class ResumeScheduleResponse(_message.Message):
+    __slots__ = ("schedule",)
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    schedule: ScheduleInfo
+    def __init__(self, schedule: _Optional[_Union[ScheduleInfo, _Mapping]] = ...) -> None: ...
+
+class TriggerScheduleRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class TriggerScheduleResponse(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class DeleteScheduleRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteScheduleResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
+
+class RateLimit(_message.Message):
+    __slots__ = ("queue", "task_type", "limit", "period_ms", "burst", "tokens")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_MS_FIELD_NUMBER: _ClassVar[int]
+    BURST_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    task_type: str
+    limit: int
+    period_ms: int
+    burst: int
+    tokens: float
+    def __init__(self, queue: _Optional[str] = ..., task_type: _Optional[str] = ..., limit: _Optional[int] = ..., period_ms: _Optional[int] = ..., burst: _Optional[int] = ..., tokens: _Optional[float] = ...) -> None: ...
+
+class SetRateLimitRequest(_message.Message):
+    __slots__ = ("rate_limit",)
+    RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    rate_limit: RateLimit
+    def __init__(self, rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ...) -> None: ...
+
+class SetRateLimitResponse(_message.Message):
+    __slots__ = ("created",)
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    created: bool
+    def __init__(self, created: _Optional[bool] = ...) -> None: ...
+
+class DeleteRateLimitRequest(_message.Message):
+    __slots__ = ("queue", "task_type")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    task_type: str
+    def __init__(self, queue: _Optional[str] = ..., task_type: _Optional[str] = ...) -> None: ...
+
+class DeleteRateLimitResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
+
+class ListRateLimitsRequest(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    def __init__(self, queue: _Optional[str] = ...) -> None: ...
+
+class ListRateLimitsResponse(_message.Message):
+    __slots__ = ("rate_limits",)
+    RATE_LIMITS_FIELD_NUMBER: _ClassVar[int]
+    rate_limits: _containers.RepeatedCompositeFieldContainer[RateLimit]
+    def __init__(self, rate_limits: _Optional[_Iterable[_Union[RateLimit, _Mapping]]] = ...) -> None: ...

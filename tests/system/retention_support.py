@@ -41,6 +41,7 @@ _PLACEHOLDERS = {
     "<0-9>": "[0-9]",
     "<sha256(key)>": "[0-9a-f]{64}",
     "<tag>": "[0-9a-f]{16}",
+    "<name>": _body(keys.SCHEDULE_RE),
 }
 #: ``<id>`` names a worker in the worker row and a task everywhere else.
 _WORKER_ID = _body(keys.WORKER_ID_RE)
@@ -66,6 +67,10 @@ FAMILY_EXAMPLES = {
     "scheduler-lock": keys.SCHEDULER_LOCK,
     "busy-queues": keys.BUSY_QUEUES,
     "events-channel": keys.EVENTS_CHANNEL,
+    "schedule": keys.schedule("s-1"),
+    "schedule-registry": keys.SCHEDULES,
+    "rate-limit": keys.rate_limit("q-1"),
+    "rate-limited-queues": keys.RATE_LIMITED_QUEUES,
 }
 #: Statuses after which nothing happens to a task on its own.
 TERMINAL = {pb.TASK_STATUS_SUCCEEDED, pb.TASK_STATUS_DEAD_LETTERED,
