@@ -7,6 +7,7 @@ go out as one pipeline, so a batch of acks costs one Redis round trip.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,22 @@ class ItemOutcome:
     lease: Lease | None = None
     started_at_ms: int = 0
     finished_at_ms: int = 0
+    #: Follow-up work the script reported: 'c' a chain step is owed, 'g' a group member
+    #: ended (terminal outcomes only), 'cg' both, '' none.
+    follow: str = ""
+
+
+#: Longest progress message stored, in bytes of UTF-8.
+MAX_PROGRESS_MESSAGE_BYTES = 256
+
+
+def _progress(report: dtq_pb2.TaskProgress | None) -> tuple[str, str]:
+    """heartbeat.lua's (percent, message) ARGV for a progress report: percent clamped
+    to 0..100 with two decimals, ('', '') without a usable report (none, or NaN)."""
+    if report is None or math.isnan(report.percent):
+        return "", ""
+    percent = min(100.0, max(0.0, report.percent))
+    return format(round(percent, 2), "g"), cut_utf8(report.message, MAX_PROGRESS_MESSAGE_BYTES)
 
 
 def _idem_key(lease: Lease) -> str:
@@ -62,6 +79,9 @@ class Completion:
         self.redis = redis
         self.settings = settings
         self.on_done = on_done
+        #: Called with each finished outcome whose ``follow`` is set (chain step owed,
+        #: group member ended); the gateway wires followups.FollowUps.after_outcome.
+        self.on_follow: Callable[[ItemOutcome], None] = lambda o: None
 
     def _decode(self, lease_ids: Sequence[str]) -> list[ItemOutcome]:
         out = []
@@ -94,7 +114,7 @@ class Completion:
                 le = oc.lease
                 result = it.result[: s.result_max_bytes]
                 keys_ += (le.stream, keys.task(le.task_id), keys.result(le.task_id),
-                          _idem_key(le))
+                          _idem_key(le), keys.chain_pending(le.queue))
                 args += (le.entry_id, le.attempt, le.worker_id, le.task_id, result,
                          "1" if len(it.result) > len(result) else "0", le.tag)
             calls.append((keys_, args))
@@ -154,7 +174,11 @@ class Completion:
             oc.status = _KIND_STATUS[kind]
             oc.started_at_ms = int(reply[2] if kind != "ok" else reply[1])
             oc.finished_at_ms = int(reply[3]) if kind == "ok" else 0
+            if len(reply) > 4 and kind in ("ok", "dead", "cancelled"):
+                oc.follow = _s(reply[4])
             self.on_done(oc.lease.worker_id, oc.lease.queue, oc)
+            if oc.follow:
+                self.on_follow(oc)
 
     async def heartbeat(self, req: dtq_pb2.HeartbeatRequest) -> tuple[list[str], list[str]]:
         """Extend the worker's leases; returns (lost lease ids, cancelled lease ids).
@@ -162,6 +186,7 @@ class Completion:
         Malformed lease ids and leases of another worker are reported lost.
         """
         s = self.settings
+        progress = {p.lease_id: p for p in req.progress}
         pipe = self.redis.pipeline(transaction=False)
         self.queue_worker_beat(pipe, req.worker_id, req.hostname,
                                "draining" if req.draining else "", req.active_tasks,
@@ -176,9 +201,11 @@ class Completion:
             if le.worker_id != req.worker_id:
                 lost.append(lid)
                 continue
+            percent, message = _progress(progress.get(lid))
             HEARTBEAT.queue(pipe, [le.stream, keys.task(le.task_id)],
                             Script.argv(keys.GROUP, le.entry_id, le.attempt, le.worker_id,
-                                        s.lease_grace_ms, le.tag))
+                                        s.lease_grace_ms, le.tag, percent, message,
+                                        le.task_id))
             checked.append(lid)
         replies = await execute(self.redis, pipe)
         if isinstance(replies[0], Exception):  # the worker record was not refreshed

@@ -27,7 +27,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from dtq_gateway import keys, metrics, observe
+from dtq_gateway import keys, metrics, observe, tracing
 from dtq_gateway.groups import Groups
 from dtq_gateway.leaseid import Lease
 from dtq_gateway.replies import text as _s
@@ -449,6 +449,9 @@ class Dispatcher:
             session.out_since = time.monotonic()
         for task in tasks:
             observe.delivered(task)
+            if task.traceparent:
+                tracing.delivered(task.metadata, {"dtq.task_id": task.task_id,
+                                                  "dtq.worker_id": session.worker_id})
             session.out.put_nowait(task)
         return len(tasks)
 
@@ -464,4 +467,6 @@ class Dispatcher:
             content_type=_s(rep[1] or b""), priority=band, attempt=attempt,
             max_attempts=int(f["max_attempts"]), timeout_ms=int(f["timeout_ms"]),
             idempotency_key=_s(f.get("idempotency_key", b"")), metadata=metadata,
-            created_at_ms=int(rep[3] or 0), leased_at_ms=int(rep[4]))
+            created_at_ms=int(rep[3] or 0), leased_at_ms=int(rep[4]),
+            traceparent=metadata.get("traceparent", ""),
+            tracestate=metadata.get("tracestate", ""))

@@ -203,6 +203,7 @@ class Scheduler:
                                  on_acquired=self._on_acquired)
         self._duties: list[PeriodicDuty] = [self.keeper, self.mover, self.reaper,
                                             self.worker_sweep]
+        self._extra: list[PeriodicDuty] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._run_task: asyncio.Task[None] | None = None
 
@@ -211,7 +212,15 @@ class Scheduler:
         """True while this replica holds the scheduler lock."""
         return self.lock.is_leader
 
+    def add_duty(self, duty: PeriodicDuty) -> None:
+        """Run one more leader duty (call before :meth:`start`); it is woken when this
+        replica becomes leader and stopped with the others."""
+        self._duties.append(duty)
+        self._extra.append(duty)
+
     def _on_acquired(self) -> None:
+        for duty in self._extra:
+            duty.wake()
         self.reaper.leadership_started()
         for duty in (self.mover, self.reaper, self.worker_sweep):
             duty.wake()

@@ -24,6 +24,7 @@ from dtq_gateway.broker import Broker
 from dtq_gateway.broker_servicer import BrokerServicer
 from dtq_gateway.completion import Completion, ItemOutcome
 from dtq_gateway.dispatch import Dispatcher
+from dtq_gateway.followups import FollowUps, FollowUpSweep
 from dtq_gateway.groups import Groups
 from dtq_gateway.metrics import REDIS_MEMORY_FULL
 from dtq_gateway.ops import Operations, server_interceptors
@@ -208,6 +209,10 @@ class Gateway:
         self.ops = Operations(self.redis, settings)
         self.ops.hub.add_listener(self.dispatcher.on_event, self.dispatcher.wants_raw_event)
         self.scheduler = Scheduler(self.redis, settings)
+        self.followups = FollowUps(self.redis, settings, self.broker)
+        self.completion.on_follow = self.followups.after_outcome
+        self.scheduler.add_duty(FollowUpSweep(self.followups, self.scheduler.lock,
+                                              settings.followup_sweep_interval_s))
         self.port = 0
 
     def _on_done(self, worker_id: str, queue: str, outcome: ItemOutcome) -> None:
@@ -225,7 +230,8 @@ class Gateway:
     def _add_services(self) -> None:
         dtq_pb2_grpc.add_BrokerServicer_to_server(BrokerServicer(
             self.settings, self.broker, self.completion, self.dispatcher, self.draining,
-            actor_of=auth.actor_of, request_id_of=request_id_of, admit=self.policy.admit),
+            actor_of=auth.actor_of, request_id_of=request_id_of, admit=self.policy.admit,
+            followups=self.followups),
             self.server)
         self.ops.add_to_server(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -286,6 +292,7 @@ class Gateway:
         await self.ops.stop()  # Subscribe streams end with UNAVAILABLE
         await self.dispatcher.stop()  # Lease streams end with UNAVAILABLE
         await self.server.stop(self.settings.shutdown_grace_s)
+        await self.followups.drain()
         await self.scheduler.stop()
         await self.redis.aclose()
         log.info("stopped", extra={"drain_s": round(time.monotonic() - started, 3)})
