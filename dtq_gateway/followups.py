@@ -187,6 +187,9 @@ class FollowUps:
         self.redis = redis
         self.settings = settings
         self.broker = broker
+        #: The sweep leaves chain steps owed for less than this to the gateway that
+        #: took the Ack (ms).
+        self.sweep_grace_ms = SWEEP_GRACE_MS
         self._tasks: set[asyncio.Task] = set()
 
     # -- producer side --------------------------------------------------------------
@@ -423,7 +426,7 @@ class FollowUps:
 
     async def sweep(self) -> dict[str, int]:
         """One pass over every registered queue: owed chain steps older than
-        ``SWEEP_GRACE_MS`` and groups due for a check. Returns counts."""
+        ``sweep_grace_ms`` and groups due for a check. Returns counts."""
         now_ms = await self._now_ms()
         counts = {"chain_steps": 0, "groups_finished": 0, "errors": 0}
         for raw in await self.redis.smembers(keys.FOLLOWUP_QUEUES):
@@ -431,7 +434,7 @@ class FollowUps:
             if not keys.QUEUE_RE.match(queue):
                 continue
             owed = await self.redis.zrangebyscore(keys.chain_pending(queue), "-inf",
-                                                  now_ms - SWEEP_GRACE_MS, 0, SWEEP_BATCH)
+                                                  now_ms - self.sweep_grace_ms, 0, SWEEP_BATCH)
             for task_id in owed:
                 try:
                     if await self.continue_chain(queue, _s(task_id)):
