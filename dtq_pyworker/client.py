@@ -10,14 +10,17 @@ from typing import Any, Self
 import grpc
 
 from dtq_proto import dtq_pb2
+from dtq_pyworker import _tracing
 from dtq_pyworker._channel import Connection
 from dtq_pyworker._requests import (
     EnqueueResult,
+    GroupResult,
     batch_request,
     batch_results,
     enqueue_request,
     enqueue_result,
     is_terminal,
+    template_request,
 )
 from dtq_pyworker.errors import DtqRpcError
 
@@ -27,6 +30,20 @@ POLL_MAX_S = 0.5
 
 def _next_poll(delay_s: float) -> float:
     return min(POLL_MAX_S, delay_s * 1.5)
+
+
+def _status(task: dtq_pb2.Task | None) -> str:
+    return "missing" if task is None else dtq_pb2.TaskStatus.Name(task.status)
+
+
+def _or_missing(get, missing_ok: bool) -> dtq_pb2.Task | None:
+    """``get()``, or None for NOT_FOUND when ``missing_ok``."""
+    try:
+        return get()
+    except DtqRpcError as exc:
+        if missing_ok and exc.code == grpc.StatusCode.NOT_FOUND:
+            return None
+        raise
 
 
 def _connect(target: str | None, aio: bool, options: list[tuple[str, Any]] | None,
@@ -78,13 +95,37 @@ class Client:
             payload: JSON-encodable value, or bytes sent as-is.
             **options: priority, max_attempts, timeout_ms, idempotency_key, delay_ms,
                 not_before_ms, expires_at_ms, ttl_ms, retry_policy, metadata,
-                content_type (see ``EnqueueRequest``).
+                content_type, traceparent, tracestate (see ``EnqueueRequest``), and
+                ``chain``: steps run one after another once this task succeeded (dicts
+                of these arguments; a step without payload gets the previous result).
 
         Returns:
-            EnqueueResult(task_id, deduplicated, status).
+            EnqueueResult(task_id, deduplicated, status, chain_task_ids).
+
+        With OpenTelemetry installed the call runs in a "dtq.enqueue" PRODUCER span
+        whose context travels with the task to its handler.
         """
         req = enqueue_request(queue, task_type, payload, **options)
-        return enqueue_result(self._call("Enqueue", req))
+        with _tracing.producer_span(req):
+            return enqueue_result(self._call("Enqueue", req))
+
+    def enqueue_group(self, items: Iterable[Mapping[str, Any]],
+                      callback: Mapping[str, Any]) -> GroupResult:
+        """Enqueue tasks as a group whose ``callback`` task runs once all finished.
+
+        Args:
+            items: dicts like :meth:`enqueue_batch`'s (no chains), 1..1000.
+            callback: dict with queue, task_type and options; without a payload the
+                callback receives {"group_id", "members": [{"task_id", "status",
+                "error_class", "error", "result"}...]}.
+
+        Returns:
+            GroupResult(group_id, callback_task_id, per-member results).
+        """
+        req = batch_request(items)
+        req.group_callback.CopyFrom(template_request(callback))
+        resp = self._call("EnqueueBatch", req)
+        return GroupResult(resp.group_id, resp.group_callback_task_id, batch_results(resp))
 
     def enqueue_batch(self, items: Iterable[Mapping[str, Any]]
                       ) -> list[EnqueueResult | DtqRpcError]:
@@ -102,12 +143,15 @@ class Client:
         """Return the stored task record (raises DtqRpcError NOT_FOUND if unknown)."""
         return self._call("GetTask", dtq_pb2.GetTaskRequest(task_id=task_id)).task
 
-    def wait(self, task_id: str, timeout_s: float = 30.0) -> dtq_pb2.Task:
+    def wait(self, task_id: str, timeout_s: float = 30.0, *,
+             missing_ok: bool = False) -> dtq_pb2.Task:
         """Poll GetTask until the task is terminal.
 
         Args:
             task_id: Task to wait for.
             timeout_s: Give up after this many seconds.
+            missing_ok: Keep polling while the task does not exist yet (a chain step or
+                group callback, created once the tasks before it finished).
 
         Returns:
             The task in SUCCEEDED, DEAD_LETTERED, CANCELLED or EXPIRED.
@@ -118,15 +162,28 @@ class Client:
         deadline = time.monotonic() + timeout_s
         delay = POLL_FIRST_S
         while True:
-            task = self.get_task(task_id)
-            if is_terminal(task):
+            task = _or_missing(lambda: self.get_task(task_id), missing_ok)
+            if task is not None and is_terminal(task):
                 return task
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"task {task_id} still {dtq_pb2.TaskStatus.Name(task.status)}"
-                                   f" after {timeout_s}s")
+                raise TimeoutError(f"task {task_id} still {_status(task)} after {timeout_s}s")
             time.sleep(min(delay, remaining))
             delay = _next_poll(delay)
+
+    def wait_chain(self, first: EnqueueResult, timeout_s: float = 30.0) -> dtq_pb2.Task:
+        """Wait for a chain: returns its last task once it succeeded, or the first
+        step that ended otherwise (its chain_state is CHAIN_STATE_BROKEN).
+
+        Raises:
+            TimeoutError: The chain did not end within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        for task_id in (first.task_id, *first.chain_task_ids):
+            task = self.wait(task_id, max(0.0, deadline - time.monotonic()), missing_ok=True)
+            if task.status != dtq_pb2.TASK_STATUS_SUCCEEDED:
+                return task
+        return task
 
     def cancel(self, task_id: str, reason: str = "") -> dtq_pb2.CancelTaskResponse:
         """Cancel a queued, scheduled or running task."""
@@ -169,7 +226,16 @@ class AsyncClient:
                       **options: Any) -> EnqueueResult:
         """Enqueue one task (see :meth:`Client.enqueue`)."""
         req = enqueue_request(queue, task_type, payload, **options)
-        return enqueue_result(await self._call("Enqueue", req))
+        with _tracing.producer_span(req):
+            return enqueue_result(await self._call("Enqueue", req))
+
+    async def enqueue_group(self, items: Iterable[Mapping[str, Any]],
+                            callback: Mapping[str, Any]) -> GroupResult:
+        """Enqueue a group with a callback (see :meth:`Client.enqueue_group`)."""
+        req = batch_request(items)
+        req.group_callback.CopyFrom(template_request(callback))
+        resp = await self._call("EnqueueBatch", req)
+        return GroupResult(resp.group_id, resp.group_callback_task_id, batch_results(resp))
 
     async def enqueue_batch(self, items: Iterable[Mapping[str, Any]]
                             ) -> list[EnqueueResult | DtqRpcError]:
@@ -180,21 +246,36 @@ class AsyncClient:
         """Return the stored task record."""
         return (await self._call("GetTask", dtq_pb2.GetTaskRequest(task_id=task_id))).task
 
-    async def wait(self, task_id: str, timeout_s: float = 30.0) -> dtq_pb2.Task:
+    async def wait(self, task_id: str, timeout_s: float = 30.0, *,
+                   missing_ok: bool = False) -> dtq_pb2.Task:
         """Poll GetTask until the task is terminal (see :meth:`Client.wait`)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         delay = POLL_FIRST_S
         while True:
-            task = await self.get_task(task_id)
-            if is_terminal(task):
+            try:
+                task = await self.get_task(task_id)
+            except DtqRpcError as exc:
+                if not (missing_ok and exc.code == grpc.StatusCode.NOT_FOUND):
+                    raise
+                task = None
+            if task is not None and is_terminal(task):
                 return task
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise TimeoutError(f"task {task_id} still {dtq_pb2.TaskStatus.Name(task.status)}"
-                                   f" after {timeout_s}s")
+                raise TimeoutError(f"task {task_id} still {_status(task)} after {timeout_s}s")
             await asyncio.sleep(min(delay, remaining))
             delay = _next_poll(delay)
+
+    async def wait_chain(self, first: EnqueueResult, timeout_s: float = 30.0) -> dtq_pb2.Task:
+        """Wait for a chain (see :meth:`Client.wait_chain`)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        for task_id in (first.task_id, *first.chain_task_ids):
+            left = max(0.0, deadline - asyncio.get_running_loop().time())
+            task = await self.wait(task_id, left, missing_ok=True)
+            if task.status != dtq_pb2.TASK_STATUS_SUCCEEDED:
+                return task
+        return task
 
     async def cancel(self, task_id: str, reason: str = "") -> dtq_pb2.CancelTaskResponse:
         """Cancel a queued, scheduled or running task."""
