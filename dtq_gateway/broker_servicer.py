@@ -16,7 +16,8 @@ from dtq_gateway.broker import Broker, Enqueued
 from dtq_gateway.completion import Completion, ItemOutcome
 from dtq_gateway.dispatch import Dispatcher
 from dtq_gateway.errors import DtqError, InvalidArgument, Unavailable
-from dtq_gateway.followups import FollowUps, callback_task_id, plan_chain, plan_group
+from dtq_gateway.followup_plan import callback_task_id, plan_chain, plan_group
+from dtq_gateway.followups import FollowUps
 from dtq_gateway.sessions import Session
 from dtq_gateway.settings import Settings
 from dtq_gateway.task_record import STATUS_BY_NAME, task_from_hash

@@ -11,15 +11,8 @@ pending set; the leader's :class:`FollowUpSweep` repeats the step, and the deriv
 plus the idempotency key make the repeat create nothing twice. B's queue may live in
 another Redis Cluster slot than A's: the steps touch one queue's keys each.
 
-**Group** (EnqueueBatchRequest.group_callback): a group record
-``dtq:group:<callback queue>:<group id>`` (in the callback queue's slot) holds the
-callback template, the member ids and one ``m:<task id>`` outcome per finished member.
-Members carry ``group_id``/``group_queue`` in their records. A member's terminal outcome
-is recorded by ``group_member.lua`` (single key, idempotent, counts ``done``) right
-after the Ack/Fail that ended it, and by the sweep for every other way a task ends
-(reaper, expiry, cancel) or when a gateway died in between. When ``done`` reaches
-``total`` the callback is enqueued once: id :func:`callback_task_id`, idempotency key
-``group:<group id>``.
+**Group** (EnqueueBatchRequest.group_callback): see task_groups.py. This module runs
+its part after a member's Ack/Fail and in the sweep.
 
 Record fields: chain members have ``chain_id`` and ``chain_step``; a step with later
 steps has ``chain_next``; ``next_task_id`` once the next step exists; ``chain_error``
@@ -31,11 +24,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import hashlib
 import json
 import logging
-import uuid
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from redis.asyncio import Redis
@@ -43,135 +34,24 @@ from redis.asyncio import Redis
 from dtq_gateway import keys
 from dtq_gateway.broker import Broker, Enqueued
 from dtq_gateway.duty import PeriodicDuty
-from dtq_gateway.errors import DtqError, InvalidArgument
+from dtq_gateway.errors import DtqError
+from dtq_gateway.followup_plan import record_fields, step_task_id
 from dtq_gateway.replies import text as _s
 from dtq_gateway.scripts import Script
 from dtq_gateway.settings import Settings
+from dtq_gateway.task_groups import TaskGroups
 from dtq_gateway.validation import NewTask, validate_enqueue
 from dtq_proto import dtq_pb2
 
 log = logging.getLogger(__name__)
 
 CHAIN_CONTINUED = Script("chain_continued")
-GROUP_MEMBER = Script("group_member")
-#: Most steps after the first task of a chain.
-MAX_CHAIN_STEPS = 32
 #: Metadata key naming the previous step of a chain step.
 PARENT_KEY = "dtq.parent_task_id"
-#: Metadata key naming the group of a group callback.
-GROUP_KEY = "dtq.group_id"
-#: Statuses after which a task never changes again.
-TERMINAL = frozenset({"succeeded", "dead_lettered", "cancelled", "expired"})
-#: A group whose member list was never written (its EnqueueBatch call died) is
-#: abandoned this long after its creation (ms).
-ABANDON_AFTER_MS = 60_000
 #: The sweep leaves chain steps younger than this to the gateway that took the Ack (ms).
 SWEEP_GRACE_MS = 5_000
-#: Longest wait between two checks of an unfinished group by the sweep (ms).
-MAX_GROUP_CHECK_MS = 60_000
 #: Chain steps and groups handled per queue per sweep tick.
 SWEEP_BATCH = 100
-
-
-def step_task_id(previous_task_id: str) -> str:
-    """The task id of the chain step after ``previous_task_id`` (32 hex characters).
-
-    Derived, so every attempt to create the step (the Ack's gateway, the sweep) names
-    the same task, and producers know every step's id at enqueue time.
-    """
-    return hashlib.sha256(f"dtq-chain:{previous_task_id}".encode()).hexdigest()[:32]
-
-
-def callback_task_id(group_id: str) -> str:
-    """The task id of a group's callback (32 hex characters), derived from the group id."""
-    return hashlib.sha256(f"dtq-group:{group_id}".encode()).hexdigest()[:32]
-
-
-def _fields(*pairs: str) -> str:
-    """Extra record fields for enqueue.lua as a flat JSON array."""
-    return json.dumps(list(pairs), separators=(",", ":"))
-
-
-def _check_template(step: dtq_pb2.EnqueueRequest, settings: Settings, prefix: str) -> None:
-    """Refuse a chain step or group callback that cannot become a task."""
-    for name in ("chain",):
-        if getattr(step, name):
-            raise InvalidArgument(f"{prefix}{name}: must be empty here", field=prefix + name)
-    for name in ("idempotency_key", "traceparent", "tracestate"):
-        if getattr(step, name):
-            raise InvalidArgument(f"{prefix}{name}: must be empty here (dtq sets it)",
-                                  field=prefix + name)
-    validate_enqueue(step, settings, prefix=prefix)
-
-
-def plan_chain(req: dtq_pb2.EnqueueRequest, task: NewTask, settings: Settings,
-               prefix: str = "") -> tuple[NewTask, list[str]]:
-    """Validate ``req.chain`` and attach it to ``task`` (the chain's first task).
-
-    Args:
-        req: the Enqueue request (or batch item) that holds the chain.
-        task: the validated first task.
-        settings: gateway settings.
-        prefix: field-name prefix for batch items, e.g. ``"items[3]."``.
-
-    Returns:
-        The task with its chain record fields, and the ids the steps will have.
-
-    Raises:
-        InvalidArgument: too many steps, or a step is malformed (``chain[i].<field>``).
-    """
-    if not req.chain:
-        return task, []
-    if len(req.chain) > MAX_CHAIN_STEPS:
-        raise InvalidArgument(f"{prefix}chain: at most {MAX_CHAIN_STEPS} steps",
-                              field=prefix + "chain")
-    for i, step in enumerate(req.chain):
-        _check_template(step, settings, f"{prefix}chain[{i}].")
-    ids, prev = [], task.task_id
-    for _ in req.chain:
-        prev = step_task_id(prev)
-        ids.append(prev)
-    templates = [base64.b64encode(s.SerializeToString()).decode() for s in req.chain]
-    extra = _fields("chain_id", task.task_id, "chain_step", "0",
-                    "chain_next", json.dumps(templates, separators=(",", ":")))
-    return replace(task, extra_json=extra), ids
-
-
-def plan_group(callback: dtq_pb2.EnqueueRequest, tasks: list[NewTask],
-               settings: Settings) -> tuple[str, list[NewTask]]:
-    """Validate a group callback and mark ``tasks`` as its members.
-
-    Returns:
-        (group id, the member tasks with their group record fields).
-
-    Raises:
-        InvalidArgument: the callback is malformed (``group_callback.<field>``).
-    """
-    _check_template(callback, settings, "group_callback.")
-    group_id = uuid.uuid4().hex
-    extra = _fields("group_id", group_id, "group_queue", callback.queue)
-    return group_id, [replace(t, extra_json=extra) for t in tasks]
-
-
-def _result_entry(result: bytes | None) -> dict[str, Any]:
-    """A member's result for the callback payload: JSON when it is JSON, else base64."""
-    if not result:
-        return {}
-    try:
-        return {"result": json.loads(result)}
-    except (UnicodeDecodeError, ValueError):
-        return {"result_base64": base64.b64encode(result).decode()}
-
-
-@dataclass(frozen=True, slots=True)
-class GroupState:
-    """A group record as read: its members, and the outcomes recorded so far."""
-
-    callback: bytes
-    members: list[str] | None
-    outcomes: dict[str, dict]
-    created_at_ms: int
-    state: str
 
 
 class FollowUps:
@@ -190,6 +70,7 @@ class FollowUps:
         #: The sweep leaves chain steps owed for less than this to the gateway that
         #: took the Ack (ms).
         self.sweep_grace_ms = SWEEP_GRACE_MS
+        self.groups = TaskGroups(redis, settings, broker)
         self._tasks: set[asyncio.Task] = set()
 
     # -- producer side --------------------------------------------------------------
@@ -199,33 +80,8 @@ class FollowUps:
 
     async def create_group(self, group_id: str, callback: dtq_pb2.EnqueueRequest,
                            members: list[NewTask]) -> list[Enqueued | Exception]:
-        """Store the group record, enqueue its members, then write the member list.
-
-        A group whose member list never gets written (this gateway died during the
-        call, which the producer saw fail) is abandoned by the sweep after
-        ``ABANDON_AFTER_MS``. Members refused by the enqueue (QueueFull, a Redis error)
-        count as finished with status "rejected".
-        """
-        queue = callback.queue
-        await self.register_queue(queue)
-        now_ms = await self._now_ms()
-        pipe = self.redis.pipeline(transaction=True)  # one queue's keys: one slot
-        pipe.hset(keys.group(queue, group_id), mapping={
-            "callback": callback.SerializeToString(), "total": len(members), "done": 0,
-            "created_at_ms": now_ms, "state": "open"})
-        pipe.zadd(keys.groups_pending(queue), {group_id: now_ms + SWEEP_GRACE_MS})
-        await pipe.execute()
-        outs = await self.broker.enqueue_many(members)
-        ids = [o.task_id if isinstance(o, Enqueued) else f"rejected-{i}"
-               for i, o in enumerate(outs)]
-        await self.redis.hset(keys.group(queue, group_id), "members",
-                              json.dumps(ids, separators=(",", ":")))
-        for i, o in enumerate(outs):
-            if not isinstance(o, Enqueued):
-                await self._record_member(queue, group_id, ids[i], {
-                    "status": "rejected", "error_class": type(o).__name__, "error": str(o)})
-        await self.check_group(queue, group_id)
-        return outs
+        """Store a group and enqueue its members (:meth:`TaskGroups.create_group`)."""
+        return await self.groups.create_group(group_id, callback, members)
 
     # -- after a lease ended -------------------------------------------------------
     def after_outcome(self, outcome: Any) -> None:
@@ -242,7 +98,7 @@ class FollowUps:
             if "c" in follow:
                 await self.continue_chain(queue, task_id)
             if "g" in follow:
-                await self.member_finished(task_id)
+                await self.groups.member_finished(task_id)
         except Exception as exc:  # noqa: BLE001 - the sweep repeats it
             log.warning("follow-up deferred to the sweep: %r", exc,
                         extra={"task_id": task_id, "queue": queue})
@@ -303,121 +159,11 @@ class FollowUps:
         if len(templates) > 1:
             pairs += ["chain_next", json.dumps(templates[1:], separators=(",", ":"))]
         return replace(step, task_id=next_id, idem_key=idem,
-                       idem_digest=keys.idempotency_digest(idem), extra_json=_fields(*pairs))
+                       idem_digest=keys.idempotency_digest(idem), extra_json=record_fields(*pairs))
 
     async def _continued(self, queue: str, task_id: str, next_id: str, error: str) -> None:
         await CHAIN_CONTINUED(self.redis, [keys.task(task_id), keys.chain_pending(queue)],
                               Script.argv(task_id, next_id, error))
-
-    # -- groups ---------------------------------------------------------------------
-    async def member_finished(self, task_id: str) -> None:
-        """Record a terminal member's outcome in its group; enqueue the callback when it
-        was the last."""
-        f = await self.redis.hmget(keys.task(task_id), "status", "group_id", "group_queue",
-                                   "last_error_class", "last_error")
-        status, group_id, queue = _s(f[0] or b""), _s(f[1] or b""), _s(f[2] or b"")
-        if status not in TERMINAL or not keys.TASK_ID_RE.match(group_id) \
-                or not keys.QUEUE_RE.match(queue):
-            return
-        done, total = await self._record_member(queue, group_id, task_id, _outcome(f))
-        if total and done >= total:
-            await self.check_group(queue, group_id)
-
-    async def _record_member(self, queue: str, group_id: str, task_id: str,
-                             outcome: dict) -> tuple[int, int]:
-        done, total = await GROUP_MEMBER(
-            self.redis, [keys.group(queue, group_id)],
-            Script.argv(task_id, json.dumps(outcome, separators=(",", ":"))))
-        return int(done), int(total)
-
-    async def _read_group(self, queue: str, group_id: str) -> GroupState | None:
-        h = await self.redis.hgetall(keys.group(queue, group_id))
-        if not h:
-            return None
-        members = json.loads(h[b"members"]) if b"members" in h else None
-        outcomes = {_s(k)[2:]: json.loads(v) for k, v in h.items() if k.startswith(b"m:")}
-        return GroupState(h.get(b"callback", b""), members, outcomes,
-                          int(h.get(b"created_at_ms", 0)), _s(h.get(b"state", b"")))
-
-    async def check_group(self, queue: str, group_id: str, now_ms: int = 0) -> bool:
-        """Record every finished member, and enqueue the callback once all finished.
-
-        Returns:
-            True when the group is finished (or gone), False while members still run.
-        """
-        g = await self._read_group(queue, group_id)
-        pending = keys.groups_pending(queue)
-        if g is None or g.state in ("done", "abandoned"):
-            await self.redis.zrem(pending, group_id)
-            return True
-        now_ms = now_ms or await self._now_ms()
-        if g.members is None:
-            if now_ms - g.created_at_ms > ABANDON_AFTER_MS:
-                log.warning("group abandoned: its member list was never written",
-                            extra={"group_id": group_id, "queue": queue})
-                await self._finish_group(queue, group_id, "abandoned", "")
-                return True
-            return False
-        missing = [m for m in g.members if m not in g.outcomes]
-        if missing:
-            pipe = self.redis.pipeline(transaction=False)
-            for m in missing:
-                pipe.hmget(keys.task(m), "status", "group_id", "group_queue",
-                           "last_error_class", "last_error")
-            for m, f in zip(missing, await pipe.execute()):
-                status = _s(f[0] or b"")
-                if status in TERMINAL or not f[0]:
-                    outcome = _outcome(f) if f[0] else {"status": "unknown"}
-                    await self._record_member(queue, group_id, m, outcome)
-                    g.outcomes[m] = outcome
-        if any(m not in g.outcomes for m in g.members):
-            age = max(1, now_ms - g.created_at_ms)
-            await self.redis.zadd(pending, {group_id: now_ms + min(MAX_GROUP_CHECK_MS, age)},
-                                  xx=True)
-            return False
-        await self._enqueue_callback(queue, group_id, g)
-        return True
-
-    async def _enqueue_callback(self, queue: str, group_id: str, g: GroupState) -> None:
-        cb_id = callback_task_id(group_id)
-        if not await self.redis.exists(keys.task(cb_id)):
-            tmpl = dtq_pb2.EnqueueRequest.FromString(g.callback)
-            tmpl.metadata[GROUP_KEY] = group_id
-            if not tmpl.payload:
-                tmpl.payload = await self._callback_payload(group_id, g)
-                tmpl.content_type = "application/json"
-            task = validate_enqueue(tmpl, self.settings)
-            idem = f"group:{group_id}"
-            (out,) = await self.broker.enqueue_many([replace(
-                task, task_id=cb_id, idem_key=idem, idem_digest=keys.idempotency_digest(idem))])
-            if isinstance(out, Exception):
-                raise out
-        await self._finish_group(queue, group_id, "done", cb_id)
-
-    async def _callback_payload(self, group_id: str, g: GroupState) -> bytes:
-        budget = self.settings.max_payload_bytes // 2
-        members = []
-        ok = [m for m in g.members if g.outcomes[m].get("status") == "succeeded"]
-        results = dict(zip(ok, await self.redis.mget([keys.result(m) for m in ok]))) if ok else {}
-        for m in g.members:
-            entry = {"task_id": "" if m.startswith("rejected-") else m, **g.outcomes[m]}
-            res = _result_entry(results.get(m))
-            size = sum(len(str(v)) for v in res.values())
-            if size > budget:
-                entry["result_omitted"] = True
-            else:
-                budget -= size
-                entry.update(res)
-            members.append(entry)
-        return json.dumps({"group_id": group_id, "members": members},
-                          separators=(",", ":")).encode()
-
-    async def _finish_group(self, queue: str, group_id: str, state: str, cb_id: str) -> None:
-        pipe = self.redis.pipeline(transaction=True)  # one queue's keys: one slot
-        pipe.hset(keys.group(queue, group_id), mapping={"state": state, "callback_task_id": cb_id})
-        pipe.expire(keys.group(queue, group_id), self.settings.task_retention_s)
-        pipe.zrem(keys.groups_pending(queue), group_id)
-        await pipe.execute()
 
     # -- sweep ----------------------------------------------------------------------
     async def _now_ms(self) -> int:
@@ -447,7 +193,7 @@ class FollowUps:
                                                  0, SWEEP_BATCH)
             for gid in due:
                 try:
-                    if await self.check_group(queue, _s(gid), now_ms):
+                    if await self.groups.check_group(queue, _s(gid), now_ms):
                         counts["groups_finished"] += 1
                 except Exception as exc:  # noqa: BLE001 - retried next tick
                     counts["errors"] += 1
@@ -456,11 +202,6 @@ class FollowUps:
         return counts
 
 
-def _outcome(f: list) -> dict[str, str]:
-    """A member outcome from HMGET status, group_id, group_queue, error class, error."""
-    return {"status": _s(f[0] or b""), "error_class": _s(f[3] or b""),
-            "error": _s(f[4] or b"")[:1024]}
-
 
 def _json_obj(raw: bytes | None) -> dict:
     try:
@@ -468,6 +209,7 @@ def _json_obj(raw: bytes | None) -> dict:
     except (UnicodeDecodeError, ValueError, binascii.Error):
         return {}
     return value if isinstance(value, dict) else {}
+
 
 
 class FollowUpSweep(PeriodicDuty):

@@ -7,8 +7,9 @@ import json
 import redis.asyncio as aioredis
 
 from dtq_gateway import keys
-from dtq_gateway.followups import CHAIN_CONTINUED, GROUP_MEMBER
+from dtq_gateway.followups import CHAIN_CONTINUED
 from dtq_gateway.scripts import Script
+from dtq_gateway.task_groups import GROUP_MEMBER
 
 GID = "a" * 32
 

@@ -8,7 +8,7 @@ import pytest
 
 from dtq_gateway.completion import _progress
 from dtq_gateway.errors import InvalidArgument
-from dtq_gateway.followups import MAX_CHAIN_STEPS, plan_chain, plan_group, step_task_id
+from dtq_gateway.followup_plan import MAX_CHAIN_STEPS, plan_chain, plan_group, step_task_id
 from dtq_gateway.settings import load
 from dtq_gateway.validation import validate_enqueue
 from dtq_proto import dtq_pb2 as pb
