@@ -1,7 +1,8 @@
 """Optional OpenTelemetry spans and W3C trace context of the gateway.
 
-With the ``otel`` extra installed (``opentelemetry-api``; an SDK configured by the
-operator exports the spans) the gateway records a SERVER span around Enqueue and
+With the ``otel`` extra installed and a tracer provider configured
+(``opentelemetry-sdk``, e.g. through ``opentelemetry-instrument`` and its OTEL_*
+variables) the gateway records a SERVER span around Enqueue and
 EnqueueBatch and a short span when a task is delivered to a worker, each a child of
 the producer's ``traceparent``. Without the packages every function here is a no-op
 and the trace context still travels: the task stores the producer's traceparent and
@@ -20,10 +21,10 @@ log = logging.getLogger(__name__)
 
 try:  # optional dependency: the `otel` extra
     from opentelemetry import trace as _otel
+    from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # pragma: no cover - exercised where the extra is absent
     _otel = None
-    TraceContextTextMapPropagator = None
 
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
@@ -31,8 +32,11 @@ _TRACER_NAME = "dtq_gateway"
 
 
 def enabled() -> bool:
-    """True when the OpenTelemetry API is importable."""
-    return _otel is not None
+    """True when the OpenTelemetry API is importable and a tracer provider (an SDK) is
+    configured. Without one every span would be a no-op: skipping them keeps the
+    Enqueue and delivery paths free of the API's per-call cost."""
+    return _otel is not None and not isinstance(
+        _otel.get_tracer_provider(), ProxyTracerProvider | NoOpTracerProvider)
 
 
 def call_trace(context: Any) -> tuple[str, str]:
@@ -65,7 +69,7 @@ def span(name: str, traceparent: str = "", tracestate: str = "", kind: str = "SE
         kind: an ``opentelemetry.trace.SpanKind`` name.
         attributes: span attributes (str/int/float/bool values).
     """
-    if _otel is None:
+    if not enabled():
         yield
         return
     tracer = _otel.get_tracer(_TRACER_NAME)
@@ -77,7 +81,7 @@ def span(name: str, traceparent: str = "", tracestate: str = "", kind: str = "SE
 
 def delivered(metadata: Mapping[str, str], attributes: Mapping[str, Any]) -> None:
     """Record the delivery of a task that carries a traceparent as a short span."""
-    if _otel is None or TRACEPARENT not in metadata:
+    if TRACEPARENT not in metadata or not enabled():
         return
     try:
         with span("dtq.gateway.deliver", metadata[TRACEPARENT], metadata.get(TRACESTATE, ""),

@@ -1,6 +1,7 @@
 """Optional OpenTelemetry spans and W3C trace context of the worker and clients.
 
-With ``opentelemetry-api`` installed (the ``otel`` extra) a client's enqueue runs in a
+With ``opentelemetry-api`` installed (the ``otel`` extra) and a tracer provider
+configured (``opentelemetry-sdk``, set up by the application) a client's enqueue runs in a
 PRODUCER span "dtq.enqueue" whose context travels in EnqueueRequest.traceparent, and a
 handler runs in a CONSUMER span "dtq.handle <task_type>", child of the task's
 LeasedTask.traceparent. Without the package nothing is recorded and nothing is
@@ -15,7 +16,7 @@ from typing import Any
 
 try:  # optional dependency: the `otel` extra
     from opentelemetry import trace as _otel
-    from opentelemetry.trace import Status, StatusCode
+    from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Status, StatusCode
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # pragma: no cover - exercised where the extra is absent
     _otel = None
@@ -24,15 +25,18 @@ _TRACER = "dtq_pyworker"
 
 
 def enabled() -> bool:
-    """True when the OpenTelemetry API is importable."""
-    return _otel is not None
+    """True when the OpenTelemetry API is importable and a tracer provider (an SDK) is
+    configured; without one every span would be a no-op, so none is started (a
+    handler's per-task cost stays as without the package)."""
+    return _otel is not None and not isinstance(
+        _otel.get_tracer_provider(), ProxyTracerProvider | NoOpTracerProvider)
 
 
 @contextlib.contextmanager
 def producer_span(req: Any) -> Iterator[None]:
     """Run an enqueue in a PRODUCER span and put its context into ``req`` (an
     EnqueueRequest) unless the caller set ``req.traceparent`` already."""
-    if _otel is None or req.traceparent:
+    if req.traceparent or not enabled():
         yield
         return
     tracer = _otel.get_tracer(_TRACER)
@@ -50,7 +54,7 @@ def producer_span(req: Any) -> Iterator[None]:
 def handler_span(task: Any) -> Iterator[Any]:
     """Run a handler in a CONSUMER span, child of the task's traceparent; yields the span
     (None without OpenTelemetry)."""
-    if _otel is None:
+    if not enabled():
         yield None
         return
     parent = None

@@ -75,18 +75,24 @@ async def test_chain_and_group_with_the_client(gateway):
 
 @pytest.fixture
 def spans():
-    """An in-memory span exporter on the global tracer provider."""
+    """An in-memory span exporter on an SDK tracer provider, installed globally for the
+    test only (the global provider can be set once per process: it is set once, and
+    the test's processor is detached again, so other tests trace nothing)."""
     trace = pytest.importorskip("opentelemetry.trace")
-    from opentelemetry.sdk.trace import TracerProvider
+    sdk = pytest.importorskip("opentelemetry.sdk.trace")
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     exporter = InMemorySpanExporter()
-    if not isinstance(trace.get_tracer_provider(), TracerProvider):
-        trace.set_tracer_provider(TracerProvider())
-    trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(exporter))
-    yield exporter
-    exporter.shutdown()
+    provider = sdk.TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    previous = trace._TRACER_PROVIDER  # the API has no public reset: tests restore it
+    trace._TRACER_PROVIDER = provider
+    try:
+        yield exporter
+    finally:
+        trace._TRACER_PROVIDER = previous
+        provider.shutdown()
 
 
 async def test_one_trace_spans_producer_gateway_and_worker(gateway, spans):
