@@ -81,8 +81,8 @@ def plan_chain(req: dtq_pb2.EnqueueRequest, task: NewTask, settings: Settings,
         prev = step_task_id(prev)
         ids.append(prev)
     templates = [base64.b64encode(s.SerializeToString()).decode() for s in req.chain]
-    extra = record_fields("chain_id", task.task_id, "chain_step", "0",
-                    "chain_next", json.dumps(templates, separators=(",", ":")))
+    extra = record_fields("follow", "c", "chain_id", task.task_id, "chain_step", "0",
+                          "chain_next", json.dumps(templates, separators=(",", ":")))
     return replace(task, extra_json=extra), ids
 
 
@@ -98,6 +98,6 @@ def plan_group(callback: dtq_pb2.EnqueueRequest, tasks: list[NewTask],
     """
     _check_template(callback, settings, "group_callback.")
     group_id = uuid.uuid4().hex
-    extra = record_fields("group_id", group_id, "group_queue", callback.queue)
+    extra = record_fields("follow", "g", "group_id", group_id, "group_queue", callback.queue)
     return group_id, [replace(t, extra_json=extra) for t in tasks]
 

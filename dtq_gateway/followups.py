@@ -14,8 +14,9 @@ another Redis Cluster slot than A's: the steps touch one queue's keys each.
 **Group** (EnqueueBatchRequest.group_callback): see task_groups.py. This module runs
 its part after a member's Ack/Fail and in the sweep.
 
-Record fields: chain members have ``chain_id`` and ``chain_step``; a step with later
-steps has ``chain_next``; ``next_task_id`` once the next step exists; ``chain_error``
+Record fields: ``follow`` ('c' a chain step follows, 'g' a group member: the one field
+ack.lua and fail.lua read); chain members have ``chain_id`` and ``chain_step``; a step
+with later steps has ``chain_next``; ``next_task_id`` once the next step exists; ``chain_error``
 when a step could not be built. Group members have ``group_id`` and ``group_queue``.
 """
 
@@ -157,7 +158,8 @@ class FollowUps:
         pairs = ["chain_id", _s(f[2] or task_id.encode()),
                  "chain_step", str(int(_s(f[3] or b"0")) + 1)]
         if len(templates) > 1:
-            pairs += ["chain_next", json.dumps(templates[1:], separators=(",", ":"))]
+            pairs = ["follow", "c", *pairs,
+                     "chain_next", json.dumps(templates[1:], separators=(",", ":"))]
         return replace(step, task_id=next_id, idem_key=idem,
                        idem_digest=keys.idempotency_digest(idem), extra_json=record_fields(*pairs))
 

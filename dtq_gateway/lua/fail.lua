@@ -18,7 +18,7 @@ local group, id, attempt, worker, task_id = ARGV[3], ARGV[4], tonumber(ARGV[5]),
 local mode, err, err_class = ARGV[8], ARGV[12], ARGV[13]
 local h, status = current_lease(task_key, id, worker, attempt, ARGV[17],
   {'started_at_ms', 'max_attempts', 'backoff_base_ms', 'backoff_cap_ms', 'cancel_requested',
-   'task_type', 'group_id'})
+   'task_type', 'follow'})
 if not h then
   if finished_by(task_key, id, 'fail', attempt, worker) then return {'dup', status} end
   return {'stale', status or 'missing'}
@@ -35,7 +35,7 @@ local function finish(kind, new_status, extra)
   if new_status == 'scheduled' or new_status == 'queued' then keep_live(task_key, now)
   else retire(task_key, now, retention) end
   local member = ''
-  if h[14] and h[14] ~= '' then member = 'g' end
+  if h[14] and string.find(h[14], 'g', 1, true) then member = 'g' end
   return {kind, new_status, started, extra or 0, member}
 end
 

@@ -26,8 +26,8 @@ def test_chain_ids_are_derived_and_the_steps_stored():
     task, ids = plan_chain(r, validate_enqueue(r, SETTINGS), SETTINGS)
     assert ids == [step_task_id(task.task_id), step_task_id(step_task_id(task.task_id))]
     fields = json.loads(task.extra_json)
-    assert fields[:4] == ["chain_id", task.task_id, "chain_step", "0"]
-    assert len(json.loads(fields[5])) == 2
+    assert fields[:6] == ["follow", "c", "chain_id", task.task_id, "chain_step", "0"]
+    assert len(json.loads(fields[7])) == 2
 
 
 @pytest.mark.parametrize(("step", "field"), [
@@ -52,7 +52,8 @@ def test_chain_length_is_bounded():
 def test_group_members_carry_the_group():
     members = [validate_enqueue(req(), SETTINGS) for _ in range(2)]
     group_id, planned = plan_group(req(queue="cb"), members, SETTINGS)
-    assert json.loads(planned[1].extra_json) == ["group_id", group_id, "group_queue", "cb"]
+    assert json.loads(planned[1].extra_json) == ["follow", "g", "group_id", group_id,
+                                                 "group_queue", "cb"]
 
 
 def test_trace_context_from_the_field_or_the_call():
