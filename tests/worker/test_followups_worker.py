@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from dtq_proto import dtq_pb2
-from dtq_pyworker import AsyncClient, Worker
+from dtq_pyworker import AsyncClient, PermanentError, Worker
 from tests.worker.helpers import running
 
 
@@ -121,3 +121,17 @@ async def test_one_trace_spans_producer_gateway_and_worker(gateway, spans):
     assert by_name["dtq.gateway.enqueue"].parent.span_id == producer.context.span_id
     assert by_name["dtq.handle traced"].parent.span_id == producer.context.span_id
     assert by_name["dtq.handle traced"].kind == trace.SpanKind.CONSUMER
+
+
+async def test_wait_chain_returns_the_step_that_broke_it(gateway):
+    worker = _worker(gateway)
+
+    @worker.task("bad")
+    def bad(payload, ctx):
+        raise PermanentError("no")
+
+    async with AsyncClient(f"127.0.0.1:{gateway.port}") as client, running(worker):
+        first = await client.enqueue("fq", "bad", {}, chain=[{"queue": "fq", "task_type": "bad"}])
+        broken = await client.wait_chain(first, 10)
+    assert (broken.task_id, broken.status) == (first.task_id, dtq_pb2.TASK_STATUS_DEAD_LETTERED)
+    assert broken.chain_state == dtq_pb2.CHAIN_STATE_BROKEN
