@@ -107,7 +107,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
                 if not 1 <= len(request.items) <= MAX_BATCH:
                     raise InvalidArgument(f"items: 1..{MAX_BATCH} items required",
                                           field="items")
-                results, valid, where = self._validate_batch(request, trace)
+                results, valid, where, chains = self._validate_batch(request, trace)
                 if request.HasField("group_callback"):
                     group_id, valid = plan_group(request.group_callback, valid, self.settings)
                     outs = await self._followups("group_callback").create_group(
@@ -122,34 +122,36 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
             if isinstance(out, Enqueued):
                 results[i] = dtq_pb2.EnqueueBatchResult(
                     task_id=out.task_id, deduplicated=out.deduplicated,
-                    status=status_enum(out.status))
+                    status=status_enum(out.status),
+                    chain_task_ids=[] if out.deduplicated else chains.get(i, []))
             else:
                 results[i] = dtq_pb2.EnqueueBatchResult(error=grpc_errors.item_error(out))
         return dtq_pb2.EnqueueBatchResponse(
             results=results, group_id=group_id,
             group_callback_task_id=callback_task_id(group_id) if group_id else "")
 
-    def _validate_batch(self, request, trace: tuple[str, str]) -> tuple[list, list, list[int]]:
+    def _validate_batch(self, request, trace: tuple[str, str]
+                        ) -> tuple[list, list, list[int], dict[int, list[str]]]:
         """Validate every item: (results with the refused items' errors filled in,
-        valid tasks, their indices). With a group callback any refused item refuses
-        the call (a group must be exactly the items sent)."""
+        valid tasks, their indices, chain step ids by index). With a group callback
+        any refused item refuses the call (a group must be exactly the items sent)."""
         grouped = request.HasField("group_callback")
         results: list = [None] * len(request.items)
-        valid, where = [], []
+        valid, where, chains = [], [], {}
         for i, item in enumerate(request.items):
             try:
                 if grouped and item.chain:
                     raise InvalidArgument(f"items[{i}].chain: not allowed in a group",
                                           field=f"items[{i}].chain")
                 task = validate_enqueue(item, self.settings, prefix=f"items[{i}].", trace=trace)
-                task, _ = plan_chain(item, task, self.settings, prefix=f"items[{i}].")
+                task, chains[i] = plan_chain(item, task, self.settings, prefix=f"items[{i}].")
                 valid.append(task)
                 where.append(i)
             except DtqError as exc:
                 if grouped:
                     raise
                 results[i] = dtq_pb2.EnqueueBatchResult(error=grpc_errors.item_error(exc))
-        return results, valid, where
+        return results, valid, where, chains
 
     def _session(self, request: dtq_pb2.LeaseRequest) -> Session:
         check_worker_id(request.worker_id)

@@ -169,16 +169,18 @@ class EnqueueBatchResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[EnqueueBatchResult, _Mapping]]] = ..., group_id: _Optional[str] = ..., group_callback_task_id: _Optional[str] = ...) -> None: ...
 
 class EnqueueBatchResult(_message.Message):
-    __slots__ = ("task_id", "deduplicated", "status", "error")
+    __slots__ = ("task_id", "deduplicated", "status", "error", "chain_task_ids")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     deduplicated: bool
     status: TaskStatus
     error: ItemError
-    def __init__(self, task_id: _Optional[str] = ..., deduplicated: _Optional[bool] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., error: _Optional[_Union[ItemError, _Mapping]] = ...) -> None: ...
+    chain_task_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, task_id: _Optional[str] = ..., deduplicated: _Optional[bool] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., error: _Optional[_Union[ItemError, _Mapping]] = ..., chain_task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ItemError(_message.Message):
     __slots__ = ("code", "reason", "message", "field")

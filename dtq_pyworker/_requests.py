@@ -142,7 +142,8 @@ def batch_results(resp: dtq_pb2.EnqueueBatchResponse) -> list[EnqueueResult | Dt
         if r.HasField("error") and r.error.code != 0:
             out.append(DtqRpcError.from_item_error(r.error))
         else:
-            out.append(EnqueueResult(r.task_id, r.deduplicated, r.status))
+            out.append(EnqueueResult(r.task_id, r.deduplicated, r.status,
+                                     tuple(r.chain_task_ids)))
     return out
 
 

@@ -132,6 +132,19 @@ async def test_sweep_creates_a_step_a_dead_gateway_owed(broker_stub, gateway):
     lease.close()
 
 
+async def test_batch_items_may_start_chains(broker_stub):
+    resp = await broker_stub.EnqueueBatch(pb.EnqueueBatchRequest(items=[
+        enq(chain=[enq(task_type="next")]), enq(), enq(chain=[enq(priority=99)])]))
+    first, plain, bad = resp.results
+    assert first.chain_task_ids == [step_task_id(first.task_id)] and not plain.chain_task_ids
+    assert bad.error.field == "items[2].chain[0].priority"
+    lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
+    tasks = {t.task_id: t for t in await lease.take(2)}
+    await ack(broker_stub, tasks[first.task_id])
+    assert (await lease.next()).task_id == first.chain_task_ids[0]
+    lease.close()
+
+
 async def test_chain_step_validation_names_the_field(broker_stub):
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await broker_stub.Enqueue(enq(chain=[enq(priority=12)]))
