@@ -204,14 +204,12 @@ class FollowUps:
         return counts
 
 
-
 def _json_obj(raw: bytes | None) -> dict:
     try:
         value = json.loads(raw or b"{}")
     except (UnicodeDecodeError, ValueError, binascii.Error):
         return {}
     return value if isinstance(value, dict) else {}
-
 
 
 class FollowUpSweep(PeriodicDuty):

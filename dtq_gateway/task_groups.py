@@ -42,6 +42,8 @@ TERMINAL = frozenset({"succeeded", "dead_lettered", "cancelled", "expired"})
 ABANDON_AFTER_MS = 60_000
 #: The sweep's first look at a new group, after its creation (ms).
 FIRST_CHECK_MS = 5_000
+#: Longest error text per member in a callback payload (characters).
+MAX_ERROR_CHARS = 256
 #: Longest wait between two checks of an unfinished group by the sweep (ms).
 MAX_GROUP_CHECK_MS = 60_000
 
@@ -65,7 +67,6 @@ class GroupState:
     outcomes: dict[str, dict]
     created_at_ms: int
     state: str
-
 
 
 class TaskGroups:
@@ -109,9 +110,12 @@ class TaskGroups:
             if not isinstance(o, Enqueued):
                 await self._record_member(queue, group_id, ids[i], {
                     "status": "rejected", "error_class": type(o).__name__, "error": str(o)})
-        await self.check_group(queue, group_id)
+        try:  # every member may already have ended (deduplicated to finished tasks)
+            await self.check_group(queue, group_id)
+        except Exception as exc:  # noqa: BLE001 - the members are stored: the sweep finishes
+            log.warning("group check deferred to the sweep: %r", exc,
+                        extra={"group_id": group_id, "queue": queue})
         return outs
-
 
     async def member_finished(self, task_id: str) -> None:
         """Record a terminal member's outcome in its group; enqueue the callback when it
@@ -187,8 +191,10 @@ class TaskGroups:
             tmpl = dtq_pb2.EnqueueRequest.FromString(g.callback)
             tmpl.metadata[GROUP_KEY] = group_id
             if not tmpl.payload:
-                tmpl.payload = await self._callback_payload(group_id, g)
+                tmpl.payload = await self._callback_payload(group_id, g, with_results=True)
                 tmpl.content_type = "application/json"
+                if len(tmpl.payload) > self.settings.max_payload_bytes:
+                    tmpl.payload = await self._callback_payload(group_id, g, with_results=False)
             task = validate_enqueue(tmpl, self.settings)
             idem = f"group:{group_id}"
             (out,) = await self.broker.enqueue_many([replace(
@@ -197,20 +203,24 @@ class TaskGroups:
                 raise out
         await self._finish_group(queue, group_id, "done", cb_id)
 
-    async def _callback_payload(self, group_id: str, g: GroupState) -> bytes:
-        budget = self.settings.max_payload_bytes // 2
+    async def _callback_payload(self, group_id: str, g: GroupState, with_results: bool) -> bytes:
+        """The callback's JSON payload; results take at most half of
+        DTQ_MAX_PAYLOAD_BYTES (none at all without ``with_results``)."""
+        budget = self.settings.max_payload_bytes // 2 if with_results else 0
         members = []
-        ok = [m for m in g.members if g.outcomes[m].get("status") == "succeeded"]
+        ok = [m for m in g.members if with_results
+              and g.outcomes[m].get("status") == "succeeded"]
         results = dict(zip(ok, await self.redis.mget([keys.result(m) for m in ok]))) if ok else {}
         for m in g.members:
             entry = {"task_id": "" if m.startswith("rejected-") else m, **g.outcomes[m]}
+            entry["error"] = str(entry.get("error", ""))[:MAX_ERROR_CHARS]
             res = _result_entry(results.get(m))
-            size = sum(len(str(v)) for v in res.values())
-            if size > budget:
-                entry["result_omitted"] = True
-            else:
+            size = len(json.dumps(res))
+            if res and size <= budget:
                 budget -= size
                 entry.update(res)
+            elif entry.get("status") == "succeeded" and (res or not with_results):
+                entry["result_omitted"] = True
             members.append(entry)
         return json.dumps({"group_id": group_id, "members": members},
                           separators=(",", ":")).encode()
@@ -221,7 +231,6 @@ class TaskGroups:
         pipe.expire(keys.group(queue, group_id), self.settings.task_retention_s)
         pipe.zrem(keys.groups_pending(queue), group_id)
         await pipe.execute()
-
 
     async def _now_ms(self) -> int:
         sec, usec = await self.redis.time()

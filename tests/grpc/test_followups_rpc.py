@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -200,3 +201,20 @@ async def test_group_with_an_invalid_item_writes_nothing(broker_stub, gateway):
             items=[enq(), enq(queue="bad queue")], group_callback=enq(queue="cb")))
     assert error_field(err.value) == "items[1].queue"
     assert await gateway.redis.zcard("dtq:tasks:recent") == 0
+
+
+async def test_group_callback_payload_leaves_out_results_past_its_budget(broker_stub, gateway):
+    gateway.followups.groups.settings = replace(gateway.settings, max_payload_bytes=1000)
+    resp = await broker_stub.EnqueueBatch(pb.EnqueueBatchRequest(
+        items=[enq(task_type="m"), enq(task_type="m")],
+        group_callback=enq(queue="cb", task_type="summary", payload=b"")))
+    lease = await LeaseStream(broker_stub, "w1", ["q", "cb"]).open()
+    small, big = await lease.take(2)
+    await ack(broker_stub, small, b'"tiny"')
+    await ack(broker_stub, big, json.dumps("x" * 600).encode())
+    cb = await lease.next()
+    assert cb.task_id == resp.group_callback_task_id
+    by_id = {m["task_id"]: m for m in json.loads(cb.payload)["members"]}
+    assert by_id[small.task_id]["result"] == "tiny"
+    assert by_id[big.task_id]["result_omitted"] is True and "result" not in by_id[big.task_id]
+    lease.close()
