@@ -66,7 +66,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
         self.request_id_of = request_id_of or (lambda ctx: "")
         #: Raises a DtqError while new tasks must be refused (an evicting Redis).
         self.admit = admit or (lambda: None)
-        #: Chains and groups; None refuses them (FAILED_PRECONDITION).
+        #: Chains and groups; None refuses them (INVALID_ARGUMENT naming the field).
         self.followups = followups
 
     def _followups(self, field: str) -> FollowUps:
