@@ -69,7 +69,7 @@ class Broker:
             args += (t.task_id, t.queue, t.task_type, t.payload, t.content_type, t.priority,
                      t.max_attempts, t.timeout_ms, t.idem_key, t.idem_digest, t.metadata_json,
                      t.backoff_base_ms, t.backoff_cap_ms, t.delay_ms, t.not_before_ms,
-                     t.expires_at_ms, t.ttl_ms, takeover)
+                     t.expires_at_ms, t.ttl_ms, takeover, t.extra_json)
         return keys_, args
 
     async def enqueue_many(self, tasks: list[NewTask]) -> list[Enqueued | Exception]:

@@ -11,13 +11,15 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 
-from dtq_gateway import grpc_errors
+from dtq_gateway import grpc_errors, tracing
 from dtq_gateway.broker import Broker, Enqueued
 from dtq_gateway.completion import Completion, ItemOutcome
 from dtq_gateway.dispatch import Dispatcher
 from dtq_gateway.errors import DtqError, InvalidArgument, Unavailable
 from dtq_gateway.groups import queue_limit
 from dtq_gateway.leaseid import owner_tag
+from dtq_gateway.followup_plan import callback_task_id, plan_chain, plan_group
+from dtq_gateway.followups import FollowUps
 from dtq_gateway.sessions import Session
 from dtq_gateway.settings import Settings
 from dtq_gateway.task_record import STATUS_BY_NAME, task_from_hash
@@ -59,7 +61,8 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
 
     def __init__(self, settings: Settings, broker: Broker, completion: Completion,
                  dispatcher: Dispatcher, draining: asyncio.Event, actor_of=None,
-                 request_id_of=None, admit=None, identity_of=None) -> None:
+                 request_id_of=None, admit=None, identity_of=None,
+                 followups: FollowUps | None = None) -> None:
         self.settings = settings
         self.broker = broker
         self.completion = completion
@@ -71,43 +74,92 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
         self.identity_of = identity_of or (lambda ctx: "")
         #: Raises a DtqError while new tasks must be refused (an evicting Redis).
         self.admit = admit or (lambda: None)
+        #: Chains and groups; None refuses them (INVALID_ARGUMENT naming the field).
+        self.followups = followups
+
+    def _followups(self, field: str) -> FollowUps:
+        if self.followups is None:
+            raise InvalidArgument(f"{field}: chains and groups are not served here", field=field)
+        return self.followups
 
     async def Enqueue(self, request, context):
-        try:
-            self.admit()
-            task = validate_enqueue(request, self.settings)
-            (out,) = await self.broker.enqueue_many([task])
-            if isinstance(out, Exception):
-                raise out
-        except Exception as exc:  # noqa: BLE001 - mapped to a status in one place
-            await grpc_errors.abort(context, exc)
+        trace = tracing.call_trace(context)
+        with tracing.span("dtq.gateway.enqueue", request.traceparent or trace[0],
+                          request.tracestate if request.traceparent else trace[1],
+                          attributes={"dtq.queue": request.queue,
+                                      "dtq.task_type": request.task_type}):
+            try:
+                self.admit()
+                task = validate_enqueue(request, self.settings, trace=trace)
+                task, chain_ids = plan_chain(request, task, self.settings)
+                if chain_ids:
+                    await self._followups("chain").register_queue(task.queue)
+                (out,) = await self.broker.enqueue_many([task])
+                if isinstance(out, Exception):
+                    raise out
+            except Exception as exc:  # noqa: BLE001 - mapped to a status in one place
+                await grpc_errors.abort(context, exc)
+        if out.deduplicated:
+            chain_ids = []  # the earlier task's chain (if any) is the one that runs
         return dtq_pb2.EnqueueResponse(task_id=out.task_id, deduplicated=out.deduplicated,
-                                       status=status_enum(out.status))
+                                       status=status_enum(out.status),
+                                       chain_task_ids=chain_ids)
 
     async def EnqueueBatch(self, request, context):
-        try:
-            self.admit()
-            if not 1 <= len(request.items) <= MAX_BATCH:
-                raise InvalidArgument(f"items: 1..{MAX_BATCH} items required", field="items")
-            results: list = [None] * len(request.items)
-            valid, where = [], []
-            for i, item in enumerate(request.items):
-                try:
-                    valid.append(validate_enqueue(item, self.settings, prefix=f"items[{i}]."))
-                    where.append(i)
-                except DtqError as exc:
-                    results[i] = dtq_pb2.EnqueueBatchResult(error=grpc_errors.item_error(exc))
-            outs = await self.broker.enqueue_many(valid) if valid else []
-        except Exception as exc:  # noqa: BLE001
-            await grpc_errors.abort(context, exc)
+        trace = tracing.call_trace(context)
+        group_id = ""
+        with tracing.span("dtq.gateway.enqueue_batch", *trace,
+                          attributes={"dtq.items": len(request.items)}):
+            try:
+                self.admit()
+                if not 1 <= len(request.items) <= MAX_BATCH:
+                    raise InvalidArgument(f"items: 1..{MAX_BATCH} items required",
+                                          field="items")
+                results, valid, where, chains = self._validate_batch(request, trace)
+                if request.HasField("group_callback"):
+                    group_id, valid = plan_group(request.group_callback, valid, self.settings)
+                    outs = await self._followups("group_callback").create_group(
+                        group_id, request.group_callback, valid)
+                else:
+                    for q in {t.queue for t in valid if t.extra_json}:  # chain heads
+                        await self._followups("items").register_queue(q)
+                    outs = await self.broker.enqueue_many(valid) if valid else []
+            except Exception as exc:  # noqa: BLE001
+                await grpc_errors.abort(context, exc)
         for i, out in zip(where, outs):
             if isinstance(out, Enqueued):
                 results[i] = dtq_pb2.EnqueueBatchResult(
                     task_id=out.task_id, deduplicated=out.deduplicated,
-                    status=status_enum(out.status))
+                    status=status_enum(out.status),
+                    chain_task_ids=[] if out.deduplicated else chains.get(i, []))
             else:
                 results[i] = dtq_pb2.EnqueueBatchResult(error=grpc_errors.item_error(out))
-        return dtq_pb2.EnqueueBatchResponse(results=results)
+        return dtq_pb2.EnqueueBatchResponse(
+            results=results, group_id=group_id,
+            group_callback_task_id=callback_task_id(group_id) if group_id else "")
+
+    def _validate_batch(self, request, trace: tuple[str, str]
+                        ) -> tuple[list, list, list[int], dict[int, list[str]]]:
+        """Validate every item: (results with the refused items' errors filled in,
+        valid tasks, their indices, chain step ids by index). With a group callback
+        any refused item refuses the call (a group must be exactly the items sent)."""
+        grouped = request.HasField("group_callback")
+        results: list = [None] * len(request.items)
+        valid, where, chains = [], [], {}
+        for i, item in enumerate(request.items):
+            try:
+                if grouped and item.chain:
+                    raise InvalidArgument(f"items[{i}].chain: not allowed in a group",
+                                          field=f"items[{i}].chain")
+                task = validate_enqueue(item, self.settings, prefix=f"items[{i}].", trace=trace)
+                task, chains[i] = plan_chain(item, task, self.settings, prefix=f"items[{i}].")
+                valid.append(task)
+                where.append(i)
+            except DtqError as exc:
+                if grouped:
+                    raise
+                results[i] = dtq_pb2.EnqueueBatchResult(error=grpc_errors.item_error(exc))
+        return results, valid, where, chains
 
     def _session(self, request: dtq_pb2.LeaseRequest, identity: str) -> Session:
         check_worker_id(request.worker_id)
@@ -177,6 +229,8 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
             check_hostname(request.hostname)
             if len(request.lease_ids) > 10000:
                 raise InvalidArgument("lease_ids: at most 10000", field="lease_ids")
+            if len(request.progress) > 10000:
+                raise InvalidArgument("progress: at most 10000", field="progress")
             lost, cancelled = await self.completion.heartbeat(
                 request, caller=self.identity_of(context))
             if request.draining:

@@ -7,6 +7,7 @@ go out as one pipeline, so a batch of acks costs one Redis round trip.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,22 @@ class ItemOutcome:
     lease: Lease | None = None
     started_at_ms: int = 0
     finished_at_ms: int = 0
+    #: Follow-up work the script reported: 'c' a chain step is owed, 'g' a group member
+    #: ended (terminal outcomes only), 'cg' both, '' none.
+    follow: str = ""
+
+
+#: Longest progress message stored, in bytes of UTF-8.
+MAX_PROGRESS_MESSAGE_BYTES = 256
+
+
+def _progress(report: dtq_pb2.TaskProgress | None) -> tuple[str, str]:
+    """heartbeat.lua's (percent, message) ARGV for a progress report: percent clamped
+    to 0..100 with two decimals, ('', '') without a usable report (none, or NaN)."""
+    if report is None or math.isnan(report.percent):
+        return "", ""
+    percent = min(100.0, max(0.0, report.percent))
+    return format(round(percent, 2), "g"), cut_utf8(report.message, MAX_PROGRESS_MESSAGE_BYTES)
 
 
 def _idem_key(lease: Lease) -> str:
@@ -65,6 +82,9 @@ class Completion:
         self.on_done = on_done
         #: verifies lease ids (see leaseid.py)
         self.keyring = keyring or default_keyring()
+        #: Called with each finished outcome whose ``follow`` is set (chain step owed,
+        #: group member ended); the gateway wires followups.FollowUps.after_outcome.
+        self.on_follow: Callable[[ItemOutcome], None] = lambda o: None
 
     async def _decode(self, lease_ids: Sequence[str], caller: str | None) -> list[ItemOutcome]:
         await self.keyring.ensure()
@@ -104,7 +124,7 @@ class Completion:
                 le = oc.lease
                 result = it.result[: s.result_max_bytes]
                 keys_ += (le.stream, keys.task(le.task_id), keys.result(le.task_id),
-                          _idem_key(le))
+                          _idem_key(le), keys.chain_pending(le.queue))
                 args += (le.entry_id, le.attempt, le.worker_id, le.task_id, result,
                          "1" if len(it.result) > len(result) else "0", le.tag)
             calls.append((keys_, args))
@@ -166,7 +186,11 @@ class Completion:
             oc.status = _KIND_STATUS[kind]
             oc.started_at_ms = int(reply[2] if kind != "ok" else reply[1])
             oc.finished_at_ms = int(reply[3]) if kind == "ok" else 0
+            if len(reply) > 4 and kind in ("ok", "dead", "cancelled"):
+                oc.follow = _s(reply[4])
             self.on_done(oc.lease.worker_id, oc.lease.queue, oc)
+            if oc.follow:
+                self.on_follow(oc)
 
     async def heartbeat(self, req: dtq_pb2.HeartbeatRequest,
                         caller: str = "") -> tuple[list[str], list[str]]:
@@ -181,6 +205,7 @@ class Completion:
         """
         s = self.settings
         await self.keyring.ensure()
+        progress = {p.lease_id: p for p in req.progress}
         pipe = self.redis.pipeline(transaction=False)
         self.queue_worker_beat(pipe, req.worker_id, req.hostname,
                                "draining" if req.draining else "", req.active_tasks,
@@ -196,9 +221,11 @@ class Completion:
             if le.worker_id != req.worker_id:
                 lost.append(lid)
                 continue
+            percent, message = _progress(progress.get(lid))
             HEARTBEAT.queue(pipe, [le.stream, keys.task(le.task_id)],
                             Script.argv(keys.GROUP, le.entry_id, le.attempt, le.worker_id,
-                                        s.lease_grace_ms, le.tag))
+                                        s.lease_grace_ms, le.tag, percent, message,
+                                        le.task_id))
             checked.append(lid)
         replies = await execute(self.redis, pipe)
         if isinstance(replies[0], Exception):  # the worker record was not refreshed

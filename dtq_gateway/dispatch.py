@@ -28,7 +28,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from dtq_gateway import keys, metrics, observe, ratelimits
+from dtq_gateway import keys, metrics, observe, ratelimits, tracing
 from dtq_gateway.groups import Groups
 from dtq_gateway.leaseid import Keyring, Lease, default_keyring
 from dtq_gateway.replies import text as _s
@@ -501,6 +501,9 @@ class Dispatcher:
                 continue
             observe.delivered(task)
             self.buffered(session, size)
+            if task.traceparent:
+                tracing.delivered(task.metadata, {"dtq.task_id": task.task_id,
+                                                  "dtq.worker_id": session.worker_id})
             session.out.put_nowait(task)
         if over:
             # the stream has not written what it holds: hand the rest back now (no
@@ -549,4 +552,6 @@ class Dispatcher:
             content_type=_s(rep[1] or b""), priority=band, attempt=attempt,
             max_attempts=int(f["max_attempts"]), timeout_ms=int(f["timeout_ms"]),
             idempotency_key=_s(f.get("idempotency_key", b"")), metadata=metadata,
-            created_at_ms=int(rep[3] or 0), leased_at_ms=int(rep[4]))
+            created_at_ms=int(rep[3] or 0), leased_at_ms=int(rep[4]),
+            traceparent=metadata.get("traceparent", ""),
+            tracestate=metadata.get("tracestate", ""))

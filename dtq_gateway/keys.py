@@ -59,6 +59,11 @@ SCHEDULES = PREFIX + "schedules"
 RATE_LIMITED_QUEUES = PREFIX + "ratelimits"
 #: Schedule names follow the queue-name alphabet (no ':', so keys never collide).
 SCHEDULE_RE = QUEUE_RE
+#: Set of queue names that may hold chain or group follow-up work (the keys of
+#: :func:`chain_pending` and :func:`groups_pending`): the follow-up sweep reads only
+#: these queues. Global, so only ever touched by single-key SADD / SMEMBERS; a name is
+#: added before the first task or group that could need it is stored.
+FOLLOWUP_QUEUES = PREFIX + "followups:queues"
 #: Pub/sub channel (not a key) for lifecycle events.
 EVENTS_CHANNEL = PREFIX + "events"
 
@@ -139,3 +144,19 @@ def schedule(name: str) -> str:
     """A periodic schedule (definition and state): ``dtq:schedule:<name>`` (a hash).
     ``name`` matches :data:`SCHEDULE_RE`."""
     return f"{PREFIX}schedule:{name}"
+def chain_pending(queue: str) -> str:
+    """Sorted set of tasks of ``queue`` that succeeded with a chain step still to create:
+    ``dtq:chains:pending:<queue>`` (member task id, score the ack's Redis time in ms)."""
+    return f"{PREFIX}chains:pending:{queue}"
+
+
+def groups_pending(queue: str) -> str:
+    """Sorted set of unfinished groups whose callback goes to ``queue``:
+    ``dtq:groups:pending:<queue>`` (member group id, score the next check's epoch ms)."""
+    return f"{PREFIX}groups:pending:{queue}"
+
+
+def group(queue: str, group_id: str) -> str:
+    """Group record hash: ``dtq:group:<callback queue>:<group id>`` (group ids are 32 hex
+    characters, queue names cannot contain ':')."""
+    return f"{PREFIX}group:{queue}:{group_id}"

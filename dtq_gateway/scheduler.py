@@ -217,6 +217,7 @@ class Scheduler:
         self.firer = ScheduleFirer(redis, settings, self.lock, broker) if broker else None
         if self.firer is not None:
             self._duties.append(self.firer)
+        self._extra: list[PeriodicDuty] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._run_task: asyncio.Task[None] | None = None
 
@@ -225,7 +226,15 @@ class Scheduler:
         """True while this replica holds the scheduler lock."""
         return self.lock.is_leader
 
+    def add_duty(self, duty: PeriodicDuty) -> None:
+        """Run one more leader duty (call before :meth:`start`); it is woken when this
+        replica becomes leader and stopped with the others."""
+        self._duties.append(duty)
+        self._extra.append(duty)
+
     def _on_acquired(self) -> None:
+        for duty in self._extra:
+            duty.wake()
         self.reaper.leadership_started()
         for duty in self._duties[1:]:
             duty.wake()

@@ -27,6 +27,7 @@ from dtq_gateway.dashboard import Dashboard
 from dtq_gateway.dashboard_api import Backend
 from dtq_gateway.dashboard_rates import RateTracker
 from dtq_gateway.dispatch import Dispatcher
+from dtq_gateway.followups import FollowUps, FollowUpSweep
 from dtq_gateway.groups import Groups
 from dtq_gateway.metrics import REDIS_MEMORY_FULL
 from dtq_gateway.ops import Operations, server_interceptors
@@ -226,6 +227,10 @@ class Gateway:
         self.ops = Operations(self.redis, settings, broker=self.broker)
         self.ops.hub.add_listener(self.dispatcher.on_event, self.dispatcher.wants_raw_event)
         self.scheduler = Scheduler(self.redis, settings, broker=self.broker)
+        self.followups = FollowUps(self.redis, settings, self.broker)
+        self.completion.on_follow = self.followups.after_outcome
+        self.scheduler.add_duty(FollowUpSweep(self.followups, self.scheduler.lock,
+                                              settings.followup_sweep_interval_s))
         self.dashboard = self._dashboard() if settings.dashboard_port else None
         self.port = 0
 
@@ -254,7 +259,7 @@ class Gateway:
         dtq_pb2_grpc.add_BrokerServicer_to_server(BrokerServicer(
             self.settings, self.broker, self.completion, self.dispatcher, self.draining,
             actor_of=auth.actor_of, request_id_of=request_id_of, admit=self.policy.admit,
-            identity_of=auth.caller_identity),
+            identity_of=auth.caller_identity, followups=self.followups),
             self.server)
         self.ops.add_to_server(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -323,6 +328,7 @@ class Gateway:
         await self.ops.stop()  # Subscribe streams end with UNAVAILABLE
         await self.dispatcher.stop()  # Lease streams end with UNAVAILABLE
         await self.server.stop(self.settings.shutdown_grace_s)
+        await self.followups.drain()
         await self.scheduler.stop()
         await self.redis.aclose()
         log.info("stopped", extra={"drain_s": round(time.monotonic() - started, 3)})

@@ -132,6 +132,9 @@ class Settings:
         "at run time health NOT_SERVING and Enqueue FAILED_PRECONDITION); false = warn."))
     eviction_check_interval_s: float = field(default=30.0, metadata=_meta(
         "How often the Redis maxmemory-policy is read again (s)."))
+    followup_sweep_interval_s: float = field(default=2.0, metadata=_meta(
+        "How often the scheduler leader looks for chain steps and group callbacks that a "
+        "gateway did not create right after the Ack/Fail that owed them (s)."))
     embedded_dir: str = field(default=".dtq/redis", metadata=_meta(
         "Data directory of the embedded redis-server (AOF on)."))
     tls_cert: str = field(default="", metadata=_meta("Server certificate PEM path (enables TLS)."))
@@ -187,6 +190,7 @@ _POSITIVE = {
     "grpc_keepalive_time_ms", "grpc_keepalive_timeout_ms", "grpc_min_ping_interval_ms",
     "eviction_check_interval_s", "max_queues", "max_streams_per_peer", "grpc_max_connections",
     "grpc_max_concurrent_streams", "lease_buffer_max_bytes",
+    "followup_sweep_interval_s",
 }
 _NON_NEGATIVE = {"queue_idle_delete_s", "grpc_max_connection_idle_ms", "metrics_port",
                  "dashboard_port", "max_queue_depth", "lease_grace_ms", "shutdown_grace_s"}

@@ -8,6 +8,7 @@ Limits follow proto/dtq.proto.
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -27,6 +28,12 @@ MAX_DELAY_MS = 365 * 86_400_000
 MIN_EPOCH_MS = 1_000_000_000_000
 #: Clock skew allowed between producer and gateway when checking absolute times (ms).
 CLOCK_TOLERANCE_MS = 300_000
+#: W3C traceparent: version-trace id-parent id-flags, lowercase hex (version ff is invalid).
+TRACEPARENT_RE = re.compile(r"^(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}"
+                            r"-[0-9a-f]{2}\Z")
+#: Longest tracestate, in bytes (the W3C limit is 32 members of up to 256 characters;
+#: dtq keeps the first 512 bytes' worth, which every vendor header fits in practice).
+MAX_TRACESTATE_BYTES = 512
 #: Longest audit reason (CancelTask, PauseQueue, ...), in bytes of UTF-8.
 MAX_REASON_BYTES = 1024
 
@@ -52,6 +59,9 @@ class NewTask:
     not_before_ms: int
     expires_at_ms: int
     ttl_ms: int
+    #: Extra record fields as a flat JSON array [name, value, ...] ("" = none): chain
+    #: and group membership, set by followups.py.
+    extra_json: str = ""
 
 
 def check_queue(queue: str, field: str = "queue") -> str:
@@ -194,7 +204,7 @@ def _payload(req: dtq_pb2.EnqueueRequest, settings: Settings, prefix: str) -> st
     return content_type
 
 
-def _metadata(req: dtq_pb2.EnqueueRequest, prefix: str) -> str:
+def _metadata(req: dtq_pb2.EnqueueRequest, prefix: str, trace: tuple[str, str]) -> str:
     field = prefix + "metadata"
     if len(req.metadata) > MAX_METADATA_ENTRIES:
         raise InvalidArgument(f"{field}: at most {MAX_METADATA_ENTRIES} entries", field=field)
@@ -202,7 +212,33 @@ def _metadata(req: dtq_pb2.EnqueueRequest, prefix: str) -> str:
         if not k or len(k.encode()) > 128 or len(v.encode()) > 1024:
             raise InvalidArgument(f"{field}: keys 1..128 bytes, values up to 1024 bytes",
                                   field=field)
-    return json.dumps(dict(req.metadata), separators=(",", ":")) if req.metadata else "{}"
+    traceparent, tracestate = _trace(req, prefix, trace)
+    if not traceparent:
+        return json.dumps(dict(req.metadata), separators=(",", ":")) if req.metadata else "{}"
+    meta = dict(req.metadata, traceparent=traceparent)
+    if tracestate:
+        meta["tracestate"] = tracestate
+    return json.dumps(meta, separators=(",", ":"))
+
+
+def _trace(req: dtq_pb2.EnqueueRequest, prefix: str, trace: tuple[str, str]) -> tuple[str, str]:
+    """The (traceparent, tracestate) to store: the request fields, else the call's
+    metadata. A malformed field is refused; malformed call metadata is ignored (a
+    tracing proxy's header must not fail an enqueue)."""
+    if req.traceparent:
+        if not TRACEPARENT_RE.match(req.traceparent):
+            raise InvalidArgument(f"{prefix}traceparent: not a W3C traceparent "
+                                  "(00-<32 hex>-<16 hex>-<2 hex>)", field=prefix + "traceparent")
+        if len(req.tracestate.encode()) > MAX_TRACESTATE_BYTES:
+            raise InvalidArgument(f"{prefix}tracestate: at most {MAX_TRACESTATE_BYTES} bytes",
+                                  field=prefix + "tracestate")
+        return req.traceparent, req.tracestate
+    if req.tracestate:
+        raise InvalidArgument(f"{prefix}tracestate: needs traceparent",
+                              field=prefix + "tracestate")
+    if trace[0] and TRACEPARENT_RE.match(trace[0]):
+        return trace[0], cut_utf8(trace[1], MAX_TRACESTATE_BYTES)
+    return "", ""
 
 
 def _epoch_ms(value: int, lo_ms: int, hi_ms: int, now_ms: int, field: str) -> None:
@@ -245,7 +281,8 @@ def _timing(req: dtq_pb2.EnqueueRequest, prefix: str, now_ms: int) -> None:
 
 
 def validate_enqueue(req: dtq_pb2.EnqueueRequest, settings: Settings,
-                     prefix: str = "", now_ms: int | None = None) -> NewTask:
+                     prefix: str = "", now_ms: int | None = None,
+                     trace: tuple[str, str] = ("", "")) -> NewTask:
     """Validate one Enqueue request and apply defaults.
 
     Args:
@@ -254,6 +291,8 @@ def validate_enqueue(req: dtq_pb2.EnqueueRequest, settings: Settings,
         prefix: field-name prefix for batch items, e.g. ``"items[3]."``.
         now_ms: the gateway's clock in epoch ms (default: read it), against which
             ``not_before_ms`` and ``expires_at_ms`` are bounded.
+        trace: (traceparent, tracestate) of the call's gRPC metadata, used when the
+            request carries none; stored in the metadata map under those names.
 
     Raises:
         InvalidArgument: a field is malformed (``.field`` names it).
@@ -283,6 +322,6 @@ def validate_enqueue(req: dtq_pb2.EnqueueRequest, settings: Settings,
         payload=req.payload, content_type=content_type, priority=priority,
         max_attempts=max_attempts, timeout_ms=timeout_ms, idem_key=idem,
         idem_digest=keys.idempotency_digest(idem) if idem else "",
-        metadata_json=_metadata(req, prefix), backoff_base_ms=base, backoff_cap_ms=cap,
+        metadata_json=_metadata(req, prefix, trace), backoff_base_ms=base, backoff_cap_ms=cap,
         delay_ms=req.delay_ms, not_before_ms=req.not_before_ms,
         expires_at_ms=req.expires_at_ms, ttl_ms=req.ttl_ms)

@@ -42,6 +42,7 @@ class EventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_TYPE_CONFIGURATION_CHANGED: _ClassVar[EventType]
     EVENT_TYPE_TASK_EXPIRED: _ClassVar[EventType]
     EVENT_TYPE_TASK_DUPLICATE_ABSORBED: _ClassVar[EventType]
+    EVENT_TYPE_TASK_PROGRESS: _ClassVar[EventType]
 
 class ScheduleCatchUp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -49,6 +50,14 @@ class ScheduleCatchUp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SCHEDULE_CATCH_UP_SKIP: _ClassVar[ScheduleCatchUp]
     SCHEDULE_CATCH_UP_LATEST: _ClassVar[ScheduleCatchUp]
     SCHEDULE_CATCH_UP_ALL: _ClassVar[ScheduleCatchUp]
+
+class ChainState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CHAIN_STATE_UNSPECIFIED: _ClassVar[ChainState]
+    CHAIN_STATE_WAITING: _ClassVar[ChainState]
+    CHAIN_STATE_CONTINUING: _ClassVar[ChainState]
+    CHAIN_STATE_CONTINUED: _ClassVar[ChainState]
+    CHAIN_STATE_BROKEN: _ClassVar[ChainState]
 TASK_STATUS_UNSPECIFIED: TaskStatus
 TASK_STATUS_QUEUED: TaskStatus
 TASK_STATUS_SCHEDULED: TaskStatus
@@ -76,10 +85,16 @@ EVENT_TYPE_WORKER_STALE: EventType
 EVENT_TYPE_CONFIGURATION_CHANGED: EventType
 EVENT_TYPE_TASK_EXPIRED: EventType
 EVENT_TYPE_TASK_DUPLICATE_ABSORBED: EventType
+EVENT_TYPE_TASK_PROGRESS: EventType
 SCHEDULE_CATCH_UP_UNSPECIFIED: ScheduleCatchUp
 SCHEDULE_CATCH_UP_SKIP: ScheduleCatchUp
 SCHEDULE_CATCH_UP_LATEST: ScheduleCatchUp
 SCHEDULE_CATCH_UP_ALL: ScheduleCatchUp
+CHAIN_STATE_UNSPECIFIED: ChainState
+CHAIN_STATE_WAITING: ChainState
+CHAIN_STATE_CONTINUING: ChainState
+CHAIN_STATE_CONTINUED: ChainState
+CHAIN_STATE_BROKEN: ChainState
 
 class RetryPolicy(_message.Message):
     __slots__ = ("backoff_base_ms", "backoff_cap_ms")
@@ -90,7 +105,7 @@ class RetryPolicy(_message.Message):
     def __init__(self, backoff_base_ms: _Optional[int] = ..., backoff_cap_ms: _Optional[int] = ...) -> None: ...
 
 class EnqueueRequest(_message.Message):
-    __slots__ = ("queue", "task_type", "payload", "content_type", "priority", "max_attempts", "timeout_ms", "idempotency_key", "delay_ms", "not_before_ms", "expires_at_ms", "ttl_ms", "retry_policy", "metadata")
+    __slots__ = ("queue", "task_type", "payload", "content_type", "priority", "max_attempts", "timeout_ms", "idempotency_key", "delay_ms", "not_before_ms", "expires_at_ms", "ttl_ms", "retry_policy", "metadata", "traceparent", "tracestate", "chain")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +127,9 @@ class EnqueueRequest(_message.Message):
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
     RETRY_POLICY_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    TRACESTATE_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_FIELD_NUMBER: _ClassVar[int]
     queue: str
     task_type: str
     payload: bytes
@@ -126,41 +144,54 @@ class EnqueueRequest(_message.Message):
     ttl_ms: int
     retry_policy: RetryPolicy
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, queue: _Optional[str] = ..., task_type: _Optional[str] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., priority: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., delay_ms: _Optional[int] = ..., not_before_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    traceparent: str
+    tracestate: str
+    chain: _containers.RepeatedCompositeFieldContainer[EnqueueRequest]
+    def __init__(self, queue: _Optional[str] = ..., task_type: _Optional[str] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., priority: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., delay_ms: _Optional[int] = ..., not_before_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., chain: _Optional[_Iterable[_Union[EnqueueRequest, _Mapping]]] = ...) -> None: ...
 
 class EnqueueResponse(_message.Message):
-    __slots__ = ("task_id", "deduplicated", "status")
+    __slots__ = ("task_id", "deduplicated", "status", "chain_task_ids")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     deduplicated: bool
     status: TaskStatus
-    def __init__(self, task_id: _Optional[str] = ..., deduplicated: _Optional[bool] = ..., status: _Optional[_Union[TaskStatus, str]] = ...) -> None: ...
+    chain_task_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, task_id: _Optional[str] = ..., deduplicated: _Optional[bool] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., chain_task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class EnqueueBatchRequest(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "group_callback")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_CALLBACK_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[EnqueueRequest]
-    def __init__(self, items: _Optional[_Iterable[_Union[EnqueueRequest, _Mapping]]] = ...) -> None: ...
+    group_callback: EnqueueRequest
+    def __init__(self, items: _Optional[_Iterable[_Union[EnqueueRequest, _Mapping]]] = ..., group_callback: _Optional[_Union[EnqueueRequest, _Mapping]] = ...) -> None: ...
 
 class EnqueueBatchResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "group_id", "group_callback_task_id")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_CALLBACK_TASK_ID_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[EnqueueBatchResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[EnqueueBatchResult, _Mapping]]] = ...) -> None: ...
+    group_id: str
+    group_callback_task_id: str
+    def __init__(self, results: _Optional[_Iterable[_Union[EnqueueBatchResult, _Mapping]]] = ..., group_id: _Optional[str] = ..., group_callback_task_id: _Optional[str] = ...) -> None: ...
 
 class EnqueueBatchResult(_message.Message):
-    __slots__ = ("task_id", "deduplicated", "status", "error")
+    __slots__ = ("task_id", "deduplicated", "status", "error", "chain_task_ids")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     deduplicated: bool
     status: TaskStatus
     error: ItemError
-    def __init__(self, task_id: _Optional[str] = ..., deduplicated: _Optional[bool] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., error: _Optional[_Union[ItemError, _Mapping]] = ...) -> None: ...
+    chain_task_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, task_id: _Optional[str] = ..., deduplicated: _Optional[bool] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., error: _Optional[_Union[ItemError, _Mapping]] = ..., chain_task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ItemError(_message.Message):
     __slots__ = ("code", "reason", "message", "field")
@@ -228,7 +259,7 @@ class SessionInfo(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., visibility_timeout_ms: _Optional[int] = ..., max_in_flight: _Optional[int] = ..., gateway_id: _Optional[str] = ..., result_max_bytes: _Optional[int] = ..., lease_grace_ms: _Optional[int] = ...) -> None: ...
 
 class LeasedTask(_message.Message):
-    __slots__ = ("lease_id", "task_id", "queue", "task_type", "payload", "content_type", "priority", "attempt", "max_attempts", "timeout_ms", "idempotency_key", "metadata", "created_at_ms", "leased_at_ms")
+    __slots__ = ("lease_id", "task_id", "queue", "task_type", "payload", "content_type", "priority", "attempt", "max_attempts", "timeout_ms", "idempotency_key", "metadata", "created_at_ms", "leased_at_ms", "traceparent", "tracestate")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -250,6 +281,8 @@ class LeasedTask(_message.Message):
     METADATA_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     LEASED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    TRACESTATE_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     task_id: str
     queue: str
@@ -264,7 +297,9 @@ class LeasedTask(_message.Message):
     metadata: _containers.ScalarMap[str, str]
     created_at_ms: int
     leased_at_ms: int
-    def __init__(self, lease_id: _Optional[str] = ..., task_id: _Optional[str] = ..., queue: _Optional[str] = ..., task_type: _Optional[str] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., priority: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., created_at_ms: _Optional[int] = ..., leased_at_ms: _Optional[int] = ...) -> None: ...
+    traceparent: str
+    tracestate: str
+    def __init__(self, lease_id: _Optional[str] = ..., task_id: _Optional[str] = ..., queue: _Optional[str] = ..., task_type: _Optional[str] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., priority: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., created_at_ms: _Optional[int] = ..., leased_at_ms: _Optional[int] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
 
 class WorkerCounters(_message.Message):
     __slots__ = ("tasks_processed", "tasks_failed", "tasks_retried")
@@ -277,7 +312,7 @@ class WorkerCounters(_message.Message):
     def __init__(self, tasks_processed: _Optional[int] = ..., tasks_failed: _Optional[int] = ..., tasks_retried: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "lease_ids", "counters", "active_tasks", "concurrency", "hostname", "draining")
+    __slots__ = ("worker_id", "lease_ids", "counters", "active_tasks", "concurrency", "hostname", "draining", "progress")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
@@ -285,6 +320,7 @@ class HeartbeatRequest(_message.Message):
     CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     lease_ids: _containers.RepeatedScalarFieldContainer[str]
     counters: WorkerCounters
@@ -292,7 +328,8 @@ class HeartbeatRequest(_message.Message):
     concurrency: int
     hostname: str
     draining: bool
-    def __init__(self, worker_id: _Optional[str] = ..., lease_ids: _Optional[_Iterable[str]] = ..., counters: _Optional[_Union[WorkerCounters, _Mapping]] = ..., active_tasks: _Optional[int] = ..., concurrency: _Optional[int] = ..., hostname: _Optional[str] = ..., draining: _Optional[bool] = ...) -> None: ...
+    progress: _containers.RepeatedCompositeFieldContainer[TaskProgress]
+    def __init__(self, worker_id: _Optional[str] = ..., lease_ids: _Optional[_Iterable[str]] = ..., counters: _Optional[_Union[WorkerCounters, _Mapping]] = ..., active_tasks: _Optional[int] = ..., concurrency: _Optional[int] = ..., hostname: _Optional[str] = ..., draining: _Optional[bool] = ..., progress: _Optional[_Iterable[_Union[TaskProgress, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("lost_lease_ids", "cancelled_lease_ids", "heartbeat_interval_ms")
@@ -377,7 +414,7 @@ class GetTaskResponse(_message.Message):
     def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "queue", "task_type", "payload", "content_type", "priority", "status", "attempt", "max_attempts", "timeout_ms", "idempotency_key", "metadata", "created_at_ms", "not_before_ms", "expires_at_ms", "started_at_ms", "finished_at_ms", "worker_id", "last_error", "last_error_class", "result", "result_truncated", "attempts", "cancel_requested", "retry_policy", "updated_at_ms", "due_at_ms")
+    __slots__ = ("task_id", "queue", "task_type", "payload", "content_type", "priority", "status", "attempt", "max_attempts", "timeout_ms", "idempotency_key", "metadata", "created_at_ms", "not_before_ms", "expires_at_ms", "started_at_ms", "finished_at_ms", "worker_id", "last_error", "last_error_class", "result", "result_truncated", "attempts", "cancel_requested", "retry_policy", "updated_at_ms", "due_at_ms", "progress_percent", "progress_message", "progress_at_ms", "chain_id", "chain_step", "next_task_id", "chain_state", "group_id", "traceparent")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -412,6 +449,15 @@ class Task(_message.Message):
     RETRY_POLICY_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     DUE_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_STEP_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_STATE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     queue: str
     task_type: str
@@ -439,7 +485,16 @@ class Task(_message.Message):
     retry_policy: RetryPolicy
     updated_at_ms: int
     due_at_ms: int
-    def __init__(self, task_id: _Optional[str] = ..., queue: _Optional[str] = ..., task_type: _Optional[str] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., priority: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., created_at_ms: _Optional[int] = ..., not_before_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., worker_id: _Optional[str] = ..., last_error: _Optional[str] = ..., last_error_class: _Optional[str] = ..., result: _Optional[bytes] = ..., result_truncated: _Optional[bool] = ..., attempts: _Optional[_Iterable[_Union[AttemptRecord, _Mapping]]] = ..., cancel_requested: _Optional[bool] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., updated_at_ms: _Optional[int] = ..., due_at_ms: _Optional[int] = ...) -> None: ...
+    progress_percent: float
+    progress_message: str
+    progress_at_ms: int
+    chain_id: str
+    chain_step: int
+    next_task_id: str
+    chain_state: ChainState
+    group_id: str
+    traceparent: str
+    def __init__(self, task_id: _Optional[str] = ..., queue: _Optional[str] = ..., task_type: _Optional[str] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., priority: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., created_at_ms: _Optional[int] = ..., not_before_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., worker_id: _Optional[str] = ..., last_error: _Optional[str] = ..., last_error_class: _Optional[str] = ..., result: _Optional[bytes] = ..., result_truncated: _Optional[bool] = ..., attempts: _Optional[_Iterable[_Union[AttemptRecord, _Mapping]]] = ..., cancel_requested: _Optional[bool] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., updated_at_ms: _Optional[int] = ..., due_at_ms: _Optional[int] = ..., progress_percent: _Optional[float] = ..., progress_message: _Optional[str] = ..., progress_at_ms: _Optional[int] = ..., chain_id: _Optional[str] = ..., chain_step: _Optional[int] = ..., next_task_id: _Optional[str] = ..., chain_state: _Optional[_Union[ChainState, str]] = ..., group_id: _Optional[str] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class AttemptRecord(_message.Message):
     __slots__ = ("attempt", "worker_id", "started_at_ms", "finished_at_ms", "outcome", "error_message", "error_class")
@@ -1011,3 +1066,13 @@ class ListRateLimitsResponse(_message.Message):
     RATE_LIMITS_FIELD_NUMBER: _ClassVar[int]
     rate_limits: _containers.RepeatedCompositeFieldContainer[RateLimit]
     def __init__(self, rate_limits: _Optional[_Iterable[_Union[RateLimit, _Mapping]]] = ...) -> None: ...
+
+class TaskProgress(_message.Message):
+    __slots__ = ("lease_id", "percent", "message")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    PERCENT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    percent: float
+    message: str
+    def __init__(self, lease_id: _Optional[str] = ..., percent: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...

@@ -13,7 +13,7 @@ Example::
     worker.run()
 """
 
-from dtq_pyworker._requests import TERMINAL_STATUSES, EnqueueResult
+from dtq_pyworker._requests import TERMINAL_STATUSES, EnqueueResult, GroupResult
 from dtq_pyworker._version import __version__
 from dtq_pyworker.admin import AdminClient
 from dtq_pyworker.client import AsyncClient, Client
@@ -42,6 +42,7 @@ __all__ = [
     "Client",
     "DtqRpcError",
     "EnqueueResult",
+    "GroupResult",
     "PermanentError",
     "Retry",
     "Task",

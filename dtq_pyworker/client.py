@@ -16,13 +16,17 @@ from typing import Any, Self
 import grpc
 
 from dtq_proto import dtq_pb2
+from dtq_pyworker import _tracing
 from dtq_pyworker._channel import Connection
 from dtq_pyworker._requests import (
     EnqueueResult,
+    GroupResult,
     batch_request,
     batch_results,
     enqueue_request,
     enqueue_result,
+    is_terminal,
+    template_request,
 )
 from dtq_pyworker.errors import DtqRpcError
 from dtq_pyworker.tasks import CancelResult, Task, TaskStatus, TaskWaitTimeout, outcome_error
@@ -46,6 +50,16 @@ def _finished(task: Task, raise_on_failure: bool) -> Task:
 
 def _cancel_result(resp: dtq_pb2.CancelTaskResponse) -> CancelResult:
     return CancelResult(TaskStatus.of(resp.status), resp.cancel_requested, resp.request_id)
+
+
+def _or_missing(get, missing_ok: bool) -> dtq_pb2.Task | None:
+    """``get()``, or None for NOT_FOUND when ``missing_ok``."""
+    try:
+        return get()
+    except DtqRpcError as exc:
+        if missing_ok and exc.code == grpc.StatusCode.NOT_FOUND:
+            return None
+        raise
 
 
 def _connect(target: str | None, aio: bool, options: list[tuple[str, Any]] | None,
@@ -98,13 +112,37 @@ class Client:
             payload: JSON-encodable value, or bytes sent as-is.
             **options: priority, max_attempts, timeout_ms, idempotency_key, delay_ms,
                 not_before_ms, expires_at_ms, ttl_ms, retry_policy, metadata,
-                content_type (see ``EnqueueRequest``).
+                content_type, traceparent, tracestate (see ``EnqueueRequest``), and
+                ``chain``: steps run one after another once this task succeeded (dicts
+                of these arguments; a step without payload gets the previous result).
 
         Returns:
-            EnqueueResult(task_id, deduplicated, status).
+            EnqueueResult(task_id, deduplicated, status, chain_task_ids).
+
+        With OpenTelemetry installed the call runs in a "dtq.enqueue" PRODUCER span
+        whose context travels with the task to its handler.
         """
         req = enqueue_request(queue, task_type, payload, **options)
-        return enqueue_result(self._call("Enqueue", req))
+        with _tracing.producer_span(req):
+            return enqueue_result(self._call("Enqueue", req))
+
+    def enqueue_group(self, items: Iterable[Mapping[str, Any]],
+                      callback: Mapping[str, Any]) -> GroupResult:
+        """Enqueue tasks as a group whose ``callback`` task runs once all finished.
+
+        Args:
+            items: dicts like :meth:`enqueue_batch`'s (no chains), 1..1000.
+            callback: dict with queue, task_type and options; without a payload the
+                callback receives {"group_id", "members": [{"task_id", "status",
+                "error_class", "error", "result"}...]}.
+
+        Returns:
+            GroupResult(group_id, callback_task_id, per-member results).
+        """
+        req = batch_request(items)
+        req.group_callback.CopyFrom(template_request(callback))
+        resp = self._call("EnqueueBatch", req)
+        return GroupResult(resp.group_id, resp.group_callback_task_id, batch_results(resp))
 
     def enqueue_batch(self, items: Iterable[Mapping[str, Any]]
                       ) -> list[EnqueueResult | DtqRpcError]:
@@ -131,7 +169,8 @@ class Client:
     get = get_task
 
     def wait(self, task_id: str, timeout_s: float = 30.0, *,
-             raise_on_failure: bool = True) -> Task:
+             raise_on_failure: bool = True,
+             missing_ok: bool = False) -> Task:
         """Poll GetTask until the task is terminal (20 ms growing to 500 ms apart).
 
         Args:
@@ -139,6 +178,8 @@ class Client:
             timeout_s: Give up after this many seconds.
             raise_on_failure: Raise for a task that did not succeed (default);
                 False returns every terminal task.
+            missing_ok: Keep polling while the task does not exist yet (a chain step or
+                group callback, created once the tasks before it finished).
 
         Returns:
             The SUCCEEDED task (with ``raise_on_failure=False``, also a
@@ -154,14 +195,29 @@ class Client:
         deadline = time.monotonic() + timeout_s
         delay = POLL_FIRST_S
         while True:
-            task = self.get_task(task_id)
-            if task.terminal:
+            task = _or_missing(lambda: self.get_task(task_id), missing_ok)
+            if task is not None and task.terminal:
                 return _finished(task, raise_on_failure)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TaskWaitTimeout(task, timeout_s)
+                raise TaskWaitTimeout(task, timeout_s, task_id)
             time.sleep(min(delay, remaining))
             delay = _next_poll(delay)
+
+    def wait_chain(self, first: EnqueueResult, timeout_s: float = 30.0) -> Task:
+        """Wait for a chain: returns its last task once it succeeded, or the first
+        step that ended otherwise (its chain_state is CHAIN_STATE_BROKEN).
+
+        Raises:
+            TimeoutError: The chain did not end within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        for task_id in (first.task_id, *first.chain_task_ids):
+            task = self.wait(task_id, max(0.0, deadline - time.monotonic()), missing_ok=True,
+                             raise_on_failure=False)
+            if task.status != TaskStatus.SUCCEEDED:
+                return task
+        return task
 
     def cancel(self, task_id: str, reason: str = "") -> CancelResult:
         """Cancel a queued, scheduled or running task.
@@ -217,7 +273,16 @@ class AsyncClient:
                       **options: Any) -> EnqueueResult:
         """Enqueue one task (see :meth:`Client.enqueue`)."""
         req = enqueue_request(queue, task_type, payload, **options)
-        return enqueue_result(await self._call("Enqueue", req))
+        with _tracing.producer_span(req):
+            return enqueue_result(await self._call("Enqueue", req))
+
+    async def enqueue_group(self, items: Iterable[Mapping[str, Any]],
+                            callback: Mapping[str, Any]) -> GroupResult:
+        """Enqueue a group with a callback (see :meth:`Client.enqueue_group`)."""
+        req = batch_request(items)
+        req.group_callback.CopyFrom(template_request(callback))
+        resp = await self._call("EnqueueBatch", req)
+        return GroupResult(resp.group_id, resp.group_callback_task_id, batch_results(resp))
 
     async def enqueue_batch(self, items: Iterable[Mapping[str, Any]]
                             ) -> list[EnqueueResult | DtqRpcError]:
@@ -232,20 +297,36 @@ class AsyncClient:
     get = get_task
 
     async def wait(self, task_id: str, timeout_s: float = 30.0, *,
-                   raise_on_failure: bool = True) -> Task:
+                   raise_on_failure: bool = True, missing_ok: bool = False) -> Task:
         """Poll GetTask until the task is terminal (see :meth:`Client.wait`)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         delay = POLL_FIRST_S
         while True:
-            task = await self.get_task(task_id)
-            if task.terminal:
+            try:
+                task = await self.get_task(task_id)
+            except DtqRpcError as exc:
+                if not (missing_ok and exc.code == grpc.StatusCode.NOT_FOUND):
+                    raise
+                task = None
+            if task is not None and task.terminal:
                 return _finished(task, raise_on_failure)
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise TaskWaitTimeout(task, timeout_s)
+                raise TaskWaitTimeout(task, timeout_s, task_id)
             await asyncio.sleep(min(delay, remaining))
             delay = _next_poll(delay)
+
+    async def wait_chain(self, first: EnqueueResult, timeout_s: float = 30.0) -> Task:
+        """Wait for a chain (see :meth:`Client.wait_chain`)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        for task_id in (first.task_id, *first.chain_task_ids):
+            left = max(0.0, deadline - asyncio.get_running_loop().time())
+            task = await self.wait(task_id, left, missing_ok=True,
+                                   raise_on_failure=False)
+            if task.status != TaskStatus.SUCCEEDED:
+                return task
+        return task
 
     async def cancel(self, task_id: str, reason: str = "") -> CancelResult:
         """Cancel a queued, scheduled or running task (see :meth:`Client.cancel`)."""

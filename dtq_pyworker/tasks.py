@@ -285,11 +285,14 @@ class TaskWaitTimeout(TimeoutError):
     """The task did not end within the wait's timeout (a :class:`TimeoutError`).
 
     Attributes:
-        task: The task as last read (not terminal).
+        task: The task as last read (not terminal), or None if it did not exist yet.
     """
 
-    def __init__(self, task: Task, timeout_s: float) -> None:
-        super().__init__(f"task {task.task_id} still {task.status.name} after {timeout_s}s")
+    def __init__(self, task: Task | None, timeout_s: float, task_id: str = "") -> None:
+        # task is None while waiting with missing_ok for a task not created yet
+        what = f"still {task.status.name}" if task is not None else "does not exist yet"
+        super().__init__(f"task {task.task_id if task is not None else task_id} {what} "
+                         f"after {timeout_s}s")
         self.task = task
 
 

@@ -42,6 +42,8 @@ _PLACEHOLDERS = {
     "<sha256(key)>": "[0-9a-f]{64}",
     "<tag>": "[0-9a-f]{16}",
     "<name>": _body(keys.SCHEDULE_RE),
+    "<callback queue>": _body(keys.QUEUE_RE),
+    "<group id>": "[0-9a-f]{32}",
 }
 #: ``<id>`` names a worker in the worker row and a task everywhere else.
 _WORKER_ID = _body(keys.WORKER_ID_RE)
@@ -66,6 +68,10 @@ FAMILY_EXAMPLES = {
     "recent": keys.RECENT_TASKS,
     "scheduler-lock": keys.SCHEDULER_LOCK,
     "busy-queues": keys.BUSY_QUEUES,
+    "chain-pending": keys.chain_pending("q-1"),
+    "group": keys.group("q-1", "0" * 32),
+    "groups-pending": keys.groups_pending("q-1"),
+    "followup-queues": keys.FOLLOWUP_QUEUES,
     "events-channel": keys.EVENTS_CHANNEL,
     "schedule": keys.schedule("s-1"),
     "schedule-registry": keys.SCHEDULES,
