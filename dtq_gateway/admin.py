@@ -304,13 +304,13 @@ async def queue_stats(redis: Redis, queue: str) -> QueueStats:
 
     Raises:
         InvalidArgument: bad queue name.
-        NotFound: the queue has no band stream.
+        NotFound: the queue has no band stream and is not in the registry.
     """
     from dtq_gateway.admin_dlq import dead_letter_depth  # admin_dlq imports this module
 
     validate_queue(queue)
     bands = await band_infos(redis, queue)
-    if not any(b.exists for b in bands):
+    if not any(b.exists for b in bands) and not await queue_known(redis, queue):
         raise NotFound(f"queue {queue!r} has no streams", reason="QUEUE_NOT_FOUND")
     now = await redis_now_ms(redis)
     oldest = [b.oldest_undelivered_ms for b in bands if b.oldest_undelivered_ms]
@@ -322,14 +322,41 @@ async def queue_stats(redis: Redis, queue: str) -> QueueStats:
         consumers=await _consumers(redis, queue, bands))
 
 
+async def queue_known(redis: Redis, queue: str) -> bool:
+    """True when ``queue`` is in the queue registry (a task was enqueued to it or a
+    worker leased from it), has a band stream, or has a pause flag (paused with
+    ``create``). Single-key commands only, pipelined."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.zscore(keys.QUEUES, queue)
+        for key in (keys.paused(queue), *keys.queue_streams_desc(queue)):
+            pipe.exists(key)
+        score, *found = await pipe.execute()
+    return score is not None or any(found)
+
+
 async def set_paused(redis: Redis, queue: str, paused: bool, call: CallInfo, reason: str = "",
-                     *, audit_maxlen: int = 10000) -> bool:
+                     *, audit_maxlen: int = 10000, create: bool = False) -> bool:
     """Pause or resume a queue (flag, CONFIGURATION_CHANGED event, audit entry).
+
+    Args:
+        create: pause a queue that does not exist yet (no task enqueued to it, no
+            worker leased from it), so its first tasks wait: the queue is added to
+            the registry ``dtq:queues`` (ListQueues); ignored by resume.
 
     Returns:
         True when the flag changed.
+
+    Raises:
+        InvalidArgument: bad queue name.
+        NotFound: (reason QUEUE_NOT_FOUND) the queue is unknown and ``create`` is
+            not set for a pause; nothing is changed or audited.
     """
     validate_queue(queue)
+    if not await queue_known(redis, queue):
+        if not (paused and create):
+            hint = "; set create to pause it before its first task" if paused else ""
+            raise NotFound(f"queue: no queue named {queue!r}{hint}", reason="QUEUE_NOT_FOUND")
+        await redis.zadd(keys.QUEUES, {queue: 0})  # ListQueues shows it from now on
     mode = "pause" if paused else "resume"
     changed, ts = await PAUSE_QUEUE(redis, [keys.paused(queue), keys.AUDIT], PAUSE_QUEUE.argv(
         mode, audit_maxlen, call.actor, call.request_id, reason[:1024], queue))

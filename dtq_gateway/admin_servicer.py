@@ -86,7 +86,8 @@ def _worker(w: admin_lists.WorkerRecord) -> pb.WorkerInfo:
         last_heartbeat_at_ms=w.last_heartbeat_at_ms, heartbeat_age_ms=w.heartbeat_age_ms,
         active_tasks=w.active_tasks, concurrency=w.concurrency,
         tasks_processed=w.tasks_processed, tasks_failed=w.tasks_failed,
-        tasks_retried=w.tasks_retried, status=w.status, alive=w.alive, leasing=w.leasing)
+        tasks_retried=w.tasks_retried, status=w.status, alive=w.alive, leasing=w.leasing,
+        labels=w.labels, queues=w.queues, task_types=w.task_types)
 
 
 def _redrive_filter(req: pb.RedriveDeadLettersRequest) -> admin_dlq.RedriveFilter:
@@ -156,7 +157,8 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
         call = _call(context)
         reason = cut_utf8(request.reason, MAX_REASON_BYTES)
         changed = await admin.set_paused(self.redis, request.queue, paused, call, reason,
-                                         audit_maxlen=self.settings.audit_maxlen)
+                                         audit_maxlen=self.settings.audit_maxlen,
+                                         create=paused and request.create)
         return changed, call.request_id
 
     @_rpc

@@ -7,8 +7,9 @@ go out as one pipeline, so a batch of acks costs one Redis round trip.
 
 from __future__ import annotations
 
+import json
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -33,6 +34,21 @@ _MODES = {dtq_pb2.FAIL_MODE_UNSPECIFIED: "failure", dtq_pb2.FAIL_MODE_FAILURE: "
           dtq_pb2.FAIL_MODE_RELEASE: "release", dtq_pb2.FAIL_MODE_CANCELLED: "cancelled"}
 _KIND_STATUS = {"retry": "scheduled", "dead": "dead_lettered", "released": "queued",
                 "cancelled": "cancelled", "ok": "succeeded"}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRegistration:
+    """What a Lease session says about its worker (stored in dtq:worker:<id>, shown by
+    ListWorkers): free-form labels, its queues and its task type filter (empty = all)."""
+
+    labels: Mapping[str, str]
+    queues: Sequence[str]
+    task_types: Sequence[str] = ()
+
+    def argv(self) -> tuple[str, str, str, str]:
+        """worker_beat.lua ARGV[14..17]."""
+        return ("1", json.dumps(dict(sorted(self.labels.items())), separators=(",", ":")),
+                ",".join(self.queues), ",".join(sorted(self.task_types)))
 
 
 @dataclass(slots=True)
@@ -197,22 +213,28 @@ class Completion:
     def queue_worker_beat(self, pipe, worker_id: str, hostname: str, event: str,
                           active: int | str = "", concurrency: int | str = "",
                           counters: dtq_pb2.WorkerCounters | None = None,
-                          gateway_tag: str = "") -> None:
+                          gateway_tag: str = "",
+                          registration: WorkerRegistration | None = None) -> None:
         """Queue a refresh of dtq:worker:<id> (PEXPIRE 3x heartbeat) on a pipeline;
         ``gateway_tag`` with a "started"/"stopped" event counts the worker's open Lease
-        streams on this gateway (ListWorkers' ``leasing``)."""
+        streams on this gateway (ListWorkers' ``leasing``); ``registration`` (with
+        "started") stores the session's labels, queues and task type filter."""
         c = counters or dtq_pb2.WorkerCounters()
+        reg = registration.argv() if registration else ("0", "", "", "")
         WORKER_BEAT.queue(pipe, [keys.worker(worker_id), keys.WORKERS], Script.argv(
             worker_id, hostname, self.settings.worker_ttl_ms, event, active, concurrency,
             c.tasks_processed, c.tasks_failed, c.tasks_retried, "1" if counters else "0",
-            gateway_tag))
+            gateway_tag, *reg))
 
     async def worker_event(self, worker_id: str, hostname: str, event: str,
-                           concurrency: int = 0) -> None:
-        """Record a session start ("started") or end ("stopped") with its event."""
+                           concurrency: int = 0,
+                           registration: WorkerRegistration | None = None) -> None:
+        """Record a session start ("started", with the session's ``registration``) or
+        end ("stopped") with its event."""
         pipe = self.redis.pipeline(transaction=False)
         self.queue_worker_beat(pipe, worker_id, hostname, event, "", concurrency or "",
-                               gateway_tag=keys.gateway_tag(self.settings.gateway_id))
+                               gateway_tag=keys.gateway_tag(self.settings.gateway_id),
+                               registration=registration)
         (reply,) = await execute(self.redis, pipe)
         if isinstance(reply, Exception):
             raise reply

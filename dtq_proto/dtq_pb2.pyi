@@ -543,12 +543,14 @@ class ConsumerStats(_message.Message):
     def __init__(self, name: _Optional[str] = ..., pending: _Optional[int] = ..., idle_ms: _Optional[int] = ...) -> None: ...
 
 class PauseQueueRequest(_message.Message):
-    __slots__ = ("queue", "reason")
+    __slots__ = ("queue", "reason", "create")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    CREATE_FIELD_NUMBER: _ClassVar[int]
     queue: str
     reason: str
-    def __init__(self, queue: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    create: bool
+    def __init__(self, queue: _Optional[str] = ..., reason: _Optional[str] = ..., create: _Optional[bool] = ...) -> None: ...
 
 class PauseQueueResponse(_message.Message):
     __slots__ = ("changed", "request_id")
@@ -699,7 +701,14 @@ class ListWorkersResponse(_message.Message):
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "hostname", "started_at_ms", "last_heartbeat_at_ms", "heartbeat_age_ms", "active_tasks", "concurrency", "tasks_processed", "tasks_failed", "tasks_retried", "status", "alive", "leasing")
+    __slots__ = ("worker_id", "hostname", "started_at_ms", "last_heartbeat_at_ms", "heartbeat_age_ms", "active_tasks", "concurrency", "tasks_processed", "tasks_failed", "tasks_retried", "status", "alive", "leasing", "labels", "queues", "task_types")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -713,6 +722,9 @@ class WorkerInfo(_message.Message):
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
     LEASING_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    TASK_TYPES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     hostname: str
     started_at_ms: int
@@ -726,7 +738,10 @@ class WorkerInfo(_message.Message):
     status: str
     alive: bool
     leasing: bool
-    def __init__(self, worker_id: _Optional[str] = ..., hostname: _Optional[str] = ..., started_at_ms: _Optional[int] = ..., last_heartbeat_at_ms: _Optional[int] = ..., heartbeat_age_ms: _Optional[int] = ..., active_tasks: _Optional[int] = ..., concurrency: _Optional[int] = ..., tasks_processed: _Optional[int] = ..., tasks_failed: _Optional[int] = ..., tasks_retried: _Optional[int] = ..., status: _Optional[str] = ..., alive: _Optional[bool] = ..., leasing: _Optional[bool] = ...) -> None: ...
+    labels: _containers.ScalarMap[str, str]
+    queues: _containers.RepeatedScalarFieldContainer[str]
+    task_types: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., hostname: _Optional[str] = ..., started_at_ms: _Optional[int] = ..., last_heartbeat_at_ms: _Optional[int] = ..., heartbeat_age_ms: _Optional[int] = ..., active_tasks: _Optional[int] = ..., concurrency: _Optional[int] = ..., tasks_processed: _Optional[int] = ..., tasks_failed: _Optional[int] = ..., tasks_retried: _Optional[int] = ..., status: _Optional[str] = ..., alive: _Optional[bool] = ..., leasing: _Optional[bool] = ..., labels: _Optional[_Mapping[str, str]] = ..., queues: _Optional[_Iterable[str]] = ..., task_types: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListRecentTasksRequest(_message.Message):
     __slots__ = ("limit", "queue", "status")

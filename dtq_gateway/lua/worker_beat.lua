@@ -5,6 +5,9 @@
 -- ARGV[9] tasks_processed  [10] tasks_failed  [11] tasks_retried  [12] '1' = counters given
 -- ARGV[13] gateway tag (keys.gateway_tag) for 'started' / 'stopped': the field
 --          leasing@<tag> counts the worker's open Lease streams on that gateway
+-- ARGV[14] '1' = the session's registration follows (with 'started'): [15] labels JSON
+--          object  [16] queues, comma-separated  [17] task type filter, comma-separated
+--          ('' = every type); stored as fields labels, queues, task_types
 -- Reply: now (epoch ms)
 local now = now_ms()
 local key, worker = KEYS[1], ARGV[3]
@@ -23,6 +26,9 @@ redis.call('HSET', key, 'worker_id', worker, 'last_heartbeat', now, 'status', st
 if ARGV[4] ~= '' then redis.call('HSET', key, 'hostname', ARGV[4]) end
 if ARGV[7] ~= '' then redis.call('HSET', key, 'active_tasks', ARGV[7]) end
 if ARGV[8] ~= '' then redis.call('HSET', key, 'concurrency', ARGV[8]) end
+if ARGV[14] == '1' then
+  redis.call('HSET', key, 'labels', ARGV[15], 'queues', ARGV[16], 'task_types', ARGV[17])
+end
 if ARGV[12] == '1' then
   redis.call('HSET', key, 'tasks_processed', ARGV[9], 'tasks_failed', ARGV[10],
     'tasks_retried', ARGV[11])
