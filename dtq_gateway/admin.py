@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from dtq_gateway import keys
-from dtq_gateway.admin_scripts import PAUSE_QUEUE, QUEUE_SUMMARIES
+from dtq_gateway.admin_scripts import PAUSE_QUEUE, QUEUE_SUMMARIES, QUEUE_WAITING
 from dtq_gateway.audit import log_audit
 from dtq_gateway.errors import InvalidArgument, NotFound
 from dtq_gateway.replies import text
@@ -24,6 +24,8 @@ from dtq_gateway.replies import text
 ENTRY_ID_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}\Z")
 #: Most members of dtq:retry:schedule examined to count one queue's scheduled tasks.
 SCHEDULE_SCAN_MAX = 10000
+#: Most waiting entries per band that GetQueueStats reads to count waiting tasks by type.
+WAITING_SCAN_MAX = 10000
 _CHUNK = 500
 
 
@@ -43,7 +45,7 @@ class BandInfo:
     depth: int = 0
     pending: int = 0
     exists: bool = False
-    oldest_undelivered_ms: int = 0  # epoch ms of that entry's id; 0 = none
+    oldest_undelivered_ms: int = 0  # epoch ms the oldest undelivered task began to wait; 0 = none
 
 
 @dataclass(slots=True)
@@ -53,6 +55,17 @@ class ConsumerInfo:
     name: str
     pending: int = 0
     idle_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TypeWaiting:
+    """Waiting tasks of one type in a queue (GetQueueStats.waiting_types)."""
+
+    task_type: str
+    waiting: int
+    oldest_age_ms: int
+    #: some live worker leasing from the queue takes this type
+    taken: bool
 
 
 @dataclass(slots=True)
@@ -66,6 +79,21 @@ class QueueStats:
     paused: bool = False
     dead_letter_depth: int = 0
     consumers: list[ConsumerInfo] = field(default_factory=list)
+    #: dtq:queue:<q>:counters (succeeded, retried, dead_lettered, cancelled)
+    counters: dict[str, int] = field(default_factory=dict)
+    waiting_types: list[TypeWaiting] = field(default_factory=list)
+    waiting_complete: bool = True
+    now_ms: int = 0
+
+    @property
+    def failed(self) -> int:
+        """Failed attempts: retried + dead-lettered."""
+        return self.counters.get("retried", 0) + self.counters.get("dead_lettered", 0)
+
+    @property
+    def stuck_task_types(self) -> list[str]:
+        """Types of waiting tasks no live worker of the queue takes, sorted."""
+        return sorted(t.task_type for t in self.waiting_types if not t.taken)
 
     @property
     def depth(self) -> int:
@@ -173,11 +201,13 @@ def _group_of(groups: Any) -> dict[str, Any] | None:
 
 
 async def band_infos(redis: Redis, queue: str) -> list[BandInfo]:
-    """Depth, pending and first undelivered entry of each band, p9 first.
+    """Depth, pending and oldest undelivered task of each band, p9 first.
 
-    The first undelivered entry is the first one after the group's
-    last-delivered-id (XRANGE exclusive start, COUNT 1); a band without the
-    consumer group counts every entry as undelivered.
+    The undelivered entries are those after the group's last-delivered-id; a band
+    without the consumer group counts every entry as undelivered. Of them the first
+    and the last one are read (XRANGE / XREVRANGE COUNT 1): an entry put back unleased
+    (its type wanted by no session that read it) goes to the tail and keeps its
+    ``queued_at``, so a task no worker takes shows its real age.
     """
     return (await band_infos_many(redis, [queue]))[queue]
 
@@ -211,17 +241,29 @@ async def _band_infos_chunk(redis: Redis, queues: list[str]) -> dict[str, list[B
                 info.pending = int(group.get("pending") or 0)
             if info.depth > 0:
                 last = text(group.get("last-delivered-id")) if group else ""
-                starts.append((queue, info, f"({last}" if last else "-"))
+                starts.append((queue, info, last))
             bands.append(info)
     if starts:
         async with redis.pipeline(transaction=False) as pipe:
-            for queue, info, start in starts:
-                pipe.xrange(keys.stream(queue, info.band), min=start, max="+", count=1)
-            firsts = await pipe.execute(raise_on_error=False)
-        for (_, info, _), first in zip(starts, firsts):
-            if first and not isinstance(first, Exception):
-                info.oldest_undelivered_ms = entry_ms(text(first[0][0]))
+            for queue, info, last in starts:
+                stream = keys.stream(queue, info.band)
+                pipe.xrange(stream, min=f"({last}" if last else "-", max="+", count=1)
+                pipe.xrevrange(stream, max="+", min=f"({last}" if last else "-", count=1)
+            ends = await pipe.execute(raise_on_error=False)
+        for i, (_, info, _) in enumerate(starts):
+            found = [queued_ms(e[0]) for e in ends[2 * i:2 * i + 2]
+                     if e and not isinstance(e, Exception)]
+            info.oldest_undelivered_ms = min(found) if found else 0
     return out
+
+
+def queued_ms(entry: Any) -> int:
+    """Epoch ms a band stream entry's task began to wait: its ``queued_at`` field (an
+    entry put back unleased, because the session that read it does not take its type,
+    keeps the first one), else the time in its id."""
+    entry_id, fields = entry
+    raw = fields.get(b"queued_at") or fields.get("queued_at") if fields else None
+    return int(text(raw)) if raw else entry_ms(text(entry_id))
 
 
 async def list_queues(redis: Redis, size: int = 100, token: str = ""
@@ -299,8 +341,13 @@ async def scheduled_count(redis: Redis, queue: str, scan_max: int = SCHEDULE_SCA
     return count
 
 
-async def queue_stats(redis: Redis, queue: str) -> QueueStats:
+async def queue_stats(redis: Redis, queue: str, heartbeat_interval_ms: int = 10_000
+                      ) -> QueueStats:
     """Statistics of one queue.
+
+    Args:
+        heartbeat_interval_ms: the gateway's heartbeat interval; a worker is live
+            while its last heartbeat is younger than 3 of them.
 
     Raises:
         InvalidArgument: bad queue name.
@@ -313,13 +360,54 @@ async def queue_stats(redis: Redis, queue: str) -> QueueStats:
     if not any(b.exists for b in bands) and not await queue_known(redis, queue):
         raise NotFound(f"queue {queue!r} has no streams", reason="QUEUE_NOT_FOUND")
     now = await redis_now_ms(redis)
+    waiting, complete = await waiting_by_type(redis, queue, now, heartbeat_interval_ms)
     oldest = [b.oldest_undelivered_ms for b in bands if b.oldest_undelivered_ms]
+    age = max(0, now - min(oldest)) if oldest else 0
+    if waiting:  # the scan saw every entry it read, wherever it sits in its band
+        age = max(age, max(t.oldest_age_ms for t in waiting))
     return QueueStats(
         queue=queue, bands=bands, scheduled=await scheduled_count(redis, queue),
-        oldest_task_age_ms=max(0, now - min(oldest)) if oldest else 0,
+        oldest_task_age_ms=age,
         paused=bool(await redis.exists(keys.paused(queue))),
         dead_letter_depth=(await dead_letter_depth(redis)).get(queue, 0),
-        consumers=await _consumers(redis, queue, bands))
+        consumers=await _consumers(redis, queue, bands),
+        counters=await queue_counters(redis, queue), waiting_types=waiting,
+        waiting_complete=complete, now_ms=now)
+
+
+async def queue_counters(redis: Redis, queue: str) -> dict[str, int]:
+    """The queue's outcome counters (``dtq:queue:<q>:counters``; absent fields are 0)."""
+    raw = await redis.hgetall(keys.queue_counters(queue))
+    out = dict.fromkeys(("succeeded", "retried", "dead_lettered", "cancelled"), 0)
+    out.update({text(k): as_int(v) for k, v in raw.items()})
+    return out
+
+
+async def waiting_by_type(redis: Redis, queue: str, now_ms: int, heartbeat_interval_ms: int,
+                          scan_max: int = WAITING_SCAN_MAX) -> tuple[list[TypeWaiting], bool]:
+    """Waiting tasks of ``queue`` by type, most waiting first, and whether every waiting
+    entry was read (at most ``scan_max`` per band, by ``queue_waiting.lua``).
+
+    A type is ``taken`` when a live worker whose latest Lease session named this
+    queue takes it (an empty task type filter takes every type).
+    """
+    from dtq_gateway.admin_lists import list_workers  # admin_lists imports this module
+
+    reply = await QUEUE_WAITING(redis, keys.queue_streams_desc(queue),
+                                QUEUE_WAITING.argv(keys.GROUP, scan_max))
+    rows = reply[2:]
+    if not rows:
+        return [], bool(int(reply[1]))
+    takers = [w for w in await list_workers(redis, heartbeat_interval_ms)
+              if w.alive and w.status != "stopped" and queue in w.queues]
+    takes_all = any(not w.task_types for w in takers)
+    taken = {t for w in takers for t in w.task_types}
+    out = [TypeWaiting(task_type=text(name), waiting=int(n),
+                       oldest_age_ms=max(0, now_ms - int(since)),
+                       taken=takes_all or text(name) in taken)
+           for name, n, since in rows]
+    out.sort(key=lambda t: (-t.waiting, t.task_type))
+    return out, bool(int(reply[1]))
 
 
 async def queue_known(redis: Redis, queue: str) -> bool:

@@ -110,7 +110,7 @@ class Completion:
                 le = oc.lease
                 result = it.result[: s.result_max_bytes]
                 keys_ += (le.stream, keys.task(le.task_id), keys.result(le.task_id),
-                          _idem_key(le))
+                          _idem_key(le), keys.queue_counters(le.queue))
                 args += (le.entry_id, le.attempt, le.worker_id, le.task_id, result,
                          "1" if len(it.result) > len(result) else "0", le.tag)
             calls.append((keys_, args))
@@ -125,7 +125,7 @@ class Completion:
         def call(it: dtq_pb2.FailItem, le: Lease) -> tuple[list[str], list]:
             retryable = it.retryable if it.HasField("retryable") else True
             return ([le.stream, keys.task(le.task_id), keys.DEAD_LETTER, keys.RETRY_SCHEDULE,
-                     _idem_key(le)],
+                     _idem_key(le), keys.queue_counters(le.queue)],
                     Script.argv_notified(
                         keys.GROUP, le.entry_id, le.attempt, le.worker_id, le.task_id,
                         _MODES.get(it.mode, "failure"), "1" if retryable else "0",

@@ -425,11 +425,11 @@ class Dispatcher:
             task_id, queue = _s(f["task_id"]), _s(f["queue"])
             idem = _s(f.get("idempotency_key", b""))
             digest = keys.idempotency_digest(idem) if idem else ""
-            mode = "r" if session.task_types and _s(f["task_type"]) not in session.task_types \
-                else "a"
+            put_back = bool(session.task_types) and _s(f["task_type"]) not in session.task_types
             keys_ += [stream, keys.task(task_id),
                       keys.idempotency(queue, digest) if digest else keys.task(task_id)]
-            args += [_s(entry_id), task_id, _s(f["attempt"]), mode]
+            args += [_s(entry_id), task_id, _s(f["attempt"]), "r" if put_back else "a",
+                     queued_at_ms(_s(entry_id), f) if put_back else ""]
             parsed.append((stream, _s(entry_id), f, digest))
         # argv_notified: this dispatcher needs none of its own activation events back
         replies = await ACTIVATE(self.redis, keys_, Script.argv_notified(
@@ -465,3 +465,10 @@ class Dispatcher:
             max_attempts=int(f["max_attempts"]), timeout_ms=int(f["timeout_ms"]),
             idempotency_key=_s(f.get("idempotency_key", b"")), metadata=metadata,
             created_at_ms=int(rep[3] or 0), leased_at_ms=int(rep[4]))
+
+
+def queued_at_ms(entry_id: str, fields: dict) -> int:
+    """Epoch ms a band stream entry's task began to wait: its ``queued_at`` field (an
+    entry put back unleased keeps the first one), else the time in its id."""
+    raw = fields.get("queued_at") or fields.get(b"queued_at")
+    return int(raw) if raw else int(entry_id.split("-", 1)[0])

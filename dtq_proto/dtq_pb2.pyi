@@ -501,7 +501,7 @@ class GetQueueStatsRequest(_message.Message):
     def __init__(self, queue: _Optional[str] = ...) -> None: ...
 
 class GetQueueStatsResponse(_message.Message):
-    __slots__ = ("queue", "bands", "depth", "pending", "scheduled", "oldest_task_age_ms", "paused", "dead_letter_depth", "consumers")
+    __slots__ = ("queue", "bands", "depth", "pending", "scheduled", "oldest_task_age_ms", "paused", "dead_letter_depth", "consumers", "succeeded", "failed", "retried", "dead_lettered", "cancelled", "succeeded_per_s", "failed_per_s", "throughput_window_ms", "waiting_types", "waiting_complete", "stuck_task_types")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     BANDS_FIELD_NUMBER: _ClassVar[int]
     DEPTH_FIELD_NUMBER: _ClassVar[int]
@@ -511,6 +511,17 @@ class GetQueueStatsResponse(_message.Message):
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTER_DEPTH_FIELD_NUMBER: _ClassVar[int]
     CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    RETRIED_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    SUCCEEDED_PER_S_FIELD_NUMBER: _ClassVar[int]
+    FAILED_PER_S_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_TYPES_FIELD_NUMBER: _ClassVar[int]
+    WAITING_COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    STUCK_TASK_TYPES_FIELD_NUMBER: _ClassVar[int]
     queue: str
     bands: _containers.RepeatedCompositeFieldContainer[BandStats]
     depth: int
@@ -520,7 +531,18 @@ class GetQueueStatsResponse(_message.Message):
     paused: bool
     dead_letter_depth: int
     consumers: _containers.RepeatedCompositeFieldContainer[ConsumerStats]
-    def __init__(self, queue: _Optional[str] = ..., bands: _Optional[_Iterable[_Union[BandStats, _Mapping]]] = ..., depth: _Optional[int] = ..., pending: _Optional[int] = ..., scheduled: _Optional[int] = ..., oldest_task_age_ms: _Optional[int] = ..., paused: _Optional[bool] = ..., dead_letter_depth: _Optional[int] = ..., consumers: _Optional[_Iterable[_Union[ConsumerStats, _Mapping]]] = ...) -> None: ...
+    succeeded: int
+    failed: int
+    retried: int
+    dead_lettered: int
+    cancelled: int
+    succeeded_per_s: float
+    failed_per_s: float
+    throughput_window_ms: int
+    waiting_types: _containers.RepeatedCompositeFieldContainer[TaskTypeWaiting]
+    waiting_complete: bool
+    stuck_task_types: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, queue: _Optional[str] = ..., bands: _Optional[_Iterable[_Union[BandStats, _Mapping]]] = ..., depth: _Optional[int] = ..., pending: _Optional[int] = ..., scheduled: _Optional[int] = ..., oldest_task_age_ms: _Optional[int] = ..., paused: _Optional[bool] = ..., dead_letter_depth: _Optional[int] = ..., consumers: _Optional[_Iterable[_Union[ConsumerStats, _Mapping]]] = ..., succeeded: _Optional[int] = ..., failed: _Optional[int] = ..., retried: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., cancelled: _Optional[int] = ..., succeeded_per_s: _Optional[float] = ..., failed_per_s: _Optional[float] = ..., throughput_window_ms: _Optional[int] = ..., waiting_types: _Optional[_Iterable[_Union[TaskTypeWaiting, _Mapping]]] = ..., waiting_complete: _Optional[bool] = ..., stuck_task_types: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class BandStats(_message.Message):
     __slots__ = ("band", "depth", "pending")
@@ -831,3 +853,15 @@ class SubscribeResponse(_message.Message):
     metadata: _containers.ScalarMap[str, str]
     dropped: int
     def __init__(self, event_id: _Optional[str] = ..., ts: _Optional[str] = ..., type: _Optional[_Union[EventType, str]] = ..., task_id: _Optional[str] = ..., queue: _Optional[str] = ..., task_type: _Optional[str] = ..., attempt: _Optional[int] = ..., worker_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., dropped: _Optional[int] = ...) -> None: ...
+
+class TaskTypeWaiting(_message.Message):
+    __slots__ = ("task_type", "waiting", "oldest_age_ms", "taken")
+    TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    TAKEN_FIELD_NUMBER: _ClassVar[int]
+    task_type: str
+    waiting: int
+    oldest_age_ms: int
+    taken: bool
+    def __init__(self, task_type: _Optional[str] = ..., waiting: _Optional[int] = ..., oldest_age_ms: _Optional[int] = ..., taken: _Optional[bool] = ...) -> None: ...
