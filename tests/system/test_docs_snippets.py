@@ -190,3 +190,16 @@ def test_every_dtq_variable_in_the_docs_exists_in_the_code() -> None:
     unknown = {name: where for name, where in documented_variables().items()
                if name not in known_variables()}
     assert not unknown, f"DTQ_* variables the docs name but no code reads: {unknown}"
+
+
+def test_every_auth_tokens_example_in_the_docs_is_accepted() -> None:
+    from dtq_gateway.auth import parse_tokens
+
+    examples = [(doc.name, m.group(1)) for doc in DOCS
+                for m in re.finditer(r"DTQ_AUTH_TOKENS='([^']+)'", doc.read_text("utf-8"))]
+    assert examples, "no DTQ_AUTH_TOKENS='...' example found in the docs"
+    for where, spec in examples:
+        try:
+            assert parse_tokens(spec), where
+        except ValueError as exc:
+            pytest.fail(f"{where}: DTQ_AUTH_TOKENS example refused at startup: {exc}")
