@@ -203,3 +203,18 @@ def test_every_auth_tokens_example_in_the_docs_is_accepted() -> None:
             assert parse_tokens(spec), where
         except ValueError as exc:
             pytest.fail(f"{where}: DTQ_AUTH_TOKENS example refused at startup: {exc}")
+
+
+def test_configuration_doc_lists_every_worker_flag_and_variable() -> None:
+    from dtq_pyworker.cli import build_parser
+
+    doc = (ROOT / "docs" / "configuration.md").read_text("utf-8")
+    section = doc[doc.index("## Python worker"):doc.index("## Demo")]
+    missing = []
+    for action in build_parser()._actions:
+        flags = [f for f in action.option_strings if f.startswith("--") and f != "--help"]
+        missing += [f for f in flags if f"`{f}" not in section]
+        missing += [v for v in VAR_RE.findall(action.help or "") if f"`{v}`" not in section]
+    cli_doc = (ROOT / "dtq_pyworker" / "cli.py").read_text("utf-8").split('"""')[1]
+    missing += [v for v in VAR_RE.findall(cli_doc) if f"`{v}`" not in section]
+    assert not missing, f"dtq-pyworker flags/variables not in docs/configuration.md: {missing}"
