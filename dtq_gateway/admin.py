@@ -24,8 +24,9 @@ from dtq_gateway.replies import text
 ENTRY_ID_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}\Z")
 #: Most members of dtq:retry:schedule examined to count one queue's scheduled tasks.
 SCHEDULE_SCAN_MAX = 10000
-#: Most waiting entries per band that GetQueueStats reads to count waiting tasks by type.
-WAITING_SCAN_MAX = 10000
+#: Most waiting entries (all bands together, p9 first) GetQueueStats reads to count
+#: waiting tasks by type.
+WAITING_SCAN_MAX = 2000
 _CHUNK = 500
 
 
@@ -386,7 +387,8 @@ async def queue_counters(redis: Redis, queue: str) -> dict[str, int]:
 async def waiting_by_type(redis: Redis, queue: str, now_ms: int, heartbeat_interval_ms: int,
                           scan_max: int = WAITING_SCAN_MAX) -> tuple[list[TypeWaiting], bool]:
     """Waiting tasks of ``queue`` by type, most waiting first, and whether every waiting
-    entry was read (at most ``scan_max`` per band, by ``queue_waiting.lua``).
+    entry was read (at most ``scan_max`` entries in all, p9 first, by
+    ``queue_waiting.lua``).
 
     A type is ``taken`` when a live worker whose latest Lease session named this
     queue takes it (an empty task type filter takes every type).

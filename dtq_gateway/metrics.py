@@ -65,7 +65,7 @@ QUEUE_PENDING = Gauge("dtq_queue_pending", "Entries leased and not yet finished 
 QUEUE_BACKLOG_AGE_SECONDS = Gauge("dtq_queue_backlog_age_seconds",
                                   "Age of the oldest task waiting to be leased (s).", ["queue"])
 #: A queue's waiting tasks are counted by type (dtq_queue_stuck_tasks) once its backlog
-#: is this old (ms); at most STUCK_SCAN_MAX entries per band are read.
+#: is this old (ms); at most STUCK_SCAN_MAX waiting entries (all bands) are read.
 STUCK_CHECK_AGE_MS = 30_000
 STUCK_SCAN_MAX = 1_000
 QUEUE_STUCK_TASKS = Gauge(

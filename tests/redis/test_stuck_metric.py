@@ -32,3 +32,23 @@ async def test_stuck_tasks_gauge_counts_types_no_live_worker_takes(redis_url) ->
         assert 59 <= age < 70
     finally:
         await r.aclose()
+
+
+async def test_waiting_scan_is_bounded_and_says_so(redis_url) -> None:
+    from dtq_gateway import admin
+
+    r = aioredis.from_url(redis_url)
+    try:
+        for band, n in ((9, 2), (3, 3)):
+            stream = keys.stream("big", band)
+            await r.xgroup_create(stream, keys.GROUP, id="0", mkstream=True)
+            for i in range(n):
+                await r.xadd(stream, {"task_id": f"{band}-{i}", "task_type": f"t{band}"})
+        now = await admin.redis_now_ms(r)
+        waiting, complete = await admin.waiting_by_type(r, "big", now, 10_000, scan_max=3)
+        assert not complete
+        assert [(t.task_type, t.waiting) for t in waiting] == [("t9", 2), ("t3", 1)]
+        waiting, complete = await admin.waiting_by_type(r, "big", now, 10_000, scan_max=5)
+        assert complete and sum(t.waiting for t in waiting) == 5
+    finally:
+        await r.aclose()
