@@ -218,3 +218,27 @@ def test_configuration_doc_lists_every_worker_flag_and_variable() -> None:
     cli_doc = (ROOT / "dtq_pyworker" / "cli.py").read_text("utf-8").split('"""')[1]
     missing += [v for v in VAR_RE.findall(cli_doc) if f"`{v}`" not in section]
     assert not missing, f"dtq-pyworker flags/variables not in docs/configuration.md: {missing}"
+
+
+@pytest.mark.slow
+def test_readme_handler_and_producer_run_as_written(doc_gateway: DocGateway, tmp_path) -> None:
+    """README's "Ten lines of dtq": handlers.py under dtq-pyworker, then the producer."""
+    readme = (ROOT / "README.md").read_text("utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
+    handlers = next(b for b in blocks if "# handlers.py" in b)
+    producer = next(b for b in blocks if "Client(" in b)
+    (tmp_path / "handlers.py").write_text(handlers)
+    (tmp_path / "producer.py").write_text(localize(producer, doc_gateway))
+    worker = subprocess.Popen([str(BIN / "dtq-pyworker"), "handlers:worker"], cwd=tmp_path,
+                              env=doc_gateway.env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        proc = subprocess.run([sys.executable, "producer.py"], cwd=tmp_path,
+                              env=doc_gateway.env, capture_output=True, text=True,
+                              timeout=BLOCK_TIMEOUT_S, check=False)
+    finally:
+        worker.terminate()
+        out, _ = worker.communicate(timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert "sent" in proc.stdout and "true" in proc.stdout.lower()
+    assert worker.returncode == 0 and "mail to ada@example.com" in out
