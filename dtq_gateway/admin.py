@@ -16,7 +16,8 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from dtq_gateway import keys
-from dtq_gateway.admin_scripts import PAUSE_QUEUE, QUEUE_SUMMARIES, QUEUE_WAITING
+from dtq_gateway.admin_scripts import PAUSE_QUEUE, QUEUE_SUMMARIES
+from dtq_gateway.admin_waiting import TypeWaiting, queue_counters, waiting_by_type
 from dtq_gateway.audit import log_audit
 from dtq_gateway.errors import InvalidArgument, NotFound
 from dtq_gateway.replies import text
@@ -24,9 +25,6 @@ from dtq_gateway.replies import text
 ENTRY_ID_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}\Z")
 #: Most members of dtq:retry:schedule examined to count one queue's scheduled tasks.
 SCHEDULE_SCAN_MAX = 10000
-#: Most waiting entries (all bands together, p9 first) GetQueueStats reads to count
-#: waiting tasks by type.
-WAITING_SCAN_MAX = 2000
 _CHUNK = 500
 
 
@@ -56,17 +54,6 @@ class ConsumerInfo:
     name: str
     pending: int = 0
     idle_ms: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class TypeWaiting:
-    """Waiting tasks of one type in a queue (GetQueueStats.waiting_types)."""
-
-    task_type: str
-    waiting: int
-    oldest_age_ms: int
-    #: some live worker leasing from the queue takes this type
-    taken: bool
 
 
 @dataclass(slots=True)
@@ -374,42 +361,6 @@ async def queue_stats(redis: Redis, queue: str, heartbeat_interval_ms: int = 10_
         consumers=await _consumers(redis, queue, bands),
         counters=await queue_counters(redis, queue), waiting_types=waiting,
         waiting_complete=complete, now_ms=now)
-
-
-async def queue_counters(redis: Redis, queue: str) -> dict[str, int]:
-    """The queue's outcome counters (``dtq:queue:<q>:counters``; absent fields are 0)."""
-    raw = await redis.hgetall(keys.queue_counters(queue))
-    out = dict.fromkeys(("succeeded", "retried", "dead_lettered", "cancelled"), 0)
-    out.update({text(k): as_int(v) for k, v in raw.items()})
-    return out
-
-
-async def waiting_by_type(redis: Redis, queue: str, now_ms: int, heartbeat_interval_ms: int,
-                          scan_max: int = WAITING_SCAN_MAX) -> tuple[list[TypeWaiting], bool]:
-    """Waiting tasks of ``queue`` by type, most waiting first, and whether every waiting
-    entry was read (at most ``scan_max`` entries in all, p9 first, by
-    ``queue_waiting.lua``).
-
-    A type is ``taken`` when a live worker whose latest Lease session named this
-    queue takes it (an empty task type filter takes every type).
-    """
-    from dtq_gateway.admin_lists import list_workers  # admin_lists imports this module
-
-    reply = await QUEUE_WAITING(redis, keys.queue_streams_desc(queue),
-                                QUEUE_WAITING.argv(keys.GROUP, scan_max))
-    rows = reply[2:]
-    if not rows:
-        return [], bool(int(reply[1]))
-    takers = [w for w in await list_workers(redis, heartbeat_interval_ms)
-              if w.alive and w.status != "stopped" and queue in w.queues]
-    takes_all = any(not w.task_types for w in takers)
-    taken = {t for w in takers for t in w.task_types}
-    out = [TypeWaiting(task_type=text(name), waiting=int(n),
-                       oldest_age_ms=max(0, now_ms - int(since)),
-                       taken=takes_all or text(name) in taken)
-           for name, n, since in rows]
-    out.sort(key=lambda t: (-t.waiting, t.task_type))
-    return out, bool(int(reply[1]))
 
 
 async def queue_known(redis: Redis, queue: str) -> bool:

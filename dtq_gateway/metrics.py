@@ -24,7 +24,7 @@ import grpc
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 from redis.asyncio import Redis
 
-from dtq_gateway import admin, admin_lists, keys
+from dtq_gateway import admin, admin_lists, admin_waiting, keys
 from dtq_gateway.auth import WrappingInterceptor, wrap_handler
 from dtq_gateway.duty import PeriodicDuty
 from dtq_gateway.queue_rates import RATES
@@ -153,7 +153,7 @@ class QueueGaugeCollector(PeriodicDuty):
             QUEUE_BACKLOG_AGE_SECONDS.labels(queue=queue).set(age_ms / 1000.0)
             stuck = 0
             if age_ms >= STUCK_CHECK_AGE_MS:
-                waiting, _ = await admin.waiting_by_type(
+                waiting, _ = await admin_waiting.waiting_by_type(
                     self.redis, queue, now, self.heartbeat_interval_ms, STUCK_SCAN_MAX)
                 stuck = sum(t.waiting for t in waiting if not t.taken)
             QUEUE_STUCK_TASKS.labels(queue=queue).set(stuck)

@@ -35,7 +35,7 @@ async def test_stuck_tasks_gauge_counts_types_no_live_worker_takes(redis_url) ->
 
 
 async def test_waiting_scan_is_bounded_and_says_so(redis_url) -> None:
-    from dtq_gateway import admin
+    from dtq_gateway import admin, admin_waiting
 
     r = aioredis.from_url(redis_url)
     try:
@@ -45,10 +45,10 @@ async def test_waiting_scan_is_bounded_and_says_so(redis_url) -> None:
             for i in range(n):
                 await r.xadd(stream, {"task_id": f"{band}-{i}", "task_type": f"t{band}"})
         now = await admin.redis_now_ms(r)
-        waiting, complete = await admin.waiting_by_type(r, "big", now, 10_000, scan_max=3)
+        waiting, complete = await admin_waiting.waiting_by_type(r, "big", now, 10_000, scan_max=3)
         assert not complete
         assert [(t.task_type, t.waiting) for t in waiting] == [("t9", 2), ("t3", 1)]
-        waiting, complete = await admin.waiting_by_type(r, "big", now, 10_000, scan_max=5)
+        waiting, complete = await admin_waiting.waiting_by_type(r, "big", now, 10_000, scan_max=5)
         assert complete and sum(t.waiting for t in waiting) == 5
     finally:
         await r.aclose()
