@@ -8,7 +8,7 @@ import json
 import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
-from dtq_gateway import keys, metrics
+from dtq_gateway import admin, admin_waiting, keys, metrics
 
 
 async def test_stuck_tasks_gauge_counts_types_no_live_worker_takes(redis_url) -> None:
@@ -35,8 +35,6 @@ async def test_stuck_tasks_gauge_counts_types_no_live_worker_takes(redis_url) ->
 
 
 async def test_waiting_scan_is_bounded_and_says_so(redis_url) -> None:
-    from dtq_gateway import admin, admin_waiting
-
     r = aioredis.from_url(redis_url)
     try:
         for band, n in ((9, 2), (3, 3)):
