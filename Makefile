@@ -26,6 +26,10 @@ proto-check: install
 	$(PY) scripts/gen_proto.py --check
 	$(VENV)/bin/buf lint
 	$(VENV)/bin/buf format --diff --exit-code
+	@# wire compatibility with the proto of the local main branch (read from git, offline)
+	@if git rev-parse --verify -q main >/dev/null 2>&1; then \
+	  $(VENV)/bin/buf breaking --against '.git#branch=main' && echo "buf breaking: compatible with main"; \
+	else echo "buf breaking: no local main branch, skipped"; fi
 	$(PY) scripts/gen_config_doc.py --check
 
 lint: proto-check

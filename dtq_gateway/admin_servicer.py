@@ -23,6 +23,7 @@ from dtq_gateway.audit import append_audit, request_id_of
 from dtq_gateway.auth import actor_of
 from dtq_gateway.errors import InvalidArgument, Unavailable
 from dtq_gateway.grpc_errors import abort
+from dtq_gateway.queue_rates import RATES
 from dtq_gateway.replies import text
 from dtq_gateway.settings import Settings
 from dtq_gateway.task_record import NAME_BY_STATUS, task_from_hash
@@ -71,13 +72,23 @@ def _dead_letter(e: admin_dlq.DeadLetterEntry) -> pb.DeadLetter:
 
 
 def _queue_stats(s: admin.QueueStats) -> pb.GetQueueStatsResponse:
+    c = s.counters
+    rate = RATES.observe(s.queue, s.now_ms, c.get("succeeded", 0), s.failed)
     return pb.GetQueueStatsResponse(
         queue=s.queue, depth=s.depth, pending=s.pending, scheduled=s.scheduled,
         oldest_task_age_ms=s.oldest_task_age_ms, paused=s.paused,
         dead_letter_depth=s.dead_letter_depth,
         bands=[pb.BandStats(band=b.band, depth=b.depth, pending=b.pending) for b in s.bands],
         consumers=[pb.ConsumerStats(name=c.name, pending=c.pending, idle_ms=c.idle_ms)
-                   for c in s.consumers])
+                   for c in s.consumers],
+        succeeded=c.get("succeeded", 0), failed=s.failed, retried=c.get("retried", 0),
+        dead_lettered=c.get("dead_lettered", 0), cancelled=c.get("cancelled", 0),
+        succeeded_per_s=rate.succeeded_per_s, failed_per_s=rate.failed_per_s,
+        throughput_window_ms=rate.window_ms,
+        waiting_types=[pb.TaskTypeWaiting(task_type=t.task_type, waiting=t.waiting,
+                                          oldest_age_ms=t.oldest_age_ms, taken=t.taken)
+                       for t in s.waiting_types],
+        waiting_complete=s.waiting_complete, stuck_task_types=s.stuck_task_types)
 
 
 def _worker(w: admin_lists.WorkerRecord) -> pb.WorkerInfo:
@@ -86,7 +97,8 @@ def _worker(w: admin_lists.WorkerRecord) -> pb.WorkerInfo:
         last_heartbeat_at_ms=w.last_heartbeat_at_ms, heartbeat_age_ms=w.heartbeat_age_ms,
         active_tasks=w.active_tasks, concurrency=w.concurrency,
         tasks_processed=w.tasks_processed, tasks_failed=w.tasks_failed,
-        tasks_retried=w.tasks_retried, status=w.status, alive=w.alive, leasing=w.leasing)
+        tasks_retried=w.tasks_retried, status=w.status, alive=w.alive, leasing=w.leasing,
+        labels=w.labels, queues=w.queues, task_types=w.task_types)
 
 
 def _redrive_filter(req: pb.RedriveDeadLettersRequest) -> admin_dlq.RedriveFilter:
@@ -137,7 +149,8 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
     async def GetQueueStats(self, request: pb.GetQueueStatsRequest, context: Any
                             ) -> pb.GetQueueStatsResponse:
         """Per-band depth/pending and the autoscaling signals of one queue."""
-        return _queue_stats(await admin.queue_stats(self.redis, request.queue))
+        return _queue_stats(await admin.queue_stats(self.redis, request.queue,
+                                                    self.settings.heartbeat_interval_ms))
 
     @_rpc
     async def PauseQueue(self, request: pb.PauseQueueRequest, context: Any
@@ -158,7 +171,8 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
         call = _call(context)
         reason = cut_utf8(request.reason, MAX_REASON_BYTES)
         changed = await admin.set_paused(self.redis, request.queue, paused, call, reason,
-                                         audit_maxlen=self.settings.audit_maxlen)
+                                         audit_maxlen=self.settings.audit_maxlen,
+                                         create=paused and request.create)
         return changed, call.request_id
 
     @_rpc

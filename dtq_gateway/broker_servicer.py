@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 from dtq_gateway import grpc_errors, tracing
 from dtq_gateway.broker import Broker, Enqueued
-from dtq_gateway.completion import Completion, ItemOutcome
+from dtq_gateway.completion import Completion, ItemOutcome, WorkerRegistration
 from dtq_gateway.dispatch import Dispatcher
 from dtq_gateway.errors import DtqError, InvalidArgument, Unavailable
 from dtq_gateway.groups import queue_limit
@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 
 MAX_BATCH = 1000
 MAX_QUEUES = 32
+#: Bounds of LeaseRequest.labels: entries, key and value length (UTF-8 bytes).
+MAX_LABELS = 32
+MAX_LABEL_KEY_BYTES = 64
+MAX_LABEL_VALUE_BYTES = 256
 
 
 def status_enum(status: str) -> int:
@@ -162,6 +166,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
         return results, valid, where, chains
 
     def _session(self, request: dtq_pb2.LeaseRequest, identity: str) -> Session:
+        check_labels(request.labels)
         check_worker_id(request.worker_id)
         if not 1 <= len(request.queues) <= MAX_QUEUES:
             raise InvalidArgument(f"queues: 1..{MAX_QUEUES} queue names required",
@@ -189,7 +194,9 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
                 raise queue_limit(min(refused), self.broker.groups.max_queues,
                                   field="queues")
             await self.completion.worker_event(session.worker_id, request.hostname, "started",
-                                               request.concurrency, caller=identity)
+                                               request.concurrency, caller=identity,
+                registration=WorkerRegistration(check_labels(request.labels), session.queues,
+                                                sorted(session.task_types)))
         except Exception as exc:  # noqa: BLE001
             await grpc_errors.abort(context, exc)
         s = self.settings
@@ -282,3 +289,22 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
         return dtq_pb2.CancelTaskResponse(
             status=dtq_pb2.TASK_STATUS_ACTIVE if requested else dtq_pb2.TASK_STATUS_CANCELLED,
             cancel_requested=requested, request_id=request_id)
+
+
+def check_labels(labels) -> dict[str, str]:
+    """LeaseRequest.labels as a dict: at most ``MAX_LABELS`` entries, keys of 1..64 and
+    values of at most 256 UTF-8 bytes.
+
+    Raises:
+        InvalidArgument: names ``labels``.
+    """
+    if len(labels) > MAX_LABELS:
+        raise InvalidArgument(f"labels: at most {MAX_LABELS} entries", field="labels")
+    for k, v in labels.items():
+        if not 1 <= len(k.encode()) <= MAX_LABEL_KEY_BYTES:
+            raise InvalidArgument(f"labels: keys must be 1..{MAX_LABEL_KEY_BYTES} bytes",
+                                  field="labels")
+        if len(v.encode()) > MAX_LABEL_VALUE_BYTES:
+            raise InvalidArgument(f"labels: value of {k!r} over {MAX_LABEL_VALUE_BYTES} bytes",
+                                  field="labels")
+    return dict(labels)

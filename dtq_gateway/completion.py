@@ -7,9 +7,10 @@ go out as one pipeline, so a batch of acks costs one Redis round trip.
 
 from __future__ import annotations
 
+import json
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -34,6 +35,21 @@ _MODES = {dtq_pb2.FAIL_MODE_UNSPECIFIED: "failure", dtq_pb2.FAIL_MODE_FAILURE: "
           dtq_pb2.FAIL_MODE_RELEASE: "release", dtq_pb2.FAIL_MODE_CANCELLED: "cancelled"}
 _KIND_STATUS = {"retry": "scheduled", "dead": "dead_lettered", "released": "queued",
                 "cancelled": "cancelled", "ok": "succeeded"}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRegistration:
+    """What a Lease session says about its worker (stored in dtq:worker:<id>, shown by
+    ListWorkers): free-form labels, its queues and its task type filter (empty = all)."""
+
+    labels: Mapping[str, str]
+    queues: Sequence[str]
+    task_types: Sequence[str] = ()
+
+    def argv(self) -> tuple[str, str, str, str]:
+        """worker_beat.lua ARGV[14..17]."""
+        return ("1", json.dumps(dict(sorted(self.labels.items())), separators=(",", ":")),
+                ",".join(self.queues), ",".join(sorted(self.task_types)))
 
 
 @dataclass(slots=True)
@@ -124,7 +140,8 @@ class Completion:
                 le = oc.lease
                 result = it.result[: s.result_max_bytes]
                 keys_ += (le.stream, keys.task(le.task_id), keys.result(le.task_id),
-                          _idem_key(le), keys.chain_pending(le.queue))
+                          _idem_key(le), keys.chain_pending(le.queue),
+                          keys.queue_counters(le.queue))
                 args += (le.entry_id, le.attempt, le.worker_id, le.task_id, result,
                          "1" if len(it.result) > len(result) else "0", le.tag)
             calls.append((keys_, args))
@@ -141,7 +158,7 @@ class Completion:
         def call(it: dtq_pb2.FailItem, le: Lease) -> tuple[list[str], list]:
             retryable = it.retryable if it.HasField("retryable") else True
             return ([le.stream, keys.task(le.task_id), keys.DEAD_LETTER, keys.RETRY_SCHEDULE,
-                     _idem_key(le)],
+                     _idem_key(le), keys.queue_counters(le.queue)],
                     Script.argv_notified(
                         keys.GROUP, le.entry_id, le.attempt, le.worker_id, le.task_id,
                         _MODES.get(it.mode, "failure"), "1" if retryable else "0",
@@ -249,21 +266,26 @@ class Completion:
     def queue_worker_beat(self, pipe, worker_id: str, hostname: str, event: str,
                           active: int | str = "", concurrency: int | str = "",
                           counters: dtq_pb2.WorkerCounters | None = None,
-                          gateway_tag: str = "", caller: str = "") -> None:
+                          gateway_tag: str = "", caller: str = "",
+                          registration: WorkerRegistration | None = None) -> None:
         """Queue a refresh of dtq:worker:<id> (PEXPIRE 3x heartbeat) on a pipeline;
         ``gateway_tag`` with a "started"/"stopped" event counts the worker's open Lease
         streams on this gateway (ListWorkers' ``leasing``). The record is bound to the
         owner tag of ``caller`` by the first beat; a beat from another identity changes
-        nothing and replies ``denied`` (worker_beat.lua)."""
+        nothing and replies ``denied`` (worker_beat.lua); ``registration`` (with "started")
+        stores the session's labels, queues and task type filter."""
         c = counters or dtq_pb2.WorkerCounters()
+        reg = registration.argv() if registration else ("0", "", "", "")
         WORKER_BEAT.queue(pipe, [keys.worker(worker_id), keys.WORKERS], Script.argv(
             worker_id, cut_utf8(hostname, MAX_HOSTNAME_BYTES), self.settings.worker_ttl_ms,
             event, active, concurrency, c.tasks_processed, c.tasks_failed, c.tasks_retried,
-            "1" if counters else "0", gateway_tag, owner_tag(caller)))
+            "1" if counters else "0", gateway_tag, owner_tag(caller), *reg))
 
     async def worker_event(self, worker_id: str, hostname: str, event: str,
-                           concurrency: int = 0, caller: str = "") -> None:
-        """Record a session start ("started") or end ("stopped") with its event.
+                           concurrency: int = 0, caller: str = "",
+                           registration: WorkerRegistration | None = None) -> None:
+        """Record a session start ("started", with the session's ``registration``) or
+        end ("stopped") with its event.
 
         Raises:
             PermissionDenied: the worker id is bound to another identity.
@@ -271,7 +293,7 @@ class Completion:
         pipe = self.redis.pipeline(transaction=False)
         self.queue_worker_beat(pipe, worker_id, hostname, event, "", concurrency or "",
                                gateway_tag=keys.gateway_tag(self.settings.gateway_id),
-                               caller=caller)
+                               caller=caller, registration=registration)
         (reply,) = await execute(self.redis, pipe)
         if isinstance(reply, Exception):
             raise reply

@@ -465,7 +465,8 @@ class Dispatcher:
             digest = keys.idempotency_digest(idem) if idem else ""
             keys_ += [stream, keys.task(task_id),
                       keys.idempotency(queue, digest) if digest else keys.task(task_id)]
-            args += [entry_id, task_id, _s(f["attempt"]), mode]
+            args += [entry_id, task_id, _s(f["attempt"]), mode,
+                     queued_at_ms(entry_id, f) if mode == "r" else ""]
             digests.append(digest)
         # argv_notified: this dispatcher needs none of its own activation events back
         replies = await ACTIVATE(self.redis, keys_, Script.argv_notified(
@@ -555,3 +556,10 @@ class Dispatcher:
             created_at_ms=int(rep[3] or 0), leased_at_ms=int(rep[4]),
             traceparent=metadata.get("traceparent", ""),
             tracestate=metadata.get("tracestate", ""))
+
+
+def queued_at_ms(entry_id: str, fields: dict) -> int:
+    """Epoch ms a band stream entry's task began to wait: its ``queued_at`` field (an
+    entry put back unleased keeps the first one), else the time in its id."""
+    raw = fields.get("queued_at") or fields.get(b"queued_at")
+    return int(raw) if raw else int(entry_id.split("-", 1)[0])

@@ -129,6 +129,12 @@ def gateway(tag: str) -> str:
     return f"{PREFIX}gateway:{tag}"
 
 
+def queue_counters(queue: str) -> str:
+    """Outcome counters of a queue (hash succeeded, retried, dead_lettered, cancelled;
+    HINCRBY by ack.lua and fail.lua): ``dtq:queue:<queue>:counters``."""
+    return f"{PREFIX}queue:{queue}:counters"
+
+
 def paused(queue: str) -> str:
     """Pause flag of a queue: ``dtq:queue:<queue>:paused``."""
     return f"{PREFIX}queue:{queue}:paused"

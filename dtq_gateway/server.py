@@ -32,6 +32,7 @@ from dtq_gateway.groups import Groups
 from dtq_gateway.metrics import REDIS_MEMORY_FULL
 from dtq_gateway.ops import Operations, server_interceptors
 from dtq_gateway.redis_policy import EvictionPolicyWatch
+from dtq_gateway.reflection_pool import ReflectionPool
 from dtq_gateway.scheduler import Scheduler
 from dtq_gateway.settings import Settings
 from dtq_proto import dtq_pb2, dtq_pb2_grpc
@@ -265,7 +266,7 @@ class Gateway:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME), self.server)
+             reflection.SERVICE_NAME), self.server, pool=ReflectionPool())
 
     def _bind(self) -> int:
         s = self.settings

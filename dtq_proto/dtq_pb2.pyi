@@ -567,7 +567,7 @@ class GetQueueStatsRequest(_message.Message):
     def __init__(self, queue: _Optional[str] = ...) -> None: ...
 
 class GetQueueStatsResponse(_message.Message):
-    __slots__ = ("queue", "bands", "depth", "pending", "scheduled", "oldest_task_age_ms", "paused", "dead_letter_depth", "consumers")
+    __slots__ = ("queue", "bands", "depth", "pending", "scheduled", "oldest_task_age_ms", "paused", "dead_letter_depth", "consumers", "succeeded", "failed", "retried", "dead_lettered", "cancelled", "succeeded_per_s", "failed_per_s", "throughput_window_ms", "waiting_types", "waiting_complete", "stuck_task_types")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     BANDS_FIELD_NUMBER: _ClassVar[int]
     DEPTH_FIELD_NUMBER: _ClassVar[int]
@@ -577,6 +577,17 @@ class GetQueueStatsResponse(_message.Message):
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTER_DEPTH_FIELD_NUMBER: _ClassVar[int]
     CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    RETRIED_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    SUCCEEDED_PER_S_FIELD_NUMBER: _ClassVar[int]
+    FAILED_PER_S_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_TYPES_FIELD_NUMBER: _ClassVar[int]
+    WAITING_COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    STUCK_TASK_TYPES_FIELD_NUMBER: _ClassVar[int]
     queue: str
     bands: _containers.RepeatedCompositeFieldContainer[BandStats]
     depth: int
@@ -586,7 +597,18 @@ class GetQueueStatsResponse(_message.Message):
     paused: bool
     dead_letter_depth: int
     consumers: _containers.RepeatedCompositeFieldContainer[ConsumerStats]
-    def __init__(self, queue: _Optional[str] = ..., bands: _Optional[_Iterable[_Union[BandStats, _Mapping]]] = ..., depth: _Optional[int] = ..., pending: _Optional[int] = ..., scheduled: _Optional[int] = ..., oldest_task_age_ms: _Optional[int] = ..., paused: _Optional[bool] = ..., dead_letter_depth: _Optional[int] = ..., consumers: _Optional[_Iterable[_Union[ConsumerStats, _Mapping]]] = ...) -> None: ...
+    succeeded: int
+    failed: int
+    retried: int
+    dead_lettered: int
+    cancelled: int
+    succeeded_per_s: float
+    failed_per_s: float
+    throughput_window_ms: int
+    waiting_types: _containers.RepeatedCompositeFieldContainer[TaskTypeWaiting]
+    waiting_complete: bool
+    stuck_task_types: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, queue: _Optional[str] = ..., bands: _Optional[_Iterable[_Union[BandStats, _Mapping]]] = ..., depth: _Optional[int] = ..., pending: _Optional[int] = ..., scheduled: _Optional[int] = ..., oldest_task_age_ms: _Optional[int] = ..., paused: _Optional[bool] = ..., dead_letter_depth: _Optional[int] = ..., consumers: _Optional[_Iterable[_Union[ConsumerStats, _Mapping]]] = ..., succeeded: _Optional[int] = ..., failed: _Optional[int] = ..., retried: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., cancelled: _Optional[int] = ..., succeeded_per_s: _Optional[float] = ..., failed_per_s: _Optional[float] = ..., throughput_window_ms: _Optional[int] = ..., waiting_types: _Optional[_Iterable[_Union[TaskTypeWaiting, _Mapping]]] = ..., waiting_complete: _Optional[bool] = ..., stuck_task_types: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class BandStats(_message.Message):
     __slots__ = ("band", "depth", "pending")
@@ -609,12 +631,14 @@ class ConsumerStats(_message.Message):
     def __init__(self, name: _Optional[str] = ..., pending: _Optional[int] = ..., idle_ms: _Optional[int] = ...) -> None: ...
 
 class PauseQueueRequest(_message.Message):
-    __slots__ = ("queue", "reason")
+    __slots__ = ("queue", "reason", "create")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    CREATE_FIELD_NUMBER: _ClassVar[int]
     queue: str
     reason: str
-    def __init__(self, queue: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    create: bool
+    def __init__(self, queue: _Optional[str] = ..., reason: _Optional[str] = ..., create: _Optional[bool] = ...) -> None: ...
 
 class PauseQueueResponse(_message.Message):
     __slots__ = ("changed", "request_id")
@@ -765,7 +789,14 @@ class ListWorkersResponse(_message.Message):
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "hostname", "started_at_ms", "last_heartbeat_at_ms", "heartbeat_age_ms", "active_tasks", "concurrency", "tasks_processed", "tasks_failed", "tasks_retried", "status", "alive", "leasing")
+    __slots__ = ("worker_id", "hostname", "started_at_ms", "last_heartbeat_at_ms", "heartbeat_age_ms", "active_tasks", "concurrency", "tasks_processed", "tasks_failed", "tasks_retried", "status", "alive", "leasing", "labels", "queues", "task_types")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -779,6 +810,9 @@ class WorkerInfo(_message.Message):
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
     LEASING_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    TASK_TYPES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     hostname: str
     started_at_ms: int
@@ -792,7 +826,10 @@ class WorkerInfo(_message.Message):
     status: str
     alive: bool
     leasing: bool
-    def __init__(self, worker_id: _Optional[str] = ..., hostname: _Optional[str] = ..., started_at_ms: _Optional[int] = ..., last_heartbeat_at_ms: _Optional[int] = ..., heartbeat_age_ms: _Optional[int] = ..., active_tasks: _Optional[int] = ..., concurrency: _Optional[int] = ..., tasks_processed: _Optional[int] = ..., tasks_failed: _Optional[int] = ..., tasks_retried: _Optional[int] = ..., status: _Optional[str] = ..., alive: _Optional[bool] = ..., leasing: _Optional[bool] = ...) -> None: ...
+    labels: _containers.ScalarMap[str, str]
+    queues: _containers.RepeatedScalarFieldContainer[str]
+    task_types: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., hostname: _Optional[str] = ..., started_at_ms: _Optional[int] = ..., last_heartbeat_at_ms: _Optional[int] = ..., heartbeat_age_ms: _Optional[int] = ..., active_tasks: _Optional[int] = ..., concurrency: _Optional[int] = ..., tasks_processed: _Optional[int] = ..., tasks_failed: _Optional[int] = ..., tasks_retried: _Optional[int] = ..., status: _Optional[str] = ..., alive: _Optional[bool] = ..., leasing: _Optional[bool] = ..., labels: _Optional[_Mapping[str, str]] = ..., queues: _Optional[_Iterable[str]] = ..., task_types: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListRecentTasksRequest(_message.Message):
     __slots__ = ("limit", "queue", "status")
@@ -1076,3 +1113,15 @@ class TaskProgress(_message.Message):
     percent: float
     message: str
     def __init__(self, lease_id: _Optional[str] = ..., percent: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
+
+class TaskTypeWaiting(_message.Message):
+    __slots__ = ("task_type", "waiting", "oldest_age_ms", "taken")
+    TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    TAKEN_FIELD_NUMBER: _ClassVar[int]
+    task_type: str
+    waiting: int
+    oldest_age_ms: int
+    taken: bool
+    def __init__(self, task_type: _Optional[str] = ..., waiting: _Optional[int] = ..., oldest_age_ms: _Optional[int] = ..., taken: _Optional[bool] = ...) -> None: ...

@@ -580,14 +580,15 @@ class AdminServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PauseQueue(self, request, context):
-        """PauseQueue stops leasing from a queue. Enqueue keeps accepting tasks.
+        """PauseQueue stops leasing from a queue. Enqueue keeps accepting tasks. NOT_FOUND
+        (reason QUEUE_NOT_FOUND) for a queue that does not exist, unless create is set.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ResumeQueue(self, request, context):
-        """ResumeQueue resumes leasing from a paused queue.
+        """ResumeQueue resumes leasing from a paused queue. NOT_FOUND for an unknown queue.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -4,13 +4,15 @@
 -- retention clock starts now), SET of the result only when it is not empty, and GET/SET
 -- of the idempotency record when the task has one; per band stream of the call one
 -- XACK and one XDEL with every completed entry id (a call per id cost twice the CPU).
--- Per lease i, from k = (i-1)*5:
+-- Per lease i, from k = (i-1)*6:
 --   KEYS[k+1] band stream  [k+2] task hash  [k+3] result string  [k+4] idempotency record,
 --   or the task hash again when the task has no idempotency key
 --   [k+5] chain-pending zset of the task's queue dtq:chains:pending:<queue>: a task with a
 --   chain step still to create is added (member task id, score now) in this same call,
 --   so "A succeeded" and "B is owed" are one atomic fact; followups.py creates B and
 --   removes A, and the leader's follow-up sweep finishes what a dead gateway left.
+--   [k+6] the queue's counters hash dtq:queue:<q>:counters (field succeeded: one HINCRBY
+--   per queue per call)
 -- ARGV[3] group  [4] n leases  [5] result TTL s  [6] task retention s
 -- then per lease i, 7 values from a = 6 + (i-1)*7:
 --   [a+1] entry id  [a+2] attempt  [a+3] worker id  [a+4] task id  [a+5] result bytes
@@ -22,6 +24,7 @@ local group, n = ARGV[3], tonumber(ARGV[4])
 local result_ttl_s, retention_s = tonumber(ARGV[5]), tonumber(ARGV[6])
 local now = now_ms()
 local done = {}  -- band stream key -> entry ids completed by this call
+local succeeded = {}  -- counters hash key -> leases completed by this call
 
 local function ack_one(k, a)
   local stream, task_key, result_key = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
@@ -37,6 +40,7 @@ local function ack_one(k, a)
   local ids = done[stream]
   if not ids then ids = {}; done[stream] = ids end
   ids[#ids + 1] = id
+  succeeded[KEYS[k + 6]] = (succeeded[KEYS[k + 6]] or 0) + 1
   -- one HSET for the state, the attempt record and the stamp (hot path). The attempt
   -- JSON is concatenated: worker ids are [A-Za-z0-9_.:@-] and the numbers are Redis
   -- TIME values, so nothing needs escaping (cjson per task cost more).
@@ -62,10 +66,13 @@ local function ack_one(k, a)
 end
 
 local replies = {}
-for i = 1, n do replies[i] = ack_one((i - 1) * 5, 6 + (i - 1) * 7) end
+for i = 1, n do replies[i] = ack_one((i - 1) * 6, 6 + (i - 1) * 7) end
 -- the same script call, so the record and the PEL/stream change together
 for stream, ids in pairs(done) do
   redis.call('XACK', stream, group, unpack(ids))
   redis.call('XDEL', stream, unpack(ids))
+end
+for counters_key, count in pairs(succeeded) do
+  redis.call('HINCRBY', counters_key, 'succeeded', count)
 end
 return replies

@@ -1,6 +1,8 @@
 -- fail: report a failed, released or cancelled lease (fenced).
 -- KEYS[1] band stream  [2] task hash  [3] dead-letter stream  [4] retry schedule zset
 -- KEYS[5] idempotency record or the task hash again (see has_idem)
+-- KEYS[6] (optional) the queue's counters hash dtq:queue:<q>:counters: one HINCRBY of
+--         retried, dead_lettered or cancelled by the outcome (a release counts nothing)
 -- ARGV[3] group  [4] entry id  [5] attempt  [6] worker id  [7] task id
 -- ARGV[8] mode: 'failure' | 'release' | 'cancelled'  [9] retryable '1'/'0'
 -- ARGV[10] retry_after_ms (0 = backoff)  [11] jitter u in [0,1)  [12] error message
@@ -30,8 +32,11 @@ redis.call('XACK', stream, group, id)
 redis.call('XDEL', stream, id)
 redis.call('HSET', task_key, 'entry_id', '', 'done', 'fail:' .. id)
 
+local COUNTED = {retry = 'retried', dead = 'dead_lettered', cancelled = 'cancelled'}
 -- terminal outcomes start the retention clock; a retry or release stays live
 local function finish(kind, new_status, extra)
+  local field = COUNTED[kind]
+  if field and KEYS[6] then redis.call('HINCRBY', KEYS[6], field, 1) end
   if new_status == 'scheduled' or new_status == 'queued' then keep_live(task_key, now)
   else retire(task_key, now, retention) end
   local member = ''

@@ -103,7 +103,7 @@ def test_layout_table_and_key_builders_agree():
 
 async def _enqueue_scenarios(e: Env) -> dict[str, str]:
     """Enqueue every scenario while the queue is paused; check the fresh TTLs."""
-    changed = (await e.admin.PauseQueue(pb.PauseQueueRequest(queue=Q, reason="retention")))
+    changed = (await e.admin.PauseQueue(pb.PauseQueueRequest(queue=Q, reason="retention", create=True)))
     assert changed.changed and await e.r.exists(keys.paused(Q)), "pause flag not set"
     past = await rs.now_ms(e.r) - 1000
     reqs = {"success": enq(), "retry": enq(max_attempts=3),
