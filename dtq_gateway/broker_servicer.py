@@ -16,10 +16,10 @@ from dtq_gateway.broker import Broker, Enqueued
 from dtq_gateway.completion import Completion, ItemOutcome, WorkerRegistration
 from dtq_gateway.dispatch import Dispatcher
 from dtq_gateway.errors import DtqError, InvalidArgument, Unavailable
-from dtq_gateway.groups import queue_limit
-from dtq_gateway.leaseid import owner_tag
 from dtq_gateway.followup_plan import callback_task_id, plan_chain, plan_group
 from dtq_gateway.followups import FollowUps
+from dtq_gateway.groups import queue_limit
+from dtq_gateway.leaseid import owner_tag
 from dtq_gateway.sessions import Session
 from dtq_gateway.settings import Settings
 from dtq_gateway.task_record import STATUS_BY_NAME, task_from_hash
@@ -199,17 +199,19 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
                                                 sorted(session.task_types)))
         except Exception as exc:  # noqa: BLE001
             await grpc_errors.abort(context, exc)
-        s = self.settings
-        yield dtq_pb2.LeaseResponse(session=dtq_pb2.SessionInfo(
-            session_id=session.session_id, heartbeat_interval_ms=s.heartbeat_interval_ms,
-            visibility_timeout_ms=s.visibility_timeout_ms, max_in_flight=session.max_in_flight,
-            gateway_id=s.gateway_id, result_max_bytes=s.result_max_bytes,
-            lease_grace_ms=s.lease_grace_ms))
+        # registered before SessionInfo goes out: a client that has its SessionInfo is
+        # a candidate for the next read (the finally below unregisters it)
         self.dispatcher.register(session)
         log.info("lease session opened", extra={"worker_id": session.worker_id,
                                                  "session_id": session.session_id,
                                                  "queues": session.queues})
         try:
+            s = self.settings
+            yield dtq_pb2.LeaseResponse(session=dtq_pb2.SessionInfo(
+                session_id=session.session_id, heartbeat_interval_ms=s.heartbeat_interval_ms,
+                visibility_timeout_ms=s.visibility_timeout_ms, max_in_flight=session.max_in_flight,
+                gateway_id=s.gateway_id, result_max_bytes=s.result_max_bytes,
+                lease_grace_ms=s.lease_grace_ms))
             while True:
                 task = await session.out.get()
                 if task is None:

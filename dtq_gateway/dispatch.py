@@ -86,6 +86,8 @@ class Dispatcher:
         self._dirty_queues: set[str] = set()
         self._dirty_workers: set[str] = set()
         self._new_sessions: set[str] = set()
+        #: sessions that read a full batch and read again: next round, after the others
+        self._rereads: set[str] = set()
         self._task: asyncio.Task | None = None
         self._rr = itertools.count()
         self._last_error_log = 0.0
@@ -301,7 +303,9 @@ class Dispatcher:
 
     def _candidates(self, tick: bool) -> list[Session]:
         queues, workers, new = self._dirty_queues, self._dirty_workers, self._new_sessions
+        rereads = self._rereads
         self._dirty_queues, self._dirty_workers, self._new_sessions = set(), set(), set()
+        self._rereads = set()
         if tick:
             sessions = list(self.sessions.values())
         else:  # only sessions something happened to: independent of idle sessions
@@ -329,6 +333,8 @@ class Dispatcher:
             if (tick or s.worker_id in workers or s.session_id in new
                     or (not s.full and not queues.isdisjoint(s.queues))):
                 picked.append(s)
+        if rereads:  # a burst is spread: the sessions that just read a full batch go last
+            picked.sort(key=lambda s: s.session_id in rereads)
         return picked
 
     async def _round(self, tick: bool) -> None:
@@ -360,8 +366,11 @@ class Dispatcher:
                 empty.update(session.queues)
             elif credit_left and got >= session.read_cap(BATCH_MAX):
                 # more may be waiting: this session reads again next round, after the
-                # other sessions of the queue had their turn (a burst is spread)
+                # other sessions of its queues had their turn (a burst is spread): they
+                # are woken too, and the re-reading session goes last
                 self._dirty_workers.add(session.worker_id)
+                self._dirty_queues.update(session.queues)
+                self._rereads.add(session.session_id)
                 self._wake.set()
         if tick and skipped:
             await self._end_draining({s.worker_id for s in skipped})

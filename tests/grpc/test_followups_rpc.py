@@ -122,7 +122,8 @@ async def test_sweep_creates_a_step_a_dead_gateway_owed(broker_stub, gateway):
     r = await broker_stub.Enqueue(enq(chain=[enq(task_type="b", payload=b"")]))
     lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
     task_a = await lease.next()
-    orphan = Completion(gateway.redis, gateway.settings)  # on_follow does nothing
+    # on_follow does nothing; the gateway's keyring verifies the signed lease id
+    orphan = Completion(gateway.redis, gateway.settings, keyring=gateway.keyring)
     (out,) = await orphan.ack([pb.AckItem(lease_id=task_a.lease_id, result=b"[7]")])
     assert (out.status, out.follow) == ("succeeded", "c")
     assert (await get(broker_stub, r.task_id)).chain_state == pb.CHAIN_STATE_CONTINUING

@@ -131,7 +131,8 @@ async def test_pause_reason_is_cut_in_the_log_line(channel, caplog):
     caplog.set_level(logging.INFO)
     try:
         admin = dtq_pb2_grpc.AdminStub(channel)
-        await admin.PauseQueue(pb.PauseQueueRequest(queue="q", reason="r" * (10 << 20)))
+        await admin.PauseQueue(pb.PauseQueueRequest(queue="q", reason="r" * (10 << 20),
+                                                     create=True))
     finally:
         logging.getLogger().removeHandler(handler)
     audit = [line for line in lines if line.startswith("audit pause_queue")]

@@ -63,6 +63,7 @@ FAMILY_EXAMPLES = {
     "workers": keys.WORKERS,
     "paused": keys.paused("q-1"),
     "queue-counters": keys.queue_counters("q-1"),
+    "lease-secret": keys.LEASE_SECRET,
     "cancelled": keys.CANCELLED,
     "queue-registry": keys.QUEUES,
     "registry-backfilled": keys.QUEUES_BACKFILLED,

@@ -47,7 +47,7 @@ def key_family(key: str) -> str | None:
                keys.WORKERS: "workers", keys.CANCELLED: "cancelled",
                keys.RECENT_TASKS: "recent-tasks", keys.SCHEDULER_LOCK: "scheduler-lock",
                keys.BUSY_QUEUES: "busy-queues", keys.QUEUES: "queue-registry",
-               keys.QUEUES_BACKFILLED: "registry-backfilled"}
+               keys.QUEUES_BACKFILLED: "registry-backfilled", keys.LEASE_SECRET: "lease-secret"}
     if key in singles:
         return singles[key]
     for family, build, pattern in (("task", keys.task, keys.TASK_ID_RE),
@@ -62,6 +62,8 @@ def key_family(key: str) -> str | None:
         return "idempotency"
     if len(parts) == 4 and key == keys.paused(parts[2]):
         return "paused"
+    if len(parts) == 4 and key == keys.queue_counters(parts[2]):
+        return "queue-counters"
     return None
 
 

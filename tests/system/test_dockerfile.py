@@ -382,7 +382,7 @@ def test_compose_deployment_runs_from_the_entry_commands(tmp_path: Path) -> None
             task = client.get_task(res.task_id)
         assert worker.poll() is None, f"the worker exited\n{tails()}"
         assert task.status == pb.TASK_STATUS_SUCCEEDED, (task, tails())
-        assert json.loads(task.result)["lines"] > 0, task
+        assert task.result["lines"] > 0, task  # the typed client decodes JSON results
 
         # STOPSIGNAL: worker, then gateways, then Redis; each drains and exits 0
         for proc, sig, grace_s in reversed(procs):

@@ -162,7 +162,7 @@ def test_the_docs_mark_runnable_snippets() -> None:
 
 #: Where a DTQ_* name may be defined: gateway settings (below), the Python worker and
 #: client, the example workers and demo, the conformance suite's runner.
-CODE_DIRS = ("dtq_pyworker", "examples", "tests/conformance")
+CODE_DIRS = ("dtq_pyworker", "dtq_cli", "examples", "tests/conformance", "tests/browser")
 VAR_RE = re.compile(r"\bDTQ_[A-Z0-9]+(?:_[A-Z0-9]+)*\b")
 
 

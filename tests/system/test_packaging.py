@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("dtq_gateway", "dtq_pyworker", "dtq_proto")
+PACKAGES = ("dtq_gateway", "dtq_pyworker", "dtq_proto", "dtq_cli")
 
 
 @pytest.mark.slow
@@ -35,3 +35,6 @@ def test_wheel_builds_without_warnings_and_ships_the_lua_scripts(tmp_path: Path)
     shipped = {n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".lua")}
     expected = {f"dtq_gateway/lua/{p.name}" for p in (ROOT / "dtq_gateway/lua").glob("*.lua")}
     assert shipped == expected
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"dtq_gateway/dashboard_static/index.html", "dtq_gateway/dashboard_static/app.js",
+            "dtq_cli/main.py"} <= names
