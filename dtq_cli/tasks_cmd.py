@@ -256,10 +256,11 @@ def tail(state: State, queues: tuple[str, ...], types: tuple[str, ...],
         signal.signal(signal.SIGTERM, signal.default_int_handler)
     except ValueError:  # not the main thread (e.g. under a test runner thread)
         previous = None
-    if not state.json:
-        click.echo(f"tailing events from {state.client.target} (Ctrl-C to stop)", err=True)
     seen = 0
     try:
+        # inside the try: a Ctrl-C right after the banner still exits 0
+        if not state.json:
+            click.echo(f"tailing events from {state.client.target} (Ctrl-C to stop)", err=True)
         for event in stream:
             _print_event(state, event)
             seen += 1
