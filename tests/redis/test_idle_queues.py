@@ -59,8 +59,11 @@ async def test_lost_lease_among_idle_queues_comes_back_within_vt_plus_1s(
     await r.set(keys.QUEUES_BACKFILLED, "1")
     await r.config_resetstat()
     client = Redis.from_url(redis_url)
+    # the idle-queue sweep (paced, one pass per DTQ_QUEUE_IDLE_DELETE_S) is off: this
+    # test counts what the reaper does with 20,000 idle streams
     s = Scheduler(client, Settings(gateway_id="gw", visibility_timeout_s=VT_S,
-                                   heartbeat_interval_s=0.5, scheduler_interval_ms=50))
+                                   heartbeat_interval_s=0.5, scheduler_interval_ms=50,
+                                   queue_idle_delete_s=0))
     run = asyncio.create_task(s.run())
     try:
         await wait_until(lambda: s.is_leader)
