@@ -101,6 +101,12 @@ def task_json(task: pb.Task, *, with_payload: bool = True) -> dict[str, Any]:
                       "started_at_ms": a.started_at_ms, "finished_at_ms": a.finished_at_ms,
                       "outcome": a.outcome, "error_message": a.error_message,
                       "error_class": a.error_class} for a in task.attempts],
+        # progress reported by the handler (percent 0..100; 0 / "" when none)
+        "progress_percent": task.progress_percent, "progress_message": task.progress_message,
+        "progress_at_ms": task.progress_at_ms,
+        "chain_id": task.chain_id, "chain_step": task.chain_step,
+        "next_task_id": task.next_task_id,
+        "chain_state": pb.ChainState.Name(task.chain_state).removeprefix("CHAIN_STATE_").lower(),
     }
     if with_payload:
         out["payload"] = decode_bytes(task.payload, task.content_type)
@@ -190,6 +196,17 @@ async def queue(b: Backend, name: str) -> dict[str, Any]:
             "consumers": [{"name": c.name, "pending": c.pending, "idle_ms": c.idle_ms}
                           for c in stats.consumers],
             "rates": b.rates.rates(name).as_dict(),
+            # outcome counts since the queue was created (dtq:queue:<q>:counters)
+            "succeeded": stats.counters.get("succeeded", 0), "failed": stats.failed,
+            "retried": stats.counters.get("retried", 0),
+            "dead_lettered": stats.counters.get("dead_lettered", 0),
+            "cancelled": stats.counters.get("cancelled", 0),
+            # waiting tasks by type; "stuck" = a type no live worker of the queue takes
+            "waiting_types": [{"task_type": t.task_type, "waiting": t.waiting,
+                               "oldest_age_ms": t.oldest_age_ms, "taken": t.taken}
+                              for t in stats.waiting_types],
+            "waiting_complete": stats.waiting_complete,
+            "stuck_task_types": stats.stuck_task_types,
             "recent": [task_json(task_from_hash(f, None, include_payload=False),
                                  with_payload=False) for f in recent]}
 

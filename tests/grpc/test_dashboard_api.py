@@ -241,3 +241,33 @@ async def test_cancel_recent_and_audit(redis_url):
         (entry,) = audit["entries"]
         assert (entry["action"], entry["actor"], entry["task_id"], entry["request_id"]) == (
             "cancel_task", "dashboard", task_id, "req-42")
+
+
+async def test_task_progress_and_queue_outcomes_and_stuck_types(redis_url):
+    """The task page carries the handler's progress; the queue page the outcome counts
+    and the waiting task types, naming a type no live worker takes as stuck."""
+    from tests.support.leasing import LeaseStream
+
+    async with dashboard_gateway(redis_url) as dg, aiohttp.ClientSession() as http:
+        await dg.succeed("jobs", "resize", {"n": 0}, {"ok": True})
+        run_id = await dg.enqueue("jobs", "resize", {"n": 1})
+        stream = await LeaseStream(dg.broker, "w-prog", ["jobs"],
+                                   task_types=["resize"]).open()
+        try:
+            task = await stream.next()
+            await dg.broker.Heartbeat(dtq_pb2.HeartbeatRequest(
+                worker_id="w-prog", lease_ids=[task.lease_id],
+                progress=[dtq_pb2.TaskProgress(lease_id=task.lease_id, percent=40,
+                                               message="resizing " + XSS)]))
+            await dg.enqueue("jobs", "nobody.takes.this", {})
+            status, t = await _json(http, "GET", dg.url + f"/api/tasks/{run_id}")
+            assert status == 200
+            assert (t["progress_percent"], t["progress_message"]) == (40, "resizing " + XSS)
+            assert t["progress_at_ms"] > 0 and t["chain_state"] == "unspecified"
+            status, q = await _json(http, "GET", dg.url + "/api/queues/jobs")
+            assert status == 200 and (q["succeeded"], q["failed"]) == (1, 0)
+            waiting = {w["task_type"]: w for w in q["waiting_types"]}
+            assert waiting["nobody.takes.this"]["waiting"] == 1
+            assert q["stuck_task_types"] == ["nobody.takes.this"]
+        finally:
+            stream.close()
