@@ -4,7 +4,7 @@
 script. See docs/cli.md.
 """
 
-from dtq_cli import admin_cmd, tasks_cmd  # noqa: F401 - registers the commands
+from dtq_cli import admin_cmd, schedule_cmd, tasks_cmd  # noqa: F401 - registers the commands
 from dtq_cli.main import ExitCode, cli, main
 
 __all__ = ["ExitCode", "cli", "main"]

@@ -62,9 +62,10 @@ def stats(state: State, queue: str) -> None:
               [(c.name, c.pending, human_duration(c.idle_ms)) for c in s.consumers])
 
 
-def _toggle(state: State, queue: str, reason: str, pause: bool) -> None:
+def _toggle(state: State, queue: str, reason: str, pause: bool, create: bool = False) -> None:
     client = state.client
-    res = client.pause_queue(queue, reason) if pause else client.resume_queue(queue, reason)
+    res = (client.pause_queue(queue, reason, create) if pause
+           else client.resume_queue(queue, reason))
     verb = "paused" if pause else "resumed"
     if state.json:
         emit_json({"queue": queue, "changed": res.changed, "request_id": res.request_id})
@@ -77,11 +78,13 @@ def _toggle(state: State, queue: str, reason: str, pause: bool) -> None:
 @cli.command()
 @click.argument("queue")
 @click.option("--reason", default="", help="Reason recorded in the audit stream.")
+@click.option("--create", is_flag=True,
+              help="Pause a queue that has no task yet (else: not found, exit 3).")
 @json_option
 @pass_state
-def pause(state: State, queue: str, reason: str) -> None:
+def pause(state: State, queue: str, reason: str, create: bool) -> None:
     """Stop workers from leasing QUEUE (enqueues are still accepted)."""
-    _toggle(state, queue, reason, True)
+    _toggle(state, queue, reason, True, create)
 
 
 @cli.command()

@@ -45,6 +45,58 @@ class AdminClient(Client):
         except grpc.RpcError as exc:
             raise DtqRpcError.from_rpc_error(exc) from exc
 
+    # -- periodic schedules and rate limits (docs/schedules.md, docs/rate-limits.md) --
+    def schedules(self) -> list[dtq_pb2.ScheduleInfo]:
+        """Every schedule, by name (pages through ListSchedules)."""
+        out: list[dtq_pb2.ScheduleInfo] = []
+        token = ""
+        while True:
+            resp = self._admin_call("ListSchedules", dtq_pb2.ListSchedulesRequest(
+                page_size=200, page_token=token))
+            out.extend(resp.schedules)
+            token = resp.next_page_token
+            if not token:
+                return out
+
+    def create_schedule(self, schedule: dtq_pb2.Schedule, replace: bool = False
+                        ) -> dtq_pb2.CreateScheduleResponse:
+        """Create a schedule (ALREADY_EXISTS unless ``replace``)."""
+        return self._admin_call("CreateSchedule", dtq_pb2.CreateScheduleRequest(
+            schedule=schedule, replace=replace))
+
+    def pause_schedule(self, name: str) -> dtq_pb2.PauseScheduleResponse:
+        """Pause a schedule (NOT_FOUND if unknown)."""
+        return self._admin_call("PauseSchedule", dtq_pb2.PauseScheduleRequest(name=name))
+
+    def resume_schedule(self, name: str) -> dtq_pb2.ResumeScheduleResponse:
+        """Resume a schedule from now (fires due while paused are skipped)."""
+        return self._admin_call("ResumeSchedule", dtq_pb2.ResumeScheduleRequest(name=name))
+
+    def trigger_schedule(self, name: str) -> dtq_pb2.TriggerScheduleResponse:
+        """Enqueue one fire now, by hand; returns the task id."""
+        return self._admin_call("TriggerSchedule", dtq_pb2.TriggerScheduleRequest(name=name))
+
+    def delete_schedule(self, name: str) -> dtq_pb2.DeleteScheduleResponse:
+        """Delete a schedule; ``deleted`` is False when there was none."""
+        return self._admin_call("DeleteSchedule", dtq_pb2.DeleteScheduleRequest(name=name))
+
+    def rate_limits(self, queue: str = "") -> list[dtq_pb2.RateLimit]:
+        """Rate limits of one queue, or of every queue."""
+        return list(self._admin_call("ListRateLimits", dtq_pb2.ListRateLimitsRequest(
+            queue=queue)).rate_limits)
+
+    def set_rate_limit(self, queue: str, limit: int, period_ms: int, task_type: str = "",
+                       burst: int = 0) -> dtq_pb2.SetRateLimitResponse:
+        """Set or change a rate limit: ``limit`` tasks per ``period_ms`` (ms)."""
+        return self._admin_call("SetRateLimit", dtq_pb2.SetRateLimitRequest(
+            rate_limit=dtq_pb2.RateLimit(queue=queue, task_type=task_type, limit=limit,
+                                         period_ms=period_ms, burst=burst)))
+
+    def delete_rate_limit(self, queue: str, task_type: str = "") -> dtq_pb2.DeleteRateLimitResponse:
+        """Remove a rate limit; ``deleted`` is False when there was none."""
+        return self._admin_call("DeleteRateLimit", dtq_pb2.DeleteRateLimitRequest(
+            queue=queue, task_type=task_type))
+
     # -- queues -------------------------------------------------------------------
     def list_queues(self) -> list[dtq_pb2.QueueSummary]:
         """Every queue, sorted by name (all pages)."""
@@ -66,10 +118,12 @@ class AdminClient(Client):
         """
         return self._admin_call("GetQueueStats", dtq_pb2.GetQueueStatsRequest(queue=queue))
 
-    def pause_queue(self, queue: str, reason: str = "") -> dtq_pb2.PauseQueueResponse:
-        """Stop leasing from ``queue`` (``changed`` False when it already was)."""
-        return self._admin_call("PauseQueue", dtq_pb2.PauseQueueRequest(queue=queue,
-                                                                         reason=reason))
+    def pause_queue(self, queue: str, reason: str = "",
+                    create: bool = False) -> dtq_pb2.PauseQueueResponse:
+        """Stop leasing from ``queue`` (``changed`` False when it already was); a queue
+        that does not exist is NOT_FOUND unless ``create`` (pause it before its first task)."""
+        return self._admin_call("PauseQueue", dtq_pb2.PauseQueueRequest(
+            queue=queue, reason=reason, create=create))
 
     def resume_queue(self, queue: str, reason: str = "") -> dtq_pb2.ResumeQueueResponse:
         """Resume leasing from ``queue`` (``changed`` False when it was not paused)."""

@@ -267,3 +267,34 @@ def test_tail_exits_0_on_ctrl_c_or_sigterm(env, sig):
         if proc.poll() is None:
             proc.kill()
             proc.wait(5)
+
+
+def test_schedules_limits_and_pause_create(env):
+    """Schedules and rate limits are driven from the CLI; pausing a queue that has no task
+    yet needs --create (else exit 3, not found)."""
+    made = env.run("schedules", "create", "cli-tick", SERVED, "ok", '{"s": 1}',
+                   "--every", "1h", "--paused")
+    assert made.exit_code == 0 and "created" in made.stdout
+    dup = env.run("schedules", "create", "cli-tick", SERVED, "ok", "{}", "--every", "1h")
+    assert dup.exit_code != 0  # ALREADY_EXISTS without --replace
+    (info,) = [s for s in env.json("schedules", "ls") if s["schedule"]["name"] == "cli-tick"]
+    assert info["schedule"]["paused"] is True
+    assert "cli-tick" in env.run("schedules", "ls").stdout
+    fired = env.run("schedules", "trigger", "cli-tick")
+    task_id = fired.stdout.strip()
+    assert fired.exit_code == 0 and env.run("wait", task_id, "--timeout", "10s").exit_code == 0
+    assert env.run("schedules", "resume", "cli-tick").exit_code == 0
+    assert "deleted" in env.run("schedules", "delete", "cli-tick").stdout
+    assert env.json("schedules", "ls") == [] or all(
+        s["schedule"]["name"] != "cli-tick" for s in env.json("schedules", "ls"))
+
+    assert "set" in env.run("limits", "set", SERVED, "50", "--per", "1s").stdout
+    (limit,) = env.json("limits", "ls", "--queue", SERVED)
+    assert (limit["limit"], int(limit["period_ms"])) == (50, 1000)
+    assert "removed" in env.run("limits", "rm", SERVED).stdout
+    assert env.json("limits", "ls", "--queue", SERVED) == []
+
+    missing = env.run("pause", "cli-never-seen")
+    assert missing.exit_code == ExitCode.NOT_FOUND
+    assert env.run("pause", "cli-never-seen", "--create").exit_code == 0
+    assert env.run("resume", "cli-never-seen").exit_code == 0
