@@ -38,9 +38,14 @@ def wait_for(check, timeout_s: float, what: str):
 class SentinelSetup:
     """Primary + replica (AOF on) and three sentinels (quorum 2)."""
 
-    def __init__(self, directory: str | None = None, down_after_ms: int = 1000) -> None:
+    def __init__(self, directory: str | None = None, down_after_ms: int = 1000,
+                 min_replicas_to_write: int = 0) -> None:
         self.dir = Path(directory or tempfile.mkdtemp(prefix="dtq-sentinel-"))
         self.down_after_ms = down_after_ms
+        #: min-replicas-to-write of both servers (with min-replicas-max-lag 1): a primary
+        #: cut off from its replica refuses writes after ~1 s instead of losing them
+        self.guard = ("--min-replicas-to-write", str(min_replicas_to_write),
+                      "--min-replicas-max-lag", "1") if min_replicas_to_write else ()
         self.nodes: list[RedisServer] = []
         self.sentinel_ports = [free_port() for _ in range(3)]
         self.sentinels: list[subprocess.Popen[bytes]] = []
@@ -52,12 +57,14 @@ class SentinelSetup:
 
     def start(self, timeout_s: float = 30.0) -> SentinelSetup:
         """Start everything and wait until the sentinels see the replica and each other."""
-        primary = RedisServer(directory=str(self.dir / "n0"), appendonly=True)
+        primary = RedisServer(directory=str(self.dir / "n0"), appendonly=True,
+                              extra_args=self.guard)
         (self.dir / "n0").mkdir(parents=True, exist_ok=True)
         primary.start()
         (self.dir / "n1").mkdir(parents=True, exist_ok=True)
         replica = RedisServer(directory=str(self.dir / "n1"), appendonly=True,
-                              extra_args=("--replicaof", "127.0.0.1", str(primary.port)))
+                              extra_args=("--replicaof", "127.0.0.1", str(primary.port),
+                                          *self.guard))
         replica.start()
         self.nodes = [primary, replica]
         for i, port in enumerate(self.sentinel_ports):
