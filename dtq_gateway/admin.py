@@ -17,9 +17,10 @@ from redis.exceptions import ResponseError
 
 from dtq_gateway import keys
 from dtq_gateway.admin_scripts import PAUSE_QUEUE, QUEUE_SUMMARIES
-from dtq_gateway.audit import log_audit
+from dtq_gateway.audit import append_audit
 from dtq_gateway.errors import InvalidArgument, NotFound
 from dtq_gateway.replies import text
+from dtq_gateway.scripts import call_chunks
 
 ENTRY_ID_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}\Z")
 #: Most members of dtq:retry:schedule examined to count one queue's scheduled tasks.
@@ -249,8 +250,10 @@ async def list_queues(redis: Redis, size: int = 100, token: str = ""
     names = names[:size]
     out: list[QueueSummary] = []
     if names:
-        keys_ = [k for name in names for k in (*keys.queue_streams_desc(name), keys.paused(name))]
-        rows = await QUEUE_SUMMARIES(redis, keys_, QUEUE_SUMMARIES.argv(keys.GROUP))
+        # one call per queue (each touches one hash slot), one pipeline for the page
+        rows = await call_chunks(redis, QUEUE_SUMMARIES, [
+            ([*keys.queue_streams_desc(name), keys.paused(name)],
+             QUEUE_SUMMARIES.argv(keys.GROUP)) for name in names])
         out = [QueueSummary(name=name, depth=int(depth), pending=int(pending),
                             paused=int(paused) == 1)
                for name, (depth, pending, paused) in zip(names, rows)]
@@ -282,21 +285,9 @@ async def _consumers(redis: Redis, queue: str, bands: Iterable[BandInfo]) -> lis
 
 
 async def scheduled_count(redis: Redis, queue: str, scan_max: int = SCHEDULE_SCAN_MAX) -> int:
-    """Members of ``dtq:retry:schedule`` whose task belongs to ``queue``.
-
-    The schedule holds task ids of every queue; this reads the ``queue`` field of
-    at most ``scan_max`` of them (earliest due first), so with a larger schedule
-    the count is a lower bound.
-    """
-    ids = await redis.zrange(keys.RETRY_SCHEDULE, 0, scan_max - 1)
-    count = 0
-    for start in range(0, len(ids), _CHUNK):
-        async with redis.pipeline(transaction=False) as pipe:
-            for task_id in ids[start:start + _CHUNK]:
-                pipe.hget(keys.task(text(task_id)), "queue")
-            owners = await pipe.execute()
-        count += sum(1 for q in owners if text(q) == queue)
-    return count
+    """Scheduled tasks of ``queue`` (ZCARD of its schedule; ``scan_max`` is unused, kept
+    for callers)."""
+    return int(await redis.zcard(keys.schedule(queue)))
 
 
 async def queue_stats(redis: Redis, queue: str) -> QueueStats:
@@ -318,7 +309,7 @@ async def queue_stats(redis: Redis, queue: str) -> QueueStats:
         queue=queue, bands=bands, scheduled=await scheduled_count(redis, queue),
         oldest_task_age_ms=max(0, now - min(oldest)) if oldest else 0,
         paused=bool(await redis.exists(keys.paused(queue))),
-        dead_letter_depth=(await dead_letter_depth(redis)).get(queue, 0),
+        dead_letter_depth=(await dead_letter_depth(redis, [queue])).get(queue, 0),
         consumers=await _consumers(redis, queue, bands))
 
 
@@ -331,7 +322,11 @@ async def set_paused(redis: Redis, queue: str, paused: bool, call: CallInfo, rea
     """
     validate_queue(queue)
     mode = "pause" if paused else "resume"
-    changed, ts = await PAUSE_QUEUE(redis, [keys.paused(queue), keys.AUDIT], PAUSE_QUEUE.argv(
+    changed, _ = await PAUSE_QUEUE(redis, [keys.paused(queue)], PAUSE_QUEUE.argv(
         mode, audit_maxlen, call.actor, call.request_id, reason[:1024], queue))
-    log_audit(call.actor, f"{mode}_queue", queue, call.request_id, reason, int(ts))
+    detail = reason[:1024]
+    if not int(changed):
+        detail = (detail + "; " if detail else "") + "unchanged"
+    await append_audit(redis, call.actor, f"{mode}_queue", queue, call.request_id, detail,
+                       maxlen=audit_maxlen)
     return bool(changed)

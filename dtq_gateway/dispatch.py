@@ -31,8 +31,8 @@ from dtq_gateway import keys, metrics, observe
 from dtq_gateway.groups import Groups
 from dtq_gateway.leaseid import Lease
 from dtq_gateway.replies import text as _s
-from dtq_gateway.scripts import EVENT_ID_PREFIX, Script
-from dtq_gateway.sessions import LEASE_READ, ReadAhead, Session
+from dtq_gateway.scripts import EVENT_ID_PREFIX, Script, call_each, execute
+from dtq_gateway.sessions import LEASE_READ, WORKER_CHECK, ReadAhead, ReadGroup, Session
 from dtq_gateway.settings import Settings
 from dtq_proto import dtq_pb2
 
@@ -103,7 +103,8 @@ class Dispatcher:
         if not on_queue:
             return None
         for s in on_queue:
-            if not (s.closed or s.full or s.reading or s.backlogged or s.stuck) \
+            if len(s.groups) == 1 and not (s.closed or s.full or s.reading or s.backlogged
+                                           or s.stuck) \
                     and (not s.task_types or task_type in s.task_types) \
                     and self.groups.ready(s.queues):
                 s.reading = True
@@ -371,17 +372,67 @@ class Dispatcher:
                 if status == b"draining":
                     self.end_worker(worker_id)
 
-    def _read_call(self, session: Session) -> tuple[list[str], list]:
-        """KEYS and ARGV of a lease_read for ``session``."""
-        return session.read_keys, Script.argv(
-            keys.GROUP, session.worker_id, session.max_in_flight, session.read_cap(BATCH_MAX),
-            len(session.queues), self.stale_after_ms)
+    def _check_call(self, session: Session) -> tuple[list[str], list]:
+        """KEYS and ARGV of the worker_check for ``session``'s worker."""
+        return [keys.worker(session.worker_id)], Script.argv(self.stale_after_ms)
+
+    def _read_call(self, session: Session, group: ReadGroup, max_in_flight: int | None = None,
+                   most: int | None = None) -> tuple[list[str], list]:
+        """KEYS and ARGV of a lease_read of one slot group of ``session``."""
+        return group.keys, Script.argv(
+            keys.GROUP, session.worker_id,
+            session.max_in_flight if max_in_flight is None else max_in_flight,
+            session.read_cap(BATCH_MAX) if most is None else most, len(group.queues), 0)
+
+    def _merge(self, session: Session, state: int, reads: list[tuple[ReadGroup, list]],
+               pending: int | None = None) -> list:
+        """One lease_read-shaped reply for the whole session from its groups' replies:
+        stream indexes mapped into ``session.streams``, the worker_check ``state`` in
+        the stalled slot, ``pending`` (default: the groups' own counts) summed."""
+        total = 0
+        missing: list[int] = []
+        live = 0
+        entries: list = []
+        for group, reply in reads:
+            total += int(reply[0])
+            missing += [group.index[int(i) - 1] for i in reply[1]]
+            live += int(reply[3])
+            entries += [(group.index[int(i) - 1], e, raw) for i, e, raw in reply[4:]]
+        return [total if pending is None else pending, missing, state, live, *entries]
 
     async def _lease(self, session: Session) -> tuple[int, bool, int, bool]:
-        """One lease_read + activate for a session; see :meth:`_after_read`."""
+        """worker_check + lease_read (slot by slot) + activate for a session; see
+        :meth:`_after_read`.
+
+        A session whose queues share one hash slot (every single-queue session) costs
+        one round trip for the check and the read. Queues in several slots are read slot
+        by slot: first the check and every slot's pending count (one pipeline), then the
+        slots with entries in turn, each with the credit the earlier ones left; priority
+        holds within a slot, across slots the queues are read in the session's order.
+        """
         await self.groups.ensure(self.redis, session.queues)
-        return await self._after_read(session, await LEASE_READ(self.redis,
-                                                               *self._read_call(session)))
+        pipe = self.redis.pipeline(transaction=False)
+        WORKER_CHECK.queue(pipe, *self._check_call(session))
+        single = len(session.groups) == 1
+        for group in session.groups:
+            LEASE_READ.queue(pipe, *self._read_call(session, group, most=None if single else 0))
+        state, *replies = await execute(self.redis, pipe)
+        for r in (state, *replies):
+            if isinstance(r, Exception):
+                raise r
+        if single or int(state):
+            return await self._after_read(session, self._merge(
+                session, int(state), list(zip(session.groups, replies))))
+        pending = sum(int(r[0]) for r in replies)
+        credit = min(session.max_in_flight - pending, session.read_cap(BATCH_MAX))
+        reads = []
+        for group, peek in zip(session.groups, replies):
+            if credit > 0 and int(peek[3]) and not peek[1]:
+                peek = await LEASE_READ(self.redis, *self._read_call(
+                    session, group, int(peek[0]) + credit, credit))
+                credit -= len(peek) - 4
+            reads.append((group, peek))
+        return await self._after_read(session, self._merge(session, 0, reads, pending))
 
     async def _after_read(self, session: Session, reply: list
                           ) -> tuple[int, bool, int, bool]:
@@ -397,6 +448,10 @@ class Dispatcher:
         streams = session.streams
         pending, missing, stalled = int(reply[0]), reply[1], int(reply[2])
         live, entries = int(reply[3]), reply[4:]
+        if stalled and entries:
+            # read in the same round trip as the check that says the worker may take
+            # nothing: the entries go back to their queues
+            await self._activate(session, streams, entries, put_back=True)
         if stalled == 2:
             self.end_worker(session.worker_id)
             return 0, False, 0, live == 0
@@ -415,9 +470,12 @@ class Dispatcher:
         delivered = await self._activate(session, streams, entries)
         return delivered, credit > 0, len(entries), False
 
-    async def _activate(self, session: Session, streams: list[str], entries: list) -> int:
-        keys_: list[str] = [keys.CANCELLED]
-        args: list = []
+    async def _activate(self, session: Session, streams: list[str], entries: list,
+                        put_back: bool = False) -> int:
+        """activate.lua for the entries a read returned: one call per queue (one hash
+        slot each), one pipeline. ``put_back``: every entry goes back to the tail of its
+        band (mode 'r'), none is delivered."""
+        calls: dict[str, tuple[list[str], list]] = {}
         parsed = []
         for index, entry_id, raw in entries:
             f = {_s(raw[i]): raw[i + 1] for i in range(0, len(raw), 2)}
@@ -425,15 +483,29 @@ class Dispatcher:
             task_id, queue = _s(f["task_id"]), _s(f["queue"])
             idem = _s(f.get("idempotency_key", b""))
             digest = keys.idempotency_digest(idem) if idem else ""
-            mode = "r" if session.task_types and _s(f["task_type"]) not in session.task_types \
+            mode = "r" if put_back or (session.task_types
+                                       and _s(f["task_type"]) not in session.task_types) \
                 else "a"
+            keys_, args = calls.setdefault(queue, ([keys.cancelled(queue)], []))
             keys_ += [stream, keys.task(task_id),
                       keys.idempotency(queue, digest) if digest else keys.task(task_id)]
             args += [_s(entry_id), task_id, _s(f["attempt"]), mode]
-            parsed.append((stream, _s(entry_id), f, digest))
+            parsed.append((stream, _s(entry_id), f, digest, queue, len(args) // 4 - 1))
         # argv_notified: this dispatcher needs none of its own activation events back
-        replies = await ACTIVATE(self.redis, keys_, Script.argv_notified(
-            session.worker_id, self.settings.task_retention_s, keys.GROUP, *args))
+        names = list(calls)
+        per_queue = await call_each(self.redis, ACTIVATE, [
+            (calls[q][0], Script.argv_notified(session.worker_id,
+                                               self.settings.task_retention_s, keys.GROUP,
+                                               *calls[q][1])) for q in names])
+        by_queue = {}
+        for q, rep in zip(names, per_queue):
+            if isinstance(rep, Exception):
+                raise rep
+            by_queue[q] = rep
+        replies = [by_queue[queue][i] for *_, queue, i in parsed]
+        parsed = [p[:4] for p in parsed]
+        if put_back:
+            return 0
         tasks = []
         for (stream, entry_id, f, digest), rep in zip(parsed, replies):
             kind = _s(rep[0])

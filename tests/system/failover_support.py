@@ -26,8 +26,8 @@ from typing import Any
 import grpc
 import redis
 
-from dtq_pyworker import TERMINAL_STATUSES, Client, DtqRpcError
 from dtq_proto import dtq_pb2
+from dtq_pyworker import TERMINAL_STATUSES, Client, DtqRpcError
 from tests.system.chaos_invariant import ChaosEnv, band_backlog
 from tests.system.chaos_support import EventRecorder, GatewayProc, wait_until
 

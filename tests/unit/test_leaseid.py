@@ -14,7 +14,7 @@ def test_roundtrip():
     assert leaseid.decode(LEASE.encode()) == LEASE
     no_idem = leaseid.Lease("a" * 32, "q", 0, "1-0", 1, "w", "")
     assert leaseid.decode(no_idem.encode()) == no_idem
-    assert LEASE.stream == "dtq:stream:emails:p7"
+    assert LEASE.stream == "dtq:stream:{emails}:p7"
 
 
 @pytest.mark.parametrize("bad", [
