@@ -48,7 +48,7 @@ PRUNE_EVERY_S = 60.0
 
 #: How often the leader checks every registered queue's busy marker against the busy set
 #: (s); see :meth:`Reaper.repair_busy_set`.
-REPAIR_EVERY_S = 60.0
+REPAIR_EVERY_S = 3600.0
 
 #: Entries claimed per stream per reap_queue.lua call.
 CLAIM_COUNT = 100
@@ -112,6 +112,7 @@ class Reaper(PeriodicDuty):
         """Check the registry marker again at the next tick (one EXISTS per leadership),
         and :meth:`hold` reclaims for one visibility timeout."""
         self._registry_checked = False
+        self._repair_at = 0.0
         self.hold()
 
     def interval_s(self) -> float:
@@ -119,8 +120,10 @@ class Reaper(PeriodicDuty):
         return min(5.0, max(0.25, self._settings.visibility_timeout_s / 4))
 
     def active(self) -> bool:
-        """Only the scheduler leader reaps, and not while it holds (see :meth:`hold`)."""
-        return self._lock.is_leader and time.monotonic() >= self._hold_until
+        """Only the scheduler leader reaps, and not while it holds (see :meth:`hold`);
+        the busy-set repair due at the start of a leadership runs during the hold."""
+        return self._lock.is_leader and (time.monotonic() >= self._hold_until
+                                         or time.monotonic() >= self._repair_at)
 
     async def tick(self) -> None:
         """Reap every busy queue once (bounded per queue); the first tick after failed
@@ -134,6 +137,8 @@ class Reaper(PeriodicDuty):
         if time.monotonic() >= self._repair_at:
             self._repair_at = time.monotonic() + REPAIR_EVERY_S
             await self.repair_busy_set()
+        if time.monotonic() < self._hold_until:
+            return
         busy = await self.busy_queues()
         self._cursors = {q: c for q, c in self._cursors.items() if q in busy}
         self._pruned_at = {q: t for q, t in self._pruned_at.items() if q in busy}
@@ -277,10 +282,16 @@ class Reaper(PeriodicDuty):
     async def repair_busy_set(self, page: int = 1000) -> int:
         """Add every queue whose busy marker is set to the busy set, and every queue with
         dead letters to the dead-letter index; returns how many busy queues were missing.
-        Pages through the registry ``dtq:queues`` (four reads per queue, pipelined):
-        repairs the one gap of the two-step bookkeeping of these cross-queue sets, a
+
+        Repairs the one gap of the two-step bookkeeping of these cross-queue sets: a
         gateway that died (or a SADD refused during a failover) between a script and
-        its SADD."""
+        its SADD. Runs at the start of each leadership and every REPAIR_EVERY_S: both
+        sets are read once, then the registry ``dtq:queues`` is paged through with two
+        reads per queue (EXISTS of the marker and of the dead-letter stream),
+        pipelined ``page`` queues at a time.
+        """
+        busy = {text(m) async for m in self._redis.sscan_iter(keys.BUSY_QUEUES, count=1000)}
+        listed = {text(m) for m in await self._redis.smembers(keys.DEAD_LETTER_QUEUES)}
         added, start = 0, "-"
         while True:
             names = [text(n) for n in await self._redis.zrangebylex(
@@ -290,14 +301,10 @@ class Reaper(PeriodicDuty):
             pipe = self._redis.pipeline(transaction=False)
             for q in names:
                 pipe.exists(keys.busy_marker(q))
-                pipe.sismember(keys.BUSY_QUEUES, q)
-                pipe.xlen(keys.dead_letter(q))
-                pipe.sismember(keys.DEAD_LETTER_QUEUES, q)
+                pipe.exists(keys.dead_letter(q))
             replies = [int(r) for r in await pipe.execute()]
-            missing = [q for i, q in enumerate(names)
-                       if replies[4 * i] and not replies[4 * i + 1]]
-            unlisted = [q for i, q in enumerate(names)
-                        if replies[4 * i + 2] and not replies[4 * i + 3]]
+            missing = [q for i, q in enumerate(names) if replies[2 * i] and q not in busy]
+            unlisted = [q for i, q in enumerate(names) if replies[2 * i + 1] and q not in listed]
             if unlisted:
                 await self._redis.sadd(keys.DEAD_LETTER_QUEUES, *unlisted)
             if missing:

@@ -112,7 +112,9 @@ async def test_task_moved_into_a_drained_queue_is_watched_by_the_reaper(
     names = await leftovers(r, 100)
     drained = names[42]
     tid = await seed_task(r, queue=drained, priority=3, max_attempts=2)
-    await r.zadd(keys.RETRY_SCHEDULE, {tid: await redis_ms(r) - 1})
+    await r.zadd(keys.schedule(drained), {tid: await redis_ms(r) - 1})
+    await r.set(keys.busy_marker(drained), "1")  # what enqueue.lua and the gateway do
+    await r.sadd(keys.BUSY_QUEUES, drained)
 
     async def moved() -> bool:
         return (await task_fields(r, tid))["status"] == "queued"
