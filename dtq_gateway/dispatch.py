@@ -407,8 +407,8 @@ class Dispatcher:
         A session whose queues share one hash slot (every single-queue session) costs
         one round trip for the check and the read. Queues in several slots are read slot
         by slot: first the check and every slot's pending count (one pipeline), then the
-        slots with entries in turn, each with the credit the earlier ones left; priority
-        holds within a slot, across slots the queues are read in the session's order.
+        non-empty (band, slot) pairs from p9 down, each read with the credit the earlier
+        ones left, so strict priority holds across slots too (one round trip per pair).
         """
         await self.groups.ensure(self.redis, session.queues)
         pipe = self.redis.pipeline(transaction=False)
@@ -421,17 +421,32 @@ class Dispatcher:
             if isinstance(r, Exception):
                 raise r
         if single or int(state):
+            if not single:
+                replies = [r[:4] for r in replies]  # peeks: their live lists are no entries
             return await self._after_read(session, self._merge(
                 session, int(state), list(zip(session.groups, replies))))
         pending = sum(int(r[0]) for r in replies)
         credit = min(session.max_in_flight - pending, session.read_cap(BATCH_MAX))
-        reads = []
-        for group, peek in zip(session.groups, replies):
-            if credit > 0 and int(peek[3]) and not peek[1]:
-                peek = await LEASE_READ(self.redis, *self._read_call(
-                    session, group, int(peek[0]) + credit, credit))
-                credit -= len(peek) - 4
-            reads.append((group, peek))
+        # strict p9 -> p0 across slots: one read per (band, slot group) holding entries
+        live = sorted(
+            ((9 - (int(i) - 1) // len(g.queues), n, g, int(i))
+             for n, (g, peek) in enumerate(zip(session.groups, replies)) if not peek[1]
+             for i in peek[4]),
+            key=lambda x: (-x[0], x[1]))
+        reads = [(g, [0, peek[1], 0, peek[3]]) for g, peek in zip(session.groups, replies)]
+        done: set[tuple[int, int]] = set()
+        for band, n, group, _ in live:
+            if credit <= 0 or (band, n) in done:
+                continue
+            done.add((band, n))
+            m = len(group.queues)
+            first = (9 - band) * m  # the group's streams of this band, band-major
+            sub = ReadGroup(group.queues, group.keys[:m] + group.keys[m + first:m + first + m],
+                            group.index[first:first + m])
+            got = await LEASE_READ(self.redis, *self._read_call(
+                session, sub, int(replies[n][0]) + credit, credit))
+            credit -= len(got) - 4
+            reads.append((sub, [0, got[1], 0, 0, *got[4:]]))
         return await self._after_read(session, self._merge(session, 0, reads, pending))
 
     async def _after_read(self, session: Session, reply: list

@@ -5,7 +5,8 @@
 -- KEYS[1..m]           pause flags dtq:queue:{<q>}:paused, one per queue
 -- KEYS[m+1 .. m+10m]   band streams, band-major: p9 of every queue, then p8, ...
 -- ARGV[3] group  [4] consumer (worker id)  [5] max_in_flight  [6] max entries this call
---         (0 = read nothing: only count pending and non-empty streams)
+--         (0 = read nothing: count pending and report the non-empty streams, as a 5th
+--         reply item {stream index, ...})
 -- ARGV[7] m (number of queues)  [8] unused
 -- Reply: {pending_before, {stream indexes without group}, 0,
 --         number of non-empty band streams (0 = every queue of the call is empty),
@@ -34,6 +35,10 @@ for i = 1, n_streams do
   end
 end
 local reply = {pending, missing, 0, #live}
+if max_count == 0 then
+  reply[5] = live
+  return reply
+end
 local credit = math.min(max_in_flight - pending, max_count)
 if credit <= 0 then return reply end
 

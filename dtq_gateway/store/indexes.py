@@ -60,8 +60,8 @@ async def write_indexes_logged(client: Any, recent: Sequence[Any], busy: Iterabl
     try:
         await write_indexes(client, recent, busy, recent_max)
     except RedisError as exc:
-        _log.warning("index write after an enqueue failed: %s", type(exc).__name__,
-                     extra={"busy_queues": sorted(set(busy))})
+        _log.log(logging.WARNING, "index write after an enqueue failed: %s",
+                 type(exc).__name__, busy_queues=sorted(set(busy)))
 
 
 async def mark_busy(client: Any, queues: Iterable[str]) -> None:
