@@ -26,13 +26,17 @@ proto-check: install
 	$(PY) scripts/gen_proto.py --check
 	$(VENV)/bin/buf lint
 	$(VENV)/bin/buf format --diff --exit-code
+	@# wire compatibility with the proto of the local main branch (read from git, offline)
+	@if git rev-parse --verify -q main >/dev/null 2>&1; then \
+	  $(VENV)/bin/buf breaking --against '.git#branch=main' && echo "buf breaking: compatible with main"; \
+	else echo "buf breaking: no local main branch, skipped"; fi
 	$(PY) scripts/gen_config_doc.py --check
 
 lint: proto-check
-	$(VENV)/bin/ruff check dtq_gateway dtq_pyworker tests examples bench
+	$(VENV)/bin/ruff check dtq_gateway dtq_pyworker dtq_cli tests examples bench
 
 test: install proto-check
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n 2 --dist loadscope
 
 demo: install
 	$(PY) -m examples.demo

@@ -8,6 +8,10 @@ the enqueue and the drain phase, the worker's and Redis's CPU, and how many item
 ``.venv/bin/python -m bench.focus enqueue`` prints unary Enqueue calls/s and gateway
 CPU per call, one caller and 16 in flight.
 
+``.venv/bin/python -m bench.focus memory`` prints Redis ``used_memory`` growth per task
+(bytes) with the backlog queued, and again once it was drained: a finished task's
+record stays for ``DTQ_TASK_RETENTION_S`` (the figure docs/deploy.md sizes Redis with).
+
 Both start their own redis-server and gateway, like the bench. CPU comes from
 ``/proc/<pid>/stat`` (gateway, worker) and ``INFO cpu`` (Redis), in µs per task.
 """
@@ -25,7 +29,7 @@ from typing import Any
 import grpc
 import redis
 
-from bench.common import Sizes, private_redis, proc_cpu_s
+from bench.common import PAYLOAD_BYTES, Sizes, private_redis, proc_cpu_s
 from bench.dtq_bench import DtqBench, Processes, _wait_file
 from tests.support.redis_server import free_port
 
@@ -100,6 +104,21 @@ async def _enqueue(procs: Processes, bench: DtqBench) -> dict[str, Any]:
     return out
 
 
+async def _memory(procs: Processes, bench: DtqBench, n: int) -> dict[str, Any]:
+    r = redis.Redis.from_url(procs.redis_url)
+    await bench.enqueue_batch(500, kind="x")  # warm-up: stream, group, indexes exist
+    before = r.info("memory")["used_memory"]
+    await bench.enqueue_batch(n)
+    queued = r.info("memory")["used_memory"]
+    procs.start_worker(bench.out)
+    await _wait_file(bench.out / "drain.json", 300)
+    procs.stop_worker()
+    finished = r.info("memory")["used_memory"]
+    return {"tasks": n, "payload_bytes": PAYLOAD_BYTES,
+            "bytes_per_queued_task": round((queued - before) / n),
+            "bytes_per_finished_task": round((finished - before) / n)}
+
+
 async def _main(what: str, n: int) -> None:
     server = private_redis()
     procs = Processes(server.url)
@@ -111,8 +130,12 @@ async def _main(what: str, n: int) -> None:
         channel = grpc.aio.insecure_channel(procs.target)
         await asyncio.wait_for(channel.channel_ready(), 20)
         bench = DtqBench(procs, Sizes.for_mode(False, 1), channel)
-        result = await (_drain(procs, bench, metrics_port, n) if what == "drain"
-                        else _enqueue(procs, bench))
+        if what == "drain":
+            result = await _drain(procs, bench, metrics_port, n)
+        elif what == "memory":
+            result = await _memory(procs, bench, n)
+        else:
+            result = await _enqueue(procs, bench)
         print(json.dumps(result))
     finally:
         procs.stop()
@@ -120,10 +143,10 @@ async def _main(what: str, n: int) -> None:
 
 
 def main() -> None:
-    """Command line: ``python -m bench.focus {drain,enqueue} [-n N]``."""
+    """Command line: ``python -m bench.focus {drain,enqueue,memory} [-n N]``."""
     p = argparse.ArgumentParser(prog="python -m bench.focus", description=__doc__.split("\n")[0])
-    p.add_argument("what", choices=["drain", "enqueue"])
-    p.add_argument("-n", type=int, default=20000, help="backlog size for drain (tasks)")
+    p.add_argument("what", choices=["drain", "enqueue", "memory"])
+    p.add_argument("-n", type=int, default=20000, help="backlog size for drain and memory (tasks)")
     args = p.parse_args()
     asyncio.run(_main(args.what, args.n))
 

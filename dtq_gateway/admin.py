@@ -17,6 +17,7 @@ from redis.exceptions import ResponseError
 
 from dtq_gateway import keys
 from dtq_gateway.admin_scripts import PAUSE_QUEUE, QUEUE_SUMMARIES
+from dtq_gateway.admin_waiting import TypeWaiting, queue_counters, waiting_by_type
 from dtq_gateway.audit import append_audit
 from dtq_gateway.errors import InvalidArgument, NotFound
 from dtq_gateway.replies import text
@@ -44,7 +45,7 @@ class BandInfo:
     depth: int = 0
     pending: int = 0
     exists: bool = False
-    oldest_undelivered_ms: int = 0  # epoch ms of that entry's id; 0 = none
+    oldest_undelivered_ms: int = 0  # epoch ms the oldest undelivered task began to wait; 0 = none
 
 
 @dataclass(slots=True)
@@ -67,6 +68,21 @@ class QueueStats:
     paused: bool = False
     dead_letter_depth: int = 0
     consumers: list[ConsumerInfo] = field(default_factory=list)
+    #: dtq:queue:<q>:counters (succeeded, retried, dead_lettered, cancelled)
+    counters: dict[str, int] = field(default_factory=dict)
+    waiting_types: list[TypeWaiting] = field(default_factory=list)
+    waiting_complete: bool = True
+    now_ms: int = 0
+
+    @property
+    def failed(self) -> int:
+        """Failed attempts: retried + dead-lettered."""
+        return self.counters.get("retried", 0) + self.counters.get("dead_lettered", 0)
+
+    @property
+    def stuck_task_types(self) -> list[str]:
+        """Types of waiting tasks no live worker of the queue takes, sorted."""
+        return sorted(t.task_type for t in self.waiting_types if not t.taken)
 
     @property
     def depth(self) -> int:
@@ -89,12 +105,23 @@ class QueueSummary:
     paused: bool
 
 
+#: Largest value of a uint64 field (as_int clamps to it).
+UINT64_MAX = (1 << 64) - 1
+
+
 def as_int(value: Any) -> int:
-    """Redis reply value as int (0 when empty or malformed)."""
+    """Redis reply value as int (0 when empty or malformed), clamped to 0..2^64-1
+    where larger (a stored counter can never break the reply's uint64 fields).
+    Integers are parsed exactly (a float round trip turns 2^64-1 into 2^64)."""
+    raw = text(value) or "0"
     try:
-        return int(float(text(value) or 0))
+        number = int(raw)
     except ValueError:
-        return 0
+        try:
+            number = int(float(raw))
+        except (ValueError, OverflowError):
+            return 0
+    return min(number, UINT64_MAX)
 
 
 def entry_ms(entry_id: str) -> int:
@@ -115,9 +142,18 @@ def validate_queue(name: str, field_name: str = "queue") -> str:
 
 
 def validate_page_token(token: str, field_name: str = "page_token") -> str:
-    """A page token is a stream entry id ("" = first page)."""
-    if token and not ENTRY_ID_RE.match(token):
-        raise InvalidArgument(f"{field_name}: malformed page token", field=field_name)
+    """A page token is a stream entry id ("" = first page): ``<ms>-<seq>``, both at most
+    2^64-1, and not ``0-0`` (nothing lies before it).
+
+    Raises:
+        InvalidArgument: names ``field_name``.
+    """
+    if token:
+        ms, _, seq = token.partition("-")
+        if not ENTRY_ID_RE.match(token) or int(ms) > UINT64_MAX or int(seq) > UINT64_MAX \
+                or token == "0-0" or (int(ms) == 0 and int(seq) == 0):
+            raise InvalidArgument(f"{field_name}: malformed page token (a stream entry id "
+                                  "from next_page_token)", field=field_name)
     return token
 
 
@@ -174,11 +210,13 @@ def _group_of(groups: Any) -> dict[str, Any] | None:
 
 
 async def band_infos(redis: Redis, queue: str) -> list[BandInfo]:
-    """Depth, pending and first undelivered entry of each band, p9 first.
+    """Depth, pending and oldest undelivered task of each band, p9 first.
 
-    The first undelivered entry is the first one after the group's
-    last-delivered-id (XRANGE exclusive start, COUNT 1); a band without the
-    consumer group counts every entry as undelivered.
+    The undelivered entries are those after the group's last-delivered-id; a band
+    without the consumer group counts every entry as undelivered. Of them the first
+    and the last one are read (XRANGE / XREVRANGE COUNT 1): an entry put back unleased
+    (its type wanted by no session that read it) goes to the tail and keeps its
+    ``queued_at``, so a task no worker takes shows its real age.
     """
     return (await band_infos_many(redis, [queue]))[queue]
 
@@ -212,17 +250,29 @@ async def _band_infos_chunk(redis: Redis, queues: list[str]) -> dict[str, list[B
                 info.pending = int(group.get("pending") or 0)
             if info.depth > 0:
                 last = text(group.get("last-delivered-id")) if group else ""
-                starts.append((queue, info, f"({last}" if last else "-"))
+                starts.append((queue, info, last))
             bands.append(info)
     if starts:
         async with redis.pipeline(transaction=False) as pipe:
-            for queue, info, start in starts:
-                pipe.xrange(keys.stream(queue, info.band), min=start, max="+", count=1)
-            firsts = await pipe.execute(raise_on_error=False)
-        for (_, info, _), first in zip(starts, firsts):
-            if first and not isinstance(first, Exception):
-                info.oldest_undelivered_ms = entry_ms(text(first[0][0]))
+            for queue, info, last in starts:
+                stream = keys.stream(queue, info.band)
+                pipe.xrange(stream, min=f"({last}" if last else "-", max="+", count=1)
+                pipe.xrevrange(stream, max="+", min=f"({last}" if last else "-", count=1)
+            ends = await pipe.execute(raise_on_error=False)
+        for i, (_, info, _) in enumerate(starts):
+            found = [queued_ms(e[0]) for e in ends[2 * i:2 * i + 2]
+                     if e and not isinstance(e, Exception)]
+            info.oldest_undelivered_ms = min(found) if found else 0
     return out
+
+
+def queued_ms(entry: Any) -> int:
+    """Epoch ms a band stream entry's task began to wait: its ``queued_at`` field (an
+    entry put back unleased, because the session that read it does not take its type,
+    keeps the first one), else the time in its id."""
+    entry_id, fields = entry
+    raw = fields.get(b"queued_at") or fields.get("queued_at") if fields else None
+    return int(text(raw)) if raw else entry_ms(text(entry_id))
 
 
 async def list_queues(redis: Redis, size: int = 100, token: str = ""
@@ -290,37 +340,75 @@ async def scheduled_count(redis: Redis, queue: str, scan_max: int = SCHEDULE_SCA
     return int(await redis.zcard(keys.schedule(queue)))
 
 
-async def queue_stats(redis: Redis, queue: str) -> QueueStats:
+async def queue_stats(redis: Redis, queue: str, heartbeat_interval_ms: int = 10_000
+                      ) -> QueueStats:
     """Statistics of one queue.
+
+    Args:
+        heartbeat_interval_ms: the gateway's heartbeat interval; a worker is live
+            while its last heartbeat is younger than 3 of them.
 
     Raises:
         InvalidArgument: bad queue name.
-        NotFound: the queue has no band stream.
+        NotFound: the queue has no band stream and is not in the registry.
     """
     from dtq_gateway.admin_dlq import dead_letter_depth  # admin_dlq imports this module
 
     validate_queue(queue)
     bands = await band_infos(redis, queue)
-    if not any(b.exists for b in bands):
+    if not any(b.exists for b in bands) and not await queue_known(redis, queue):
         raise NotFound(f"queue {queue!r} has no streams", reason="QUEUE_NOT_FOUND")
     now = await redis_now_ms(redis)
+    waiting, complete = await waiting_by_type(redis, queue, now, heartbeat_interval_ms)
     oldest = [b.oldest_undelivered_ms for b in bands if b.oldest_undelivered_ms]
+    age = max(0, now - min(oldest)) if oldest else 0
+    if waiting:  # the scan saw every entry it read, wherever it sits in its band
+        age = max(age, max(t.oldest_age_ms for t in waiting))
     return QueueStats(
         queue=queue, bands=bands, scheduled=await scheduled_count(redis, queue),
-        oldest_task_age_ms=max(0, now - min(oldest)) if oldest else 0,
+        oldest_task_age_ms=age,
         paused=bool(await redis.exists(keys.paused(queue))),
         dead_letter_depth=(await dead_letter_depth(redis, [queue])).get(queue, 0),
-        consumers=await _consumers(redis, queue, bands))
+        consumers=await _consumers(redis, queue, bands),
+        counters=await queue_counters(redis, queue), waiting_types=waiting,
+        waiting_complete=complete, now_ms=now)
+
+
+async def queue_known(redis: Redis, queue: str) -> bool:
+    """True when ``queue`` is in the queue registry (a task was enqueued to it or a
+    worker leased from it), has a band stream, or has a pause flag (paused with
+    ``create``). Single-key commands only, pipelined."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.zscore(keys.QUEUES, queue)
+        for key in (keys.paused(queue), *keys.queue_streams_desc(queue)):
+            pipe.exists(key)
+        score, *found = await pipe.execute()
+    return score is not None or any(found)
 
 
 async def set_paused(redis: Redis, queue: str, paused: bool, call: CallInfo, reason: str = "",
-                     *, audit_maxlen: int = 10000) -> bool:
+                     *, audit_maxlen: int = 10000, create: bool = False) -> bool:
     """Pause or resume a queue (flag, CONFIGURATION_CHANGED event, audit entry).
+
+    Args:
+        create: pause a queue that does not exist yet (no task enqueued to it, no
+            worker leased from it), so its first tasks wait: the queue is added to
+            the registry ``dtq:queues`` (ListQueues); ignored by resume.
 
     Returns:
         True when the flag changed.
+
+    Raises:
+        InvalidArgument: bad queue name.
+        NotFound: (reason QUEUE_NOT_FOUND) the queue is unknown and ``create`` is
+            not set for a pause; nothing is changed or audited.
     """
     validate_queue(queue)
+    if not await queue_known(redis, queue):
+        if not (paused and create):
+            hint = "; set create to pause it before its first task" if paused else ""
+            raise NotFound(f"queue: no queue named {queue!r}{hint}", reason="QUEUE_NOT_FOUND")
+        await redis.zadd(keys.QUEUES, {queue: 0})  # ListQueues shows it from now on
     mode = "pause" if paused else "resume"
     changed, _ = await PAUSE_QUEUE(redis, [keys.paused(queue)], PAUSE_QUEUE.argv(
         mode, audit_maxlen, call.actor, call.request_id, reason[:1024], queue))

@@ -6,7 +6,8 @@ data; ``admin_servicer`` converts it to protobuf.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
@@ -39,6 +40,10 @@ class WorkerRecord:
     #: an open Lease stream on a live gateway (the leasing@<gateway tag> counts of the
     #: record, for gateways whose dtq:gateway:<tag> key exists)
     leasing: bool = False
+    #: labels, queues and task type filter of the worker's latest Lease session
+    labels: dict[str, str] = field(default_factory=dict)
+    queues: tuple[str, ...] = ()
+    task_types: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +66,18 @@ def _ms_field(f: dict[str, bytes], *names: str) -> int:
             value = float(text(f[name]) or 0)
             return int(value * 1000) if 0 < value < 1e11 else int(value)
     return 0
+
+
+def _labels(raw: bytes | None) -> dict[str, str]:
+    try:
+        value = json.loads(text(raw) or "{}")
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def _names(raw: bytes | None) -> tuple[str, ...]:
+    return tuple(n for n in text(raw).split(",") if n)
 
 
 async def list_workers(redis: Redis, heartbeat_interval_ms: int) -> list[WorkerRecord]:
@@ -103,7 +120,9 @@ async def list_workers(redis: Redis, heartbeat_interval_ms: int) -> list[WorkerR
             tasks_retried=as_int(f.get("tasks_retried")),
             status=status, alive=alive and status != "stopped",
             leasing=any(k.startswith("leasing@") and k[len("leasing@"):] in live_tags
-                        and as_int(v) > 0 for k, v in f.items())))
+                        and as_int(v) > 0 for k, v in f.items()),
+            labels=_labels(f.get("labels")), queues=_names(f.get("queues")),
+            task_types=_names(f.get("task_types"))))
     return out
 
 

@@ -17,12 +17,13 @@ from typing import Any, TypeVar
 import grpc
 from redis.asyncio import Redis
 
-from dtq_gateway import admin, admin_dlq, admin_lists, keys
+from dtq_gateway import admin, admin_dlq, admin_lists, keys, ratelimits, schedules
 from dtq_gateway.admin import CallInfo, as_int, page_size
-from dtq_gateway.audit import request_id_of
+from dtq_gateway.audit import append_audit, request_id_of
 from dtq_gateway.auth import actor_of
-from dtq_gateway.errors import InvalidArgument
+from dtq_gateway.errors import InvalidArgument, Unavailable
 from dtq_gateway.grpc_errors import abort
+from dtq_gateway.queue_rates import RATES
 from dtq_gateway.replies import text
 from dtq_gateway.settings import Settings
 from dtq_gateway.task_record import NAME_BY_STATUS, task_from_hash
@@ -71,13 +72,23 @@ def _dead_letter(e: admin_dlq.DeadLetterEntry) -> pb.DeadLetter:
 
 
 def _queue_stats(s: admin.QueueStats) -> pb.GetQueueStatsResponse:
+    c = s.counters
+    rate = RATES.observe(s.queue, s.now_ms, c.get("succeeded", 0), s.failed)
     return pb.GetQueueStatsResponse(
         queue=s.queue, depth=s.depth, pending=s.pending, scheduled=s.scheduled,
         oldest_task_age_ms=s.oldest_task_age_ms, paused=s.paused,
         dead_letter_depth=s.dead_letter_depth,
         bands=[pb.BandStats(band=b.band, depth=b.depth, pending=b.pending) for b in s.bands],
         consumers=[pb.ConsumerStats(name=c.name, pending=c.pending, idle_ms=c.idle_ms)
-                   for c in s.consumers])
+                   for c in s.consumers],
+        succeeded=c.get("succeeded", 0), failed=s.failed, retried=c.get("retried", 0),
+        dead_lettered=c.get("dead_lettered", 0), cancelled=c.get("cancelled", 0),
+        succeeded_per_s=rate.succeeded_per_s, failed_per_s=rate.failed_per_s,
+        throughput_window_ms=rate.window_ms,
+        waiting_types=[pb.TaskTypeWaiting(task_type=t.task_type, waiting=t.waiting,
+                                          oldest_age_ms=t.oldest_age_ms, taken=t.taken)
+                       for t in s.waiting_types],
+        waiting_complete=s.waiting_complete, stuck_task_types=s.stuck_task_types)
 
 
 def _worker(w: admin_lists.WorkerRecord) -> pb.WorkerInfo:
@@ -86,7 +97,8 @@ def _worker(w: admin_lists.WorkerRecord) -> pb.WorkerInfo:
         last_heartbeat_at_ms=w.last_heartbeat_at_ms, heartbeat_age_ms=w.heartbeat_age_ms,
         active_tasks=w.active_tasks, concurrency=w.concurrency,
         tasks_processed=w.tasks_processed, tasks_failed=w.tasks_failed,
-        tasks_retried=w.tasks_retried, status=w.status, alive=w.alive, leasing=w.leasing)
+        tasks_retried=w.tasks_retried, status=w.status, alive=w.alive, leasing=w.leasing,
+        labels=w.labels, queues=w.queues, task_types=w.task_types)
 
 
 def _redrive_filter(req: pb.RedriveDeadLettersRequest) -> admin_dlq.RedriveFilter:
@@ -94,7 +106,7 @@ def _redrive_filter(req: pb.RedriveDeadLettersRequest) -> admin_dlq.RedriveFilte
         admin.validate_queue(req.queue)
     if req.task_type and not keys.TASK_TYPE_RE.match(req.task_type):
         raise InvalidArgument("task_type: must match [A-Za-z0-9_.:/-]{1,128}", field="task_type")
-    if len(req.error_class) > 128:
+    if len(req.error_class.encode()) > 128:
         raise InvalidArgument("error_class: at most 128 bytes", field="error_class")
     for name in ("min_age_ms", "max_age_ms"):
         if getattr(req, name) < 0:
@@ -112,11 +124,13 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
     Args:
         redis: the gateway's client.
         settings: gateway settings (audit MAXLEN, task retention, heartbeat interval).
+        broker: the gateway's :class:`~dtq_gateway.broker.Broker` (TriggerSchedule).
     """
 
-    def __init__(self, redis: Redis, settings: Settings) -> None:
+    def __init__(self, redis: Redis, settings: Settings, broker: Any = None) -> None:
         self.redis = redis
         self.settings = settings
+        self.broker = broker
         self.dlq = admin_dlq.DlqSettings(audit_maxlen=settings.audit_maxlen,
                                          task_retention_s=settings.task_retention_s,
                                          idem_ttl_s=settings.idem_ttl_s)
@@ -135,7 +149,8 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
     async def GetQueueStats(self, request: pb.GetQueueStatsRequest, context: Any
                             ) -> pb.GetQueueStatsResponse:
         """Per-band depth/pending and the autoscaling signals of one queue."""
-        return _queue_stats(await admin.queue_stats(self.redis, request.queue))
+        return _queue_stats(await admin.queue_stats(self.redis, request.queue,
+                                                    self.settings.heartbeat_interval_ms))
 
     @_rpc
     async def PauseQueue(self, request: pb.PauseQueueRequest, context: Any
@@ -156,7 +171,8 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
         call = _call(context)
         reason = cut_utf8(request.reason, MAX_REASON_BYTES)
         changed = await admin.set_paused(self.redis, request.queue, paused, call, reason,
-                                         audit_maxlen=self.settings.audit_maxlen)
+                                         audit_maxlen=self.settings.audit_maxlen,
+                                         create=paused and request.create)
         return changed, call.request_id
 
     @_rpc
@@ -240,3 +256,102 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
         return pb.ListAuditResponse(next_page_token=token, entries=[pb.AuditEntry(
             entry_id=a.entry_id, actor=a.actor, action=a.action, task_id=a.task_id,
             ts_ms=a.ts_ms, request_id=a.request_id, detail=a.detail) for a in items])
+
+    # -- periodic schedules (schedules.py) ----------------------------------------------
+    async def _audit(self, context: Any, action: str, target: str, detail: str = "") -> str:
+        call = _call(context)
+        await append_audit(self.redis, call.actor, action, target, call.request_id, detail,
+                           maxlen=self.settings.audit_maxlen)
+        return call.request_id
+
+    @_rpc
+    async def CreateSchedule(self, request: pb.CreateScheduleRequest, context: Any
+                             ) -> pb.CreateScheduleResponse:
+        """Store a schedule (audited as create_schedule)."""
+        info, created = await schedules.create(self.redis, self.settings, request.schedule,
+                                               request.replace)
+        await self._audit(context, "create_schedule", request.schedule.name,
+                          "" if created else "replaced")
+        return pb.CreateScheduleResponse(schedule=info, created=created)
+
+    @_rpc
+    async def GetSchedule(self, request: pb.GetScheduleRequest, context: Any
+                          ) -> pb.GetScheduleResponse:
+        """One schedule with its state."""
+        return pb.GetScheduleResponse(schedule=await schedules.get(self.redis, request.name))
+
+    @_rpc
+    async def ListSchedules(self, request: pb.ListSchedulesRequest, context: Any
+                            ) -> pb.ListSchedulesResponse:
+        """One page of schedules sorted by name."""
+        size = page_size(request.page_size, "page_size", LIST_QUEUES_PAGE_DEFAULT,
+                         LIST_QUEUES_PAGE_MAX)
+        infos, token = await schedules.list_page(self.redis, size, request.page_token)
+        return pb.ListSchedulesResponse(schedules=infos, next_page_token=token)
+
+    @_rpc
+    async def PauseSchedule(self, request: pb.PauseScheduleRequest, context: Any
+                            ) -> pb.PauseScheduleResponse:
+        """Stop a schedule's fires (audited)."""
+        info = await schedules.set_paused(self.redis, request.name, True)
+        await self._audit(context, "pause_schedule", request.name)
+        return pb.PauseScheduleResponse(schedule=info)
+
+    @_rpc
+    async def ResumeSchedule(self, request: pb.ResumeScheduleRequest, context: Any
+                             ) -> pb.ResumeScheduleResponse:
+        """Resume a schedule from now on (audited)."""
+        info = await schedules.set_paused(self.redis, request.name, False)
+        await self._audit(context, "resume_schedule", request.name)
+        return pb.ResumeScheduleResponse(schedule=info)
+
+    @_rpc
+    async def TriggerSchedule(self, request: pb.TriggerScheduleRequest, context: Any
+                              ) -> pb.TriggerScheduleResponse:
+        """Enqueue a schedule's task now (audited)."""
+        if self.broker is None:
+            raise Unavailable("this gateway cannot enqueue")
+        task_id = await schedules.trigger(self.redis, self.settings, self.broker, request.name)
+        await self._audit(context, "trigger_schedule", request.name, task_id)
+        return pb.TriggerScheduleResponse(task_id=task_id)
+
+    @_rpc
+    async def DeleteSchedule(self, request: pb.DeleteScheduleRequest, context: Any
+                             ) -> pb.DeleteScheduleResponse:
+        """Remove a schedule (audited)."""
+        deleted = await schedules.delete(self.redis, request.name)
+        await self._audit(context, "delete_schedule", request.name,
+                          "" if deleted else "absent")
+        return pb.DeleteScheduleResponse(deleted=deleted)
+
+    # -- rate limits (ratelimits.py) ----------------------------------------------------
+    @_rpc
+    async def SetRateLimit(self, request: pb.SetRateLimitRequest, context: Any
+                           ) -> pb.SetRateLimitResponse:
+        """Set or change a rate limit (audited as set_rate_limit)."""
+        r = request.rate_limit
+        rl = ratelimits.validate(r.queue, r.task_type, r.limit, r.period_ms, r.burst)
+        created = await ratelimits.set_limit(self.redis, rl, actor_of(context))
+        await self._audit(context, "set_rate_limit", rl.queue,
+                          f"task_type={rl.task_type or '*'} limit={rl.limit} "
+                          f"period_ms={rl.period_ms} burst={rl.burst}")
+        return pb.SetRateLimitResponse(created=created)
+
+    @_rpc
+    async def DeleteRateLimit(self, request: pb.DeleteRateLimitRequest, context: Any
+                              ) -> pb.DeleteRateLimitResponse:
+        """Remove a rate limit (audited as delete_rate_limit)."""
+        deleted = await ratelimits.delete_limit(self.redis, request.queue, request.task_type,
+                                                actor_of(context))
+        await self._audit(context, "delete_rate_limit", request.queue,
+                          f"task_type={request.task_type or '*'}")
+        return pb.DeleteRateLimitResponse(deleted=deleted)
+
+    @_rpc
+    async def ListRateLimits(self, request: pb.ListRateLimitsRequest, context: Any
+                             ) -> pb.ListRateLimitsResponse:
+        """The limits of one queue, or of every queue."""
+        limits = await ratelimits.list_limits(self.redis, request.queue)
+        return pb.ListRateLimitsResponse(rate_limits=[pb.RateLimit(
+            queue=r.queue, task_type=r.task_type, limit=r.limit, period_ms=r.period_ms,
+            burst=r.burst, tokens=r.tokens) for r in limits])

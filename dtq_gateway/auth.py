@@ -133,6 +133,24 @@ def actor_of(context: Any) -> str:
     return _peer_cn(context) or "anonymous"
 
 
+def caller_identity(context: Any) -> str:
+    """Identity a worker id and its leases are bound to.
+
+    ``token:<identity>`` with bearer tokens on, ``cert:<common name>`` for a client
+    certificate (mTLS), both joined by ``|`` when both are present, "" for an
+    anonymous caller (no auth, no client certificate): then every caller is the
+    same identity and nothing is bound.
+    """
+    parts = []
+    principal = _principal.get()
+    if principal is not None:
+        parts.append("token:" + principal.identity)
+    cn = _peer_cn(context)
+    if cn:
+        parts.append("cert:" + cn)
+    return "|".join(parts)
+
+
 def _bearer(metadata: Any) -> str:
     for key, value in metadata or ():
         if key == "authorization":
@@ -220,12 +238,27 @@ def _with_principal(principal: Principal) -> Callable[[Callable[..., Any]], Any]
     def make(behavior: Callable[..., Any]) -> Any:
         if inspect.isasyncgenfunction(behavior):
             async def run_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                token = _principal.set(principal)
+                # The variable is set around each step of the inner generator, never
+                # across a yield: a cancelled call's generator may be closed from another
+                # context (asyncio's async-generator finalizer), where resetting a token
+                # set in the call's context raises "was created in a different Context".
+                inner = behavior(request, context)
                 try:
-                    async for item in behavior(request, context):
+                    while True:
+                        token = _principal.set(principal)
+                        try:
+                            item = await inner.__anext__()
+                        except StopAsyncIteration:
+                            return
+                        finally:
+                            _principal.reset(token)
                         yield item
                 finally:
-                    _principal.reset(token)
+                    token = _principal.set(principal)
+                    try:
+                        await inner.aclose()
+                    finally:
+                        _principal.reset(token)
 
             return run_stream
 

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from dtq_gateway import keys, observe
 from dtq_gateway.audit import append_audit
 from dtq_gateway.errors import DtqError, NotFound, QueueFull, WrongState
-from dtq_gateway.groups import Groups
+from dtq_gateway.groups import Groups, queue_limit
 from dtq_gateway.replies import text as _s
 from dtq_gateway.scripts import Script, call_each, execute
 from dtq_gateway.settings import Settings
@@ -73,7 +73,7 @@ class Broker:
             args += (t.task_id, t.queue, t.task_type, t.payload, t.content_type, t.priority,
                      t.max_attempts, t.timeout_ms, t.idem_key, t.idem_digest, t.metadata_json,
                      t.backoff_base_ms, t.backoff_cap_ms, t.delay_ms, t.not_before_ms,
-                     t.expires_at_ms, t.ttl_ms, takeover)
+                     t.expires_at_ms, t.ttl_ms, takeover, t.extra_json)
         return keys_, args
 
     async def enqueue_many(self, tasks: list[NewTask]) -> list[Enqueued | Exception]:
@@ -87,7 +87,15 @@ class Broker:
         stores nothing twice). A single task's Redis error is raised, as are connection
         errors of a single call (the servicer maps them to a status).
         """
-        await self.groups.ensure(self.redis, {t.queue for t in tasks})
+        refused = await self.groups.ensure_some(self.redis, {t.queue for t in tasks})
+        if refused:  # new queue names beyond DTQ_MAX_QUEUES: those items only
+            if len(tasks) == 1:
+                raise queue_limit(tasks[0].queue, self.groups.max_queues)
+            kept = [t for t in tasks if t.queue not in refused]
+            outs = await self.enqueue_many(kept) if kept else []
+            it = iter(outs)
+            return [queue_limit(t.queue, self.groups.max_queues) if t.queue in refused
+                    else next(it) for t in tasks]
         if len(tasks) == 1 and self.read_ahead is not None and not tasks[0].delay_ms \
                 and not tasks[0].not_before_ms:
             ahead = self.read_ahead(tasks[0].queue, tasks[0].task_type)

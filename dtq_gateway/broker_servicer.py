@@ -11,19 +11,26 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 
-from dtq_gateway import grpc_errors
+from dtq_gateway import grpc_errors, tracing
 from dtq_gateway.broker import Broker, Enqueued
-from dtq_gateway.completion import Completion, ItemOutcome
+from dtq_gateway.completion import Completion, ItemOutcome, WorkerRegistration
 from dtq_gateway.dispatch import Dispatcher
 from dtq_gateway.errors import DtqError, InvalidArgument, Unavailable
+from dtq_gateway.groups import queue_limit
+from dtq_gateway.leaseid import owner_tag
+from dtq_gateway.followup_plan import callback_task_id, plan_chain, plan_group
+from dtq_gateway.followups import FollowUps
 from dtq_gateway.sessions import Session
 from dtq_gateway.settings import Settings
 from dtq_gateway.task_record import STATUS_BY_NAME, task_from_hash
 from dtq_gateway.validation import (
     MAX_REASON_BYTES,
+    check_hostname,
     check_queue,
     check_task_id,
+    check_task_types,
     check_worker_id,
+    check_worker_strings,
     cut_utf8,
     validate_enqueue,
 )
@@ -33,6 +40,10 @@ log = logging.getLogger(__name__)
 
 MAX_BATCH = 1000
 MAX_QUEUES = 32
+#: Bounds of LeaseRequest.labels: entries, key and value length (UTF-8 bytes).
+MAX_LABELS = 32
+MAX_LABEL_KEY_BYTES = 64
+MAX_LABEL_VALUE_BYTES = 256
 
 
 def status_enum(status: str) -> int:
@@ -54,7 +65,8 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
 
     def __init__(self, settings: Settings, broker: Broker, completion: Completion,
                  dispatcher: Dispatcher, draining: asyncio.Event, actor_of=None,
-                 request_id_of=None, admit=None) -> None:
+                 request_id_of=None, admit=None, identity_of=None,
+                 followups: FollowUps | None = None) -> None:
         self.settings = settings
         self.broker = broker
         self.completion = completion
@@ -62,47 +74,99 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
         self.draining = draining
         self.actor_of = actor_of or (lambda ctx: "anonymous")
         self.request_id_of = request_id_of or (lambda ctx: "")
+        #: the identity worker ids and leases are bound to (auth.caller_identity)
+        self.identity_of = identity_of or (lambda ctx: "")
         #: Raises a DtqError while new tasks must be refused (an evicting Redis).
         self.admit = admit or (lambda: None)
+        #: Chains and groups; None refuses them (INVALID_ARGUMENT naming the field).
+        self.followups = followups
+
+    def _followups(self, field: str) -> FollowUps:
+        if self.followups is None:
+            raise InvalidArgument(f"{field}: chains and groups are not served here", field=field)
+        return self.followups
 
     async def Enqueue(self, request, context):
-        try:
-            self.admit()
-            task = validate_enqueue(request, self.settings)
-            (out,) = await self.broker.enqueue_many([task])
-            if isinstance(out, Exception):
-                raise out
-        except Exception as exc:  # noqa: BLE001 - mapped to a status in one place
-            await grpc_errors.abort(context, exc)
+        trace = tracing.call_trace(context)
+        with tracing.span("dtq.gateway.enqueue", request.traceparent or trace[0],
+                          request.tracestate if request.traceparent else trace[1],
+                          attributes={"dtq.queue": request.queue,
+                                      "dtq.task_type": request.task_type}):
+            try:
+                self.admit()
+                task = validate_enqueue(request, self.settings, trace=trace)
+                task, chain_ids = plan_chain(request, task, self.settings)
+                if chain_ids:
+                    await self._followups("chain").register_queue(task.queue)
+                (out,) = await self.broker.enqueue_many([task])
+                if isinstance(out, Exception):
+                    raise out
+            except Exception as exc:  # noqa: BLE001 - mapped to a status in one place
+                await grpc_errors.abort(context, exc)
+        if out.deduplicated:
+            chain_ids = []  # the earlier task's chain (if any) is the one that runs
         return dtq_pb2.EnqueueResponse(task_id=out.task_id, deduplicated=out.deduplicated,
-                                       status=status_enum(out.status))
+                                       status=status_enum(out.status),
+                                       chain_task_ids=chain_ids)
 
     async def EnqueueBatch(self, request, context):
-        try:
-            self.admit()
-            if not 1 <= len(request.items) <= MAX_BATCH:
-                raise InvalidArgument(f"items: 1..{MAX_BATCH} items required", field="items")
-            results: list = [None] * len(request.items)
-            valid, where = [], []
-            for i, item in enumerate(request.items):
-                try:
-                    valid.append(validate_enqueue(item, self.settings, prefix=f"items[{i}]."))
-                    where.append(i)
-                except DtqError as exc:
-                    results[i] = dtq_pb2.EnqueueBatchResult(error=grpc_errors.item_error(exc))
-            outs = await self.broker.enqueue_many(valid) if valid else []
-        except Exception as exc:  # noqa: BLE001
-            await grpc_errors.abort(context, exc)
+        trace = tracing.call_trace(context)
+        group_id = ""
+        with tracing.span("dtq.gateway.enqueue_batch", *trace,
+                          attributes={"dtq.items": len(request.items)}):
+            try:
+                self.admit()
+                if not 1 <= len(request.items) <= MAX_BATCH:
+                    raise InvalidArgument(f"items: 1..{MAX_BATCH} items required",
+                                          field="items")
+                results, valid, where, chains = self._validate_batch(request, trace)
+                if request.HasField("group_callback"):
+                    group_id, valid = plan_group(request.group_callback, valid, self.settings)
+                    outs = await self._followups("group_callback").create_group(
+                        group_id, request.group_callback, valid)
+                else:
+                    for q in {t.queue for t in valid if t.extra_json}:  # chain heads
+                        await self._followups("items").register_queue(q)
+                    outs = await self.broker.enqueue_many(valid) if valid else []
+            except Exception as exc:  # noqa: BLE001
+                await grpc_errors.abort(context, exc)
         for i, out in zip(where, outs):
             if isinstance(out, Enqueued):
                 results[i] = dtq_pb2.EnqueueBatchResult(
                     task_id=out.task_id, deduplicated=out.deduplicated,
-                    status=status_enum(out.status))
+                    status=status_enum(out.status),
+                    chain_task_ids=[] if out.deduplicated else chains.get(i, []))
             else:
                 results[i] = dtq_pb2.EnqueueBatchResult(error=grpc_errors.item_error(out))
-        return dtq_pb2.EnqueueBatchResponse(results=results)
+        return dtq_pb2.EnqueueBatchResponse(
+            results=results, group_id=group_id,
+            group_callback_task_id=callback_task_id(group_id) if group_id else "")
 
-    def _session(self, request: dtq_pb2.LeaseRequest) -> Session:
+    def _validate_batch(self, request, trace: tuple[str, str]
+                        ) -> tuple[list, list, list[int], dict[int, list[str]]]:
+        """Validate every item: (results with the refused items' errors filled in,
+        valid tasks, their indices, chain step ids by index). With a group callback
+        any refused item refuses the call (a group must be exactly the items sent)."""
+        grouped = request.HasField("group_callback")
+        results: list = [None] * len(request.items)
+        valid, where, chains = [], [], {}
+        for i, item in enumerate(request.items):
+            try:
+                if grouped and item.chain:
+                    raise InvalidArgument(f"items[{i}].chain: not allowed in a group",
+                                          field=f"items[{i}].chain")
+                task = validate_enqueue(item, self.settings, prefix=f"items[{i}].", trace=trace)
+                task, chains[i] = plan_chain(item, task, self.settings, prefix=f"items[{i}].")
+                valid.append(task)
+                where.append(i)
+            except DtqError as exc:
+                if grouped:
+                    raise
+                results[i] = dtq_pb2.EnqueueBatchResult(error=grpc_errors.item_error(exc))
+        return results, valid, where, chains
+
+    def _session(self, request: dtq_pb2.LeaseRequest, identity: str) -> Session:
+        check_labels(request.labels)
         check_worker_id(request.worker_id)
         if not 1 <= len(request.queues) <= MAX_QUEUES:
             raise InvalidArgument(f"queues: 1..{MAX_QUEUES} queue names required",
@@ -110,18 +174,29 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
         queues = list(dict.fromkeys(check_queue(q, "queues") for q in request.queues))
         if request.max_in_flight < 1:
             raise InvalidArgument("max_in_flight: must be >= 1", field="max_in_flight")
+        check_task_types(request.task_types)
+        check_hostname(request.hostname)
+        check_worker_strings(request)
         return Session(worker_id=request.worker_id, queues=queues,
                        max_in_flight=min(request.max_in_flight, self.settings.max_in_flight_cap),
                        task_types=frozenset(request.task_types),
-                       concurrency=request.concurrency)
+                       concurrency=request.concurrency, owner=owner_tag(identity),
+                       labels=dict(list(request.labels.items())[:64]))
 
     async def Lease(self, request, context) -> AsyncIterator[dtq_pb2.LeaseResponse]:
         try:
             if self.draining.is_set():
                 raise Unavailable("gateway is draining", reason="DRAINING")
-            session = self._session(request)
+            identity = self.identity_of(context)
+            session = self._session(request, identity)
+            refused = await self.broker.groups.ensure_some(self.broker.redis, session.queues)
+            if refused:
+                raise queue_limit(min(refused), self.broker.groups.max_queues,
+                                  field="queues")
             await self.completion.worker_event(session.worker_id, request.hostname, "started",
-                                               request.concurrency)
+                                               request.concurrency, caller=identity,
+                registration=WorkerRegistration(check_labels(request.labels), session.queues,
+                                                sorted(session.task_types)))
         except Exception as exc:  # noqa: BLE001
             await grpc_errors.abort(context, exc)
         s = self.settings
@@ -139,13 +214,14 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
                 task = await session.out.get()
                 if task is None:
                     break
+                self.dispatcher.buffered(session, -len(task.payload))
                 yield dtq_pb2.LeaseResponse(task=task)
                 self.dispatcher.stream_progress(session)  # that write completed
         finally:
             await self.dispatcher.unregister(session)
             try:
                 await self.completion.worker_event(session.worker_id, request.hostname,
-                                                   "stopped")
+                                                   "stopped", caller=identity)
             except Exception as exc:  # noqa: BLE001 - best effort on a closing stream
                 log.debug("could not record worker stop", extra={"error": repr(exc)})
             log.info("lease session closed", extra={"worker_id": session.worker_id,
@@ -157,9 +233,13 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
     async def Heartbeat(self, request, context):
         try:
             check_worker_id(request.worker_id)
+            check_hostname(request.hostname)
             if len(request.lease_ids) > 10000:
                 raise InvalidArgument("lease_ids: at most 10000", field="lease_ids")
-            lost, cancelled = await self.completion.heartbeat(request)
+            if len(request.progress) > 10000:
+                raise InvalidArgument("progress: at most 10000", field="progress")
+            lost, cancelled = await self.completion.heartbeat(
+                request, caller=self.identity_of(context))
             if request.draining:
                 self.dispatcher.end_worker(request.worker_id)
             else:
@@ -174,7 +254,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
         try:
             if not 1 <= len(items) <= MAX_BATCH:
                 raise InvalidArgument(f"items: 1..{MAX_BATCH} items required", field="items")
-            outcomes = await op(items)
+            outcomes = await op(items, caller=self.identity_of(context))
         except Exception as exc:  # noqa: BLE001
             await grpc_errors.abort(context, exc)
         if len(outcomes) == 1 and outcomes[0].error is not None:
@@ -209,3 +289,22 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
         return dtq_pb2.CancelTaskResponse(
             status=dtq_pb2.TASK_STATUS_ACTIVE if requested else dtq_pb2.TASK_STATUS_CANCELLED,
             cancel_requested=requested, request_id=request_id)
+
+
+def check_labels(labels) -> dict[str, str]:
+    """LeaseRequest.labels as a dict: at most ``MAX_LABELS`` entries, keys of 1..64 and
+    values of at most 256 UTF-8 bytes.
+
+    Raises:
+        InvalidArgument: names ``labels``.
+    """
+    if len(labels) > MAX_LABELS:
+        raise InvalidArgument(f"labels: at most {MAX_LABELS} entries", field="labels")
+    for k, v in labels.items():
+        if not 1 <= len(k.encode()) <= MAX_LABEL_KEY_BYTES:
+            raise InvalidArgument(f"labels: keys must be 1..{MAX_LABEL_KEY_BYTES} bytes",
+                                  field="labels")
+        if len(v.encode()) > MAX_LABEL_VALUE_BYTES:
+            raise InvalidArgument(f"labels: value of {k!r} over {MAX_LABEL_VALUE_BYTES} bytes",
+                                  field="labels")
+    return dict(labels)

@@ -20,6 +20,7 @@ import itertools
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,9 +28,9 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from dtq_gateway import keys, metrics, observe
+from dtq_gateway import keys, metrics, observe, ratelimits, tracing
 from dtq_gateway.groups import Groups
-from dtq_gateway.leaseid import Lease
+from dtq_gateway.leaseid import Keyring, Lease, default_keyring
 from dtq_gateway.replies import text as _s
 from dtq_gateway.scripts import EVENT_ID_PREFIX, Script, call_each, execute
 from dtq_gateway.sessions import LEASE_READ, WORKER_CHECK, ReadAhead, ReadGroup, Session
@@ -42,6 +43,9 @@ ACTIVATE = Script("activate")
 WORKER_STATES = Script("worker_states")
 #: Most entries one lease_read returns (bounds script run time).
 BATCH_MAX = 256
+#: Reads re-run at once after a task-type rate limit put entries back (per session, until
+#: one delivers something): bounds the rotation through a stream of throttled entries.
+LIMIT_REREADS = 4
 #: A message (one per script call, see events_wire.py) of a call this process made and
 #: whose wake-up the dispatcher already got directly.
 _OWN_EVENT = b'"id_prefix":"' + EVENT_ID_PREFIX.encode()
@@ -57,8 +61,10 @@ class Dispatcher:
 
     def __init__(self, redis: Redis, settings: Settings, groups: Groups,
                  release: Callable[[list[str]], Awaitable[None]],
-                 tick_s: float = 1.0) -> None:
+                 tick_s: float = 1.0, keyring: Keyring | None = None) -> None:
         self.redis = redis
+        #: signs the lease ids handed out (see leaseid.py)
+        self.keyring = keyring or default_keyring()
         self.settings = settings
         self.groups = groups
         self.release = release
@@ -83,6 +89,10 @@ class Dispatcher:
         self._task: asyncio.Task | None = None
         self._rr = itertools.count()
         self._last_error_log = 0.0
+        #: payload bytes in every session's ``out`` (dtq_lease_buffered_bytes)
+        self.buffered_total = 0
+        #: reads a throttled queue again once its rate limit has a token
+        self._limit_waker = ratelimits.Waker(self.notify)
 
     # -- notifications (cheap, synchronous) -------------------------------------------
     def notify(self, queue: str) -> None:
@@ -182,6 +192,7 @@ class Dispatcher:
             item = session.out.get_nowait()
             if item is not None:
                 undelivered.append(item.lease_id)
+        self.buffered(session, -session.buffered_bytes)
         if undelivered:
             try:
                 await self.release(undelivered)
@@ -208,6 +219,7 @@ class Dispatcher:
 
     async def stop(self) -> None:
         """Stop the loop and end every session's stream."""
+        self._limit_waker.cancel()
         if self._task:
             self._task.cancel()
             await asyncio.wait({self._task}, timeout=2.0)  # bounded: a stop must not hang
@@ -274,6 +286,7 @@ class Dispatcher:
                         s.out.put_nowait(None)
                         break
                     ids.append(item.lease_id)
+                self.buffered(s, -s.buffered_bytes)
                 if ids:
                     log.warning("lease stream is not reading: released %d undelivered "
                                 "leases", len(ids), extra={"worker_id": s.worker_id,
@@ -393,12 +406,21 @@ class Dispatcher:
         missing: list[int] = []
         live = 0
         entries: list = []
+        wait_ms = 0
+        sets: tuple[set[int], set[int], set[int]] = (set(), set(), set())
+        position = {q: n + 1 for n, q in enumerate(session.queues)}
         for group, reply in reads:
             total += int(reply[0])
             missing += [group.index[int(i) - 1] for i in reply[1]]
             live += int(reply[3])
-            entries += [(group.index[int(i) - 1], e, raw) for i, e, raw in reply[4:]]
-        return [total if pending is None else pending, missing, state, live, *entries]
+            lim = reply[4]
+            if int(lim[0]) and (not wait_ms or int(lim[0]) < wait_ms):
+                wait_ms = int(lim[0])
+            for k in (1, 2, 3):
+                sets[k - 1].update(position[group.queues[int(q) - 1]] for q in lim[k])
+            entries += [(group.index[int(i) - 1], e, raw) for i, e, raw in reply[5:]]
+        limits = [wait_ms, *(sorted(x) for x in sets)]
+        return [total if pending is None else pending, missing, state, live, limits, *entries]
 
     async def _lease(self, session: Session) -> tuple[int, bool, int, bool]:
         """worker_check + lease_read (slot by slot) + activate for a session; see
@@ -422,7 +444,7 @@ class Dispatcher:
                 raise r
         if single or int(state):
             if not single:
-                replies = [r[:4] for r in replies]  # peeks: their live lists are no entries
+                replies = [r[:5] for r in replies]  # peeks: their live lists are no entries
             return await self._after_read(session, self._merge(
                 session, int(state), list(zip(session.groups, replies))))
         pending = sum(int(r[0]) for r in replies)
@@ -431,9 +453,9 @@ class Dispatcher:
         live = sorted(
             ((9 - (int(i) - 1) // len(g.queues), n, g, int(i))
              for n, (g, peek) in enumerate(zip(session.groups, replies)) if not peek[1]
-             for i in peek[4]),
+             for i in peek[5]),
             key=lambda x: (-x[0], x[1]))
-        reads = [(g, [0, peek[1], 0, peek[3]]) for g, peek in zip(session.groups, replies)]
+        reads = [(g, [0, peek[1], 0, peek[3], peek[4]]) for g, peek in zip(session.groups, replies)]
         done: set[tuple[int, int]] = set()
         for band, n, group, _ in live:
             if credit <= 0 or (band, n) in done:
@@ -441,12 +463,13 @@ class Dispatcher:
             done.add((band, n))
             m = len(group.queues)
             first = (9 - band) * m  # the group's streams of this band, band-major
-            sub = ReadGroup(group.queues, group.keys[:m] + group.keys[m + first:m + first + m],
+            sub = ReadGroup(group.queues,
+                            group.keys[:2 * m] + group.keys[2 * m + first:2 * m + first + m],
                             group.index[first:first + m])
             got = await LEASE_READ(self.redis, *self._read_call(
                 session, sub, int(replies[n][0]) + credit, credit))
-            credit -= len(got) - 4
-            reads.append((sub, [0, got[1], 0, 0, *got[4:]]))
+            credit -= len(got) - 5
+            reads.append((sub, [0, got[1], 0, 0, got[4], *got[5:]]))
         return await self._after_read(session, self._merge(session, 0, reads, pending))
 
     async def _after_read(self, session: Session, reply: list
@@ -462,11 +485,13 @@ class Dispatcher:
         """
         streams = session.streams
         pending, missing, stalled = int(reply[0]), reply[1], int(reply[2])
-        live, entries = int(reply[3]), reply[4:]
+        live, entries = int(reply[3]), reply[5:]
+        limits = ratelimits.Limits.from_reply(reply[4], session.queues)
+        self._limit_waker.throttled(limits.throttled, limits.wait_ms, metrics.RATE_LIMITED_READS)
         if stalled and entries:
             # read in the same round trip as the check that says the worker may take
             # nothing: the entries go back to their queues
-            await self._activate(session, streams, entries, put_back=True)
+            await self._activate(session, streams, entries, limits, put_back=True)
         if stalled == 2:
             self.end_worker(session.worker_id)
             return 0, False, 0, live == 0
@@ -482,30 +507,54 @@ class Dispatcher:
         session.full = credit <= 0
         if not entries:
             return 0, credit > 0, 0, live == 0 or credit > 0
-        delivered = await self._activate(session, streams, entries)
+        delivered = await self._activate(session, streams, entries, limits)
+        if delivered:
+            session.limit_rounds = 0
+        if session.limit_held:
+            # Entries of a throttled task type went back to the tail of their stream, so
+            # the credit they took is free again and other types may wait behind them:
+            # read again at once, at most LIMIT_REREADS times in a row (a stream of only
+            # throttled entries must not turn into a busy loop; the limit's timer or the
+            # tick reads it later). A read that delivered something resets the count.
+            credit = session.max_in_flight - pending - delivered
+            session.full = credit <= 0
+            if credit > 0 and session.limit_rounds < LIMIT_REREADS:
+                session.limit_rounds += 1
+                self._dirty_workers.add(session.worker_id)
+                self._wake.set()
         return delivered, credit > 0, len(entries), False
 
     async def _activate(self, session: Session, streams: list[str], entries: list,
+                        limits: ratelimits.Limits | None = None,
                         put_back: bool = False) -> int:
         """activate.lua for the entries a read returned: one call per queue (one hash
         slot each), one pipeline. ``put_back``: every entry goes back to the tail of its
-        band (mode 'r'), none is delivered."""
+        band (mode 'r'), none is delivered (queue-wide tokens they took are returned)."""
+        limits = limits or ratelimits.Limits(0, set(), set(), set())
+        await self.keyring.ensure()
         calls: dict[str, tuple[list[str], list]] = {}
         parsed = []
         for index, entry_id, raw in entries:
             f = {_s(raw[i]): raw[i + 1] for i in range(0, len(raw), 2)}
-            stream = streams[int(index) - 1]
+            parsed.append((streams[int(index) - 1], _s(entry_id), f))
+        modes = [("r" if put_back or (session.task_types
+                                      and _s(f["task_type"]) not in session.task_types)
+                  else "a") for _, _, f in parsed]
+        held = set() if put_back else await self._hold_throttled_types(parsed, modes, limits)
+        session.limit_held = len(held)
+        digests: list[str] = []
+        where: list[tuple[str, int]] = []
+        for (stream, entry_id, f), mode in zip(parsed, modes):
             task_id, queue = _s(f["task_id"]), _s(f["queue"])
             idem = _s(f.get("idempotency_key", b""))
             digest = keys.idempotency_digest(idem) if idem else ""
-            mode = "r" if put_back or (session.task_types
-                                       and _s(f["task_type"]) not in session.task_types) \
-                else "a"
             keys_, args = calls.setdefault(queue, ([keys.cancelled(queue)], []))
             keys_ += [stream, keys.task(task_id),
                       keys.idempotency(queue, digest) if digest else keys.task(task_id)]
-            args += [_s(entry_id), task_id, _s(f["attempt"]), mode]
-            parsed.append((stream, _s(entry_id), f, digest, queue, len(args) // 4 - 1))
+            args += [entry_id, task_id, _s(f["attempt"]), mode,
+                     queued_at_ms(entry_id, f) if mode == "r" else ""]
+            digests.append(digest)
+            where.append((queue, len(args) // 5 - 1))
         # argv_notified: this dispatcher needs none of its own activation events back
         names = list(calls)
         per_queue = await call_each(self.redis, ACTIVATE, [
@@ -517,38 +566,98 @@ class Dispatcher:
             if isinstance(rep, Exception):
                 raise rep
             by_queue[q] = rep
-        replies = [by_queue[queue][i] for *_, queue, i in parsed]
-        parsed = [p[:4] for p in parsed]
-        if put_back:
-            return 0
+        replies = [by_queue[queue][i] for queue, i in where]
         tasks = []
-        for (stream, entry_id, f, digest), rep in zip(parsed, replies):
+        returns: dict[str, Counter[str]] = {}
+        for i, ((stream, entry_id, f), digest, rep) in enumerate(zip(parsed, digests, replies)):
             kind = _s(rep[0])
             if kind == "ok":
                 tasks.append(self._leased_task(session, stream, entry_id, f, digest, rep))
-            elif kind == "expired":
+                continue
+            if kind == "expired":
                 observe.expired(_s(f["queue"]))
+            queue = _s(f["queue"])
+            if queue in limits.limited:  # its tokens were taken for nothing: give them back
+                back = returns.setdefault(queue, Counter())
+                back[ratelimits.QUEUE_SCOPE] += 1
+                if queue in limits.typed and modes[i] == "a" and i not in held:
+                    back[_s(f["task_type"])] += 1
+        if returns:
+            await ratelimits.give_back(self.redis, returns)
+        if put_back:
+            return 0
         if session.closed:
             # the stream ended while this batch was being activated: hand it back
             await self.release([t.lease_id for t in tasks])
             return 0
         if tasks and not session.backlogged:
             session.out_since = time.monotonic()
+        cap, over = self.settings.lease_buffer_max_bytes, []
         for task in tasks:
+            size = len(task.payload)
+            if session.buffered_bytes and session.buffered_bytes + size > cap:
+                over.append(task.lease_id)  # one task always fits an empty buffer
+                continue
             observe.delivered(task)
+            self.buffered(session, size)
+            if task.traceparent:
+                tracing.delivered(task.metadata, {"dtq.task_id": task.task_id,
+                                                  "dtq.worker_id": session.worker_id})
             session.out.put_nowait(task)
-        return len(tasks)
+        if over:
+            # the stream has not written what it holds: hand the rest back now (no
+            # attempt spent) instead of pinning their payloads until it reads
+            metrics.LIMIT_REFUSALS.labels(limit="lease_buffer_max_bytes").inc(len(over))
+            session.held_back = True
+            await self.release(over)
+        return len(tasks) - len(over)
+
+    def buffered(self, session: Session, delta: int) -> None:
+        """Account ``delta`` payload bytes put into (+) or taken from (-) ``session.out``."""
+        session.buffered_bytes = max(0, session.buffered_bytes + delta)
+        self.buffered_total = max(0, self.buffered_total + delta)
+        metrics.LEASE_BUFFERED_BYTES.set(self.buffered_total)
+
+    async def _hold_throttled_types(self, parsed: list, modes: list[str],
+                                    limits: ratelimits.Limits) -> set[int]:
+        """Take task-type tokens for the entries about to be activated; an entry that
+        gets none is switched to mode ``r`` (put back, still queued, no attempt spent).
+        Returns the positions of the entries held back."""
+        if not limits.typed:
+            return set()
+        wanted = [(i, (_s(f["queue"]), _s(f["task_type"]))) for i, (_, _, f) in
+                  enumerate(parsed) if modes[i] == "a" and _s(f["queue"]) in limits.typed]
+        if not wanted:
+            return set()
+        granted, waits = await ratelimits.take_types(self.redis, [w for _, w in wanted])
+        held = {i for (i, _), ok in zip(wanted, granted) if not ok}
+        for i in held:
+            modes[i] = "r"
+        for queue, wait_ms in waits.items():
+            count = sum(1 for i, (q, _) in wanted if q == queue and i in held)
+            self._limit_waker.throttled({queue}, wait_ms, metrics.RATE_LIMITED_TASKS, count)
+        return held
 
     def _leased_task(self, session: Session, stream: str, entry_id: str, f: dict,
                      digest: str, rep: list) -> dtq_pb2.LeasedTask:
         queue, band = keys.parse_stream(stream)
         task_id, attempt = _s(f["task_id"]), int(f["attempt"])
-        lease = Lease(task_id, queue, band, entry_id, attempt, session.worker_id, digest)
+        lease = Lease(task_id, queue, band, entry_id, attempt, session.worker_id, digest,
+                      session.owner)
         metadata = json.loads(rep[2]) if rep[2] else {}
         return dtq_pb2.LeasedTask(
-            lease_id=lease.encode(), task_id=task_id, queue=queue,
+            lease_id=lease.encode(self.keyring), task_id=task_id, queue=queue,
             task_type=_s(f["task_type"]), payload=f.get("payload", b""),
             content_type=_s(rep[1] or b""), priority=band, attempt=attempt,
             max_attempts=int(f["max_attempts"]), timeout_ms=int(f["timeout_ms"]),
             idempotency_key=_s(f.get("idempotency_key", b"")), metadata=metadata,
-            created_at_ms=int(rep[3] or 0), leased_at_ms=int(rep[4]))
+            created_at_ms=int(rep[3] or 0), leased_at_ms=int(rep[4]),
+            traceparent=metadata.get("traceparent", ""),
+            tracestate=metadata.get("tracestate", ""))
+
+
+def queued_at_ms(entry_id: str, fields: dict) -> int:
+    """Epoch ms a band stream entry's task began to wait: its ``queued_at`` field (an
+    entry put back unleased keeps the first one), else the time in its id."""
+    raw = fields.get("queued_at") or fields.get(b"queued_at")
+    return int(raw) if raw else int(entry_id.split("-", 1)[0])

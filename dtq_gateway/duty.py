@@ -18,6 +18,8 @@ import time
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from dtq_gateway.grpc_errors import is_redis_outage
+
 log = logging.getLogger(__name__)
 
 #: Errors that mean "Redis is unreachable right now" rather than a bug.
@@ -117,16 +119,16 @@ class PeriodicDuty:
             await self.tick()
         except asyncio.CancelledError:
             raise
-        except OUTAGE_ERRORS as exc:
+        except Exception as exc:  # noqa: BLE001 - a duty must survive its own bugs
+            if not is_redis_outage(exc):
+                self._failures += 1
+                self._error_log.log(logging.ERROR, "%s: tick failed", self.name,
+                                    exc_info=True, duty=self.name)
+                return max(delay, self._backoff_s())
             self._failures += 1
-            self._outage_log.log(logging.WARNING, "%s: Redis unreachable, backing off: %r",
+            self._outage_log.log(logging.WARNING, "%s: Redis unavailable, backing off: %r",
                                  self.name, exc, duty=self.name)
             return self._backoff_s()
-        except Exception:  # noqa: BLE001 - a duty must survive its own bugs
-            self._failures += 1
-            self._error_log.log(logging.ERROR, "%s: tick failed", self.name, exc_info=True,
-                                duty=self.name)
-            return max(delay, self._backoff_s())
         if self._failures:
             log.info("%s: recovered after %d failed ticks", self.name, self._failures,
                      extra={"duty": self.name})

@@ -40,6 +40,13 @@ class NotFound(DtqError):
     reason = "NOT_FOUND"
 
 
+class AlreadyExists(DtqError):
+    """The object to create exists already (a schedule of that name)."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+    reason = "ALREADY_EXISTS"
+
+
 class StaleLease(DtqError):
     """The lease is no longer the task's current one (reclaimed or finished)."""
 
@@ -59,6 +66,13 @@ class QueueFull(DtqError):
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
     reason = "QUEUE_FULL"
+
+
+class QueueLimit(DtqError):
+    """A new queue name while the registry holds DTQ_MAX_QUEUES names."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "TOO_MANY_QUEUES"
 
 
 class TooLarge(DtqError):

@@ -19,7 +19,8 @@ import time
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from dtq_gateway import keys
+from dtq_gateway import keys, metrics
+from dtq_gateway.errors import QueueLimit
 from dtq_gateway.replies import text
 from dtq_gateway.store.client import scan_keys
 
@@ -29,18 +30,52 @@ _CHUNK = 1000
 
 
 class Groups:
-    """Remembers which queues have their ten groups, so creation costs one round trip once."""
+    """Remembers which queues have their ten groups, so creation costs one round trip once.
 
-    def __init__(self) -> None:
+    Args:
+        max_queues: most names the registry may hold (DTQ_MAX_QUEUES); 0 = no bound.
+    """
+
+    def __init__(self, max_queues: int = 0) -> None:
         self._ready: set[str] = set()
         self._last_recreate_log = 0.0
+        self.max_queues = max_queues
 
     async def ensure(self, redis: Redis, queues: list[str] | set[str]) -> None:
         """Create the groups of every queue not yet known to have them (BUSYGROUP ignored)
-        and add those queues to the registry, in one pipeline."""
+        and add those queues to the registry, in one pipeline.
+
+        Raises:
+            QueueLimit: a queue is not in the registry and the registry already holds
+                ``max_queues`` names (nothing is created for any of ``queues``).
+        """
+        refused = await self.ensure_some(redis, queues)
+        if refused:
+            raise queue_limit(min(refused), self.max_queues)
+
+    async def ensure_some(self, redis: Redis, queues: list[str] | set[str]) -> set[str]:
+        """:meth:`ensure` for the queues that fit under ``max_queues``; returns the new
+        names refused (the registry is full), counted in dtq_limit_refusals_total.
+
+        The bound is checked with ZCARD + ZMSCORE before the ZADD, not atomically with
+        it: replicas creating new names at the same instant may pass it by a few.
+        """
         todo = [q for q in queues if q not in self._ready]
         if not todo:
-            return
+            return set()
+        refused: set[str] = set()
+        if self.max_queues:
+            async with redis.pipeline(transaction=False) as check:
+                check.zcard(keys.QUEUES)
+                check.zmscore(keys.QUEUES, todo)
+                card, scores = await check.execute()
+            new = [q for q, score in zip(todo, scores) if score is None]
+            refused = set(new[max(0, self.max_queues - int(card)):])
+            if refused:
+                metrics.LIMIT_REFUSALS.labels(limit="max_queues").inc(len(refused))
+                todo = [q for q in todo if q not in refused]
+                if not todo:
+                    return refused
         pipe = redis.pipeline(transaction=False)
         for q in todo:
             for stream in keys.queue_streams_desc(q):
@@ -52,6 +87,7 @@ class Groups:
             if isinstance(reply, Exception) and not isinstance(reply, ResponseError):
                 raise reply
         self._ready.update(todo)
+        return refused
 
     def ready(self, queues: list[str]) -> bool:
         """True when every queue is known to have its groups (no round trip needed)."""
@@ -64,6 +100,12 @@ class Groups:
             log.warning("consumer groups missing, recreating", extra={"queues": sorted(queues)})
             self._last_recreate_log = now
         self._ready.difference_update(queues)
+
+
+def queue_limit(queue: str, max_queues: int, field: str = "queue") -> QueueLimit:
+    """The error for a new queue name refused by DTQ_MAX_QUEUES."""
+    return QueueLimit(f"{field}: queue {queue!r} would be new and the gateway already holds "
+                      f"DTQ_MAX_QUEUES={max_queues} queues", field=field)
 
 
 async def backfill_registry(redis: Redis) -> bool:

@@ -15,7 +15,18 @@ import grpc
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
-from redis.exceptions import BusyLoadingError, MasterDownError, OutOfMemoryError, ReadOnlyError
+from redis.exceptions import (
+    AuthenticationError,
+    BusyLoadingError,
+    ClusterError,
+    MasterDownError,
+    MaxConnectionsError,
+    NoPermissionError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -26,21 +37,59 @@ log = logging.getLogger(__name__)
 DOMAIN = "dtq.v1"
 
 
-def to_dtq_error(exc: BaseException) -> DtqError:
-    """Map any exception to a DtqError.
+#: Prefixes of Redis error replies that mean "Redis cannot serve now" (transient, not
+#: the caller's doing): a script or command still running (BUSY), persistence failing
+#: (MISCONF), a cluster slot moving or down, a replica not yet in sync.
+_TRANSIENT_REPLIES = ("BUSY", "MISCONF", "TRYAGAIN", "CLUSTERDOWN", "MOVED", "ASK",
+                      "MASTERDOWN", "LOADING", "NOREPLICAS", "READONLY", "UNBLOCKED")
 
-    Redis unreachable, loading, read-only (a replica after a failover) or without a
-    primary → UNAVAILABLE (REDIS_UNAVAILABLE); Redis at ``maxmemory`` → RESOURCE_EXHAUSTED
-    (REDIS_OUT_OF_MEMORY); anything else → INTERNAL, logged with its traceback.
-    """
+
+def _reply_code(exc: BaseException) -> str:
+    """First word of a Redis error reply (``BUSY``, ``OOM``...), also when redis-py
+    wrapped it as "Command # n (...) of pipeline caused error: ..."."""
+    message = str(exc)
+    if "caused error: " in message:
+        message = message.split("caused error: ", 1)[1].lstrip("('\"")
+    return message.split(" ", 1)[0]
+
+
+def is_redis_outage(exc: BaseException) -> bool:
+    """True when ``exc`` says Redis cannot serve right now (unreachable, loading, busy
+    with a script, read-only, failing to persist, a cluster slot moving, out of
+    memory): transient, to be retried, never a bug to log at ERROR."""
+    return isinstance(to_dtq_error_quiet(exc), (Unavailable, RedisFull))
+
+
+def to_dtq_error_quiet(exc: BaseException) -> DtqError | None:
+    """:func:`to_dtq_error` without logging; None where it would be INTERNAL."""
     if isinstance(exc, DtqError):
         return exc
-    if isinstance(exc, OutOfMemoryError):
+    if isinstance(exc, OutOfMemoryError) or (
+            isinstance(exc, ResponseError) and _reply_code(exc) == "OOM"):
         return RedisFull("Redis is out of memory (maxmemory reached): the request was not "
                          "stored; retry later", retry_after_ms=1000)
     if isinstance(exc, (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError,
-                        BusyLoadingError, ReadOnlyError, MasterDownError)):
+                        BusyLoadingError, ReadOnlyError, MasterDownError, TryAgainError,
+                        ClusterError, MaxConnectionsError, AuthenticationError,
+                        NoPermissionError)) or (
+            isinstance(exc, ResponseError) and _reply_code(exc) in _TRANSIENT_REPLIES):
         return Unavailable(f"redis unavailable: {exc.__class__.__name__}", retry_after_ms=1000)
+    return None
+
+
+def to_dtq_error(exc: BaseException) -> DtqError:
+    """Map any exception to a DtqError.
+
+    Redis unreachable, loading, read-only (a replica after a failover), without a
+    primary, busy with a script, failing to persist (MISCONF), refusing dtq's own
+    credentials, a cluster slot moving, or the connection pool exhausted →
+    UNAVAILABLE (REDIS_UNAVAILABLE, with RetryInfo); Redis at ``maxmemory`` →
+    RESOURCE_EXHAUSTED (REDIS_OUT_OF_MEMORY); anything else (a bug in dtq, never a
+    client's input) → INTERNAL, logged with its traceback.
+    """
+    mapped = to_dtq_error_quiet(exc)
+    if mapped is not None:
+        return mapped
     log.exception("internal error", exc_info=exc)
     return DtqError("internal error")
 

@@ -70,6 +70,23 @@ QUEUES_BACKFILLED = PREFIX + "queues:backfilled"
 #: that may dead-letter a task of the queue; never removed): ListDeadLetters reads these
 #: queues' streams.
 DEAD_LETTER_QUEUES = PREFIX + "queues:dead-letter"
+#: String: the deployment's lease-id secret (hex), created once with SET NX by the first
+#: gateway that starts without DTQ_LEASE_SECRET, so that every replica signs alike.
+LEASE_SECRET = PREFIX + "secret:lease"
+#: Registry of periodic schedules: sorted set, member = schedule name, score = its next
+#: fire (epoch ms; +inf while paused). Touched only by single-key commands, each step
+#: safe if the process dies after it (see schedules.py).
+SCHEDULES = PREFIX + "schedules"
+#: Set of queue names that have (or had) rate limits: ListRateLimits without a queue
+#: reads it. Touched only by single-key commands (see ratelimits.py).
+RATE_LIMITED_QUEUES = PREFIX + "ratelimits"
+#: Schedule names follow the queue-name alphabet (no ':', so keys never collide).
+SCHEDULE_RE = QUEUE_RE
+#: Set of queue names that may hold chain or group follow-up work (the keys of
+#: :func:`chain_pending` and :func:`groups_pending`): the follow-up sweep reads only
+#: these queues. Global, so only ever touched by single-key SADD / SMEMBERS; a name is
+#: added before the first task or group that could need it is stored.
+FOLLOWUP_QUEUES = PREFIX + "followups:queues"
 #: Pub/sub channel (not a key) for lifecycle events.
 EVENTS_CHANNEL = PREFIX + "events"
 
@@ -214,6 +231,43 @@ def gateway(tag: str) -> str:
     return f"{PREFIX}gateway:{WORKERS_TAG}:{tag}"
 
 
+def queue_counters(queue: str) -> str:
+    """Outcome counters of a queue (hash succeeded, retried, dead_lettered, cancelled;
+    HINCRBY by ack.lua and fail.lua): ``dtq:queue:{<queue>}:counters``."""
+    return f"{PREFIX}queue:{{{queue}}}:counters"
+
+
 def paused(queue: str) -> str:
     """Pause flag of a queue: ``dtq:queue:{<queue>}:paused``."""
     return f"{PREFIX}queue:{{{queue}}}:paused"
+
+
+def rate_limit(queue: str) -> str:
+    """Rate limits of a queue and their token buckets: ``dtq:queue:{<queue>}:ratelimit``
+    (a hash; one key per queue, so every limiter script touches one queue's keys)."""
+    return f"{PREFIX}queue:{{{queue}}}:ratelimit"
+
+
+def periodic_schedule(name: str) -> str:
+    """A periodic schedule (definition and state): ``dtq:schedule:<name>`` (a hash in its
+    own slot, touched only by single-key commands and one-key scripts). ``name`` matches
+    :data:`SCHEDULE_RE`."""
+    return f"{PREFIX}schedule:{name}"
+
+
+def chain_pending(queue: str) -> str:
+    """Sorted set of tasks of ``queue`` that succeeded with a chain step still to create:
+    ``dtq:chains:pending:{<queue>}`` (member task id, score the ack's Redis time in ms)."""
+    return f"{PREFIX}chains:pending:{{{queue}}}"
+
+
+def groups_pending(queue: str) -> str:
+    """Sorted set of unfinished groups whose callback goes to ``queue``:
+    ``dtq:groups:pending:{<queue>}`` (member group id, score the next check's epoch ms)."""
+    return f"{PREFIX}groups:pending:{{{queue}}}"
+
+
+def group(queue: str, group_id: str) -> str:
+    """Group record hash: ``dtq:group:{<callback queue>}:<group id>`` (group ids are 32
+    hex characters, queue names cannot contain ':')."""
+    return f"{PREFIX}group:{{{queue}}}:{group_id}"

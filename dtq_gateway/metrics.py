@@ -24,9 +24,10 @@ import grpc
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 from redis.asyncio import Redis
 
-from dtq_gateway import admin, admin_lists
+from dtq_gateway import admin, admin_lists, admin_waiting, keys
 from dtq_gateway.auth import WrappingInterceptor, wrap_handler
 from dtq_gateway.duty import PeriodicDuty
+from dtq_gateway.queue_rates import RATES
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,14 @@ QUEUE_DEPTH = Gauge("dtq_queue_depth", "Entries in a band stream (queued + lease
 QUEUE_PENDING = Gauge("dtq_queue_pending", "Entries leased and not yet finished (PEL).",
                       ["queue", "band"])
 QUEUE_BACKLOG_AGE_SECONDS = Gauge("dtq_queue_backlog_age_seconds",
-                                  "Age of the oldest not-yet-leased entry (s).", ["queue"])
+                                  "Age of the oldest task waiting to be leased (s).", ["queue"])
+#: A queue's waiting tasks are counted by type (dtq_queue_stuck_tasks) once its backlog
+#: is this old (ms); at most STUCK_SCAN_MAX waiting entries (all bands) are read.
+STUCK_CHECK_AGE_MS = 30_000
+STUCK_SCAN_MAX = 1_000
+QUEUE_STUCK_TASKS = Gauge(
+    "dtq_queue_stuck_tasks", "Waiting tasks of types no live worker leasing from the queue "
+    "takes (counted once the backlog is 30 s old; 0 before).", ["queue"])
 WORKERS_LIVE = Gauge("dtq_workers_live", "Workers whose last heartbeat is younger than three "
                      "heartbeat intervals.")
 EVENTS_DROPPED = Counter("dtq_events_dropped_total",
@@ -76,6 +84,26 @@ EVENTS_SUBSCRIPTIONS_REFUSED = Counter(
 METRICS_QUEUES_OMITTED = Gauge("dtq_metrics_queues_omitted",
                                "Busy queues left out of the per-queue gauges "
                                "(more than DTQ_METRICS_MAX_QUEUES).")
+LIMIT_REFUSALS = Counter("dtq_limit_refusals_total", "Requests refused, or leases released, "
+                         "because a configured bound was reached (limit: max_queues, "
+                         "max_streams_per_peer, lease_buffer_max_bytes, events_max_subscribers).",
+                         ["limit"])
+QUEUES_DELETED = Counter("dtq_queues_deleted_total", "Idle queues deleted by the idle-queue "
+                         "sweep (DTQ_QUEUE_IDLE_DELETE_S).")
+LEASE_BUFFERED_BYTES = Gauge("dtq_lease_buffered_bytes", "Payload bytes delivered to Lease "
+                             "streams of this replica and not yet written to them.")
+RATE_LIMITED_READS = Counter("dtq_rate_limited_reads_total",
+                             "Lease reads of a queue cut short by its queue-wide rate limit "
+                             "(its tasks wait, queued, for tokens).", ["queue"])
+RATE_LIMITED_TASKS = Counter("dtq_rate_limited_tasks_total",
+                             "Entries of a throttled task type put back in their queue "
+                             "(still queued, no attempt spent).", ["queue"])
+SCHEDULE_FIRES = Counter("dtq_schedule_fires_total",
+                         "Fires of periodic schedules enqueued (deduplicated ones, e.g. "
+                         "enqueued before by a leader that died, excluded).")
+SCHEDULE_FIRES_FAILED = Counter("dtq_schedule_fires_failed_total",
+                                "Schedule fires not enqueued yet (queue full, Redis refused, "
+                                "template refused): retried at the next tick.")
 LEASE_SESSIONS = Gauge("dtq_lease_sessions", "Open Lease streams on this gateway replica.")
 REDIS_EVICTION_SAFE = Gauge("dtq_redis_eviction_safe", "1 when Redis maxmemory-policy is "
                             "noeviction, 0 when Redis may evict dtq's keys, -1 when unknown.")
@@ -143,15 +171,37 @@ class QueueGaugeCollector(PeriodicDuty):
             oldest = [b.oldest_undelivered_ms for b in bands if b.oldest_undelivered_ms]
             age_ms = max(0, now - min(oldest)) if oldest else 0
             QUEUE_BACKLOG_AGE_SECONDS.labels(queue=queue).set(age_ms / 1000.0)
+            stuck = 0
+            if age_ms >= STUCK_CHECK_AGE_MS:
+                waiting, _ = await admin_waiting.waiting_by_type(
+                    self.redis, queue, now, self.heartbeat_interval_ms, STUCK_SCAN_MAX)
+                stuck = sum(t.waiting for t in waiting if not t.taken)
+            QUEUE_STUCK_TASKS.labels(queue=queue).set(stuck)
+        await self._read_counters(shown, now)
         names = set(shown)
         for gone in self._queues - names:
             for band in range(10):
                 for gauge in (QUEUE_DEPTH, QUEUE_PENDING):
                     _remove(gauge, gone, str(band))
             _remove(QUEUE_BACKLOG_AGE_SECONDS, gone)
+            _remove(QUEUE_STUCK_TASKS, gone)
         self._queues = names
         workers = await admin_lists.list_workers(self.redis, self.heartbeat_interval_ms)
         WORKERS_LIVE.set(sum(1 for w in workers if w.alive))
+
+
+    async def _read_counters(self, queues: list[str], now_ms: int) -> None:
+        """Read the queues' outcome counters so GetQueueStats has an earlier reading
+        to compute throughput from (queue_rates)."""
+        if not queues:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for queue in queues:
+                pipe.hmget(keys.queue_counters(queue), "succeeded", "retried", "dead_lettered")
+            rows = await pipe.execute()
+        for queue, (ok, retried, dead) in zip(queues, rows):
+            RATES.observe(queue, now_ms, admin.as_int(ok),
+                          admin.as_int(retried) + admin.as_int(dead))
 
 
 def _remove(gauge: Gauge, *labels: str) -> None:

@@ -28,6 +28,7 @@ from dtq_gateway.auth import AuthInterceptor, parse_tokens
 from dtq_gateway.decoding import DecodeGuardInterceptor
 from dtq_gateway.events_hub import EventsHub
 from dtq_gateway.events_servicer import EventsServicer
+from dtq_gateway.limits import PeerLimitInterceptor
 from dtq_gateway.metrics import MetricsInterceptor, QueueGaugeCollector, start_metrics_server
 from dtq_gateway.settings import Settings
 from dtq_proto import dtq_pb2_grpc
@@ -36,10 +37,12 @@ log = logging.getLogger(__name__)
 
 
 def server_interceptors(settings: Settings) -> list[grpc.aio.ServerInterceptor]:
-    """Interceptors in order: metrics first (so refused calls are measured), then
-    auth when ``DTQ_AUTH_TOKENS`` is set, then the decode guard (a request that does
-    not parse answers INVALID_ARGUMENT, after authentication decided)."""
-    interceptors: list[grpc.aio.ServerInterceptor] = [MetricsInterceptor()]
+    """Interceptors in order: metrics first (so refused calls are measured), the
+    per-peer call bound (before auth: unauthenticated floods count too), then auth when
+    ``DTQ_AUTH_TOKENS`` is set, then the decode guard (a request that does not parse
+    answers INVALID_ARGUMENT, after authentication decided)."""
+    interceptors: list[grpc.aio.ServerInterceptor] = [
+        MetricsInterceptor(), PeerLimitInterceptor(settings.max_streams_per_peer)]
     if settings.auth_tokens:
         interceptors.append(AuthInterceptor(parse_tokens(settings.auth_tokens)))
     interceptors.append(DecodeGuardInterceptor())
@@ -53,14 +56,16 @@ class Operations:
         redis: the gateway's client.
         settings: gateway settings (metrics port 0 = no HTTP endpoint).
         gauge_interval_s: period of the queue-gauge refresh (s).
+        broker: the gateway's broker (Admin.TriggerSchedule enqueues through it).
     """
 
-    def __init__(self, redis: Redis, settings: Settings, *, gauge_interval_s: float = 5.0) -> None:
+    def __init__(self, redis: Redis, settings: Settings, *, gauge_interval_s: float = 5.0,
+                 broker: Any = None) -> None:
         self.settings = settings
         self.hub = EventsHub(redis, max_subscribers=settings.events_max_subscribers,
                              max_deliveries_per_s=settings.events_max_deliveries_per_s,
                              **events_servicer.hub_options())
-        self.admin = AdminServicer(redis, settings)
+        self.admin = AdminServicer(redis, settings, broker)
         self.events = EventsServicer(self.hub)
         self.gauges = QueueGaugeCollector(redis, settings.heartbeat_interval_ms,
                                           interval_s=gauge_interval_s,
@@ -80,7 +85,8 @@ class Operations:
             OSError: the metrics port cannot be bound.
         """
         if self.settings.metrics_port:
-            host = self.settings.listen.rpartition(":")[0].strip("[]")
+            host = self.settings.metrics_host or self.settings.listen.rpartition(":")[0]
+            host = host.strip("[]")
             self._http = start_metrics_server(host, self.settings.metrics_port)
         self.hub.start()
         self._gauge_task = asyncio.create_task(self.gauges.run(), name="dtq-metrics-refresh")

@@ -15,6 +15,10 @@ Every gateway replica runs a :class:`Scheduler`; exactly one of them leads (see
   between "claimed" and "enqueued" for it to cover.
 * :class:`~dtq_gateway.reaper.Reaper` reclaims expired leases.
 * :class:`WorkerSweep` marks workers whose heartbeats stopped (WORKER_STALE).
+* :class:`~dtq_gateway.queue_sweep.QueueSweep` deletes queues idle for
+  DTQ_QUEUE_IDLE_DELETE_S.
+* :class:`~dtq_gateway.schedules.ScheduleFirer` enqueues the due fires of periodic
+  schedules (when the gateway passes its broker).
 
 Due times come from Redis TIME (read by the scripts themselves), never from this
 process's clock, so replicas with drifting clocks agree.
@@ -25,14 +29,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from typing import Any
 
 from redis.asyncio import Redis
 
 from dtq_gateway import keys, observe
 from dtq_gateway.duty import PeriodicDuty
 from dtq_gateway.leader import LeaderLock, LockKeeper
+from dtq_gateway.queue_sweep import QueueSweep
 from dtq_gateway.reaper import Reaper
 from dtq_gateway.replies import text
+from dtq_gateway.schedules import ScheduleFirer
 from dtq_gateway.scripts import Script, execute
 from dtq_gateway.settings import Settings
 
@@ -203,18 +210,26 @@ class Scheduler:
         lock_ttl_ms: TTL of ``dtq:lock:scheduler`` (ms).
         refresh_interval_s: leader's lock refresh period (s).
         acquire_interval_s: followers' mean retry period (s), jittered.
+        broker: the gateway's :class:`~dtq_gateway.broker.Broker`; without one no
+            periodic schedule fires on this replica.
     """
 
     def __init__(self, redis: Redis, settings: Settings, *, lock_ttl_ms: int = 10_000,
-                 refresh_interval_s: float = 3.0, acquire_interval_s: float = 1.5) -> None:
+                 refresh_interval_s: float = 3.0, acquire_interval_s: float = 1.5,
+                 broker: Any = None) -> None:
         self.lock = LeaderLock(redis, settings.gateway_id or "gateway", lock_ttl_ms)
         self.mover = Mover(redis, settings, self.lock)
         self.reaper = Reaper(redis, settings, self.lock)
         self.worker_sweep = WorkerSweep(redis, settings, self.lock)
+        self.queue_sweep = QueueSweep(redis, settings, self.lock)
         self.keeper = LockKeeper(self.lock, refresh_interval_s, acquire_interval_s,
                                  on_acquired=self._on_acquired)
         self._duties: list[PeriodicDuty] = [self.keeper, self.mover, self.reaper,
-                                            self.worker_sweep]
+                                            self.worker_sweep, self.queue_sweep]
+        self.firer = ScheduleFirer(redis, settings, self.lock, broker) if broker else None
+        if self.firer is not None:
+            self._duties.append(self.firer)
+        self._extra: list[PeriodicDuty] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._run_task: asyncio.Task[None] | None = None
 
@@ -223,9 +238,17 @@ class Scheduler:
         """True while this replica holds the scheduler lock."""
         return self.lock.is_leader
 
+    def add_duty(self, duty: PeriodicDuty) -> None:
+        """Run one more leader duty (call before :meth:`start`); it is woken when this
+        replica becomes leader and stopped with the others."""
+        self._duties.append(duty)
+        self._extra.append(duty)
+
     def _on_acquired(self) -> None:
+        for duty in self._extra:
+            duty.wake()
         self.reaper.leadership_started()
-        for duty in (self.mover, self.reaper, self.worker_sweep):
+        for duty in self._duties[1:]:
             duty.wake()
 
     def start(self) -> None:

@@ -18,16 +18,21 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from redis.asyncio import Redis
 
-from dtq_gateway import auth, keys, observe
+from dtq_gateway import auth, keys, leaseid, observe
 from dtq_gateway.audit import request_id_of
 from dtq_gateway.broker import Broker
 from dtq_gateway.broker_servicer import BrokerServicer
 from dtq_gateway.completion import Completion, ItemOutcome
+from dtq_gateway.dashboard import Dashboard
+from dtq_gateway.dashboard_api import Backend
+from dtq_gateway.dashboard_rates import RateTracker
 from dtq_gateway.dispatch import Dispatcher
+from dtq_gateway.followups import FollowUps, FollowUpSweep
 from dtq_gateway.groups import Groups
 from dtq_gateway.metrics import REDIS_MEMORY_FULL
 from dtq_gateway.ops import Operations, server_interceptors
 from dtq_gateway.redis_policy import EvictionPolicyWatch
+from dtq_gateway.reflection_pool import ReflectionPool
 from dtq_gateway.scheduler import Scheduler
 from dtq_gateway.settings import Settings
 from dtq_gateway.store.client import make_client
@@ -52,6 +57,10 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
     stream then, instead of being sent leases that all expire unread. Clients may PING
     as often as every DTQ_GRPC_MIN_PING_INTERVAL_MS, with or without calls, so that
     workers can detect the same black hole from their side.
+
+    Bounds: at most DTQ_GRPC_MAX_CONNECTIONS connections, DTQ_GRPC_MAX_CONCURRENT_STREAMS
+    calls per connection, 16 KiB of metadata per call, and a connection with no call
+    open is closed after DTQ_GRPC_MAX_CONNECTION_IDLE_MS.
     """
     return [*GRPC_OPTIONS,
             ("grpc.keepalive_time_ms", settings.grpc_keepalive_time_ms),
@@ -61,7 +70,12 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
             ("grpc.http2.ping_timeout_ms", settings.grpc_keepalive_timeout_ms),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),  # 0 = ping even when nothing flows
-            ("grpc.http2.min_ping_interval_without_data_ms", settings.grpc_min_ping_interval_ms)]
+            ("grpc.http2.min_ping_interval_without_data_ms", settings.grpc_min_ping_interval_ms),
+            # bounds on what clients can make the server hold (docs/security.md)
+            ("grpc.max_allowed_incoming_connections", settings.grpc_max_connections),
+            ("grpc.max_concurrent_streams", settings.grpc_max_concurrent_streams),
+            ("grpc.max_connection_idle_ms", settings.grpc_max_connection_idle_ms or 2**31 - 1),
+            ("grpc.max_metadata_size", 16 << 10)]
 
 
 def redis_client(settings: Settings, url: str) -> Redis:
@@ -189,11 +203,17 @@ class Gateway:
         self.settings = settings
         self.redis = redis_client(settings, redis_url)
         self.draining = asyncio.Event()
-        self.groups = Groups()
+        self.groups = Groups(max_queues=settings.max_queues)
+        #: the server's interceptors (ops.server_interceptors), in order
+        self.interceptors = server_interceptors(settings)
         self.server = grpc.aio.server(options=grpc_options(settings),
-                                      interceptors=server_interceptors(settings))
-        self.completion = Completion(self.redis, settings, on_done=self._on_done)
-        self.dispatcher = Dispatcher(self.redis, settings, self.groups, release=self._release)
+                                      interceptors=self.interceptors)
+        self.keyring = leaseid.Keyring(loader=lambda ring: leaseid.load_keyring(
+            ring, self.redis, settings.lease_secret))
+        self.completion = Completion(self.redis, settings, on_done=self._on_done,
+                                     keyring=self.keyring)
+        self.dispatcher = Dispatcher(self.redis, settings, self.groups, release=self._release,
+                                     keyring=self.keyring)
         self.broker = Broker(self.redis, settings, self.groups, on_queued=self.dispatcher.notify,
                              read_ahead=self.dispatcher.read_ahead)
         self.health = health.aio.HealthServicer()
@@ -203,10 +223,24 @@ class Gateway:
             self.redis, self.health, self.draining, self.policy,
             liveness_key=keys.gateway(keys.gateway_tag(settings.gateway_id)),
             liveness_ttl_ms=settings.worker_ttl_ms)
-        self.ops = Operations(self.redis, settings)
+        self.ops = Operations(self.redis, settings, broker=self.broker)
         self.ops.hub.add_listener(self.dispatcher.on_event, self.dispatcher.wants_raw_event)
-        self.scheduler = Scheduler(self.redis, settings)
+        self.scheduler = Scheduler(self.redis, settings, broker=self.broker)
+        self.followups = FollowUps(self.redis, settings, self.broker)
+        self.completion.on_follow = self.followups.after_outcome
+        self.scheduler.add_duty(FollowUpSweep(self.followups, self.scheduler.lock,
+                                              settings.followup_sweep_interval_s))
+        self.dashboard = self._dashboard() if settings.dashboard_port else None
         self.port = 0
+
+    def _dashboard(self) -> Dashboard:
+        """The web dashboard (DTQ_DASHBOARD_PORT), counting throughput from the hub."""
+        rates = RateTracker()
+        self.ops.hub.add_listener(rates.on_event, rates.wants_raw)
+        backend = Backend(self.redis, self.settings, self.broker, rates,
+                          self.dispatcher.sessions)
+        return Dashboard(backend, self.ops.hub, self.settings.dashboard_host,
+                         self.settings.dashboard_port)
 
     def _on_done(self, worker_id: str, queue: str, outcome: ItemOutcome) -> None:
         self.dispatcher.credit_freed(worker_id)
@@ -223,13 +257,14 @@ class Gateway:
     def _add_services(self) -> None:
         dtq_pb2_grpc.add_BrokerServicer_to_server(BrokerServicer(
             self.settings, self.broker, self.completion, self.dispatcher, self.draining,
-            actor_of=auth.actor_of, request_id_of=request_id_of, admit=self.policy.admit),
+            actor_of=auth.actor_of, request_id_of=request_id_of, admit=self.policy.admit,
+            identity_of=auth.caller_identity, followups=self.followups),
             self.server)
         self.ops.add_to_server(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME), self.server)
+             reflection.SERVICE_NAME), self.server, pool=ReflectionPool())
 
     def _bind(self) -> int:
         s = self.settings
@@ -250,12 +285,16 @@ class Gateway:
 
         Raises:
             EvictionPolicyError: Redis may evict keys and DTQ_REQUIRE_NOEVICTION is on.
-            OSError: the gRPC address cannot be bound.
+            OSError: the gRPC, metrics or dashboard address cannot be bound.
         """
         try:
             await self.policy.check()
         except Exception:  # Redis down: the health probe reads it once Redis answers
             log.debug("eviction policy not read at startup", exc_info=True)
+        try:
+            await self.keyring.ensure()
+        except Exception:  # Redis down: loaded at the first lease or Ack instead
+            log.debug("lease secret not loaded at startup", exc_info=True)
         refused = self.policy.startup_error()
         if refused is not None:
             await self.redis.aclose()
@@ -270,6 +309,8 @@ class Gateway:
         await self.probe.check_once()
         await self.server.start()
         self.ops.start()
+        if self.dashboard is not None:
+            await self.dashboard.start()
         self.probe.start()
         self.dispatcher.start()
         self.scheduler.start()
@@ -281,9 +322,12 @@ class Gateway:
         started = time.monotonic()
         self.draining.set()
         await self.probe.stop()
+        if self.dashboard is not None:
+            await self.dashboard.stop()
         await self.ops.stop()  # Subscribe streams end with UNAVAILABLE
         await self.dispatcher.stop()  # Lease streams end with UNAVAILABLE
         await self.server.stop(self.settings.shutdown_grace_s)
+        await self.followups.drain()
         await self.scheduler.stop()
         await self.redis.aclose()
         log.info("stopped", extra={"drain_s": round(time.monotonic() - started, 3)})

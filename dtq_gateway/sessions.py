@@ -18,7 +18,7 @@ from dtq_gateway.scripts import Script
 if TYPE_CHECKING:
     from dtq_gateway.dispatch import Dispatcher
 
-LEASE_READ = Script("lease_read")
+LEASE_READ = Script("lease_read", helpers=("_bucket",))
 WORKER_CHECK = Script("worker_check")
 
 
@@ -26,8 +26,9 @@ WORKER_CHECK = Script("worker_check")
 class ReadGroup:
     """The queues of a session that share one hash slot, read by one lease_read call.
 
-    ``keys``: lease_read's KEYS (pause flags, then the band streams band-major);
-    ``index[i]``: the 1-based position in ``Session.streams`` of the group's stream i+1.
+    ``keys``: lease_read's KEYS (pause flags, rate-limit hashes, then the band streams
+    band-major); ``index[i]``: the 1-based position in ``Session.streams`` of the
+    group's stream i+1.
     """
 
     queues: list[str]
@@ -47,6 +48,10 @@ class Session:
     #: takes at most this many entries, so a burst is shared by the idle sessions of a
     #: queue instead of filling the first one's buffer up to max_in_flight
     concurrency: int = 0
+    #: LeaseRequest.labels (shown by the web dashboard for workers of this replica)
+    labels: dict[str, str] = field(default_factory=dict)
+    #: leaseid.owner_tag of the identity that opened the stream: its leases carry it
+    owner: str = ""
     session_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     full: bool = False
@@ -65,6 +70,12 @@ class Session:
     #: leases were released because the stream wrote nothing for too long: no read for
     #: this session until its stream writes again
     stuck: bool = False
+    #: payload bytes of the tasks in ``out`` (bounded by DTQ_LEASE_BUFFER_MAX_BYTES)
+    buffered_bytes: int = 0
+    #: entries of the last activation put back by a task-type rate limit, and how many
+    #: reads in a row were re-run at once for that (bounded, see Dispatcher._after_read)
+    limit_held: int = 0
+    limit_rounds: int = 0
     #: band streams, band-major p9 first, and the queues by hash slot (each slot group
     #: is one lease_read call; a single-queue session has one group)
     streams: list[str] = field(init=False)
@@ -89,8 +100,9 @@ class Session:
         self.groups = []
         for qs in by_slot.values():
             streams = [keys.stream(q, b) for b in keys.BANDS_DESC for q in qs]
-            self.groups.append(ReadGroup(qs, [keys.paused(q) for q in qs] + streams,
-                                         [position[s] for s in streams]))
+            self.groups.append(ReadGroup(
+                qs, [keys.paused(q) for q in qs] + [keys.rate_limit(q) for q in qs] + streams,
+                [position[s] for s in streams]))
 
 
 class ReadAhead:

@@ -44,10 +44,43 @@ class Settings:
         "Password of the sentinels themselves (sentinel mode; empty = none).", secret=True))
     listen: str = field(default="127.0.0.1:50051", metadata=_meta("gRPC listen address host:port."))
     metrics_port: int = field(default=9464, metadata=_meta(
-        "Prometheus HTTP port on the listen host; 0 disables."))
+        "Prometheus HTTP port; 0 disables. /metrics has no authentication: bind it where "
+        "only the scraper reaches it (DTQ_METRICS_HOST)."))
+    metrics_host: str = field(default="", metadata=_meta(
+        "Address the /metrics endpoint binds to (e.g. 127.0.0.1, or an internal "
+        "interface); empty = the host of DTQ_LISTEN."))
+    dashboard_port: int = field(default=0, metadata=_meta(
+        "Web dashboard HTTP port; 0 disables it (docs/dashboard.md)."))
+    dashboard_host: str = field(default="127.0.0.1", metadata=_meta(
+        "Address the web dashboard listens on (loopback only by default). With "
+        "DTQ_AUTH_TOKENS set, every dashboard API call needs an admin token."))
     metrics_max_queues: int = field(default=200, metadata=_meta(
         "Most queues with per-queue gauges (the deepest busy queues win; "
         "dtq_metrics_queues_omitted counts the rest)."))
+    max_queues: int = field(default=10000, metadata=_meta(
+        "Most queue names in the registry (dtq:queues); Enqueue or Lease naming a new queue "
+        "beyond it answers RESOURCE_EXHAUSTED (TOO_MANY_QUEUES). Replicas check it "
+        "independently, so a burst of new names may pass it by a few."))
+    queue_idle_delete_s: float = field(default=86400.0, metadata=_meta(
+        "A drained queue nothing has written, read or listened on for this long is deleted "
+        "(its ten empty streams and registry entry), between one and two such periods "
+        "after its last use; a paused queue is kept. 0 = never (s)."))
+    max_streams_per_peer: int = field(default=10000, metadata=_meta(
+        "Most calls (Lease and Subscribe streams included) one client IP address may have "
+        "open on this gateway at once; more answer RESOURCE_EXHAUSTED (TOO_MANY_CALLS)."))
+    grpc_max_connections: int = field(default=10000, metadata=_meta(
+        "Most client connections this gateway accepts at once (all peers together); "
+        "keep it below the process's open-file limit."))
+    grpc_max_concurrent_streams: int = field(default=1000, metadata=_meta(
+        "Most calls open at once on one client connection (HTTP/2 "
+        "SETTINGS_MAX_CONCURRENT_STREAMS); further calls wait in the client."))
+    grpc_max_connection_idle_ms: int = field(default=300000, metadata=_meta(
+        "A connection with no open call for this long is closed (ms); clients reconnect "
+        "on their next call. 0 = never."))
+    lease_buffer_max_bytes: int = field(default=8 << 20, metadata=_meta(
+        "Most payload bytes delivered to one Lease stream and not yet written to it; leases "
+        "beyond it are released at once (back to their queue, no attempt spent), so a "
+        "stream that does not read pins at most this much memory (bytes)."))
     visibility_timeout_s: float = field(default=30.0, metadata=_meta(
         "Lease visibility timeout: an entry idle this long may be reclaimed (s)."))
     heartbeat_interval_s: float = field(default=10.0, metadata=_meta(
@@ -108,6 +141,9 @@ class Settings:
         "at run time health NOT_SERVING and Enqueue FAILED_PRECONDITION); false = warn."))
     eviction_check_interval_s: float = field(default=30.0, metadata=_meta(
         "How often the Redis maxmemory-policy is read again (s)."))
+    followup_sweep_interval_s: float = field(default=2.0, metadata=_meta(
+        "How often the scheduler leader looks for chain steps and group callbacks that a "
+        "gateway did not create right after the Ack/Fail that owed them (s)."))
     embedded_dir: str = field(default=".dtq/redis", metadata=_meta(
         "Data directory of the embedded redis-server (AOF on)."))
     tls_cert: str = field(default="", metadata=_meta("Server certificate PEM path (enables TLS)."))
@@ -117,6 +153,12 @@ class Settings:
     auth_tokens: str = field(default="", metadata=_meta(
         "Bearer tokens 'token=role:identity,...' (roles producer, worker, admin); "
         "empty = no auth.", secret=True))
+    lease_secret: str = field(default="", metadata=_meta(
+        "Lease-id signing secrets, comma-separated, newest first (16+ bytes each): ids are "
+        "signed with the first and accepted under any, so a new secret is added in front, "
+        "rolled out, and the old one dropped after the visibility timeout. Empty = a random "
+        "secret created once in Redis (dtq:secret:lease) and shared by every replica.",
+        secret=True))
     gateway_id: str = field(default="", metadata=_meta(
         "Identity of this replica; default host-pid-random."))
     log_level: str = field(default="INFO", metadata=_meta("Log level."))
@@ -155,9 +197,12 @@ _POSITIVE = {
     "events_max_subscribers", "events_max_deliveries_per_s",
     "metrics_max_queues", "consumer_prune_idle_s",
     "grpc_keepalive_time_ms", "grpc_keepalive_timeout_ms", "grpc_min_ping_interval_ms",
-    "eviction_check_interval_s",
+    "eviction_check_interval_s", "max_queues", "max_streams_per_peer", "grpc_max_connections",
+    "grpc_max_concurrent_streams", "lease_buffer_max_bytes",
+    "followup_sweep_interval_s",
 }
-_NON_NEGATIVE = {"metrics_port", "max_queue_depth", "lease_grace_ms", "shutdown_grace_s"}
+_NON_NEGATIVE = {"queue_idle_delete_s", "grpc_max_connection_idle_ms", "metrics_port",
+                 "dashboard_port", "max_queue_depth", "lease_grace_ms", "shutdown_grace_s"}
 
 
 def env_name(name: str) -> str:
@@ -207,6 +252,10 @@ def _validate(s: Settings) -> None:
                             f"(got {s.log_level!r})")
     if s.metrics_port > 65535:
         raise SettingsError(f"DTQ_METRICS_PORT must be a port number (got {s.metrics_port})")
+    if s.dashboard_port > 65535:
+        raise SettingsError(f"DTQ_DASHBOARD_PORT must be a port number (got {s.dashboard_port})")
+    if s.dashboard_port and not s.dashboard_host.strip():
+        raise SettingsError("DTQ_DASHBOARD_HOST must not be empty while DTQ_DASHBOARD_PORT is set")
     if s.redis_url and not s.redis_url.startswith(("redis://", "rediss://", "unix://")):
         raise SettingsError("DTQ_REDIS_URL must start with redis://, rediss:// or unix://")
     if s.redis_mode not in ("standalone", "cluster", "sentinel"):
@@ -228,6 +277,14 @@ def _validate(s: Settings) -> None:
             raise SettingsError(f"{env_name(path_field)}: no such file {path!r}")
     if s.log_format not in ("json", "text"):
         raise SettingsError(f"DTQ_LOG_FORMAT must be json or text (got {s.log_format!r})")
+    if s.lease_secret:
+        from dtq_gateway.leaseid import parse_secrets
+
+        try:
+            if not parse_secrets(s.lease_secret):
+                raise ValueError("no secret given")
+        except ValueError as exc:
+            raise SettingsError(f"DTQ_LEASE_SECRET: {exc}") from None
     if s.auth_tokens:
         from dtq_gateway.auth import parse_tokens  # local import: auth is optional
 

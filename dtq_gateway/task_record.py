@@ -33,7 +33,9 @@ NAME_BY_STATUS: dict[int, str] = {v: k for k, v in STATUS_BY_NAME.items()}
 
 _ATT_RE = re.compile(r"^att:([0-9]{1,4})\Z")
 _INT_FIELDS = ("created_at_ms", "not_before_ms", "expires_at_ms", "started_at_ms",
-               "finished_at_ms", "updated_at_ms", "due_at_ms")
+               "finished_at_ms", "updated_at_ms", "due_at_ms", "progress_at_ms")
+#: Terminal statuses other than success: a chain stops at them.
+_BROKEN = frozenset({"dead_lettered", "cancelled", "expired"})
 
 
 def _int(value: bytes | str | None) -> int:
@@ -114,6 +116,29 @@ def _metadata(f: Mapping[str, bytes]) -> dict[str, str]:
     return meta
 
 
+def _follow_ups(task: dtq_pb2.Task, f: Mapping[str, bytes]) -> None:
+    """Progress, chain, group and trace fields (see followups.py for the record fields)."""
+    try:
+        task.progress_percent = float(_text(f.get("progress")) or 0)
+    except ValueError:
+        task.progress_percent = 0.0
+    task.progress_message = _text(f.get("progress_message"))
+    task.chain_id = _text(f.get("chain_id"))
+    task.chain_step = _int(f.get("chain_step"))
+    task.next_task_id = _text(f.get("next_task_id"))
+    task.group_id = _text(f.get("group_id"))
+    task.traceparent = task.metadata.get("traceparent", "")
+    if f.get("chain_next"):
+        status = _text(f.get("status"))
+        if status == "succeeded":
+            task.chain_state = (dtq_pb2.CHAIN_STATE_CONTINUED if task.next_task_id
+                                else dtq_pb2.CHAIN_STATE_CONTINUING)
+        elif status in _BROKEN:
+            task.chain_state = dtq_pb2.CHAIN_STATE_BROKEN
+        else:
+            task.chain_state = dtq_pb2.CHAIN_STATE_WAITING
+
+
 def normalize(fields: Mapping[bytes | str, bytes | str]) -> dict[str, bytes]:
     """Hash reply with str keys and bytes values (accepts either encoding)."""
     out: dict[str, bytes] = {}
@@ -153,5 +178,6 @@ def task_from_hash(fields: Mapping[bytes | str, bytes | str], result: bytes | No
     for name in _INT_FIELDS:
         setattr(task, name, _int(f.get(name)))
     task.metadata.update(_metadata(f))
+    _follow_ups(task, f)
     task.attempts.extend(_attempts(f))
     return task

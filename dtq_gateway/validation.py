@@ -8,6 +8,7 @@ Limits follow proto/dtq.proto.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 
@@ -26,6 +27,12 @@ MAX_DELAY_MS = 365 * 86_400_000
 MIN_EPOCH_MS = 1_000_000_000_000
 #: Clock skew allowed between producer and gateway when checking absolute times (ms).
 CLOCK_TOLERANCE_MS = 300_000
+#: W3C traceparent: version-trace id-parent id-flags, lowercase hex (version ff is invalid).
+TRACEPARENT_RE = re.compile(r"^(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}"
+                            r"-[0-9a-f]{2}\Z")
+#: Longest tracestate, in bytes (the W3C limit is 32 members of up to 256 characters;
+#: dtq keeps the first 512 bytes' worth, which every vendor header fits in practice).
+MAX_TRACESTATE_BYTES = 512
 #: Longest audit reason (CancelTask, PauseQueue, ...), in bytes of UTF-8.
 MAX_REASON_BYTES = 1024
 
@@ -51,6 +58,9 @@ class NewTask:
     not_before_ms: int
     expires_at_ms: int
     ttl_ms: int
+    #: Extra record fields as a flat JSON array [name, value, ...] ("" = none): chain
+    #: and group membership, set by followups.py.
+    extra_json: str = ""
 
 
 def check_queue(queue: str, field: str = "queue") -> str:
@@ -66,6 +76,52 @@ def check_worker_id(worker_id: str, field: str = "worker_id") -> str:
     if not keys.WORKER_ID_RE.match(worker_id):
         raise InvalidArgument(f"{field}: must match [A-Za-z0-9_.:@-]{{1,128}}", field=field)
     return worker_id
+
+
+#: Most entries of LeaseRequest.task_types; each is a task type (1..128 bytes).
+MAX_TASK_TYPES = 256
+#: Longest hostname a worker may report (bytes of UTF-8).
+MAX_HOSTNAME_BYTES = 256
+
+
+def check_task_types(task_types, field: str = "task_types") -> None:
+    """Refuse more than MAX_TASK_TYPES entries, or one not matching the task-type
+    alphabet ``[A-Za-z0-9_.:/-]{1,128}``."""
+    if len(task_types) > MAX_TASK_TYPES:
+        raise InvalidArgument(f"{field}: at most {MAX_TASK_TYPES} task types", field=field)
+    for t in task_types:
+        if not keys.TASK_TYPE_RE.match(t):
+            raise InvalidArgument(f"{field}: each must match [A-Za-z0-9_.:/-]{{1,128}}",
+                                  field=field)
+
+
+#: Most LeaseRequest.labels entries; keys up to 128 bytes, values up to 1024 bytes.
+MAX_LABELS = 64
+#: Longest LeaseRequest.sdk (bytes of UTF-8).
+MAX_SDK_BYTES = 128
+
+
+def check_worker_strings(request) -> None:
+    """Bounds of the free-text fields of a LeaseRequest: ``labels`` (MAX_LABELS entries,
+    keys 1..128 bytes, values up to 1024 bytes) and ``sdk`` (MAX_SDK_BYTES).
+
+    Raises:
+        InvalidArgument: naming ``labels`` or ``sdk``.
+    """
+    if len(request.labels) > MAX_LABELS or any(
+            not k or len(k.encode()) > 128 or len(v.encode()) > 1024
+            for k, v in request.labels.items()):
+        raise InvalidArgument(f"labels: at most {MAX_LABELS} entries, keys 1..128 bytes, "
+                              "values up to 1024 bytes", field="labels")
+    if len(request.sdk.encode()) > MAX_SDK_BYTES:
+        raise InvalidArgument(f"sdk: at most {MAX_SDK_BYTES} bytes", field="sdk")
+
+
+def check_hostname(hostname: str, field: str = "hostname") -> str:
+    """Refuse a hostname over MAX_HOSTNAME_BYTES bytes of UTF-8."""
+    if len(hostname) > MAX_HOSTNAME_BYTES or len(hostname.encode()) > MAX_HOSTNAME_BYTES:
+        raise InvalidArgument(f"{field}: at most {MAX_HOSTNAME_BYTES} bytes", field=field)
+    return hostname
 
 
 def check_task_id(task_id: str, field: str = "task_id") -> str:
@@ -105,6 +161,38 @@ def _range(value: int, lo: int, hi: int, field: str) -> int:
     return value
 
 
+def is_json_type(content_type: str) -> bool:
+    """True for ``application/json`` and every ``<type>/<subtype>+json`` media type,
+    parameters (``; charset=utf-8``) and case aside."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.endswith("+json") and "/" in media)
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON (RFC 8259)")
+
+
+def check_json(payload: bytes, field: str) -> None:
+    """Refuse a payload that is not RFC 8259 JSON in UTF-8.
+
+    Refused: bytes that are not UTF-8 (UTF-16/32 included), a byte-order mark, the
+    non-standard constants ``NaN``, ``Infinity`` and ``-Infinity``, and nesting deeper
+    than the parser's recursion limit (about 1,000 levels of arrays and objects).
+
+    Raises:
+        InvalidArgument: naming ``field``.
+    """
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidArgument(f"{field}: JSON must be UTF-8 (RFC 8259)", field=field) from None
+    try:
+        json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
+        raise InvalidArgument(f"{field}: not valid JSON (RFC 8259: UTF-8, no NaN or "
+                              "Infinity) for a JSON content_type", field=field) from None
+
+
 def _payload(req: dtq_pb2.EnqueueRequest, settings: Settings, prefix: str) -> str:
     if len(req.payload) > settings.max_payload_bytes:
         raise TooLarge(f"{prefix}payload: {len(req.payload)} bytes exceeds "
@@ -112,16 +200,12 @@ def _payload(req: dtq_pb2.EnqueueRequest, settings: Settings, prefix: str) -> st
     content_type = req.content_type or "application/json"
     if len(content_type) > 128:
         raise InvalidArgument(f"{prefix}content_type: too long", field=prefix + "content_type")
-    if content_type in JSON_TYPES and req.payload:
-        try:
-            json.loads(req.payload)
-        except (UnicodeDecodeError, ValueError):
-            raise InvalidArgument(f"{prefix}payload: not valid JSON for content_type "
-                                  "application/json", field=prefix + "payload") from None
+    if req.payload and is_json_type(content_type):
+        check_json(req.payload, prefix + "payload")
     return content_type
 
 
-def _metadata(req: dtq_pb2.EnqueueRequest, prefix: str) -> str:
+def _metadata(req: dtq_pb2.EnqueueRequest, prefix: str, trace: tuple[str, str]) -> str:
     field = prefix + "metadata"
     if len(req.metadata) > MAX_METADATA_ENTRIES:
         raise InvalidArgument(f"{field}: at most {MAX_METADATA_ENTRIES} entries", field=field)
@@ -129,7 +213,33 @@ def _metadata(req: dtq_pb2.EnqueueRequest, prefix: str) -> str:
         if not k or len(k.encode()) > 128 or len(v.encode()) > 1024:
             raise InvalidArgument(f"{field}: keys 1..128 bytes, values up to 1024 bytes",
                                   field=field)
-    return json.dumps(dict(req.metadata), separators=(",", ":")) if req.metadata else "{}"
+    traceparent, tracestate = _trace(req, prefix, trace)
+    if not traceparent:
+        return json.dumps(dict(req.metadata), separators=(",", ":")) if req.metadata else "{}"
+    meta = dict(req.metadata, traceparent=traceparent)
+    if tracestate:
+        meta["tracestate"] = tracestate
+    return json.dumps(meta, separators=(",", ":"))
+
+
+def _trace(req: dtq_pb2.EnqueueRequest, prefix: str, trace: tuple[str, str]) -> tuple[str, str]:
+    """The (traceparent, tracestate) to store: the request fields, else the call's
+    metadata. A malformed field is refused; malformed call metadata is ignored (a
+    tracing proxy's header must not fail an enqueue)."""
+    if req.traceparent:
+        if not TRACEPARENT_RE.match(req.traceparent):
+            raise InvalidArgument(f"{prefix}traceparent: not a W3C traceparent "
+                                  "(00-<32 hex>-<16 hex>-<2 hex>)", field=prefix + "traceparent")
+        if len(req.tracestate.encode()) > MAX_TRACESTATE_BYTES:
+            raise InvalidArgument(f"{prefix}tracestate: at most {MAX_TRACESTATE_BYTES} bytes",
+                                  field=prefix + "tracestate")
+        return req.traceparent, req.tracestate
+    if req.tracestate:
+        raise InvalidArgument(f"{prefix}tracestate: needs traceparent",
+                              field=prefix + "tracestate")
+    if trace[0] and TRACEPARENT_RE.match(trace[0]):
+        return trace[0], cut_utf8(trace[1], MAX_TRACESTATE_BYTES)
+    return "", ""
 
 
 def _epoch_ms(value: int, lo_ms: int, hi_ms: int, now_ms: int, field: str) -> None:
@@ -172,7 +282,8 @@ def _timing(req: dtq_pb2.EnqueueRequest, prefix: str, now_ms: int) -> None:
 
 
 def validate_enqueue(req: dtq_pb2.EnqueueRequest, settings: Settings,
-                     prefix: str = "", now_ms: int | None = None) -> NewTask:
+                     prefix: str = "", now_ms: int | None = None,
+                     trace: tuple[str, str] = ("", "")) -> NewTask:
     """Validate one Enqueue request and apply defaults.
 
     Args:
@@ -181,6 +292,8 @@ def validate_enqueue(req: dtq_pb2.EnqueueRequest, settings: Settings,
         prefix: field-name prefix for batch items, e.g. ``"items[3]."``.
         now_ms: the gateway's clock in epoch ms (default: read it), against which
             ``not_before_ms`` and ``expires_at_ms`` are bounded.
+        trace: (traceparent, tracestate) of the call's gRPC metadata, used when the
+            request carries none; stored in the metadata map under those names.
 
     Raises:
         InvalidArgument: a field is malformed (``.field`` names it).
@@ -210,6 +323,6 @@ def validate_enqueue(req: dtq_pb2.EnqueueRequest, settings: Settings,
         payload=req.payload, content_type=content_type, priority=priority,
         max_attempts=max_attempts, timeout_ms=timeout_ms, idem_key=idem,
         idem_digest=keys.idempotency_digest(idem) if idem else "",
-        metadata_json=_metadata(req, prefix), backoff_base_ms=base, backoff_cap_ms=cap,
+        metadata_json=_metadata(req, prefix, trace), backoff_base_ms=base, backoff_cap_ms=cap,
         delay_ms=req.delay_ms, not_before_ms=req.not_before_ms,
         expires_at_ms=req.expires_at_ms, ttl_ms=req.ttl_ms)

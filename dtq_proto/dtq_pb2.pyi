@@ -42,6 +42,22 @@ class EventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_TYPE_CONFIGURATION_CHANGED: _ClassVar[EventType]
     EVENT_TYPE_TASK_EXPIRED: _ClassVar[EventType]
     EVENT_TYPE_TASK_DUPLICATE_ABSORBED: _ClassVar[EventType]
+    EVENT_TYPE_TASK_PROGRESS: _ClassVar[EventType]
+
+class ScheduleCatchUp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SCHEDULE_CATCH_UP_UNSPECIFIED: _ClassVar[ScheduleCatchUp]
+    SCHEDULE_CATCH_UP_SKIP: _ClassVar[ScheduleCatchUp]
+    SCHEDULE_CATCH_UP_LATEST: _ClassVar[ScheduleCatchUp]
+    SCHEDULE_CATCH_UP_ALL: _ClassVar[ScheduleCatchUp]
+
+class ChainState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CHAIN_STATE_UNSPECIFIED: _ClassVar[ChainState]
+    CHAIN_STATE_WAITING: _ClassVar[ChainState]
+    CHAIN_STATE_CONTINUING: _ClassVar[ChainState]
+    CHAIN_STATE_CONTINUED: _ClassVar[ChainState]
+    CHAIN_STATE_BROKEN: _ClassVar[ChainState]
 TASK_STATUS_UNSPECIFIED: TaskStatus
 TASK_STATUS_QUEUED: TaskStatus
 TASK_STATUS_SCHEDULED: TaskStatus
@@ -69,6 +85,16 @@ EVENT_TYPE_WORKER_STALE: EventType
 EVENT_TYPE_CONFIGURATION_CHANGED: EventType
 EVENT_TYPE_TASK_EXPIRED: EventType
 EVENT_TYPE_TASK_DUPLICATE_ABSORBED: EventType
+EVENT_TYPE_TASK_PROGRESS: EventType
+SCHEDULE_CATCH_UP_UNSPECIFIED: ScheduleCatchUp
+SCHEDULE_CATCH_UP_SKIP: ScheduleCatchUp
+SCHEDULE_CATCH_UP_LATEST: ScheduleCatchUp
+SCHEDULE_CATCH_UP_ALL: ScheduleCatchUp
+CHAIN_STATE_UNSPECIFIED: ChainState
+CHAIN_STATE_WAITING: ChainState
+CHAIN_STATE_CONTINUING: ChainState
+CHAIN_STATE_CONTINUED: ChainState
+CHAIN_STATE_BROKEN: ChainState
 
 class RetryPolicy(_message.Message):
     __slots__ = ("backoff_base_ms", "backoff_cap_ms")
@@ -79,7 +105,7 @@ class RetryPolicy(_message.Message):
     def __init__(self, backoff_base_ms: _Optional[int] = ..., backoff_cap_ms: _Optional[int] = ...) -> None: ...
 
 class EnqueueRequest(_message.Message):
-    __slots__ = ("queue", "task_type", "payload", "content_type", "priority", "max_attempts", "timeout_ms", "idempotency_key", "delay_ms", "not_before_ms", "expires_at_ms", "ttl_ms", "retry_policy", "metadata")
+    __slots__ = ("queue", "task_type", "payload", "content_type", "priority", "max_attempts", "timeout_ms", "idempotency_key", "delay_ms", "not_before_ms", "expires_at_ms", "ttl_ms", "retry_policy", "metadata", "traceparent", "tracestate", "chain")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +127,9 @@ class EnqueueRequest(_message.Message):
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
     RETRY_POLICY_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    TRACESTATE_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_FIELD_NUMBER: _ClassVar[int]
     queue: str
     task_type: str
     payload: bytes
@@ -115,41 +144,54 @@ class EnqueueRequest(_message.Message):
     ttl_ms: int
     retry_policy: RetryPolicy
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, queue: _Optional[str] = ..., task_type: _Optional[str] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., priority: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., delay_ms: _Optional[int] = ..., not_before_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    traceparent: str
+    tracestate: str
+    chain: _containers.RepeatedCompositeFieldContainer[EnqueueRequest]
+    def __init__(self, queue: _Optional[str] = ..., task_type: _Optional[str] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., priority: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., delay_ms: _Optional[int] = ..., not_before_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., chain: _Optional[_Iterable[_Union[EnqueueRequest, _Mapping]]] = ...) -> None: ...
 
 class EnqueueResponse(_message.Message):
-    __slots__ = ("task_id", "deduplicated", "status")
+    __slots__ = ("task_id", "deduplicated", "status", "chain_task_ids")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     deduplicated: bool
     status: TaskStatus
-    def __init__(self, task_id: _Optional[str] = ..., deduplicated: _Optional[bool] = ..., status: _Optional[_Union[TaskStatus, str]] = ...) -> None: ...
+    chain_task_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, task_id: _Optional[str] = ..., deduplicated: _Optional[bool] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., chain_task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class EnqueueBatchRequest(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "group_callback")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_CALLBACK_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[EnqueueRequest]
-    def __init__(self, items: _Optional[_Iterable[_Union[EnqueueRequest, _Mapping]]] = ...) -> None: ...
+    group_callback: EnqueueRequest
+    def __init__(self, items: _Optional[_Iterable[_Union[EnqueueRequest, _Mapping]]] = ..., group_callback: _Optional[_Union[EnqueueRequest, _Mapping]] = ...) -> None: ...
 
 class EnqueueBatchResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "group_id", "group_callback_task_id")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_CALLBACK_TASK_ID_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[EnqueueBatchResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[EnqueueBatchResult, _Mapping]]] = ...) -> None: ...
+    group_id: str
+    group_callback_task_id: str
+    def __init__(self, results: _Optional[_Iterable[_Union[EnqueueBatchResult, _Mapping]]] = ..., group_id: _Optional[str] = ..., group_callback_task_id: _Optional[str] = ...) -> None: ...
 
 class EnqueueBatchResult(_message.Message):
-    __slots__ = ("task_id", "deduplicated", "status", "error")
+    __slots__ = ("task_id", "deduplicated", "status", "error", "chain_task_ids")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     deduplicated: bool
     status: TaskStatus
     error: ItemError
-    def __init__(self, task_id: _Optional[str] = ..., deduplicated: _Optional[bool] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., error: _Optional[_Union[ItemError, _Mapping]] = ...) -> None: ...
+    chain_task_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, task_id: _Optional[str] = ..., deduplicated: _Optional[bool] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., error: _Optional[_Union[ItemError, _Mapping]] = ..., chain_task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ItemError(_message.Message):
     __slots__ = ("code", "reason", "message", "field")
@@ -217,7 +259,7 @@ class SessionInfo(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., visibility_timeout_ms: _Optional[int] = ..., max_in_flight: _Optional[int] = ..., gateway_id: _Optional[str] = ..., result_max_bytes: _Optional[int] = ..., lease_grace_ms: _Optional[int] = ...) -> None: ...
 
 class LeasedTask(_message.Message):
-    __slots__ = ("lease_id", "task_id", "queue", "task_type", "payload", "content_type", "priority", "attempt", "max_attempts", "timeout_ms", "idempotency_key", "metadata", "created_at_ms", "leased_at_ms")
+    __slots__ = ("lease_id", "task_id", "queue", "task_type", "payload", "content_type", "priority", "attempt", "max_attempts", "timeout_ms", "idempotency_key", "metadata", "created_at_ms", "leased_at_ms", "traceparent", "tracestate")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -239,6 +281,8 @@ class LeasedTask(_message.Message):
     METADATA_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     LEASED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    TRACESTATE_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     task_id: str
     queue: str
@@ -253,7 +297,9 @@ class LeasedTask(_message.Message):
     metadata: _containers.ScalarMap[str, str]
     created_at_ms: int
     leased_at_ms: int
-    def __init__(self, lease_id: _Optional[str] = ..., task_id: _Optional[str] = ..., queue: _Optional[str] = ..., task_type: _Optional[str] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., priority: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., created_at_ms: _Optional[int] = ..., leased_at_ms: _Optional[int] = ...) -> None: ...
+    traceparent: str
+    tracestate: str
+    def __init__(self, lease_id: _Optional[str] = ..., task_id: _Optional[str] = ..., queue: _Optional[str] = ..., task_type: _Optional[str] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., priority: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., created_at_ms: _Optional[int] = ..., leased_at_ms: _Optional[int] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
 
 class WorkerCounters(_message.Message):
     __slots__ = ("tasks_processed", "tasks_failed", "tasks_retried")
@@ -266,7 +312,7 @@ class WorkerCounters(_message.Message):
     def __init__(self, tasks_processed: _Optional[int] = ..., tasks_failed: _Optional[int] = ..., tasks_retried: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "lease_ids", "counters", "active_tasks", "concurrency", "hostname", "draining")
+    __slots__ = ("worker_id", "lease_ids", "counters", "active_tasks", "concurrency", "hostname", "draining", "progress")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
@@ -274,6 +320,7 @@ class HeartbeatRequest(_message.Message):
     CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     lease_ids: _containers.RepeatedScalarFieldContainer[str]
     counters: WorkerCounters
@@ -281,7 +328,8 @@ class HeartbeatRequest(_message.Message):
     concurrency: int
     hostname: str
     draining: bool
-    def __init__(self, worker_id: _Optional[str] = ..., lease_ids: _Optional[_Iterable[str]] = ..., counters: _Optional[_Union[WorkerCounters, _Mapping]] = ..., active_tasks: _Optional[int] = ..., concurrency: _Optional[int] = ..., hostname: _Optional[str] = ..., draining: _Optional[bool] = ...) -> None: ...
+    progress: _containers.RepeatedCompositeFieldContainer[TaskProgress]
+    def __init__(self, worker_id: _Optional[str] = ..., lease_ids: _Optional[_Iterable[str]] = ..., counters: _Optional[_Union[WorkerCounters, _Mapping]] = ..., active_tasks: _Optional[int] = ..., concurrency: _Optional[int] = ..., hostname: _Optional[str] = ..., draining: _Optional[bool] = ..., progress: _Optional[_Iterable[_Union[TaskProgress, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("lost_lease_ids", "cancelled_lease_ids", "heartbeat_interval_ms")
@@ -366,7 +414,7 @@ class GetTaskResponse(_message.Message):
     def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "queue", "task_type", "payload", "content_type", "priority", "status", "attempt", "max_attempts", "timeout_ms", "idempotency_key", "metadata", "created_at_ms", "not_before_ms", "expires_at_ms", "started_at_ms", "finished_at_ms", "worker_id", "last_error", "last_error_class", "result", "result_truncated", "attempts", "cancel_requested", "retry_policy", "updated_at_ms", "due_at_ms")
+    __slots__ = ("task_id", "queue", "task_type", "payload", "content_type", "priority", "status", "attempt", "max_attempts", "timeout_ms", "idempotency_key", "metadata", "created_at_ms", "not_before_ms", "expires_at_ms", "started_at_ms", "finished_at_ms", "worker_id", "last_error", "last_error_class", "result", "result_truncated", "attempts", "cancel_requested", "retry_policy", "updated_at_ms", "due_at_ms", "progress_percent", "progress_message", "progress_at_ms", "chain_id", "chain_step", "next_task_id", "chain_state", "group_id", "traceparent")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -401,6 +449,15 @@ class Task(_message.Message):
     RETRY_POLICY_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     DUE_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_STEP_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_STATE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     queue: str
     task_type: str
@@ -428,7 +485,16 @@ class Task(_message.Message):
     retry_policy: RetryPolicy
     updated_at_ms: int
     due_at_ms: int
-    def __init__(self, task_id: _Optional[str] = ..., queue: _Optional[str] = ..., task_type: _Optional[str] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., priority: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., created_at_ms: _Optional[int] = ..., not_before_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., worker_id: _Optional[str] = ..., last_error: _Optional[str] = ..., last_error_class: _Optional[str] = ..., result: _Optional[bytes] = ..., result_truncated: _Optional[bool] = ..., attempts: _Optional[_Iterable[_Union[AttemptRecord, _Mapping]]] = ..., cancel_requested: _Optional[bool] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., updated_at_ms: _Optional[int] = ..., due_at_ms: _Optional[int] = ...) -> None: ...
+    progress_percent: float
+    progress_message: str
+    progress_at_ms: int
+    chain_id: str
+    chain_step: int
+    next_task_id: str
+    chain_state: ChainState
+    group_id: str
+    traceparent: str
+    def __init__(self, task_id: _Optional[str] = ..., queue: _Optional[str] = ..., task_type: _Optional[str] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., priority: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., created_at_ms: _Optional[int] = ..., not_before_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., worker_id: _Optional[str] = ..., last_error: _Optional[str] = ..., last_error_class: _Optional[str] = ..., result: _Optional[bytes] = ..., result_truncated: _Optional[bool] = ..., attempts: _Optional[_Iterable[_Union[AttemptRecord, _Mapping]]] = ..., cancel_requested: _Optional[bool] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., updated_at_ms: _Optional[int] = ..., due_at_ms: _Optional[int] = ..., progress_percent: _Optional[float] = ..., progress_message: _Optional[str] = ..., progress_at_ms: _Optional[int] = ..., chain_id: _Optional[str] = ..., chain_step: _Optional[int] = ..., next_task_id: _Optional[str] = ..., chain_state: _Optional[_Union[ChainState, str]] = ..., group_id: _Optional[str] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class AttemptRecord(_message.Message):
     __slots__ = ("attempt", "worker_id", "started_at_ms", "finished_at_ms", "outcome", "error_message", "error_class")
@@ -501,7 +567,7 @@ class GetQueueStatsRequest(_message.Message):
     def __init__(self, queue: _Optional[str] = ...) -> None: ...
 
 class GetQueueStatsResponse(_message.Message):
-    __slots__ = ("queue", "bands", "depth", "pending", "scheduled", "oldest_task_age_ms", "paused", "dead_letter_depth", "consumers")
+    __slots__ = ("queue", "bands", "depth", "pending", "scheduled", "oldest_task_age_ms", "paused", "dead_letter_depth", "consumers", "succeeded", "failed", "retried", "dead_lettered", "cancelled", "succeeded_per_s", "failed_per_s", "throughput_window_ms", "waiting_types", "waiting_complete", "stuck_task_types")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     BANDS_FIELD_NUMBER: _ClassVar[int]
     DEPTH_FIELD_NUMBER: _ClassVar[int]
@@ -511,6 +577,17 @@ class GetQueueStatsResponse(_message.Message):
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTER_DEPTH_FIELD_NUMBER: _ClassVar[int]
     CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    RETRIED_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    SUCCEEDED_PER_S_FIELD_NUMBER: _ClassVar[int]
+    FAILED_PER_S_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_TYPES_FIELD_NUMBER: _ClassVar[int]
+    WAITING_COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    STUCK_TASK_TYPES_FIELD_NUMBER: _ClassVar[int]
     queue: str
     bands: _containers.RepeatedCompositeFieldContainer[BandStats]
     depth: int
@@ -520,7 +597,18 @@ class GetQueueStatsResponse(_message.Message):
     paused: bool
     dead_letter_depth: int
     consumers: _containers.RepeatedCompositeFieldContainer[ConsumerStats]
-    def __init__(self, queue: _Optional[str] = ..., bands: _Optional[_Iterable[_Union[BandStats, _Mapping]]] = ..., depth: _Optional[int] = ..., pending: _Optional[int] = ..., scheduled: _Optional[int] = ..., oldest_task_age_ms: _Optional[int] = ..., paused: _Optional[bool] = ..., dead_letter_depth: _Optional[int] = ..., consumers: _Optional[_Iterable[_Union[ConsumerStats, _Mapping]]] = ...) -> None: ...
+    succeeded: int
+    failed: int
+    retried: int
+    dead_lettered: int
+    cancelled: int
+    succeeded_per_s: float
+    failed_per_s: float
+    throughput_window_ms: int
+    waiting_types: _containers.RepeatedCompositeFieldContainer[TaskTypeWaiting]
+    waiting_complete: bool
+    stuck_task_types: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, queue: _Optional[str] = ..., bands: _Optional[_Iterable[_Union[BandStats, _Mapping]]] = ..., depth: _Optional[int] = ..., pending: _Optional[int] = ..., scheduled: _Optional[int] = ..., oldest_task_age_ms: _Optional[int] = ..., paused: _Optional[bool] = ..., dead_letter_depth: _Optional[int] = ..., consumers: _Optional[_Iterable[_Union[ConsumerStats, _Mapping]]] = ..., succeeded: _Optional[int] = ..., failed: _Optional[int] = ..., retried: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., cancelled: _Optional[int] = ..., succeeded_per_s: _Optional[float] = ..., failed_per_s: _Optional[float] = ..., throughput_window_ms: _Optional[int] = ..., waiting_types: _Optional[_Iterable[_Union[TaskTypeWaiting, _Mapping]]] = ..., waiting_complete: _Optional[bool] = ..., stuck_task_types: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class BandStats(_message.Message):
     __slots__ = ("band", "depth", "pending")
@@ -543,12 +631,14 @@ class ConsumerStats(_message.Message):
     def __init__(self, name: _Optional[str] = ..., pending: _Optional[int] = ..., idle_ms: _Optional[int] = ...) -> None: ...
 
 class PauseQueueRequest(_message.Message):
-    __slots__ = ("queue", "reason")
+    __slots__ = ("queue", "reason", "create")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    CREATE_FIELD_NUMBER: _ClassVar[int]
     queue: str
     reason: str
-    def __init__(self, queue: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    create: bool
+    def __init__(self, queue: _Optional[str] = ..., reason: _Optional[str] = ..., create: _Optional[bool] = ...) -> None: ...
 
 class PauseQueueResponse(_message.Message):
     __slots__ = ("changed", "request_id")
@@ -699,7 +789,14 @@ class ListWorkersResponse(_message.Message):
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "hostname", "started_at_ms", "last_heartbeat_at_ms", "heartbeat_age_ms", "active_tasks", "concurrency", "tasks_processed", "tasks_failed", "tasks_retried", "status", "alive", "leasing")
+    __slots__ = ("worker_id", "hostname", "started_at_ms", "last_heartbeat_at_ms", "heartbeat_age_ms", "active_tasks", "concurrency", "tasks_processed", "tasks_failed", "tasks_retried", "status", "alive", "leasing", "labels", "queues", "task_types")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -713,6 +810,9 @@ class WorkerInfo(_message.Message):
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
     LEASING_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    TASK_TYPES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     hostname: str
     started_at_ms: int
@@ -726,7 +826,10 @@ class WorkerInfo(_message.Message):
     status: str
     alive: bool
     leasing: bool
-    def __init__(self, worker_id: _Optional[str] = ..., hostname: _Optional[str] = ..., started_at_ms: _Optional[int] = ..., last_heartbeat_at_ms: _Optional[int] = ..., heartbeat_age_ms: _Optional[int] = ..., active_tasks: _Optional[int] = ..., concurrency: _Optional[int] = ..., tasks_processed: _Optional[int] = ..., tasks_failed: _Optional[int] = ..., tasks_retried: _Optional[int] = ..., status: _Optional[str] = ..., alive: _Optional[bool] = ..., leasing: _Optional[bool] = ...) -> None: ...
+    labels: _containers.ScalarMap[str, str]
+    queues: _containers.RepeatedScalarFieldContainer[str]
+    task_types: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., hostname: _Optional[str] = ..., started_at_ms: _Optional[int] = ..., last_heartbeat_at_ms: _Optional[int] = ..., heartbeat_age_ms: _Optional[int] = ..., active_tasks: _Optional[int] = ..., concurrency: _Optional[int] = ..., tasks_processed: _Optional[int] = ..., tasks_failed: _Optional[int] = ..., tasks_retried: _Optional[int] = ..., status: _Optional[str] = ..., alive: _Optional[bool] = ..., leasing: _Optional[bool] = ..., labels: _Optional[_Mapping[str, str]] = ..., queues: _Optional[_Iterable[str]] = ..., task_types: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListRecentTasksRequest(_message.Message):
     __slots__ = ("limit", "queue", "status")
@@ -816,3 +919,209 @@ class SubscribeResponse(_message.Message):
     metadata: _containers.ScalarMap[str, str]
     dropped: int
     def __init__(self, event_id: _Optional[str] = ..., ts: _Optional[str] = ..., type: _Optional[_Union[EventType, str]] = ..., task_id: _Optional[str] = ..., queue: _Optional[str] = ..., task_type: _Optional[str] = ..., attempt: _Optional[int] = ..., worker_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., dropped: _Optional[int] = ...) -> None: ...
+
+class Schedule(_message.Message):
+    __slots__ = ("name", "cron", "timezone", "interval_ms", "task", "catch_up", "catch_up_max_fires", "catch_up_max_age_ms", "paused")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CRON_FIELD_NUMBER: _ClassVar[int]
+    TIMEZONE_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_MAX_FIRES_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_MAX_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    cron: str
+    timezone: str
+    interval_ms: int
+    task: EnqueueRequest
+    catch_up: ScheduleCatchUp
+    catch_up_max_fires: int
+    catch_up_max_age_ms: int
+    paused: bool
+    def __init__(self, name: _Optional[str] = ..., cron: _Optional[str] = ..., timezone: _Optional[str] = ..., interval_ms: _Optional[int] = ..., task: _Optional[_Union[EnqueueRequest, _Mapping]] = ..., catch_up: _Optional[_Union[ScheduleCatchUp, str]] = ..., catch_up_max_fires: _Optional[int] = ..., catch_up_max_age_ms: _Optional[int] = ..., paused: _Optional[bool] = ...) -> None: ...
+
+class ScheduleInfo(_message.Message):
+    __slots__ = ("schedule", "next_fire_ms", "last_fire_ms", "last_task_id", "fires_total", "created_at_ms")
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIRE_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIRE_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    schedule: Schedule
+    next_fire_ms: int
+    last_fire_ms: int
+    last_task_id: str
+    fires_total: int
+    created_at_ms: int
+    def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., next_fire_ms: _Optional[int] = ..., last_fire_ms: _Optional[int] = ..., last_task_id: _Optional[str] = ..., fires_total: _Optional[int] = ..., created_at_ms: _Optional[int] = ...) -> None: ...
+
+class CreateScheduleRequest(_message.Message):
+    __slots__ = ("schedule", "replace")
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
+    schedule: Schedule
+    replace: bool
+    def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., replace: _Optional[bool] = ...) -> None: ...
+
+class CreateScheduleResponse(_message.Message):
+    __slots__ = ("schedule", "created")
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    schedule: ScheduleInfo
+    created: bool
+    def __init__(self, schedule: _Optional[_Union[ScheduleInfo, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class GetScheduleRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ListSchedulesRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListSchedulesResponse(_message.Message):
+    __slots__ = ("schedules", "next_page_token")
+    SCHEDULES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    schedules: _containers.RepeatedCompositeFieldContainer[ScheduleInfo]
+    next_page_token: str
+    def __init__(self, schedules: _Optional[_Iterable[_Union[ScheduleInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class PauseScheduleRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ResumeScheduleRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class GetScheduleResponse(_message.Message):
+    __slots__ = ("schedule",)
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    schedule: ScheduleInfo
+    def __init__(self, schedule: _Optional[_Union[ScheduleInfo, _Mapping]] = ...) -> None: ...
+
+class PauseScheduleResponse(_message.Message):
+    __slots__ = ("schedule",)
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    schedule: ScheduleInfo
+    def __init__(self, schedule: _Optional[_Union[ScheduleInfo, _Mapping]] = ...) -> None: ...
+
+class ResumeScheduleResponse(_message.Message):
+    __slots__ = ("schedule",)
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    schedule: ScheduleInfo
+    def __init__(self, schedule: _Optional[_Union[ScheduleInfo, _Mapping]] = ...) -> None: ...
+
+class TriggerScheduleRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class TriggerScheduleResponse(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class DeleteScheduleRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteScheduleResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
+
+class RateLimit(_message.Message):
+    __slots__ = ("queue", "task_type", "limit", "period_ms", "burst", "tokens")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_MS_FIELD_NUMBER: _ClassVar[int]
+    BURST_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    task_type: str
+    limit: int
+    period_ms: int
+    burst: int
+    tokens: float
+    def __init__(self, queue: _Optional[str] = ..., task_type: _Optional[str] = ..., limit: _Optional[int] = ..., period_ms: _Optional[int] = ..., burst: _Optional[int] = ..., tokens: _Optional[float] = ...) -> None: ...
+
+class SetRateLimitRequest(_message.Message):
+    __slots__ = ("rate_limit",)
+    RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    rate_limit: RateLimit
+    def __init__(self, rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ...) -> None: ...
+
+class SetRateLimitResponse(_message.Message):
+    __slots__ = ("created",)
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    created: bool
+    def __init__(self, created: _Optional[bool] = ...) -> None: ...
+
+class DeleteRateLimitRequest(_message.Message):
+    __slots__ = ("queue", "task_type")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    task_type: str
+    def __init__(self, queue: _Optional[str] = ..., task_type: _Optional[str] = ...) -> None: ...
+
+class DeleteRateLimitResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
+
+class ListRateLimitsRequest(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    def __init__(self, queue: _Optional[str] = ...) -> None: ...
+
+class ListRateLimitsResponse(_message.Message):
+    __slots__ = ("rate_limits",)
+    RATE_LIMITS_FIELD_NUMBER: _ClassVar[int]
+    rate_limits: _containers.RepeatedCompositeFieldContainer[RateLimit]
+    def __init__(self, rate_limits: _Optional[_Iterable[_Union[RateLimit, _Mapping]]] = ...) -> None: ...
+
+class TaskProgress(_message.Message):
+    __slots__ = ("lease_id", "percent", "message")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    PERCENT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    percent: float
+    message: str
+    def __init__(self, lease_id: _Optional[str] = ..., percent: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
+
+class TaskTypeWaiting(_message.Message):
+    __slots__ = ("task_type", "waiting", "oldest_age_ms", "taken")
+    TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    TAKEN_FIELD_NUMBER: _ClassVar[int]
+    task_type: str
+    waiting: int
+    oldest_age_ms: int
+    taken: bool
+    def __init__(self, task_type: _Optional[str] = ..., waiting: _Optional[int] = ..., oldest_age_ms: _Optional[int] = ..., taken: _Optional[bool] = ...) -> None: ...

@@ -504,6 +504,56 @@ class AdminStub:
                 request_serializer=dtq__proto_dot_dtq__pb2.ListAuditRequest.SerializeToString,
                 response_deserializer=dtq__proto_dot_dtq__pb2.ListAuditResponse.FromString,
                 _registered_method=True)
+        self.CreateSchedule = channel.unary_unary(
+                '/dtq.v1.Admin/CreateSchedule',
+                request_serializer=dtq__proto_dot_dtq__pb2.CreateScheduleRequest.SerializeToString,
+                response_deserializer=dtq__proto_dot_dtq__pb2.CreateScheduleResponse.FromString,
+                _registered_method=True)
+        self.GetSchedule = channel.unary_unary(
+                '/dtq.v1.Admin/GetSchedule',
+                request_serializer=dtq__proto_dot_dtq__pb2.GetScheduleRequest.SerializeToString,
+                response_deserializer=dtq__proto_dot_dtq__pb2.GetScheduleResponse.FromString,
+                _registered_method=True)
+        self.ListSchedules = channel.unary_unary(
+                '/dtq.v1.Admin/ListSchedules',
+                request_serializer=dtq__proto_dot_dtq__pb2.ListSchedulesRequest.SerializeToString,
+                response_deserializer=dtq__proto_dot_dtq__pb2.ListSchedulesResponse.FromString,
+                _registered_method=True)
+        self.PauseSchedule = channel.unary_unary(
+                '/dtq.v1.Admin/PauseSchedule',
+                request_serializer=dtq__proto_dot_dtq__pb2.PauseScheduleRequest.SerializeToString,
+                response_deserializer=dtq__proto_dot_dtq__pb2.PauseScheduleResponse.FromString,
+                _registered_method=True)
+        self.ResumeSchedule = channel.unary_unary(
+                '/dtq.v1.Admin/ResumeSchedule',
+                request_serializer=dtq__proto_dot_dtq__pb2.ResumeScheduleRequest.SerializeToString,
+                response_deserializer=dtq__proto_dot_dtq__pb2.ResumeScheduleResponse.FromString,
+                _registered_method=True)
+        self.TriggerSchedule = channel.unary_unary(
+                '/dtq.v1.Admin/TriggerSchedule',
+                request_serializer=dtq__proto_dot_dtq__pb2.TriggerScheduleRequest.SerializeToString,
+                response_deserializer=dtq__proto_dot_dtq__pb2.TriggerScheduleResponse.FromString,
+                _registered_method=True)
+        self.DeleteSchedule = channel.unary_unary(
+                '/dtq.v1.Admin/DeleteSchedule',
+                request_serializer=dtq__proto_dot_dtq__pb2.DeleteScheduleRequest.SerializeToString,
+                response_deserializer=dtq__proto_dot_dtq__pb2.DeleteScheduleResponse.FromString,
+                _registered_method=True)
+        self.SetRateLimit = channel.unary_unary(
+                '/dtq.v1.Admin/SetRateLimit',
+                request_serializer=dtq__proto_dot_dtq__pb2.SetRateLimitRequest.SerializeToString,
+                response_deserializer=dtq__proto_dot_dtq__pb2.SetRateLimitResponse.FromString,
+                _registered_method=True)
+        self.DeleteRateLimit = channel.unary_unary(
+                '/dtq.v1.Admin/DeleteRateLimit',
+                request_serializer=dtq__proto_dot_dtq__pb2.DeleteRateLimitRequest.SerializeToString,
+                response_deserializer=dtq__proto_dot_dtq__pb2.DeleteRateLimitResponse.FromString,
+                _registered_method=True)
+        self.ListRateLimits = channel.unary_unary(
+                '/dtq.v1.Admin/ListRateLimits',
+                request_serializer=dtq__proto_dot_dtq__pb2.ListRateLimitsRequest.SerializeToString,
+                response_deserializer=dtq__proto_dot_dtq__pb2.ListRateLimitsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -530,14 +580,15 @@ class AdminServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PauseQueue(self, request, context):
-        """PauseQueue stops leasing from a queue. Enqueue keeps accepting tasks.
+        """PauseQueue stops leasing from a queue. Enqueue keeps accepting tasks. NOT_FOUND
+        (reason QUEUE_NOT_FOUND) for a queue that does not exist, unless create is set.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ResumeQueue(self, request, context):
-        """ResumeQueue resumes leasing from a paused queue.
+        """ResumeQueue resumes leasing from a paused queue. NOT_FOUND for an unknown queue.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -599,6 +650,80 @@ class AdminServicer:
 
     def ListAudit(self, request, context):
         """ListAudit pages through the audit stream, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateSchedule(self, request, context):
+        """CreateSchedule stores a periodic schedule (cron with a time zone, or a fixed
+        interval) whose fires the scheduler leader enqueues, each exactly once.
+        ALREADY_EXISTS unless replace is set; INVALID_ARGUMENT names a bad field.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSchedule(self, request, context):
+        """GetSchedule returns one schedule. NOT_FOUND for an unknown name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSchedules(self, request, context):
+        """ListSchedules pages through the schedules, sorted by name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseSchedule(self, request, context):
+        """PauseSchedule stops a schedule's fires; fires due while paused are skipped.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeSchedule(self, request, context):
+        """ResumeSchedule resumes a paused schedule from now on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TriggerSchedule(self, request, context):
+        """TriggerSchedule enqueues the schedule's task now, outside its timetable
+        (also when paused). NOT_FOUND for an unknown name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSchedule(self, request, context):
+        """DeleteSchedule removes a schedule; deleted=false when there was none.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetRateLimit(self, request, context):
+        """SetRateLimit sets or changes a rate limit of a queue, or of one task type
+        in a queue, shared by every gateway; it applies to leases from then on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteRateLimit(self, request, context):
+        """DeleteRateLimit removes a rate limit; deleted=false when there was none.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRateLimits(self, request, context):
+        """ListRateLimits lists the rate limits of one queue, or of every queue.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -666,6 +791,56 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ListAudit,
                     request_deserializer=dtq__proto_dot_dtq__pb2.ListAuditRequest.FromString,
                     response_serializer=dtq__proto_dot_dtq__pb2.ListAuditResponse.SerializeToString,
+            ),
+            'CreateSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateSchedule,
+                    request_deserializer=dtq__proto_dot_dtq__pb2.CreateScheduleRequest.FromString,
+                    response_serializer=dtq__proto_dot_dtq__pb2.CreateScheduleResponse.SerializeToString,
+            ),
+            'GetSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSchedule,
+                    request_deserializer=dtq__proto_dot_dtq__pb2.GetScheduleRequest.FromString,
+                    response_serializer=dtq__proto_dot_dtq__pb2.GetScheduleResponse.SerializeToString,
+            ),
+            'ListSchedules': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSchedules,
+                    request_deserializer=dtq__proto_dot_dtq__pb2.ListSchedulesRequest.FromString,
+                    response_serializer=dtq__proto_dot_dtq__pb2.ListSchedulesResponse.SerializeToString,
+            ),
+            'PauseSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseSchedule,
+                    request_deserializer=dtq__proto_dot_dtq__pb2.PauseScheduleRequest.FromString,
+                    response_serializer=dtq__proto_dot_dtq__pb2.PauseScheduleResponse.SerializeToString,
+            ),
+            'ResumeSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeSchedule,
+                    request_deserializer=dtq__proto_dot_dtq__pb2.ResumeScheduleRequest.FromString,
+                    response_serializer=dtq__proto_dot_dtq__pb2.ResumeScheduleResponse.SerializeToString,
+            ),
+            'TriggerSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.TriggerSchedule,
+                    request_deserializer=dtq__proto_dot_dtq__pb2.TriggerScheduleRequest.FromString,
+                    response_serializer=dtq__proto_dot_dtq__pb2.TriggerScheduleResponse.SerializeToString,
+            ),
+            'DeleteSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSchedule,
+                    request_deserializer=dtq__proto_dot_dtq__pb2.DeleteScheduleRequest.FromString,
+                    response_serializer=dtq__proto_dot_dtq__pb2.DeleteScheduleResponse.SerializeToString,
+            ),
+            'SetRateLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetRateLimit,
+                    request_deserializer=dtq__proto_dot_dtq__pb2.SetRateLimitRequest.FromString,
+                    response_serializer=dtq__proto_dot_dtq__pb2.SetRateLimitResponse.SerializeToString,
+            ),
+            'DeleteRateLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteRateLimit,
+                    request_deserializer=dtq__proto_dot_dtq__pb2.DeleteRateLimitRequest.FromString,
+                    response_serializer=dtq__proto_dot_dtq__pb2.DeleteRateLimitResponse.SerializeToString,
+            ),
+            'ListRateLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRateLimits,
+                    request_deserializer=dtq__proto_dot_dtq__pb2.ListRateLimitsRequest.FromString,
+                    response_serializer=dtq__proto_dot_dtq__pb2.ListRateLimitsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -996,6 +1171,276 @@ class Admin:
             '/dtq.v1.Admin/ListAudit',
             dtq__proto_dot_dtq__pb2.ListAuditRequest.SerializeToString,
             dtq__proto_dot_dtq__pb2.ListAuditResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dtq.v1.Admin/CreateSchedule',
+            dtq__proto_dot_dtq__pb2.CreateScheduleRequest.SerializeToString,
+            dtq__proto_dot_dtq__pb2.CreateScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dtq.v1.Admin/GetSchedule',
+            dtq__proto_dot_dtq__pb2.GetScheduleRequest.SerializeToString,
+            dtq__proto_dot_dtq__pb2.GetScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSchedules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dtq.v1.Admin/ListSchedules',
+            dtq__proto_dot_dtq__pb2.ListSchedulesRequest.SerializeToString,
+            dtq__proto_dot_dtq__pb2.ListSchedulesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dtq.v1.Admin/PauseSchedule',
+            dtq__proto_dot_dtq__pb2.PauseScheduleRequest.SerializeToString,
+            dtq__proto_dot_dtq__pb2.PauseScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dtq.v1.Admin/ResumeSchedule',
+            dtq__proto_dot_dtq__pb2.ResumeScheduleRequest.SerializeToString,
+            dtq__proto_dot_dtq__pb2.ResumeScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TriggerSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dtq.v1.Admin/TriggerSchedule',
+            dtq__proto_dot_dtq__pb2.TriggerScheduleRequest.SerializeToString,
+            dtq__proto_dot_dtq__pb2.TriggerScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dtq.v1.Admin/DeleteSchedule',
+            dtq__proto_dot_dtq__pb2.DeleteScheduleRequest.SerializeToString,
+            dtq__proto_dot_dtq__pb2.DeleteScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetRateLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dtq.v1.Admin/SetRateLimit',
+            dtq__proto_dot_dtq__pb2.SetRateLimitRequest.SerializeToString,
+            dtq__proto_dot_dtq__pb2.SetRateLimitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteRateLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dtq.v1.Admin/DeleteRateLimit',
+            dtq__proto_dot_dtq__pb2.DeleteRateLimitRequest.SerializeToString,
+            dtq__proto_dot_dtq__pb2.DeleteRateLimitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRateLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dtq.v1.Admin/ListRateLimits',
+            dtq__proto_dot_dtq__pb2.ListRateLimitsRequest.SerializeToString,
+            dtq__proto_dot_dtq__pb2.ListRateLimitsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -13,22 +13,47 @@ Example::
     worker.run()
 """
 
-from dtq_pyworker._requests import TERMINAL_STATUSES, EnqueueResult
+from dtq_pyworker._requests import TERMINAL_STATUSES, EnqueueResult, GroupResult
 from dtq_pyworker._version import __version__
+from dtq_pyworker.admin import AdminClient
 from dtq_pyworker.client import AsyncClient, Client
 from dtq_pyworker.context import TaskContext
 from dtq_pyworker.errors import DtqRpcError, PermanentError, Retry
+from dtq_pyworker.handle import TaskHandle
+from dtq_pyworker.tasks import (
+    Attempt,
+    CancelResult,
+    Task,
+    TaskCancelled,
+    TaskExpired,
+    TaskFailed,
+    TaskNotSucceeded,
+    TaskStatus,
+    TaskWaitTimeout,
+)
 from dtq_pyworker.worker import Worker
 
 __all__ = [
     "TERMINAL_STATUSES",
+    "AdminClient",
     "AsyncClient",
+    "Attempt",
+    "CancelResult",
     "Client",
     "DtqRpcError",
     "EnqueueResult",
+    "GroupResult",
     "PermanentError",
     "Retry",
+    "Task",
+    "TaskCancelled",
     "TaskContext",
+    "TaskExpired",
+    "TaskFailed",
+    "TaskHandle",
+    "TaskNotSucceeded",
+    "TaskStatus",
+    "TaskWaitTimeout",
     "Worker",
     "__version__",
 ]

@@ -100,9 +100,10 @@ class Connection:
             return module.insecure_channel(self.target, options=opts)
         return module.secure_channel(self.target, creds, options=opts)
 
-    def stub(self, channel) -> Any:
-        """A BrokerStub whose calls carry the bearer token (when one is set)."""
-        stub = dtq_pb2_grpc.BrokerStub(channel)
+    def stub(self, channel, service: str = "Broker") -> Any:
+        """A stub of ``service`` ("Broker", "Admin" or "Events") whose calls carry
+        the bearer token (when one is set)."""
+        stub = getattr(dtq_pb2_grpc, f"{service}Stub")(channel)
         if not self.token:
             return stub
         return _AuthStub(stub, (("authorization", f"Bearer {self.token}"),))
@@ -130,11 +131,13 @@ def default_options(reconnect_max_s: float = RECONNECT_MAX_S) -> list[tuple[str,
 
 
 class _AuthStub:
-    """BrokerStub wrapper adding call metadata to every method."""
+    """Stub wrapper adding call metadata to every method (the generated stubs set
+    one attribute per RPC in ``__init__``)."""
 
     def __init__(self, stub: Any, metadata: tuple[tuple[str, str], ...]) -> None:
-        for name in BROKER_METHODS:
-            setattr(self, name, functools.partial(getattr(stub, name), metadata=metadata))
+        for name, method in vars(stub).items():
+            if callable(method):
+                setattr(self, name, functools.partial(method, metadata=metadata))
 
 
 def _read(path: str) -> bytes | None:

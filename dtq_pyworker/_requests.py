@@ -9,6 +9,7 @@ from typing import Any
 from dtq_proto import dtq_pb2
 from dtq_pyworker.codec import encode_payload
 from dtq_pyworker.errors import DtqRpcError
+from dtq_pyworker.tasks import TaskStatus
 
 TERMINAL_STATUSES = frozenset({
     dtq_pb2.TASK_STATUS_SUCCEEDED, dtq_pb2.TASK_STATUS_DEAD_LETTERED,
@@ -17,7 +18,7 @@ TERMINAL_STATUSES = frozenset({
 
 _ENQUEUE_OPTIONS = ("content_type", "priority", "max_attempts", "timeout_ms",
                     "idempotency_key", "delay_ms", "not_before_ms", "expires_at_ms", "ttl_ms",
-                    "retry_policy", "metadata")
+                    "retry_policy", "metadata", "traceparent", "tracestate")
 
 
 @dataclass(frozen=True)
@@ -27,12 +28,31 @@ class EnqueueResult:
     Attributes:
         task_id: The new task's id, or the earlier one's when deduplicated.
         deduplicated: True when an earlier task with the idempotency key was returned.
-        status: ``dtq_pb2.TaskStatus`` value right after the call.
+        status: :class:`TaskStatus` right after the call (equal to the
+            ``dtq_pb2.TaskStatus`` value).
     """
 
     task_id: str
     deduplicated: bool
-    status: int
+    status: TaskStatus
+    #: Ids the chain steps will have, in order (empty without a chain).
+    chain_task_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """Outcome of :meth:`Client.enqueue_group`.
+
+    Attributes:
+        group_id: The group's id.
+        callback_task_id: Id the callback task gets once every member finished.
+        results: Per member, in order: EnqueueResult or DtqRpcError (refused by the
+            queue; the member then counts as finished with status "rejected").
+    """
+
+    group_id: str
+    callback_task_id: str
+    results: list
 
 
 def enqueue_request(queue: str, task_type: str, payload: Any = None, *,
@@ -42,14 +62,23 @@ def enqueue_request(queue: str, task_type: str, payload: Any = None, *,
                     not_before_ms: int | None = None, expires_at_ms: int | None = None,
                     ttl_ms: int | None = None,
                     retry_policy: Mapping[str, int] | dtq_pb2.RetryPolicy | None = None,
-                    metadata: Mapping[str, str] | None = None) -> dtq_pb2.EnqueueRequest:
+                    metadata: Mapping[str, str] | None = None,
+                    chain: list | None = None, traceparent: str | None = None,
+                    tracestate: str | None = None,
+                    _step: bool = False) -> dtq_pb2.EnqueueRequest:
     """Build an EnqueueRequest; None leaves a field to the gateway's default.
 
     ``payload`` bytes are sent as-is (default type application/octet-stream);
     anything else is JSON-encoded (application/json). ``retry_policy`` is a
-    RetryPolicy or a dict with ``backoff_base_ms`` / ``backoff_cap_ms``.
+    RetryPolicy or a dict with ``backoff_base_ms`` / ``backoff_cap_ms``. ``chain`` is a
+    list of steps (dicts of these arguments with queue and task_type, or
+    EnqueueRequest messages); a step without a payload receives the previous step's
+    result as its payload.
     """
-    data, ctype = encode_payload(payload, content_type)
+    if _step and payload is None:
+        data, ctype = b"", content_type or ""
+    else:
+        data, ctype = encode_payload(payload, content_type)
     req = dtq_pb2.EnqueueRequest(queue=queue, task_type=task_type, payload=data,
                                  content_type=ctype)
     if priority is not None:
@@ -67,7 +96,22 @@ def enqueue_request(queue: str, task_type: str, payload: Any = None, *,
             req.retry_policy.CopyFrom(dtq_pb2.RetryPolicy(**retry_policy))
     if metadata:
         req.metadata.update({str(k): str(v) for k, v in metadata.items()})
+    if traceparent:
+        req.traceparent = traceparent
+        req.tracestate = tracestate or ""
+    for step in chain or ():
+        req.chain.append(template_request(step))
     return req
+
+
+def template_request(step) -> dtq_pb2.EnqueueRequest:
+    """A chain step or group callback from a dict of :func:`enqueue_request` arguments
+    (or a ready EnqueueRequest): no payload means the gateway fills it in."""
+    if isinstance(step, dtq_pb2.EnqueueRequest):
+        return step
+    item = dict(step)
+    return enqueue_request(item.pop("queue"), item.pop("task_type"), item.pop("payload", None),
+                           _step=True, **item)
 
 
 def batch_request(items) -> dtq_pb2.EnqueueBatchRequest:
@@ -79,7 +123,7 @@ def batch_request(items) -> dtq_pb2.EnqueueBatchRequest:
             reqs.append(item)
             continue
         item = dict(item)
-        unknown = set(item) - {"queue", "task_type", "payload", *_ENQUEUE_OPTIONS}
+        unknown = set(item) - {"queue", "task_type", "payload", "chain", *_ENQUEUE_OPTIONS}
         if unknown:
             raise TypeError(f"unknown enqueue options: {sorted(unknown)}")
         reqs.append(enqueue_request(item.pop("queue"), item.pop("task_type"),
@@ -89,7 +133,8 @@ def batch_request(items) -> dtq_pb2.EnqueueBatchRequest:
 
 def enqueue_result(resp) -> EnqueueResult:
     """EnqueueResult from an EnqueueResponse."""
-    return EnqueueResult(resp.task_id, resp.deduplicated, resp.status)
+    return EnqueueResult(resp.task_id, resp.deduplicated, TaskStatus.of(resp.status),
+                         tuple(resp.chain_task_ids))
 
 
 def batch_results(resp: dtq_pb2.EnqueueBatchResponse) -> list[EnqueueResult | DtqRpcError]:
@@ -99,7 +144,8 @@ def batch_results(resp: dtq_pb2.EnqueueBatchResponse) -> list[EnqueueResult | Dt
         if r.HasField("error") and r.error.code != 0:
             out.append(DtqRpcError.from_item_error(r.error))
         else:
-            out.append(EnqueueResult(r.task_id, r.deduplicated, r.status))
+            out.append(EnqueueResult(r.task_id, r.deduplicated, TaskStatus.of(r.status),
+                                     tuple(r.chain_task_ids)))
     return out
 
 

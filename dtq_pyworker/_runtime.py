@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor
 
 from dtq_proto import dtq_pb2
+from dtq_pyworker import _tracing
 from dtq_pyworker._execute import (
     STOP_CANCELLED,
     STOP_DRAIN,
@@ -71,7 +72,8 @@ class Runtime:
             task_id=task.task_id, queue=task.queue, task_type=task.task_type,
             attempt=task.attempt, max_attempts=task.max_attempts, metadata=dict(task.metadata),
             timeout_ms=task.timeout_ms, worker_id=self.worker_id, lease_id=task.lease_id,
-            priority=task.priority, content_type=task.content_type, payload_bytes=task.payload)
+            priority=task.priority, content_type=task.content_type, payload_bytes=task.payload,
+            traceparent=task.traceparent, tracestate=task.tracestate)
         self.held[task.lease_id] = Execution(task=task, ctx=ctx)
         self.buffer.append(task.lease_id)
         if self.draining:  # arrived in transit after the drain began: never runs
@@ -139,6 +141,17 @@ class Runtime:
         ids.update(self.reporter.pending_ids())
         return sorted(ids)
 
+    def progress_reports(self) -> list[dtq_pb2.TaskProgress]:
+        """Unsent progress reports of running handlers (one per lease, the latest),
+        cleared: the heartbeat sends each once."""
+        out = []
+        for lease_id, ex in self.held.items():
+            report = ex.ctx.take_progress()
+            if report is not None and ex.stop_reason is None:
+                out.append(dtq_pb2.TaskProgress(lease_id=lease_id, percent=report[0],
+                                                message=report[1]))
+        return out
+
     def threads_busy(self) -> int:
         """Sync handlers still in a pool thread, including ones already stopped."""
         return self.stuck_threads() + sum(1 for ex in self.held.values() if ex.in_thread)
@@ -164,7 +177,10 @@ class Runtime:
                     lease_id, "UnknownTaskType",
                     f"no handler for task type {ex.task.task_type!r}", False))
             else:
-                outcome = await execute(handler, ex, self.executor)
+                with _tracing.handler_span(ex.task) as span:
+                    outcome = await execute(handler, ex, self.executor)
+                    _tracing.set_outcome(span, outcome.fail is None,
+                                         outcome.fail.error_class if outcome.fail else "")
             if ex.stop_reason is not None:  # the handler swallowed our cancellation
                 outcome = stop_outcome(lease_id, ex.stop_reason)
         except asyncio.CancelledError:

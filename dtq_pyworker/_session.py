@@ -191,7 +191,8 @@ async def _heartbeat_once(worker: Worker, stub, runtime: Runtime,
     request = dtq_pb2.HeartbeatRequest(
         worker_id=worker.worker_id, lease_ids=ids, counters=worker.counters(),
         active_tasks=runtime.busy_slots(), concurrency=worker.concurrency,
-        hostname=worker.hostname, draining=worker._draining)
+        hostname=worker.hostname, draining=worker._draining,
+        progress=runtime.progress_reports())
     response = await stub.Heartbeat(request, timeout=max(1.0, interval_ms / 1000.0))
     lost = runtime.stop(response.lost_lease_ids, STOP_LOST)
     dropped = runtime.reporter.discard(response.lost_lease_ids)

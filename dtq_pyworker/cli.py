@@ -2,7 +2,7 @@
 
 ``attr`` names a :class:`~dtq_pyworker.Worker` or a zero-argument callable
 returning one. Flags override the Worker's own settings; environment variables
-``DTQ_GATEWAY``, ``DTQ_QUEUES``, ``DTQ_CONCURRENCY``, ``DTQ_MAX_IN_FLIGHT``,
+``DTQ_GATEWAY``, ``DTQ_QUEUES`` (or ``DTQ_QUEUE``), ``DTQ_CONCURRENCY``, ``DTQ_MAX_IN_FLIGHT``,
 ``DTQ_WORKER_ID``, ``DTQ_DRAIN_GRACE_MS``, ``DTQ_ACK_FLUSH_MS`` and
 ``DTQ_LOG_LEVEL`` are the flag defaults (``DTQ_TOKEN``, ``DTQ_TLS`` and
 ``DTQ_TLS_CA`` are read by the Worker itself). Exit status: 0 after a drain,
@@ -33,8 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec", help="module:attr naming a Worker or a callable returning one")
     p.add_argument("--target", default=env.get("DTQ_GATEWAY"),
                    help="gateway address HOST:PORT (env DTQ_GATEWAY)")
-    p.add_argument("--queues", default=env.get("DTQ_QUEUES"),
-                   help="comma-separated queues (env DTQ_QUEUES)")
+    p.add_argument("--queues", default=env.get("DTQ_QUEUES") or env.get("DTQ_QUEUE"),
+                   help="comma-separated queues (env DTQ_QUEUES, or DTQ_QUEUE for one)")
     p.add_argument("--concurrency", type=int, default=_int_env("DTQ_CONCURRENCY"),
                    help="handler slots (env DTQ_CONCURRENCY)")
     p.add_argument("--max-in-flight", type=int, default=_int_env("DTQ_MAX_IN_FLIGHT"),

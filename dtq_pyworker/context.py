@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ class TaskContext:
         cancelled: Set when the handler must stop (task cancelled, lease lost,
             timeout, or drain deadline). Sync handlers should poll
             ``ctx.cancelled.is_set()``; async handlers are cancelled directly.
+        traceparent: W3C traceparent stored with the task ("" when none).
+        tracestate: W3C tracestate stored with the task.
     """
 
     task_id: str
@@ -43,3 +46,31 @@ class TaskContext:
     content_type: str = ""
     payload_bytes: bytes = field(default=b"", repr=False)
     cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
+    traceparent: str = ""
+    tracestate: str = ""
+    #: Latest unsent progress report (percent, message), taken by the next heartbeat.
+    _progress: tuple[float, str] | None = field(default=None, repr=False)
+
+    def progress(self, percent: float, message: str = "") -> None:
+        """Report how far the handler got; safe from sync handlers' threads.
+
+        Reports ride on the worker's next heartbeat (one per heartbeat interval, the
+        latest wins), so calling this often costs nothing extra. The gateway stores the
+        latest on the task (GetTask: progress_percent, progress_message) and publishes
+        a TASK_PROGRESS event per stored report.
+
+        Args:
+            percent: 0..100 (clamped).
+            message: short status text, cut to 256 bytes of UTF-8 by the gateway.
+
+        Raises:
+            ValueError: ``percent`` is NaN.
+        """
+        if math.isnan(percent):
+            raise ValueError("progress percent must be a number")
+        self._progress = (min(100.0, max(0.0, float(percent))), str(message))
+
+    def take_progress(self) -> tuple[float, str] | None:
+        """The unsent report, cleared (used by the heartbeat)."""
+        report, self._progress = self._progress, None
+        return report

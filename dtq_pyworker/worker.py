@@ -20,7 +20,9 @@ from dtq_pyworker._channel import DEFAULT_TARGET, RECONNECT_MAX_S, Connection
 from dtq_pyworker._execute import Handler
 from dtq_pyworker._reporter import ResultReporter
 from dtq_pyworker._runtime import STOP_DRAIN, Runtime
+from dtq_pyworker.client import Client
 from dtq_pyworker.errors import DtqRpcError
+from dtq_pyworker.handle import TaskHandle
 
 log = logging.getLogger(__name__)
 
@@ -118,24 +120,47 @@ class Worker:
         self._heartbeat_interval_ms = 0
         self._draining = False  # sent in every heartbeat once the drain began
         self._lease_stream_open = False
+        self._client: Client | None = None
+        self._client_lock = threading.Lock()
 
     # -- registry -------------------------------------------------------------------
-    def task(self, task_type: str) -> Callable[[Callable], Callable]:
+    def task(self, task_type: str, *, queue: str | None = None
+             ) -> Callable[[Callable], TaskHandle]:
         """Decorator registering ``fn(payload, ctx)`` for ``task_type``.
 
         ``async def`` handlers run on the event loop; plain functions run in the
-        thread pool. Returns the function unchanged.
+        thread pool.
+
+        Args:
+            task_type: Task type the handler serves.
+            queue: Default queue of the handle's ``enqueue``; default the
+                worker's first queue.
+
+        Returns:
+            A decorator returning a :class:`TaskHandle`: calling it calls ``fn``,
+            and ``handle.enqueue(payload, client=..., **options)`` enqueues a task
+            of this type.
         """
-        def register(fn: Callable) -> Callable:
+        def register(fn: Callable) -> TaskHandle:
             self.register(task_type, fn)
-            return fn
+            return TaskHandle(fn, task_type, queue or self.queues[0], self.client)
         return register
 
     def register(self, task_type: str, fn: Callable) -> None:
         """Register ``fn`` as the handler of ``task_type`` (replacing any earlier one)."""
         if not task_type:
             raise ValueError("task_type must not be empty")
+        if isinstance(fn, TaskHandle):
+            fn = fn.fn
         self.handlers[task_type] = Handler.wrap(fn)
+
+    def client(self) -> Client:
+        """A blocking :class:`Client` to this worker's gateway with its credentials,
+        made on first use and reused (what ``TaskHandle.enqueue`` uses by default)."""
+        with self._client_lock:
+            if self._client is None:
+                self._client = Client(self.target, **self._tls_args)
+            return self._client
 
     # -- lifecycle ------------------------------------------------------------------
     def run(self) -> None:

@@ -68,12 +68,22 @@ end
 
 -- XADD a dispatch entry (the seed's entry fields) for the task into stream_key,
 -- executing attempt `attempt`. Records the entry id on the hash; returns it.
-local function add_entry(stream_key, task_key, attempt)
+local function add_entry(stream_key, task_key, attempt, queued_at)
   local f = redis.call('HMGET', task_key, 'task_id', 'queue', 'task_type', 'payload',
     'max_attempts', 'priority', 'timeout_ms', 'idem_key')
-  local id = redis.call('XADD', stream_key, '*', 'task_id', f[1], 'queue', f[2],
-    'task_type', f[3], 'payload', f[4] or '', 'attempt', attempt, 'max_attempts', f[5],
-    'priority', f[6], 'timeout_ms', f[7], 'idempotency_key', f[8] or '')
+  local id
+  if queued_at then
+    -- an entry put back unleased keeps the time its task began to wait (epoch ms), so
+    -- the backlog age of a task no session takes keeps growing
+    id = redis.call('XADD', stream_key, '*', 'task_id', f[1], 'queue', f[2],
+      'task_type', f[3], 'payload', f[4] or '', 'attempt', attempt, 'max_attempts', f[5],
+      'priority', f[6], 'timeout_ms', f[7], 'idempotency_key', f[8] or '',
+      'queued_at', queued_at)
+  else
+    id = redis.call('XADD', stream_key, '*', 'task_id', f[1], 'queue', f[2],
+      'task_type', f[3], 'payload', f[4] or '', 'attempt', attempt, 'max_attempts', f[5],
+      'priority', f[6], 'timeout_ms', f[7], 'idempotency_key', f[8] or '')
+  end
   redis.call('HSET', task_key, 'entry_id', id, 'attempt', attempt)
   return id
 end

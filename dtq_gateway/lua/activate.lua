@@ -7,8 +7,10 @@
 -- per entry i (3 keys): band stream, task hash, idempotency record (or the task hash
 --           again when the task has no idempotency key)
 -- ARGV[3] consumer (worker id)  [4] task retention s  [5] group
--- per entry i (4 args from ARGV[6]): entry id, task id, entry attempt, mode
+-- per entry i (5 args from ARGV[6]): entry id, task id, entry attempt, mode, queued at
 --   mode 'a' = activate, 'r' = put back at the tail (task type not wanted by the session)
+--   queued at: epoch ms the task began to wait (the entry's queued_at field, else its id
+--   time); the put-back entry carries it as queued_at ('' with mode 'a')
 -- Reply per entry: {'ok', content_type, metadata JSON, created_at_ms, leased_at_ms}
 --   | {'absorbed'} | {'cancelled'} | {'expired'} | {'requeued'}
 local consumer, retention, group = ARGV[3], tonumber(ARGV[4]), ARGV[5]
@@ -23,7 +25,7 @@ end
 
 for i = 1, n do
   local stream, task_key, idem_key = KEYS[3 * i - 1], KEYS[3 * i], KEYS[3 * i + 1]
-  local a = 6 + 4 * (i - 1)
+  local a = 6 + 5 * (i - 1)
   local id, task_id, attempt, mode = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3]
   if idem_key == task_key then idem_key = nil end
   local h = redis.call('HMGET', task_key, 'status', 'attempt', 'entry_id', 'expires_at_ms',
@@ -58,7 +60,7 @@ for i = 1, n do
     out[i] = {'expired'}
   elseif mode == 'r' then
     drop(stream, id)
-    add_entry(stream, task_key, attempt)
+    add_entry(stream, task_key, attempt, ARGV[a + 4])
     redis.call('HSET', task_key, 'updated_at_ms', now)
     out[i] = {'requeued'}
   else

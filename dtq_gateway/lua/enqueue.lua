@@ -16,13 +16,16 @@
 --   KEYS[k+4 .. k+13] the queue's ten band streams (depth gate; only with a depth limit)
 -- ARGV[3] n tasks  [4] task retention s (unused: kept for the argument layout)
 -- [5] idempotency TTL s  [6] recent max entries  [7] max queue depth (0 = none)
--- then per task i, 18 values from a = 7 + (i-1)*18:
+-- then per task i, 19 values from a = 7 + (i-1)*19:
 --   [a+1] task_id  [a+2] queue  [a+3] task_type  [a+4] payload  [a+5] content_type
 --   [a+6] priority 0..9  [a+7] max_attempts  [a+8] timeout_ms  [a+9] idempotency key
 --   ('' = none)  [a+10] idempotency digest  [a+11] metadata JSON  [a+12] backoff_base_ms
 --   [a+13] backoff_cap_ms  [a+14] delay_ms  [a+15] not_before_ms (epoch)
 --   [a+16] expires_at_ms (epoch)  [a+17] ttl_ms  [a+18] take-over task id ('' = none): an
 --   idempotency record pointing at this (vanished) task may be replaced.
+--   [a+19] extra record fields as a flat JSON array [name, value, ...] ('' = none):
+--   chain and group membership (followups.py), written by the same HSET-bearing call so
+--   a task never exists without its follow-ups.
 -- Reply: one item per task, in order:
 --   {'ok', task_id, status} | {'dup', earlier task_id, earlier state} | {'full', depth}
 -- then one last item {'meta', now_ms, became_busy (1 = this call set the busy marker:
@@ -103,6 +106,9 @@ local function enqueue_one(k, a)
     'idem_key', idem, 'idem_digest', ARGV[a + 10], 'backoff_base_ms', ARGV[a + 12],
     'backoff_cap_ms', ARGV[a + 13], 'not_before_ms', not_before, 'due_at_ms', due_at,
     'payload', payload)
+  if ARGV[a + 19] ~= '' then
+    redis.call('HSET', task_key, unpack(cjson.decode(ARGV[a + 19])))
+  end
 
   recent[#recent + 1] = now
   recent[#recent + 1] = task_id
@@ -121,7 +127,7 @@ end
 
 local replies = {}
 for i = 1, n do
-  replies[i] = enqueue_one(3 + (i - 1) * stride, 7 + (i - 1) * 18)
+  replies[i] = enqueue_one(3 + (i - 1) * stride, 7 + (i - 1) * 19)
 end
 local became_busy = 0
 if busy and redis.call('SET', busy_key, '1', 'NX') then became_busy = 1 end

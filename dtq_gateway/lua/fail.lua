@@ -3,13 +3,17 @@
 -- KEYS[1] band stream  [2] task hash  [3] the queue's dead-letter stream
 -- KEYS[4] the queue's schedule zset
 -- KEYS[5] idempotency record or the task hash again (see has_idem)
+-- KEYS[6] (optional) the queue's counters hash dtq:queue:<q>:counters: one HINCRBY of
+--         retried, dead_lettered or cancelled by the outcome (a release counts nothing)
 -- ARGV[3] group  [4] entry id  [5] attempt  [6] worker id  [7] task id
 -- ARGV[8] mode: 'failure' | 'release' | 'cancelled'  [9] retryable '1'/'0'
 -- ARGV[10] retry_after_ms (0 = backoff)  [11] jitter u in [0,1)  [12] error message
 -- ARGV[13] error class  [14] dead-letter MAXLEN (~)  [15] task retention s  [16] has_idem
 -- ARGV[17] lease tag (see current_lease in _lib.lua)
--- Reply: {'retry', status, started_at_ms, due_at_ms} | {'dead', ...} | {'released', ...}
---        | {'cancelled', ...} | {'dup', status} | {'stale', status}
+-- Reply: {'retry', status, started_at_ms, due_at_ms, group} | {'dead', ...}
+--        | {'released', ...} | {'cancelled', ...} | {'dup', status} | {'stale', status};
+--        group: 'g' when the task is a group member (followups.py records a terminal
+--        member's outcome), else ''
 -- Backoff: delay = floor(u * min(cap, base * 2^(attempt-1))) ("full jitter"),
 -- base/cap from the task record; retry_after_ms from the worker wins.
 local stream, task_key, dlq_key, schedule_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -18,7 +22,7 @@ local group, id, attempt, worker, task_id = ARGV[3], ARGV[4], tonumber(ARGV[5]),
 local mode, err, err_class = ARGV[8], ARGV[12], ARGV[13]
 local h, status = current_lease(task_key, id, worker, attempt, ARGV[17],
   {'started_at_ms', 'max_attempts', 'backoff_base_ms', 'backoff_cap_ms', 'cancel_requested',
-   'task_type'})
+   'task_type', 'follow'})
 if not h then
   if finished_by(task_key, id, 'fail', attempt, worker) then return {'dup', status} end
   return {'stale', status or 'missing'}
@@ -30,11 +34,16 @@ redis.call('XACK', stream, group, id)
 redis.call('XDEL', stream, id)
 redis.call('HSET', task_key, 'entry_id', '', 'done', 'fail:' .. id)
 
+local COUNTED = {retry = 'retried', dead = 'dead_lettered', cancelled = 'cancelled'}
 -- terminal outcomes start the retention clock; a retry or release stays live
 local function finish(kind, new_status, extra)
+  local field = COUNTED[kind]
+  if field and KEYS[6] then redis.call('HINCRBY', KEYS[6], field, 1) end
   if new_status == 'scheduled' or new_status == 'queued' then keep_live(task_key, now)
   else retire(task_key, now, retention) end
-  return {kind, new_status, started, extra or 0}
+  local member = ''
+  if h[14] and string.find(h[14], 'g', 1, true) then member = 'g' end
+  return {kind, new_status, started, extra or 0, member}
 end
 
 if h[12] == '1' then

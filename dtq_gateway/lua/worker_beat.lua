@@ -5,9 +5,17 @@
 -- ARGV[9] tasks_processed  [10] tasks_failed  [11] tasks_retried  [12] '1' = counters given
 -- ARGV[13] gateway tag (keys.gateway_tag) for 'started' / 'stopped': the field
 --          leasing@<tag> counts the worker's open Lease streams on that gateway
--- Reply: now (epoch ms)
-local now = now_ms()
+-- ARGV[14] owner tag (leaseid.owner_tag of the caller's identity): the first beat of a
+--          record binds the worker id to it; a beat with another tag changes nothing
+-- ARGV[15] '1' = the session's registration follows (with 'started'): [16] labels JSON
+--          object  [17] queues, comma-separated  [18] task type filter, comma-separated
+--          ('' = every type); stored as fields labels, queues, task_types
+-- Reply: now (epoch ms), or 'denied' when the record is bound to another owner
 local key, worker = KEYS[1], ARGV[3]
+local owner = redis.call('HGET', key, 'owner')
+if owner and ARGV[14] and owner ~= ARGV[14] then return 'denied' end
+local now = now_ms()
+if ARGV[14] then redis.call('HSET', key, 'owner', ARGV[14]) end
 redis.call('HSETNX', key, 'started_at', now)
 -- 'draining' sticks until a new session starts: neither the end of the draining
 -- worker's stream ('stopped') nor a plain heartbeat already in flight may let another
@@ -23,6 +31,9 @@ redis.call('HSET', key, 'worker_id', worker, 'last_heartbeat', now, 'status', st
 if ARGV[4] ~= '' then redis.call('HSET', key, 'hostname', ARGV[4]) end
 if ARGV[7] ~= '' then redis.call('HSET', key, 'active_tasks', ARGV[7]) end
 if ARGV[8] ~= '' then redis.call('HSET', key, 'concurrency', ARGV[8]) end
+if ARGV[15] == '1' then
+  redis.call('HSET', key, 'labels', ARGV[16], 'queues', ARGV[17], 'task_types', ARGV[18])
+end
 if ARGV[12] == '1' then
   redis.call('HSET', key, 'tasks_processed', ARGV[9], 'tasks_failed', ARGV[10],
     'tasks_retried', ARGV[11])

@@ -3,6 +3,9 @@
 /**
  * dtq Node.js worker. Configuration through DTQ_* environment variables (see
  * README.md); prints a one-line JSON summary to stdout on exit.
+ *
+ * Required as a module (`require('dtq-node-worker')`) it runs nothing and exports
+ * the Producer (enqueue, get, wait, cancel), the Worker and the handler errors.
  */
 const log = require('./src/log');
 const { loadConfig, ConfigError } = require('./src/config');
@@ -38,10 +41,23 @@ async function main() {
   return code;
 }
 
-main().then(
-  (code) => { process.exitCode = code; },
-  (err) => {
-    process.stderr.write(`dtq-node-worker: ${err.stack || err}\n`);
-    process.exitCode = 1;
-  },
-);
+if (require.main === module) {
+  main().then(
+    (code) => { process.exitCode = code; },
+    (err) => {
+      process.stderr.write(`dtq-node-worker: ${err.stack || err}\n`);
+      process.exitCode = 1;
+    },
+  );
+}
+
+const producer = require('./src/producer');
+const errors = require('./src/errors');
+
+module.exports = {
+  ...producer,
+  Worker,
+  PermanentError: errors.PermanentError,
+  RetryError: errors.RetryError,
+  TaskError: errors.TaskError,
+};

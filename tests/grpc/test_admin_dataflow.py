@@ -64,7 +64,7 @@ async def test_discarded_dead_letter_reads_back_through_get_task(broker_stub, r)
 
 
 async def test_paused_queue_leases_nothing_until_resumed(broker_stub, r) -> None:
-    assert await admin.set_paused(r, "pq", True, CALL)
+    assert await admin.set_paused(r, "pq", True, CALL, create=True)
     await broker_stub.Enqueue(pb.EnqueueRequest(queue="pq", task_type="t", payload=b"{}"))
     lease = await LeaseStream(broker_stub, "w1", ["pq"]).open()
     with pytest.raises(TimeoutError):

@@ -63,7 +63,7 @@ async def test_queue_stats_errors(ops, queue, code, reason) -> None:
 
 
 async def test_pause_echoes_request_id_and_audits(ops) -> None:
-    call = ops.admin.PauseQueue(pb.PauseQueueRequest(queue="q1", reason="maint"),
+    call = ops.admin.PauseQueue(pb.PauseQueueRequest(queue="q1", reason="maint", create=True),
                                 metadata=(("x-request-id", "abc-123"),))
     resp = await call
     assert (resp.changed, resp.request_id) == (True, "abc-123")
@@ -74,6 +74,33 @@ async def test_pause_echoes_request_id_and_audits(ops) -> None:
     assert (audit[0].action, audit[0].actor, audit[0].task_id) == (
         "pause_queue", "anonymous", "q1")
     assert (await ops.admin.ResumeQueue(pb.ResumeQueueRequest(queue="q1"))).changed
+
+
+async def test_pause_or_resume_of_an_unknown_queue_is_not_found(ops) -> None:
+    for call in (ops.admin.PauseQueue(pb.PauseQueueRequest(queue="never-made")),
+                 ops.admin.ResumeQueue(pb.ResumeQueueRequest(queue="never-made"))):
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await call
+        assert exc.value.code() == grpc.StatusCode.NOT_FOUND
+        assert error_reason(exc.value) == "QUEUE_NOT_FOUND" and "never-made" in exc.value.details()
+    assert not (await ops.admin.ListAudit(pb.ListAuditRequest())).entries  # nothing audited
+    assert await ops.redis.exists(keys.paused("never-made")) == 0
+
+
+async def test_pause_with_create_makes_the_queue(ops) -> None:
+    resp = await ops.admin.PauseQueue(pb.PauseQueueRequest(queue="fresh", create=True))
+    assert resp.changed
+    names = [q.name for q in (await ops.admin.ListQueues(pb.ListQueuesRequest())).queues]
+    assert "fresh" in names
+    stats = await ops.admin.GetQueueStats(pb.GetQueueStatsRequest(queue="fresh"))
+    assert stats.paused and stats.depth == 0
+    assert (await ops.admin.ResumeQueue(pb.ResumeQueueRequest(queue="fresh"))).changed
+    assert not (await ops.admin.ResumeQueue(pb.ResumeQueueRequest(queue="fresh"))).changed
+
+
+async def test_pause_of_a_queue_with_tasks_needs_no_flag(ops) -> None:
+    await put_task(ops.redis, "busy", band=3)
+    assert (await ops.admin.PauseQueue(pb.PauseQueueRequest(queue="busy"))).changed
 
 
 async def test_dead_letter_roundtrip(ops) -> None:

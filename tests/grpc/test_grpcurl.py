@@ -86,3 +86,27 @@ async def test_dead_letter_list_and_requeue(gateway, broker_stub):
     rc, out = await grpcurl(gateway.port, "dtq.v1.Admin/ListDeadLetters")
     assert json.loads(out).get("entries", []) == []
     lease.close()
+
+
+async def describe(port: int, symbol: str) -> tuple[int, str]:
+    """``grpcurl -plaintext ADDRESS describe SYMBOL``."""
+    proc = await asyncio.create_subprocess_exec(
+        GRPCURL, "-plaintext", f"127.0.0.1:{port}", "describe", symbol,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    return proc.returncode, out.decode()
+
+
+async def test_describe_resolves_services_methods_and_messages(gateway):
+    for symbol, expected in (
+            ("dtq.v1.Admin.ListQueues", "rpc ListQueues ( .dtq.v1.ListQueuesRequest )"),
+            ("dtq.v1.Broker.Enqueue", "rpc Enqueue ( .dtq.v1.EnqueueRequest )"),
+            ("dtq.v1.Admin", "service Admin {"),
+            ("dtq.v1.GetQueueStatsRequest", "message GetQueueStatsRequest {")):
+        rc, out = await describe(gateway.port, symbol)
+        assert rc == 0 and expected in out, (symbol, out)
+
+
+async def test_describe_of_an_unknown_method_is_not_found(gateway):
+    rc, out = await describe(gateway.port, "dtq.v1.Admin.NoSuchMethod")
+    assert rc != 0 and "Symbol not found" in out

@@ -407,28 +407,36 @@ async def test_requeue_takes_the_key_over_from_a_task_that_ended(broker_stub, ch
     assert (again.task_id, again.deduplicated) == (t1.task_id, True), (t2.task_id, again)
 
 
-async def test_a_lease_id_edited_to_another_queue_or_key_is_stale(broker_stub):
+async def test_a_lease_id_edited_to_another_queue_or_key_is_refused(broker_stub, gateway):
     """Two tasks of one batch in two queues share their entry id: A's lease id edited to
     name B's queue must not ack B's entry; a keyed task's lease id edited to carry no
-    digest must not complete it while leaving its idempotency record untouched."""
+    digest must not complete it while leaving its idempotency record untouched. Edited
+    ids fail their MAC (PERMISSION_DENIED); re-signed with the gateway's own secret (an
+    attacker has none) the scripts still fence them as stale."""
     import grpc
 
-    from tests.support.leasing import error_reason
+    from tests.support.leasing import error_reason, resign
 
     batch = await broker_stub.EnqueueBatch(pb.EnqueueBatchRequest(items=[
         pb.EnqueueRequest(queue="xa", task_type="t", payload=b"{}", idempotency_key="KA"),
         pb.EnqueueRequest(queue="xb", task_type="t", payload=b"{}")]))
     lease = await LeaseStream(broker_stub, "w1", ["xa", "xb"]).open()
     a, b = sorted(await lease.take(2), key=lambda t: t.queue)
+    ring = gateway.keyring
+    edits = [{"idem_digest": ""}]
     if a.lease_id.split("|")[4] == b.lease_id.split("|")[4]:  # same entry id: the case
-        forged = a.lease_id.replace("|xa|", "|xb|")
+        edits.append({"queue": "xb"})
+    for edit in edits:
+        edited = "|".join(resign(a.lease_id, ring, **edit).split("|")[:-1]
+                          + [a.lease_id.rpartition("|")[2]])  # the edit, original MAC
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            await broker_stub.Ack(pb.AckRequest(items=[pb.AckItem(lease_id=forged)]))
+            await broker_stub.Ack(pb.AckRequest(items=[pb.AckItem(lease_id=edited)]))
+        assert (err.value.code(), error_reason(err.value)) == (
+            grpc.StatusCode.PERMISSION_DENIED, "LEASE_SIGNATURE")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await broker_stub.Ack(pb.AckRequest(items=[pb.AckItem(
+                lease_id=resign(a.lease_id, ring, **edit))]))
         assert error_reason(err.value) == "STALE_LEASE"
-    no_key = "|".join(a.lease_id.split("|")[:7] + ["-"])
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await broker_stub.Ack(pb.AckRequest(items=[pb.AckItem(lease_id=no_key)]))
-    assert error_reason(err.value) == "STALE_LEASE"
     zero = a.lease_id.split("|")
     zero[5] = "0" + zero[5]
     with pytest.raises(grpc.aio.AioRpcError) as err:

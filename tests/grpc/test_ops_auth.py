@@ -58,7 +58,7 @@ async def test_wrong_role_is_permission_denied_unary_and_stream(ops) -> None:
 
 async def test_admin_token_is_the_audit_actor(ops) -> None:
     before = rpc_count("/dtq.v1.Admin/PauseQueue", "OK")
-    await ops.admin.PauseQueue(pb.PauseQueueRequest(queue="q1"), metadata=bearer("adm-token-1"))
+    await ops.admin.PauseQueue(pb.PauseQueueRequest(queue="q1", create=True), metadata=bearer("adm-token-1"))
     entries = (await ops.admin.ListAudit(pb.ListAuditRequest(),
                                          metadata=bearer("adm-token-1"))).entries
     assert [(e.actor, e.action) for e in entries] == [("ops-alice", "pause_queue")]

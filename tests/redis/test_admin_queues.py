@@ -126,7 +126,7 @@ async def test_pause_resume_changed_flags_event_and_audit(r: aioredis.Redis) -> 
     pubsub = r.pubsub()
     await pubsub.subscribe(keys.EVENTS_CHANNEL)
     await pubsub.get_message(timeout=1)  # subscribe confirmation
-    assert await admin.set_paused(r, "q1", True, CALL, "deploy") is True
+    assert await admin.set_paused(r, "q1", True, CALL, "deploy", create=True) is True
     assert await r.get(keys.paused("q1")) == b"1"
     assert await admin.set_paused(r, "q1", True, CALL) is False
     assert await admin.set_paused(r, "q1", False, CALL) is True
@@ -143,4 +143,5 @@ async def test_pause_resume_changed_flags_event_and_audit(r: aioredis.Redis) -> 
         ("pause_queue", "q1", "alice", "req-1"), ("pause_queue", "q1", "alice", "req-1"),
         ("resume_queue", "q1", "alice", "req-1"), ("resume_queue", "q1", "alice", "req-1")]
     assert audit[-1].detail == "deploy" and audit[-2].detail == "unchanged"
-    assert set(await r.keys("*")) == {keys.AUDIT.encode()}  # nothing else left behind
+    # nothing else left behind but the registry entry that create made
+    assert set(await r.keys("*")) == {keys.AUDIT.encode(), keys.QUEUES.encode()}

@@ -22,6 +22,7 @@ from dtq_gateway.sessions import Session
 from dtq_gateway.validation import validate_enqueue
 from dtq_proto import dtq_pb2 as pb
 from tests.conftest import gateway_settings
+from tests.support.leasing import resign
 
 
 class Env:
@@ -181,7 +182,7 @@ async def test_ack_between_the_reapers_claim_and_its_reclaim_wins(env):
 async def test_ack_by_another_worker_id_is_stale(env):
     tid = await env.enqueue()
     (task,) = await env.lease(worker="w1")
-    forged = task.lease_id.replace("|w1|", "|w2|")
+    forged = resign(task.lease_id, worker_id="w2")  # signed: the script fences it
     (oc,) = await env.completion.ack([pb.AckItem(lease_id=forged)])
     assert oc.error is not None and oc.error.reason == "STALE_LEASE"
     assert await env.status(tid) == "active"
@@ -384,9 +385,9 @@ async def test_repeated_ack_with_another_attempt_or_worker_is_stale(env, change)
     (first,) = await env.completion.ack([pb.AckItem(lease_id=task.lease_id, result=b"1")])
     (again,) = await env.completion.ack([pb.AckItem(lease_id=task.lease_id, result=b"2")])
     assert first.status == "succeeded" and again.duplicate and again.status == "succeeded"
-    parts = task.lease_id.split("|")
-    parts[5 if change == "attempt" else 6] = "9" if change == "attempt" else "w2"
-    (forged,) = await env.completion.ack([pb.AckItem(lease_id="|".join(parts), result=b"3")])
+    forged_id = resign(task.lease_id, **({"attempt": 9} if change == "attempt"
+                                         else {"worker_id": "w2"}))
+    (forged,) = await env.completion.ack([pb.AckItem(lease_id=forged_id, result=b"3")])
     assert not forged.duplicate and forged.error is not None
     assert forged.error.reason == "STALE_LEASE"
     assert await env.redis.get(keys.result(tid)) == b"1"

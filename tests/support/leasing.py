@@ -19,14 +19,15 @@ class LeaseStream:
 
     def __init__(self, stub, worker_id: str, queues: list[str], max_in_flight: int = 10,
                  task_types: list[str] | None = None, heartbeat: bool = True,
-                 concurrency: int = 0) -> None:
+                 concurrency: int = 0, labels: dict[str, str] | None = None) -> None:
         self.stub = stub
         self.worker_id = worker_id
         self.heartbeat = heartbeat
         self._beater: asyncio.Task | None = None
         self.call = stub.Lease(dtq_pb2.LeaseRequest(
             worker_id=worker_id, queues=queues, max_in_flight=max_in_flight,
-            task_types=task_types or [], hostname="test", concurrency=concurrency))
+            task_types=task_types or [], hostname="test", concurrency=concurrency,
+            labels=labels or {}))
         self.session: dtq_pb2.SessionInfo | None = None
         self.tasks: asyncio.Queue = asyncio.Queue()
         self._reader: asyncio.Task | None = None
@@ -115,3 +116,16 @@ async def poll(fn: Callable[[], Awaitable[Any]], pred: Callable[[Any], bool],
         if time.monotonic() > deadline:
             raise TimeoutError(f"condition not met within {timeout_s}s; last value: {value!r}")
         await asyncio.sleep(interval_s)
+
+
+def resign(lease_id: str, keyring=None, **changes) -> str:
+    """``lease_id`` with fields replaced (leaseid.Lease field names) and signed again:
+    an edit that passes the MAC, to test the scripts' own fencing behind it. Without
+    ``keyring`` the per-process one of components built alone (leaseid.default_keyring)."""
+    import dataclasses
+
+    from dtq_gateway import leaseid
+
+    ring = keyring or leaseid.default_keyring()
+    lease = leaseid.decode(lease_id, ring)
+    return dataclasses.replace(lease, **changes).encode(ring)

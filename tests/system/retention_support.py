@@ -42,6 +42,9 @@ _PLACEHOLDERS = {
     "<sha256(key)>": "[0-9a-f]{64}",
     "<tag>": "[0-9a-f]{16}",
     "<slot>": "[0-9a-z]{1,4}",
+    "<name>": _body(keys.SCHEDULE_RE),
+    "<callback queue>": _body(keys.QUEUE_RE),
+    "<group id>": "[0-9a-f]{32}",
 }
 #: ``<id>`` names a worker in the worker row and a task everywhere else.
 _WORKER_ID = _body(keys.WORKER_ID_RE)
@@ -63,12 +66,21 @@ FAMILY_EXAMPLES = {
     "cancelled": keys.cancelled("q-1"),
     "busy-marker": keys.busy_marker("q-1"),
     "dead-letter-queues": keys.DEAD_LETTER_QUEUES,
+    "queue-counters": keys.queue_counters("q-1"),
     "queue-registry": keys.QUEUES,
     "registry-backfilled": keys.QUEUES_BACKFILLED,
     "recent": keys.RECENT_TASKS,
     "scheduler-lock": keys.SCHEDULER_LOCK,
     "busy-queues": keys.BUSY_QUEUES,
+    "chain-pending": keys.chain_pending("q-1"),
+    "group": keys.group("q-1", "0" * 32),
+    "groups-pending": keys.groups_pending("q-1"),
+    "followup-queues": keys.FOLLOWUP_QUEUES,
     "events-channel": keys.EVENTS_CHANNEL,
+    "schedule": keys.periodic_schedule("s-1"),
+    "schedule-registry": keys.SCHEDULES,
+    "rate-limit": keys.rate_limit("q-1"),
+    "rate-limited-queues": keys.RATE_LIMITED_QUEUES,
 }
 #: Statuses after which nothing happens to a task on its own.
 TERMINAL = {pb.TASK_STATUS_SUCCEEDED, pb.TASK_STATUS_DEAD_LETTERED,
@@ -312,15 +324,21 @@ async def inventory(r: aioredis.Redis, families: dict[str, Family]) -> dict[str,
     return by_family
 
 
+#: Entry fields only some band-stream entries carry (docs/design.md, "Stream entry").
+OPTIONAL_ENTRY_FIELDS = frozenset({"queued_at"})
+
+
 async def field_problems(r: aioredis.Redis, stream: str, expected: frozenset[str],
-                         count: int = 50) -> list[str]:
-    """The newest ``count`` entries of ``stream`` whose field names are not ``expected``."""
+                         count: int = 50,
+                         optional: frozenset[str] = OPTIONAL_ENTRY_FIELDS) -> list[str]:
+    """The newest ``count`` entries of ``stream`` whose field names are not ``expected``
+    (fields in ``optional`` may be absent)."""
     problems = []
     for entry_id, entry in await r.xrevrange(stream, count=count):
         got = {f.decode() for f in entry}
-        if got != expected:
+        if got - expected or (expected - optional) - got:
             problems.append(f"{stream} {entry_id.decode()}: extra {sorted(got - expected)}, "
-                            f"missing {sorted(expected - got)}")
+                            f"missing {sorted(expected - optional - got)}")
     if len(problems) > 3:
         problems[3:] = [f"... and {len(problems) - 3} more entries like these"]
     return problems

@@ -34,7 +34,7 @@ from tests.system import retention_support as rs
 from tests.system.retention_support import Bounds, TtlProbe
 from tests.system.retention_worker import RawWorker
 
-Q, BULK = "ret", "ret-bulk"
+Q, BULK, FOLLOW = "ret", "ret-bulk", "ret-follow"
 #: Dead letters and audit entries written in bulk: far above the small MAXLENs.
 BULK_N = 250
 SETTINGS = {"task_retention_s": 600, "result_retention_s": 300, "idem_ttl_s": 900,
@@ -103,7 +103,7 @@ def test_layout_table_and_key_builders_agree():
 
 async def _enqueue_scenarios(e: Env) -> dict[str, str]:
     """Enqueue every scenario while the queue is paused; check the fresh TTLs."""
-    changed = (await e.admin.PauseQueue(pb.PauseQueueRequest(queue=Q, reason="retention")))
+    changed = (await e.admin.PauseQueue(pb.PauseQueueRequest(queue=Q, reason="retention", create=True)))
     assert changed.changed and await e.r.exists(keys.paused(Q)), "pause flag not set"
     past = await rs.now_ms(e.r) - 1000
     reqs = {"success": enq(), "retry": enq(max_attempts=3),
@@ -251,6 +251,25 @@ async def _workers(e: Env) -> None:
                         timeout_s=5 * e.settings.heartbeat_interval_s)
 
 
+async def _follow_ups(e: Env) -> list[str]:
+    """A chain of two and a group of two with its callback, run to their end: their
+    pending sets must be gone and the group record must carry the task retention."""
+    chain = await e.broker.Enqueue(enq(queue=FOLLOW, chain=[enq(queue=FOLLOW)]))
+    group = await e.broker.EnqueueBatch(pb.EnqueueBatchRequest(
+        items=[enq(queue=FOLLOW), enq(queue=FOLLOW)], group_callback=enq(queue=FOLLOW)))
+    ids = [chain.task_id, *chain.chain_task_ids, *(r.task_id for r in group.results),
+           group.group_callback_task_id]
+    w = await RawWorker(e.broker, "w-follow", [FOLLOW], 1.0).start()
+    try:
+        for batch in ([ids[0], *ids[2:4]], [ids[1], ids[4]]):  # the steps, then the rest
+            await w.wait_leased(set(batch))
+            for task_id in batch:
+                await w.ack(task_id)
+    finally:
+        await w.stop()
+    return ids
+
+
 async def _bulk(e: Env) -> list[str]:
     """Write far more dead letters, audit entries and tasks than the MAXLENs allow."""
     resp = await e.broker.EnqueueBatch(pb.EnqueueBatchRequest(
@@ -306,7 +325,8 @@ async def _walk(e: Env, bounds: Bounds, all_ids: list[str]) -> None:
     families = rs.key_families()
     inv = await rs.inventory(e.r, families)
     assert not await rs.orphaned_cancels(e.r), "cancelled set names tasks without entry"
-    for family in ("events-channel", "retry-claimed", "paused", "retry-schedule", "cancelled"):
+    for family in ("events-channel", "retry-claimed", "paused", "retry-schedule", "cancelled",
+                   "chain-pending", "groups-pending"):
         assert not inv[family], f"{family} keys left at rest: {inv[family]}"
     assert len(inv["band-stream"]) >= 2, f"band streams missing: {inv['band-stream']}"
     problems = await rs.stream_rest_problems(e.r, inv["band-stream"])
@@ -316,6 +336,7 @@ async def _walk(e: Env, bounds: Bounds, all_ids: list[str]) -> None:
     problems = await rs.task_hash_problems(e.r, inv["task"], bounds.task_ms)
     assert not problems, f"task hash TTLs not set by their last update: {problems}"
     for family, high in (("result", bounds.result_ms), ("idempotency", bounds.idem_ms),
+                         ("group", bounds.task_ms),
                          ("worker", bounds.worker_ms), ("scheduler-lock", bounds.lock_ms)):
         assert inv[family], f"no {family} key: the workload should have written one"
         problems = await rs.ttl_problems(e.r, inv[family], 0, high)
@@ -371,8 +392,9 @@ async def test_mixed_workload_leaves_only_bounded_keys(env: Env):
     await env.task_probe.assert_fresh(keys.task(ids["expired_delayed"]),
                                       "expiry at the scheduler's move")
     await _check_idempotency_kept(env, ids)
+    follow_ids = await _follow_ups(env)
     bulk_ids = await _bulk(env)
     await _workers(env)
-    all_ids = list(ids.values()) + bulk_ids
+    all_ids = list(ids.values()) + follow_ids + bulk_ids
     await _wait_terminal(env, all_ids)
     await _walk(env, await _bounds(env), all_ids)

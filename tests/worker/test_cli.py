@@ -119,3 +119,17 @@ def test_cli_flags_from_env(monkeypatch):
     apply_flags(worker, build_parser().parse_args(["m:w"]))
     assert (worker.max_in_flight, worker.worker_id, worker.drain_grace_s) == (7, "env-w", 1.5)
     assert (worker.ack_flush_ms, worker.concurrency, worker.queues) == (2, 3, ["x", "y"])
+
+
+def test_cli_takes_dtq_queue_when_dtq_queues_is_unset(monkeypatch):
+    from dtq_pyworker.cli import apply_flags, build_parser
+    from dtq_pyworker.worker import Worker
+
+    monkeypatch.delenv("DTQ_QUEUES", raising=False)
+    monkeypatch.setenv("DTQ_QUEUE", "solo")
+    worker = Worker(["q"], "h:1")
+    apply_flags(worker, build_parser().parse_args(["m:w"]))
+    assert worker.queues == ["solo"]
+    monkeypatch.setenv("DTQ_QUEUES", "a,b")  # the plural wins
+    apply_flags(worker, build_parser().parse_args(["m:w"]))
+    assert worker.queues == ["a", "b"]

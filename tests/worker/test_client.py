@@ -9,7 +9,14 @@ import grpc
 import pytest
 
 from dtq_proto import dtq_pb2
-from dtq_pyworker import AsyncClient, Client, DtqRpcError, EnqueueResult
+from dtq_pyworker import (
+    AsyncClient,
+    Client,
+    DtqRpcError,
+    EnqueueResult,
+    TaskCancelled,
+    TaskFailed,
+)
 from tests.worker.fake_broker import ThreadedFakeBroker
 
 
@@ -30,7 +37,7 @@ def test_sync_enqueue_encodes_payload_and_options(threaded):
     assert isinstance(res, EnqueueResult) and not res.deduplicated
     assert res.status == dtq_pb2.TASK_STATUS_QUEUED
     assert again.deduplicated and again.task_id == res.task_id
-    assert json.loads(task.payload) == {"path": "/x.py"}
+    assert task.payload == {"path": "/x.py"} and json.loads(task.payload_bytes) == task.payload
     assert task.content_type == "application/json"
     assert (task.priority, task.max_attempts, dict(task.metadata)) == (7, 2, {"a": "1"})
 
@@ -39,6 +46,7 @@ def test_sync_bytes_payload_is_octet_stream(threaded):
     with Client(threaded.target) as client:
         task = client.get_task(client.enqueue("demo", "raw", b"\x00\xff").task_id)
     assert task.payload == b"\x00\xff" and task.content_type == "application/octet-stream"
+    assert task.payload_bytes == b"\x00\xff"
 
 
 def test_sync_error_carries_reason_and_field(threaded):
@@ -85,7 +93,10 @@ def test_sync_wait_polls_until_terminal_and_cancel(threaded):
         other = client.enqueue("demo", "t", {}).task_id
         resp = client.cancel(other, reason="test")
         assert resp.status == dtq_pb2.TASK_STATUS_CANCELLED
-        assert client.wait(other, timeout_s=1).status == dtq_pb2.TASK_STATUS_CANCELLED
+        with pytest.raises(TaskCancelled):
+            client.wait(other, timeout_s=1)
+        assert (client.wait(other, timeout_s=1, raise_on_failure=False).status
+                == dtq_pb2.TASK_STATUS_CANCELLED)
 
 
 def test_sync_wait_times_out(threaded):
@@ -107,7 +118,9 @@ async def test_async_client_roundtrip(fake):
             await client.enqueue("", "t")
         assert info.value.field == "queue"
         fake.tasks[res.task_id].status = dtq_pb2.TASK_STATUS_DEAD_LETTERED
-        assert (await client.wait(res.task_id, 5)).status == dtq_pb2.TASK_STATUS_DEAD_LETTERED
+        with pytest.raises(TaskFailed) as failed:
+            await client.wait(res.task_id, 5)
+        assert failed.value.task.status == dtq_pb2.TASK_STATUS_DEAD_LETTERED
         cancelled = await client.cancel(batch[0].task_id)
         assert cancelled.status == dtq_pb2.TASK_STATUS_CANCELLED
 

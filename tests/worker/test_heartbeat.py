@@ -140,3 +140,27 @@ async def test_unsent_result_of_a_lost_lease_is_discarded(fake):
         state["release"].set()
         await fake.wait_for(lambda: blocker in fake.acked())
     assert quick not in fake.reported()
+
+
+async def test_progress_rides_on_heartbeats_latest_once(fake):
+    worker = make_worker(fake, concurrency=1)
+    release, reported = asyncio.Event(), asyncio.Event()
+
+    @worker.task("steps")
+    async def steps(payload, ctx):
+        for pct in (10, 20, 30):
+            ctx.progress(pct, f"step {pct}")
+        reported.set()
+        await release.wait()
+
+    async with running(worker):
+        lease = await fake.push("steps")
+        await wait_event(reported)
+        await fake.wait_for(lambda: any(h.progress for h in fake.heartbeats))
+        sent = [p for h in fake.heartbeats for p in h.progress]
+        assert [(p.lease_id, p.percent, p.message) for p in sent] == [(lease, 30, "step 30")]
+        beats = len(fake.heartbeats)
+        await fake.wait_for(lambda: len(fake.heartbeats) > beats + 1)
+        assert len([p for h in fake.heartbeats for p in h.progress]) == 1  # sent once
+        release.set()
+        await fake.wait_for(lambda: lease in fake.acked())

@@ -6,8 +6,10 @@ import asyncio
 import json
 import time
 
+import pytest
+
 from dtq_proto import dtq_pb2
-from dtq_pyworker import AsyncClient, PermanentError, Retry, Worker
+from dtq_pyworker import AsyncClient, PermanentError, Retry, TaskFailed, TaskStatus, Worker
 from tests.worker.helpers import poll_until, running, wait_event
 
 POLL_S = 0.02  # GetTask poll interval, bounded by each wait's deadline
@@ -38,13 +40,17 @@ async def test_success_retry_and_dead_letter_end_to_end(gateway):
         ok_id = (await client.enqueue("e2e", "ok", {"n": 21})).task_id
         later_id = (await client.enqueue("e2e", "later", {}, max_attempts=3)).task_id
         bad_id = (await client.enqueue("e2e", "corrupt", {}, max_attempts=5)).task_id
-        done = await asyncio.gather(*(client.wait(t, 20) for t in (ok_id, bad_id)))
+        done = await client.wait(ok_id, 20)
+        with pytest.raises(TaskFailed) as failed:
+            await client.wait(bad_id, 20)
         scheduled = await _poll_task(client, later_id, lambda t: len(t.attempts) == 1
                                      and t.status == dtq_pb2.TASK_STATUS_SCHEDULED)
-    assert done[0].status == dtq_pb2.TASK_STATUS_SUCCEEDED
-    assert json.loads(done[0].result) == {"double": 42}
-    assert done[1].status == dtq_pb2.TASK_STATUS_DEAD_LETTERED
-    assert (done[1].last_error_class, len(done[1].attempts)) == ("PermanentError", 1)
+    assert done.status is TaskStatus.SUCCEEDED
+    assert done.result == {"double": 42} and json.loads(done.result_bytes) == {"double": 42}
+    dead = failed.value.task
+    assert dead.status is TaskStatus.DEAD_LETTERED
+    assert (failed.value.error_class, failed.value.error) == ("PermanentError", "bad input")
+    assert (dead.last_error_class, len(dead.attempts)) == ("PermanentError", 1)
     assert scheduled.last_error_class == "Retry"
     delay_ms = scheduled.due_at_ms - scheduled.attempts[0].finished_at_ms
     assert 29_000 <= delay_ms <= 31_000  # retry_after wins over the backoff
@@ -80,7 +86,7 @@ async def test_cancel_running_task_end_to_end(gateway):
         resp = await client.cancel(task_id, reason="test")
         assert resp.cancel_requested
         await wait_event(stopped, 10)
-        task = await client.wait(task_id, 10)
+        task = await client.wait(task_id, 10, raise_on_failure=False)
     assert task.status == dtq_pb2.TASK_STATUS_CANCELLED
     assert worker.stats["cancelled"] == 1
 
@@ -135,7 +141,7 @@ async def test_worker_survives_gateway_restart(redis_url):
             release.set()
             task = await client.wait(task_id, 20)
             assert task.status == dtq_pb2.TASK_STATUS_SUCCEEDED
-            assert json.loads(task.result) == "after restart"
+            assert task.result == "after restart"
             assert [a.outcome for a in task.attempts] == ["succeeded"]
             fresh = (await client.enqueue("e2e", "block", {})).task_id
             assert (await client.wait(fresh, 20)).status == dtq_pb2.TASK_STATUS_SUCCEEDED
@@ -165,7 +171,7 @@ async def test_hung_sync_handler_keeps_its_slot_and_times_out_once(gateway, capl
         await poll_until(lambda: worker.threads_busy == 1, 10)
         quick_ids = [(await client.enqueue("e2e", "quick", {"n": n}, timeout_ms=1000,
                                            max_attempts=1)).task_id for n in range(4)]
-        dead = await client.wait(hung, 10)
+        dead = await client.wait(hung, 10, raise_on_failure=False)
         # past its limit the hung thread still holds the only slot: nothing starts,
         # and the heartbeat reports the slot as taken
         await poll_until(lambda: worker._runtime.stuck_threads() == 1, 5)

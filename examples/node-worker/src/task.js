@@ -30,8 +30,15 @@ function encodeResult(value) {
   return Buffer.from(JSON.stringify(value), 'utf8');
 }
 
-/** The handler's view of its task. */
-function makeContext(task, workerId, signal) {
+/** Longest progress message the gateway stores, in bytes of UTF-8. */
+const MAX_PROGRESS_MESSAGE_BYTES = 256;
+
+/**
+ * The handler's view of its task. `onProgress({percent, message})` receives each
+ * `ctx.progress(percent, message)` call (the worker keeps the latest for the next
+ * heartbeat).
+ */
+function makeContext(task, workerId, signal, onProgress = () => {}) {
   return Object.freeze({
     taskId: task.task_id,
     queue: task.queue,
@@ -46,6 +53,19 @@ function makeContext(task, workerId, signal) {
     contentType: task.content_type,
     payloadBytes: task.payload,
     signal,
+    traceparent: task.traceparent || '',
+    tracestate: task.tracestate || '',
+    /**
+     * Report progress: percent 0..100 (clamped), a short message. Rides on the next
+     * heartbeat (the latest report per interval wins).
+     */
+    progress(percent, message = '') {
+      const value = Number(percent);
+      if (Number.isNaN(value)) throw new TypeError('progress percent must be a number');
+      let text = String(message);
+      while (Buffer.byteLength(text, 'utf8') > MAX_PROGRESS_MESSAGE_BYTES) text = text.slice(0, -1);
+      onProgress({ percent: Math.min(100, Math.max(0, value)), message: text });
+    },
   });
 }
 

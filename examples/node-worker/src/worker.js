@@ -116,7 +116,9 @@ class Worker {
     });
     try {
       const payload = decodePayload(task);
-      const ctx = makeContext(task, this.config.workerId, signal);
+      const ctx = makeContext(task, this.config.workerId, signal, (report) => {
+        lease.progress = report; // sent by the next heartbeat
+      });
       const value = await Promise.race([Promise.resolve().then(() => handler(payload, ctx)), aborted]);
       if (signal.aborted) return { aborted: signal.reason };
       return { ok: true, value };
@@ -202,6 +204,18 @@ class Worker {
     this.heartbeatTimer = setTimeout(() => this.heartbeat(), delayMs);
   }
 
+  /** Unsent progress reports (the latest per lease), cleared: each is sent once. */
+  takeProgress() {
+    const out = [];
+    for (const [id, lease] of this.held) {
+      if (lease.progress) {
+        out.push({ lease_id: id, ...lease.progress });
+        lease.progress = null;
+      }
+    }
+    return out;
+  }
+
   /** One Heartbeat call; re-arms itself. */
   async heartbeat() {
     this.heartbeatTimer = null;
@@ -209,6 +223,7 @@ class Worker {
     const request = {
       worker_id: this.config.workerId,
       lease_ids: [...this.held.keys()],
+      progress: this.takeProgress(),
       counters: { tasks_processed: this.stats.processed, tasks_failed: this.stats.failed,
         tasks_retried: this.stats.retried },
       active_tasks: this.running.size,

@@ -139,3 +139,17 @@ test('rpc: channel keepalive and a reconnect backoff capped by DTQ_RECONNECT_MAX
   assert.equal(opts['grpc.keepalive_time_ms'], 10000);
   assert.equal(opts['grpc.keepalive_permit_without_calls'], 1);
 });
+
+test('ctx.progress clamps, cuts the message to 256 bytes and hands the report over', () => {
+  const { makeContext } = require('../src/task');
+  const reports = [];
+  const task = { task_id: 't', traceparent: '00-' + 'a'.repeat(32) + '-' + 'b'.repeat(16) + '-01' };
+  const ctx = makeContext(task, 'w', new AbortController().signal, (r) => reports.push(r));
+  ctx.progress(140, 'é'.repeat(200));
+  ctx.progress(-3);
+  assert.equal(reports[0].percent, 100);
+  assert.equal(Buffer.byteLength(reports[0].message, 'utf8'), 256);
+  assert.deepEqual(reports[1], { percent: 0, message: '' });
+  assert.throws(() => ctx.progress('x'), TypeError);
+  assert.equal(ctx.traceparent, task.traceparent);
+});

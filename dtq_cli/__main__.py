@@ -1,0 +1,5 @@
+"""``python -m dtq_cli``: the same as the ``dtq`` console script."""
+
+from dtq_cli.main import main
+
+main()

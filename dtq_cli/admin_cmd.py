@@ -1,0 +1,245 @@
+"""Operator commands of ``dtq``: queues, stats, pause, resume, workers, audit, dlq."""
+
+from __future__ import annotations
+
+import click
+
+from dtq_cli.main import ExitCode, Failure, State, cli, json_option, pass_state
+from dtq_cli.render import (
+    Duration,
+    ago,
+    emit_json,
+    extra_fields,
+    fields,
+    human_duration,
+    table,
+    to_dict,
+)
+from dtq_pyworker.errors import DtqRpcError
+
+
+@cli.command()
+@json_option
+@pass_state
+def queues(state: State) -> None:
+    """List every queue with its depth, leased entries and paused flag."""
+    found = state.client.list_queues()
+    if state.json:
+        emit_json([to_dict(q) for q in found])
+        return
+    table(None, ["queue", "depth", "pending", "paused"],
+          [(q.name, q.depth, q.pending, "paused" if q.paused else "") for q in found],
+          empty="no queues")
+
+
+#: Queue stats fields the view prints itself (the rest are printed generically).
+_STATS_SHOWN = {"queue", "paused", "depth", "pending", "scheduled", "oldest_task_age_ms",
+                "dead_letter_depth", "bands", "consumers"}
+
+
+@cli.command()
+@click.argument("queue")
+@json_option
+@pass_state
+def stats(state: State, queue: str) -> None:
+    """Show a queue's depth per priority band, schedule, dead letters and consumers."""
+    s = state.client.queue_stats(queue)
+    if state.json:
+        emit_json(to_dict(s))
+        return
+    fields([("queue", s.queue), ("paused", "yes" if s.paused else "no"), ("depth", s.depth),
+            ("pending", s.pending), ("scheduled", s.scheduled),
+            ("oldest waiting", human_duration(s.oldest_task_age_ms)
+             if s.oldest_task_age_ms else ""),
+            ("dead letters", s.dead_letter_depth), *extra_fields(s, _STATS_SHOWN)])
+    click.echo()
+    table("bands", ["band", "depth", "pending"],
+          [(b.band, b.depth, b.pending) for b in s.bands if b.depth or b.pending],
+          empty="bands: all empty")
+    if s.consumers:
+        click.echo()
+        table("consumers", ["worker", "pending", "idle"],
+              [(c.name, c.pending, human_duration(c.idle_ms)) for c in s.consumers])
+
+
+def _toggle(state: State, queue: str, reason: str, pause: bool) -> None:
+    client = state.client
+    res = client.pause_queue(queue, reason) if pause else client.resume_queue(queue, reason)
+    verb = "paused" if pause else "resumed"
+    if state.json:
+        emit_json({"queue": queue, "changed": res.changed, "request_id": res.request_id})
+    elif res.changed:
+        click.echo(f"{queue} {verb}")
+    else:
+        click.echo(f"{queue} was already {'paused' if pause else 'not paused'}")
+
+
+@cli.command()
+@click.argument("queue")
+@click.option("--reason", default="", help="Reason recorded in the audit stream.")
+@json_option
+@pass_state
+def pause(state: State, queue: str, reason: str) -> None:
+    """Stop workers from leasing QUEUE (enqueues are still accepted)."""
+    _toggle(state, queue, reason, True)
+
+
+@cli.command()
+@click.argument("queue")
+@click.option("--reason", default="", help="Reason recorded in the audit stream.")
+@json_option
+@pass_state
+def resume(state: State, queue: str, reason: str) -> None:
+    """Let workers lease from QUEUE again."""
+    _toggle(state, queue, reason, False)
+
+
+@cli.command()
+@json_option
+@pass_state
+def workers(state: State) -> None:
+    """List known workers: state, load, counters and last heartbeat."""
+    found = state.client.workers()
+    if state.json:
+        emit_json([to_dict(w) for w in found])
+        return
+    # labels: shown when the gateway reports them (a map field of newer gateways)
+    labels = [dict(getattr(w, "labels", {}) or {}) for w in found]
+    extra = ["labels"] if any(labels) else []
+    table(None, ["worker", "host", "status", "leasing", "active", "processed", "failed",
+                 "heartbeat", "started", *extra],
+          [(w.worker_id, w.hostname, w.status, "yes" if w.leasing else "no",
+            f"{w.active_tasks}/{w.concurrency}" if w.concurrency else w.active_tasks,
+            w.tasks_processed, w.tasks_failed, f"{human_duration(w.heartbeat_age_ms)} ago",
+            ago(w.started_at_ms),
+            *([",".join(f"{k}={v}" for k, v in sorted(lab.items()))] if extra else []))
+           for w, lab in zip(found, labels, strict=True)],
+          empty="no workers")
+
+
+@cli.command()
+@click.option("-n", "--limit", type=click.IntRange(1, 10000), default=20, show_default=True)
+@json_option
+@pass_state
+def audit(state: State, limit: int) -> None:
+    """List audited operator actions (cancel, pause, requeue, purge...), newest first."""
+    entries = state.client.audit(limit)
+    if state.json:
+        emit_json([to_dict(e) for e in entries])
+        return
+    table(None, ["when", "actor", "action", "target", "detail", "request"],
+          [(ago(e.ts_ms), e.actor, e.action, e.task_id, e.detail, e.request_id)
+           for e in entries], empty="no audit entries")
+
+
+# -- dead letters ---------------------------------------------------------------------------
+@cli.group()
+def dlq() -> None:
+    """Dead-letter queue: ls, requeue, discard, redrive, purge."""
+
+
+@dlq.command("ls")
+@click.option("--queue", default="", help="Only entries of this queue.")
+@click.option("-n", "--limit", type=click.IntRange(1, 100000), default=20, show_default=True)
+@json_option
+@pass_state
+def dlq_ls(state: State, queue: str, limit: int) -> None:
+    """List dead-lettered tasks, newest first."""
+    entries = state.client.dead_letters(queue=queue, limit=limit)
+    if state.json:
+        emit_json([to_dict(e) for e in entries])
+        return
+    table(None, ["task", "queue", "type", "attempts", "error", "failed"],
+          [(e.task_id, e.queue, e.task_type, e.attempts_made,
+            f"{e.last_error_class}: {e.last_error}"[:70], ago(e.failed_at_ms))
+           for e in entries], empty="no dead letters")
+
+
+_PAST = {"requeue": "requeued", "discard": "discarded"}
+
+
+def _each(state: State, task_ids: tuple[str, ...], action: str) -> None:
+    """Requeue or discard each id; report per id; exit 3 if any was not found."""
+    client = state.client
+    call = client.requeue_dead_letter if action == "requeue" else client.discard_dead_letter
+    done, missing = [], []
+    for task_id in task_ids:
+        try:
+            res = call(task_id)
+        except DtqRpcError as exc:
+            if exc.reason != "NOT_FOUND" and exc.code.name != "NOT_FOUND":
+                raise
+            missing.append(task_id)
+            continue
+        done.append({"task_id": task_id, "request_id": res.request_id})
+    if state.json:
+        emit_json({_PAST[action]: done, "not_found": missing})
+    else:
+        for d in done:
+            click.echo(f"{d['task_id']} {_PAST[action]}")
+    if missing:
+        raise Failure(f"no dead-letter entry for {', '.join(missing)}", ExitCode.NOT_FOUND)
+
+
+@dlq.command("requeue")
+@click.argument("task_ids", metavar="ID...", nargs=-1, required=True)
+@json_option
+@pass_state
+def dlq_requeue(state: State, task_ids: tuple[str, ...]) -> None:
+    """Put dead-lettered tasks back in their queues with a fresh attempt budget."""
+    _each(state, task_ids, "requeue")
+
+
+@dlq.command("discard")
+@click.argument("task_ids", metavar="ID...", nargs=-1, required=True)
+@json_option
+@pass_state
+def dlq_discard(state: State, task_ids: tuple[str, ...]) -> None:
+    """Remove dead-letter entries (the task records stay, marked discarded)."""
+    _each(state, task_ids, "discard")
+
+
+@dlq.command("redrive")
+@click.option("--queue", default="", help="Only this queue.")
+@click.option("--type", "task_type", default="", help="Only this task type.")
+@click.option("--error-class", default="", help="Only this error class (e.g. Timeout).")
+@click.option("--older-than", "min_age", type=Duration(), help="Dead-lettered at least "
+              "this long ago.")
+@click.option("--newer-than", "max_age", type=Duration(), help="Dead-lettered at most "
+              "this long ago.")
+@click.option("--rate", type=click.IntRange(1, 100000), help="Requeues per second [100].")
+@click.option("--limit", type=click.IntRange(1, 100000), help="Stop after this many [1000].")
+@click.option("--dry-run", is_flag=True, help="Only count and list the matches.")
+@json_option
+@pass_state
+def dlq_redrive(state: State, queue: str, task_type: str, error_class: str,
+                min_age: int | None, max_age: int | None, rate: int | None,
+                limit: int | None, dry_run: bool) -> None:
+    """Requeue every dead letter matching the filters (all when none is given)."""
+    res = state.client.redrive_dead_letters(
+        queue=queue, task_type=task_type, error_class=error_class, min_age_ms=min_age or 0,
+        max_age_ms=max_age or 0, max_per_second=rate or 0, limit=limit or 0, dry_run=dry_run)
+    if state.json:
+        emit_json({**to_dict(res), "dry_run": dry_run})
+        return
+    if dry_run:
+        click.echo(f"dry run: {res.matched} dead letters match; nothing changed")
+        for task_id in res.task_ids:
+            click.echo(f"  {task_id}")
+    else:
+        click.echo(f"requeued {res.requeued} of {res.matched} matching dead letters")
+
+
+@dlq.command("purge")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+@pass_state
+def dlq_purge(state: State, yes: bool) -> None:
+    """Remove EVERY dead-letter entry (asks first unless --yes)."""
+    if not yes:  # "no" (or no answer on stdin) aborts with exit 1, changing nothing
+        click.confirm("Remove every dead-letter entry?", abort=True, err=True)
+    res = state.client.purge_dead_letters()
+    if state.json:
+        emit_json({"purged": res.purged, "request_id": res.request_id})
+    else:
+        click.echo(f"purged {res.purged} dead letters")

@@ -1,0 +1,292 @@
+"""Task commands of ``dtq``: enqueue, get, wait, cancel, recent, tail."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from typing import Any
+
+import click
+
+from dtq_cli.main import ExitCode, Failure, State, cli, json_option, pass_state
+from dtq_cli.render import (
+    Duration,
+    ago,
+    emit_json,
+    enum_name,
+    extra_fields,
+    fields,
+    human_duration,
+    show_value,
+    table,
+    to_dict,
+    when,
+)
+from dtq_proto import dtq_pb2
+from dtq_pyworker.codec import is_json
+from dtq_pyworker.tasks import Task, TaskStatus, TaskWaitTimeout
+
+_OUTCOME_EXIT = {TaskStatus.SUCCEEDED: ExitCode.OK, TaskStatus.DEAD_LETTERED: ExitCode.TASK_FAILED,
+                 TaskStatus.CANCELLED: ExitCode.TASK_CANCELLED,
+                 TaskStatus.EXPIRED: ExitCode.TASK_EXPIRED}
+_STATUS_NAMES = [s.name for s in TaskStatus if s is not TaskStatus.UNSPECIFIED]
+_EVENT_NAMES = [v.name.removeprefix("EVENT_TYPE_")
+                for v in dtq_pb2.EventType.DESCRIPTOR.values if v.number != 0]
+
+
+#: Task fields the detail view prints itself (the rest are printed generically).
+_TASK_SHOWN = {"task_id", "queue", "task_type", "status", "cancel_requested", "priority",
+               "attempt", "max_attempts", "created_at", "due_at", "started_at", "finished_at",
+               "expires_at", "worker_id", "idempotency_key", "content_type", "payload",
+               "result", "result_truncated", "last_error", "last_error_class", "metadata",
+               "attempts", "retry_policy", "updated_at", "timeout_ms", "not_before"}
+
+
+def task_doc(task: Task) -> dict[str, Any]:
+    """A task as a JSON document (see render.to_dict)."""
+    return to_dict(task.raw)
+
+
+def show_task(state: State, task: Task) -> None:
+    """Print a task: JSON document, or its fields and attempts."""
+    if state.json:
+        emit_json(task_doc(task))
+        return
+    t = task.raw
+    error = f"{t.last_error_class}: {t.last_error}" if t.last_error else ""
+    fields([
+        ("task", t.task_id), ("queue", t.queue), ("type", t.task_type),
+        ("status", task.status.name + (" (cancel requested)" if t.cancel_requested else "")),
+        ("priority", t.priority), ("attempt", f"{t.attempt} of {t.max_attempts}"),
+        ("time limit", human_duration(t.timeout_ms) if t.timeout_ms else ""),
+        ("created", when(t.created_at_ms)), ("due", when(t.due_at_ms) if t.due_at_ms else ""),
+        ("started", when(t.started_at_ms) if t.started_at_ms else ""),
+        ("finished", when(t.finished_at_ms) if t.finished_at_ms else ""),
+        ("expires", when(t.expires_at_ms) if t.expires_at_ms else ""),
+        ("worker", t.worker_id), ("key", t.idempotency_key),
+        ("content type", t.content_type),
+        ("payload", show_value(task.payload) if t.payload else ""),
+        ("result", (show_value(task.result) if t.result else "")
+         + (" (truncated)" if t.result_truncated else "")),
+        ("error", error),
+        ("metadata", json.dumps(dict(t.metadata)) if t.metadata else ""),
+        *extra_fields(t, _TASK_SHOWN),
+    ])
+    if t.attempts:
+        click.echo()
+        table("attempts", ["#", "worker", "started", "took", "outcome", "error"],
+              [(a.attempt, a.worker_id, ago(a.started_at_ms),
+                _took(a.started_at_ms, a.finished_at_ms), a.outcome,
+                f"{a.error_class}: {a.error_message}" if a.error_class else "")
+               for a in t.attempts])
+
+
+def _took(start_ms: int, end_ms: int) -> str:
+    return human_duration(end_ms - start_ms) if start_ms and end_ms else ""
+
+
+def finish_wait(state: State, task_id: str, timeout_ms: int) -> None:
+    """Wait for a task, print it, and exit with its outcome's code."""
+    try:
+        task = state.client.wait(task_id, timeout_s=timeout_ms / 1000.0, raise_on_failure=False)
+    except TaskWaitTimeout as exc:
+        show_task(state, exc.task)
+        raise Failure(f"task {task_id} still {exc.task.status.name} after "
+                      f"{timeout_ms / 1000:g}s", ExitCode.WAIT_TIMEOUT) from exc
+    show_task(state, task)
+    code = _OUTCOME_EXIT[task.status]
+    if code != ExitCode.OK:
+        detail = f": {task.error_class}: {task.error}" if task.error else ""
+        raise Failure(f"task {task_id} {task.status.name}{detail}", code)
+
+
+def _payload(payload: str | None, content_type: str | None) -> Any:
+    """The enqueue payload from the argument ("-" = stdin, "@path" = a file)."""
+    if payload is None:
+        return None if content_type is None or is_json(content_type) else b""
+    if payload == "-":
+        payload = sys.stdin.read()
+    elif payload.startswith("@"):
+        with open(payload[1:], encoding="utf-8") as f:
+            payload = f.read()
+    if content_type is not None and not is_json(content_type):
+        return payload.encode("utf-8")
+    try:
+        return json.loads(payload)
+    except ValueError as exc:
+        raise click.BadParameter(f"not valid JSON ({exc}); give --content-type for "
+                                 "other media types", param_hint="PAYLOAD") from exc
+
+
+def _metadata(pairs: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--meta")
+        out[key] = value
+    return out
+
+
+@cli.command()
+@click.argument("queue")
+@click.argument("task_type", metavar="TYPE")
+@click.argument("payload", required=False)
+@click.option("-p", "--priority", type=click.IntRange(0, 9), help="Band 0 (low)..9 (high) [5].")
+@click.option("--delay", type=Duration(), help="Run no earlier than this from now (30s, 5m).")
+@click.option("--key", "idempotency_key", help="Idempotency key: a live task with it is "
+              "returned instead of a new one.")
+@click.option("--max-attempts", type=click.IntRange(1, 100), help="Attempts in total [3].")
+@click.option("--task-timeout", type=Duration(), help="Handler time limit (e.g. 2m) [60s].")
+@click.option("--ttl", type=Duration(), help="Expire if not started within this.")
+@click.option("--content-type", help="Media type; non-JSON payloads are sent as UTF-8 text "
+              "[application/json].")
+@click.option("--meta", multiple=True, metavar="KEY=VALUE", help="Metadata (repeatable).")
+@click.option("--wait", "wait_", is_flag=True, help="Wait for the outcome; exit code tells it.")
+@click.option("--wait-timeout", type=Duration(), default="30s", show_default=True,
+              help="How long --wait waits.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the task id "
+              "(for id=$(dtq enqueue -q ...)).")
+@json_option
+@pass_state
+def enqueue(state: State, queue: str, task_type: str, payload: str | None,
+            wait_: bool, wait_timeout: int, quiet: bool, **opts: Any) -> None:
+    """Enqueue a task of TYPE to QUEUE with a JSON PAYLOAD ('-' reads stdin, '@file' a file).
+
+    \b
+    dtq enqueue emails email.send '{"to": "ada@example.com"}' --priority 7
+    dtq enqueue reports report.build @params.json --delay 5m --key report-2026-11
+    """
+    body = _payload(payload, opts["content_type"])
+    options = {"priority": opts["priority"], "delay_ms": opts["delay"],
+               "idempotency_key": opts["idempotency_key"],
+               "max_attempts": opts["max_attempts"], "timeout_ms": opts["task_timeout"],
+               "ttl_ms": opts["ttl"], "content_type": opts["content_type"],
+               "metadata": _metadata(opts["meta"])}
+    res = state.client.enqueue(queue, task_type, body,
+                               **{k: v for k, v in options.items() if v is not None})
+    if wait_:
+        finish_wait(state, res.task_id, wait_timeout)
+        return
+    if state.json:
+        emit_json({"task_id": res.task_id, "deduplicated": res.deduplicated,
+                   "status": res.status.name})
+        return
+    if quiet:
+        click.echo(res.task_id)
+        return
+    dedup = " (deduplicated: an earlier task has this key)" if res.deduplicated else ""
+    click.echo(f"{res.task_id} {res.status.name}{dedup}")
+
+
+@cli.command()
+@click.argument("task_id", metavar="ID")
+@json_option
+@pass_state
+def get(state: State, task_id: str) -> None:
+    """Show a task: status, payload, result, attempts and errors."""
+    show_task(state, state.client.get_task(task_id))
+
+
+@cli.command()
+@click.argument("task_id", metavar="ID")
+@click.option("--timeout", "timeout_ms", type=Duration(), default="30s", show_default=True,
+              help="Give up after this long (exit 7).")
+@json_option
+@pass_state
+def wait(state: State, task_id: str, timeout_ms: int) -> None:
+    """Wait until a task ends; exit 0 succeeded, 4 failed, 5 cancelled, 6 expired."""
+    finish_wait(state, task_id, timeout_ms)
+
+
+@cli.command()
+@click.argument("task_id", metavar="ID")
+@click.option("--reason", default="", help="Reason recorded in the audit stream.")
+@json_option
+@pass_state
+def cancel(state: State, task_id: str, reason: str) -> None:
+    """Cancel a queued, scheduled or running task."""
+    res = state.client.cancel(task_id, reason=reason)
+    if state.json:
+        emit_json({"task_id": task_id, "status": res.status.name,
+                   "cancel_requested": res.cancel_requested, "request_id": res.request_id})
+    elif res.cancel_requested:
+        click.echo(f"{task_id} is running: cancellation requested (its worker stops it)")
+    else:
+        click.echo(f"{task_id} {res.status.name}")
+
+
+@cli.command()
+@click.option("--queue", default="", help="Only this queue.")
+@click.option("--status", type=click.Choice(_STATUS_NAMES, case_sensitive=False),
+              help="Only tasks in this status.")
+@click.option("-n", "--limit", type=click.IntRange(1, 1000), default=20, show_default=True)
+@json_option
+@pass_state
+def recent(state: State, queue: str, status: str | None, limit: int) -> None:
+    """List the most recently created tasks, newest first."""
+    st = TaskStatus[status.upper()] if status else TaskStatus.UNSPECIFIED
+    tasks = state.client.recent_tasks(limit=limit, queue=queue, status=st)
+    if state.json:
+        emit_json([task_doc(t) for t in tasks])
+        return
+    table(None, ["task", "queue", "type", "status", "prio", "attempt", "created", "error"],
+          [(t.task_id, t.queue, t.task_type, t.status.name, t.priority,
+            f"{t.attempt}/{t.max_attempts}", ago(t.raw.created_at_ms),
+            f"{t.error_class}: {t.error}"[:60] if t.error_class else "") for t in tasks],
+          empty="no tasks")
+
+
+@cli.command()
+@click.option("--queue", "queues", multiple=True, help="Only this queue (repeatable).")
+@click.option("--type", "types", multiple=True,
+              type=click.Choice(_EVENT_NAMES, case_sensitive=False),
+              help="Only this event type (repeatable).")
+@click.option("-n", "--count", type=click.IntRange(min=1), help="Stop after this many events.")
+@json_option
+@pass_state
+def tail(state: State, queues: tuple[str, ...], types: tuple[str, ...],
+         count: int | None) -> None:
+    """Follow live events (task and worker lifecycle) until Ctrl-C (exit 0)."""
+    stream = state.client.events(queues, [dtq_pb2.EventType.Value(f"EVENT_TYPE_{t.upper()}")
+                                          for t in types])
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+    except ValueError:  # not the main thread (e.g. under a test runner thread)
+        previous = None
+    if not state.json:
+        click.echo(f"tailing events from {state.client.target} (Ctrl-C to stop)", err=True)
+    seen = 0
+    try:
+        for event in stream:
+            _print_event(state, event)
+            seen += 1
+            if count is not None and seen >= count:
+                break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stream.close()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _print_event(state: State, ev: dtq_pb2.SubscribeResponse) -> None:
+    """One event per line, flushed at once (tail is read through pipes)."""
+    if state.json:
+        emit_json(to_dict(ev))
+        sys.stdout.flush()
+        return
+    kind = enum_name(ev.DESCRIPTOR.fields_by_name["type"], ev.type)
+    parts = [ev.ts, f"{kind:<22}"]
+    for label, value in (("queue", ev.queue), ("task", ev.task_id), ("type", ev.task_type),
+                         ("attempt", ev.attempt or ""), ("worker", ev.worker_id)):
+        if value:
+            parts.append(f"{label}={value}")
+    parts.extend(f"{k}={v}" for k, v in sorted(ev.metadata.items()))
+    if ev.dropped:
+        parts.append(f"(dropped {ev.dropped} before)")
+    click.echo(" ".join(parts))
+    sys.stdout.flush()

@@ -1,0 +1,171 @@
+"""AdminClient: a blocking :class:`~dtq_pyworker.client.Client` that also drives
+the ``dtq.v1.Admin`` and ``dtq.v1.Events`` services (what the ``dtq`` command line
+is built on).
+
+Listings page through the gateway for the caller and answer lists of the
+protobuf messages (``QueueSummary``, ``DeadLetter``, ``WorkerInfo``,
+``AuditEntry``), except recent tasks, which are typed :class:`Task` values. When
+the gateway has tokens on, every Admin and Events call needs an ``admin`` token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import grpc
+
+from dtq_proto import dtq_pb2
+from dtq_pyworker.client import Client
+from dtq_pyworker.errors import DtqRpcError
+from dtq_pyworker.tasks import Task, TaskStatus
+
+#: Largest page the gateway serves for each listing.
+QUEUES_PAGE = 1000
+DEAD_LETTERS_PAGE = 500
+AUDIT_PAGE = 500
+
+
+class AdminClient(Client):
+    """Blocking client of Broker, Admin and Events on one channel.
+
+    Takes the arguments of :class:`Client`. Every method raises
+    :class:`DtqRpcError` when the gateway refuses the call (PERMISSION_DENIED
+    without an admin token, NOT_FOUND for an unknown queue or task, ...).
+    """
+
+    def __init__(self, target: str | None = None, **kwargs: Any) -> None:
+        super().__init__(target, **kwargs)
+        self._admin = self.connection.stub(self._channel, "Admin")
+        self._events = self.connection.stub(self._channel, "Events")
+
+    def _admin_call(self, method: str, request: Any) -> Any:
+        try:
+            return getattr(self._admin, method)(request, timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            raise DtqRpcError.from_rpc_error(exc) from exc
+
+    # -- queues -------------------------------------------------------------------
+    def list_queues(self) -> list[dtq_pb2.QueueSummary]:
+        """Every queue, sorted by name (all pages)."""
+        out: list[dtq_pb2.QueueSummary] = []
+        token = ""
+        while True:
+            resp = self._admin_call("ListQueues", dtq_pb2.ListQueuesRequest(
+                page_size=QUEUES_PAGE, page_token=token))
+            out.extend(resp.queues)
+            token = resp.next_page_token
+            if not token:
+                return out
+
+    def queue_stats(self, queue: str) -> dtq_pb2.GetQueueStatsResponse:
+        """Depth and pending per band, schedule, dead letters, consumers.
+
+        Raises:
+            DtqRpcError: NOT_FOUND for a queue with no streams.
+        """
+        return self._admin_call("GetQueueStats", dtq_pb2.GetQueueStatsRequest(queue=queue))
+
+    def pause_queue(self, queue: str, reason: str = "") -> dtq_pb2.PauseQueueResponse:
+        """Stop leasing from ``queue`` (``changed`` False when it already was)."""
+        return self._admin_call("PauseQueue", dtq_pb2.PauseQueueRequest(queue=queue,
+                                                                         reason=reason))
+
+    def resume_queue(self, queue: str, reason: str = "") -> dtq_pb2.ResumeQueueResponse:
+        """Resume leasing from ``queue`` (``changed`` False when it was not paused)."""
+        return self._admin_call("ResumeQueue", dtq_pb2.ResumeQueueRequest(queue=queue,
+                                                                           reason=reason))
+
+    # -- dead letters -------------------------------------------------------------
+    def dead_letters(self, queue: str = "", limit: int = 50) -> list[dtq_pb2.DeadLetter]:
+        """Up to ``limit`` dead-letter entries, newest first (``queue`` "" = all)."""
+        out: list[dtq_pb2.DeadLetter] = []
+        token = ""
+        while len(out) < limit:
+            resp = self._admin_call("ListDeadLetters", dtq_pb2.ListDeadLettersRequest(
+                page_size=min(DEAD_LETTERS_PAGE, limit - len(out)), page_token=token,
+                queue=queue))
+            out.extend(resp.entries)
+            token = resp.next_page_token
+            if not token:
+                break
+        return out[:limit]
+
+    def requeue_dead_letter(self, task_id: str) -> dtq_pb2.RequeueDeadLetterResponse:
+        """Put a dead-lettered task back with a fresh attempt budget (NOT_FOUND
+        when it has no dead-letter entry)."""
+        return self._admin_call("RequeueDeadLetter",
+                                dtq_pb2.RequeueDeadLetterRequest(task_id=task_id))
+
+    def discard_dead_letter(self, task_id: str) -> dtq_pb2.DiscardDeadLetterResponse:
+        """Remove a task's dead-letter entry (NOT_FOUND when it has none)."""
+        return self._admin_call("DiscardDeadLetter",
+                                dtq_pb2.DiscardDeadLetterRequest(task_id=task_id))
+
+    def purge_dead_letters(self) -> dtq_pb2.PurgeDeadLettersResponse:
+        """Remove every dead-letter entry."""
+        return self._admin_call("PurgeDeadLetters", dtq_pb2.PurgeDeadLettersRequest())
+
+    def redrive_dead_letters(self, **filters: Any) -> dtq_pb2.RedriveDeadLettersResponse:
+        """Requeue the dead letters matching ``filters`` (fields of
+        ``RedriveDeadLettersRequest``: queue, task_type, error_class, min_age_ms,
+        max_age_ms, dry_run, max_per_second, limit)."""
+        return self._admin_call("RedriveDeadLetters",
+                                dtq_pb2.RedriveDeadLettersRequest(**filters))
+
+    # -- workers, recent tasks, audit ------------------------------------------------
+    def workers(self) -> list[dtq_pb2.WorkerInfo]:
+        """Known workers, sorted by id."""
+        return list(self._admin_call("ListWorkers", dtq_pb2.ListWorkersRequest()).workers)
+
+    def recent_tasks(self, limit: int = 50, queue: str = "",
+                     status: TaskStatus | int = TaskStatus.UNSPECIFIED) -> list[Task]:
+        """Most recently created tasks, newest first (payloads omitted), 1..1000."""
+        resp = self._admin_call("ListRecentTasks", dtq_pb2.ListRecentTasksRequest(
+            limit=limit, queue=queue, status=int(status)))
+        return [Task.from_proto(t) for t in resp.tasks]
+
+    def audit(self, limit: int = 50) -> list[dtq_pb2.AuditEntry]:
+        """Up to ``limit`` audit entries, newest first."""
+        out: list[dtq_pb2.AuditEntry] = []
+        token = ""
+        while len(out) < limit:
+            resp = self._admin_call("ListAudit", dtq_pb2.ListAuditRequest(
+                page_size=min(AUDIT_PAGE, limit - len(out)), page_token=token))
+            out.extend(resp.entries)
+            token = resp.next_page_token
+            if not token:
+                break
+        return out[:limit]
+
+    # -- events ---------------------------------------------------------------------
+    def events(self, queues: Iterable[str] = (), types: Iterable[int] = ()
+               ) -> EventStream:
+        """Subscribe to live events (no history); iterate the answer, close it to stop.
+
+        Args:
+            queues: Only events of these queues (empty = all, worker events too).
+            types: Only these ``dtq_pb2.EventType`` values (empty = all).
+        """
+        call = self._events.Subscribe(dtq_pb2.SubscribeRequest(queues=list(queues),
+                                                               types=list(types)))
+        return EventStream(call)
+
+
+class EventStream:
+    """Iterator of ``dtq_pb2.SubscribeResponse`` over an open Subscribe call."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    def __iter__(self) -> Iterator[dtq_pb2.SubscribeResponse]:
+        try:
+            yield from self._call
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.CANCELLED:
+                return
+            raise DtqRpcError.from_rpc_error(exc) from exc
+
+    def close(self) -> None:
+        """End the subscription."""
+        self._call.cancel()

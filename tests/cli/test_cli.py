@@ -1,0 +1,269 @@
+"""The ``dtq`` command line against a real gateway (tokens on) and a private Redis:
+every subcommand, in table and ``--json`` form, and every documented exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+
+import pytest
+
+from dtq_cli import ExitCode
+from dtq_cli.render import ago, extra_fields, parse_duration_ms
+from dtq_proto import dtq_pb2
+from tests.cli.conftest import SERVED
+from tests.support.threaded_gateway import ADMIN_TOKEN, PRODUCER_TOKEN
+
+MISSING = "0" * 32
+
+
+def _parse_iso(text: str) -> datetime:
+    assert text.endswith("Z"), text
+    return datetime.fromisoformat(text)
+
+
+def _poll(predicate, timeout_s: float = 10.0, interval_s: float = 0.02):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(interval_s)
+
+
+def test_duration_and_relative_time_parsing():
+    assert [parse_duration_ms(t) for t in ("250ms", "30s", "5m", "1h30m", "2d", "1.5", "0")] \
+        == [250, 30_000, 300_000, 5_400_000, 172_800_000, 1500, 0]
+    for bad in ("soon", "5x", "m5", "", "5m soon"):
+        with pytest.raises(ValueError):
+            parse_duration_ms(bad)
+    assert ago(1_000, now_ms=4_000) == "3.0s ago" and ago(10_000, now_ms=4_000) == "in 6.0s"
+    assert ago(0) == "-"
+
+
+def test_fields_a_view_does_not_know_are_still_printed():
+    task = dtq_pb2.Task(task_id="t1", queue="q", status=dtq_pb2.TASK_STATUS_SUCCEEDED,
+                        timeout_ms=1500, updated_at_ms=1_000, metadata={"a": "b"})
+    assert extra_fields(task, {"task_id", "queue", "metadata"}) == [
+        ("status", "SUCCEEDED"), ("timeout ms", 1500), ("updated at", "1970-01-01T00:00:01.000Z")]
+
+
+def test_enqueue_wait_and_get_a_succeeding_task(env):
+    doc = env.json("enqueue", SERVED, "ok", '{"n": 1}', "--wait", "--wait-timeout", "10s")
+    assert doc["status"] == "SUCCEEDED" and doc["result"] == {"echo": {"n": 1}}
+    assert doc["payload"] == {"n": 1} and doc["attempts"][0]["outcome"] == "succeeded"
+    created = _parse_iso(doc["created_at"])
+    assert abs((datetime.now(UTC) - created).total_seconds()) < 60
+    assert _parse_iso(doc["finished_at"]) >= created and doc["expires_at"] is None
+    task_id = doc["task_id"]
+    assert env.json("get", task_id) == doc | {"updated_at": doc["updated_at"]}
+    human = env.run("get", task_id)
+    assert human.exit_code == 0
+    assert "SUCCEEDED" in human.stdout and '{"echo": {"n": 1}}' in human.stdout
+    assert "ago)" in human.stdout and "w-cli" in human.stdout  # times and the attempts table
+    plain = env.run("enqueue", SERVED, "ok", '{"n": 2}')
+    new_id, status = plain.stdout.split()
+    assert plain.exit_code == 0 and len(new_id) == 32 and status in ("QUEUED", "SUCCEEDED")
+    assert env.run("wait", new_id, "--timeout", "10s").exit_code == 0
+
+
+def test_enqueue_options_reach_the_task(env):
+    first = env.json("enqueue", "idle", "t", '{"a": 1}', "--priority", "8", "--delay", "5m",
+                     "--key", "k-opts", "--max-attempts", "2", "--task-timeout", "2m",
+                     "--meta", "team=ops", "--meta", "x=")
+    assert first["status"] == "SCHEDULED" and not first["deduplicated"]
+    again = env.json("enqueue", "idle", "t", '{"a": 1}', "--key", "k-opts")
+    assert again == {**first, "deduplicated": True}
+    task = env.json("get", first["task_id"])
+    assert (task["priority"], task["max_attempts"], task["timeout_ms"]) == (8, 2, 120_000)
+    assert task["idempotency_key"] == "k-opts" and task["metadata"] == {"team": "ops", "x": ""}
+    due_in_s = (_parse_iso(task["due_at"]) - _parse_iso(task["created_at"])).total_seconds()
+    assert 299 <= due_in_s <= 301
+    text = env.json("enqueue", "idle", "t", "hello", "--content-type", "text/plain")
+    assert env.json("get", text["task_id"])["payload"] == "hello"
+    piped = env.json("enqueue", "idle", "t", "-", input='{"from": "stdin"}')
+    assert env.json("get", piped["task_id"])["payload"] == {"from": "stdin"}
+
+
+def test_wait_exit_codes_tell_the_outcome(env):
+    failed = env.run("enqueue", SERVED, "boom", "{}", "--wait")
+    assert failed.exit_code == ExitCode.TASK_FAILED == 4
+    assert "DEAD_LETTERED" in failed.stdout and "PermanentError: kaput" in failed.stderr
+    queued = env.json("enqueue", "idle", "t", "{}")["task_id"]
+    timed_out = env.run("wait", queued, "--timeout", "100ms")
+    assert timed_out.exit_code == ExitCode.WAIT_TIMEOUT == 7 and "still QUEUED" in timed_out.stderr
+    assert env.json("cancel", queued)["status"] == "CANCELLED"
+    cancelled = env.run("--json", "wait", queued)
+    assert cancelled.exit_code == ExitCode.TASK_CANCELLED == 5
+    assert json.loads(cancelled.stdout)["status"] == "CANCELLED"
+    expiring = env.json("enqueue", "idle", "t", "{}", "--delay", "200ms", "--ttl", "100ms")
+    expired = env.run("wait", expiring["task_id"], "--timeout", "10s")
+    assert expired.exit_code == ExitCode.TASK_EXPIRED == 6, expired.output
+
+
+def test_cancel_a_running_task_in_people_form(env):
+    task_id = env.json("enqueue", SERVED, "slow", "{}")["task_id"]
+    _poll(lambda: env.client.get(task_id).status.name == "ACTIVE")
+    res = env.run("cancel", task_id, "--reason", "test")
+    assert res.exit_code == 0 and "cancellation requested" in res.stdout
+    assert env.run("wait", task_id, "--timeout", "10s").exit_code == ExitCode.TASK_CANCELLED
+    again = env.run("cancel", task_id)
+    assert again.exit_code == ExitCode.ERROR and "FAILED_PRECONDITION" in again.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("get", MISSING), ("wait", MISSING), ("cancel", MISSING), ("stats", "no-such-queue"),
+    ("dlq", "requeue", MISSING), ("dlq", "discard", MISSING),
+])
+def test_unknown_things_exit_3(env, args):
+    res = env.run(*args)
+    assert res.exit_code == ExitCode.NOT_FOUND == 3, res.output
+    assert res.stderr.startswith("dtq: ") and res.stdout == ""
+
+
+@pytest.mark.parametrize("args", [
+    ("enqueue", "q", "t", "{not json"), ("enqueue", "q", "t", "{}", "--priority", "12"),
+    ("enqueue", "q", "t", "{}", "--delay", "soon"), ("enqueue", "q", "t", "{}", "--meta", "x"),
+    ("recent", "--status", "HAPPY"), ("frobnicate",), ("dlq", "requeue"),
+])
+def test_usage_errors_exit_2_and_send_nothing(env, args):
+    before = len(env.client.recent_tasks(limit=1000))
+    res = env.run(*args)
+    assert res.exit_code == ExitCode.USAGE == 2, res.output
+    assert len(env.client.recent_tasks(limit=1000)) == before
+
+
+def test_gateway_refusals_map_to_exit_codes(env):
+    refused = env.run("enqueue", "bad queue!", "t", "{}")
+    assert refused.exit_code == ExitCode.ERROR and "(field queue)" in refused.stderr
+    down = env.run("--gateway", "127.0.0.1:1", "queues")
+    assert down.exit_code == ExitCode.UNAVAILABLE == 8 and "DTQ_GATEWAY" in down.stderr
+    anonymous = env.run("queues", token=None)
+    assert anonymous.exit_code == ExitCode.PERMISSION == 9
+    producer = env.run("queues", token=PRODUCER_TOKEN)
+    assert producer.exit_code == ExitCode.PERMISSION and "PERMISSION_DENIED" in producer.stderr
+    # a producer token may enqueue; the token may come from DTQ_TOKEN like the workers'
+    ok = env.run("--json", "enqueue", "idle", "t", "{}", token=None,
+                 env={"DTQ_TOKEN": PRODUCER_TOKEN})
+    assert ok.exit_code == 0 and json.loads(ok.stdout)["status"] == "QUEUED"
+
+
+def test_queues_stats_pause_and_resume(env):
+    for prio in ("2", "9", "9"):
+        env.json("enqueue", "stats-q", "t", "{}", "--priority", prio)
+    after = env.run("queues", "--json")  # --json after the command works as well
+    assert after.exit_code == 0 and json.loads(after.stdout) == env.json("queues")
+    queues = {q["name"]: q for q in env.json("queues")}
+    assert queues["stats-q"] == {"name": "stats-q", "depth": 3, "pending": 0, "paused": False}
+    stats = env.json("stats", "stats-q")
+    assert stats["depth"] == 3 and stats["oldest_task_age_ms"] >= 0
+    assert {b["band"]: b["depth"] for b in stats["bands"] if b["depth"]} == {9: 2, 2: 1}
+    human = env.run("stats", "stats-q")
+    assert human.exit_code == 0 and "bands" in human.stdout and "depth:" in human.stdout
+    assert env.run("pause", "stats-q").stdout.strip() == "stats-q paused"
+    assert "already paused" in env.run("pause", "stats-q").stdout
+    assert env.json("stats", "stats-q")["paused"] is True
+    assert "paused" in env.run("queues").stdout
+    assert env.run("resume", "stats-q", "--reason", "done").stdout.strip() == "stats-q resumed"
+    assert env.json("resume", "stats-q")["changed"] is False
+
+
+def test_dead_letter_commands(env):
+    ids = [env.json("enqueue", SERVED, "boom", json.dumps({"i": i}))["task_id"]
+           for i in range(3)]
+    for task_id in ids:
+        assert env.run("wait", task_id, "--timeout", "10s").exit_code == ExitCode.TASK_FAILED
+    listed = {e["task_id"]: e for e in env.json("dlq", "ls", "--queue", SERVED, "-n", "500")}
+    assert set(ids) <= set(listed)
+    entry = listed[ids[0]]
+    assert (entry["payload"], entry["last_error_class"]) == ({"i": 0}, "PermanentError")
+    assert _parse_iso(entry["failed_at"])
+    assert "kaput" in env.run("dlq", "ls").stdout
+    dry = env.json("dlq", "redrive", "--queue", SERVED, "--type", "boom", "--dry-run")
+    assert dry["matched"] >= 3 and dry["requeued"] == 0 and dry["dry_run"] is True
+    assert set(ids) <= set(dry["task_ids"])
+    assert "nothing changed" in env.run("dlq", "redrive", "--type", "boom", "--dry-run").stdout
+    assert env.json("dlq", "discard", ids[0]) == {
+        "discarded": [{"task_id": ids[0], "request_id": env.json("audit", "-n", "1")[0]
+                       ["request_id"]}], "not_found": []}
+    requeued = env.run("dlq", "requeue", ids[1], MISSING)  # one real, one unknown
+    assert requeued.exit_code == ExitCode.NOT_FOUND and f"{ids[1]} requeued" in requeued.stdout
+    assert env.run("wait", ids[1], "--timeout", "10s").exit_code == ExitCode.TASK_FAILED
+    as_json = env.json("dlq", "requeue", ids[2])
+    assert [d["task_id"] for d in as_json["requeued"]] == [ids[2]] and not as_json["not_found"]
+    redrive = env.run("dlq", "redrive", "--queue", SERVED, "--type", "boom",
+                      "--older-than", "0s")
+    assert redrive.exit_code == 0 and "requeued" in redrive.stdout
+    _poll(lambda: all(env.client.get(t).terminal for t in ids))  # redriven ones failed again
+    left = len(env.json("dlq", "ls", "-n", "1000"))
+    refused = env.run("dlq", "purge", input="n\n")
+    assert refused.exit_code == 1 and len(env.json("dlq", "ls", "-n", "1000")) == left
+    purged = env.json("dlq", "purge", "--yes")
+    assert purged["purged"] >= 1 and env.json("dlq", "ls") == []
+    assert env.run("dlq", "ls").stdout.strip() == "no dead letters"
+
+
+def test_workers_recent_and_audit(env):
+    workers = {w["worker_id"]: w for w in env.json("workers")}
+    me = workers["w-cli"]
+    assert me["alive"] and me["status"] == "alive" and me["concurrency"] == 4
+    assert _parse_iso(me["last_heartbeat_at"]) and isinstance(me["heartbeat_age_ms"], int)
+    assert "w-cli" in env.run("workers").stdout
+    task_id = env.json("enqueue", "recent-q", "t", '{"r": 1}')["task_id"]
+    recent = env.json("recent", "--queue", "recent-q", "--status", "queued")
+    assert [t["task_id"] for t in recent] == [task_id] and recent[0]["status"] == "QUEUED"
+    assert task_id in env.run("recent", "-n", "5").stdout
+    env.json("cancel", task_id, "--reason", "audit me")
+    entries = env.json("audit", "-n", "50")
+    mine = [e for e in entries if e["task_id"] == task_id]
+    assert mine and mine[0]["action"] == "cancel_task" and mine[0]["actor"] == "ops"
+    assert _parse_iso(mine[0]["ts"])
+    assert "cancel_task" in env.run("audit").stdout
+
+
+def test_tail_prints_json_lines(env):
+    stop = threading.Event()
+
+    def produce():  # enqueue until tail has seen its events (no history on subscribe)
+        while not stop.is_set():
+            env.client.enqueue("tail-q", "t", {"tail": True})
+            stop.wait(0.05)
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    try:
+        res = env.run("--json", "tail", "--queue", "tail-q", "--type", "task_queued",
+                      "--count", "2")
+    finally:
+        stop.set()
+        producer.join(5)
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(line) for line in res.stdout.splitlines()]
+    assert len(lines) == 2
+    assert all(ev["type"] == "TASK_QUEUED" and ev["queue"] == "tail-q" for ev in lines)
+    assert all(len(ev["task_id"]) == 32 for ev in lines)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_tail_exits_0_on_ctrl_c_or_sigterm(env, sig):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dtq_cli", "--gateway", env.gw.target, "tail"],
+        env={**os.environ, "DTQ_TOKEN": ADMIN_TOKEN}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        banner = proc.stderr.readline()  # printed once the command runs
+        assert "Ctrl-C" in banner
+        env.client.enqueue("tail-q", "t", {})
+        proc.send_signal(sig)
+        assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)

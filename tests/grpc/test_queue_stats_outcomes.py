@@ -1,0 +1,94 @@
+"""GetQueueStats: the real age of a task no worker takes, the stuck task types, and the
+queue's outcome counters (kept in Redis by the ack and fail scripts)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+import redis.asyncio as aioredis
+
+from dtq_gateway import keys
+from dtq_proto import dtq_pb2 as pb
+from dtq_proto import dtq_pb2_grpc
+from tests.support.leasing import LeaseStream
+
+POLL_S = 0.02  # poll interval, bounded by each poll's deadline
+
+
+@pytest.fixture
+async def admin_stub(channel):
+    return dtq_pb2_grpc.AdminStub(channel)
+
+
+async def _poll(predicate, timeout_s: float = 10.0):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not (value := await predicate()):
+        assert asyncio.get_running_loop().time() < deadline, "condition never held"
+        await asyncio.sleep(POLL_S)
+    return value
+
+
+async def test_a_type_no_worker_takes_shows_its_real_age_and_is_stuck(
+        gateway, broker_stub, admin_stub, redis_url):
+    orphan = await broker_stub.Enqueue(pb.EnqueueRequest(queue="mix", task_type="orphan"))
+    await broker_stub.Enqueue(pb.EnqueueRequest(queue="mix", task_type="known"))
+    await asyncio.sleep(1.0)  # not synchronisation: the orphan must be 1 s old
+    lease = await LeaseStream(broker_stub, "w-known", ["mix"], task_types=["known"]).open()
+    known = await lease.next()
+    assert known.task_type == "known"
+    r = aioredis.from_url(redis_url)
+    try:
+        async def put_back() -> bool:  # the session read the orphan and put it back
+            entries = await r.xrange(keys.stream("mix", 5))  # default priority 5
+            return any(f.get(b"task_id") == orphan.task_id.encode() and b"queued_at" in f
+                       for _, f in entries)
+        await _poll(put_back)
+    finally:
+        await r.aclose()
+    stats = await admin_stub.GetQueueStats(pb.GetQueueStatsRequest(queue="mix"))
+    assert stats.oldest_task_age_ms >= 1000
+    assert list(stats.stuck_task_types) == ["orphan"]
+    (waiting,) = stats.waiting_types
+    assert (waiting.task_type, waiting.waiting, waiting.taken) == ("orphan", 1, False)
+    assert waiting.oldest_age_ms >= 1000 and stats.waiting_complete
+    lease.close()
+
+
+async def test_waiting_types_taken_by_a_worker_without_filter_are_not_stuck(
+        gateway, broker_stub, admin_stub):
+    await broker_stub.Enqueue(pb.EnqueueRequest(queue="open", task_type="anything"))
+    stats = await admin_stub.GetQueueStats(pb.GetQueueStatsRequest(queue="open"))
+    assert list(stats.stuck_task_types) == ["anything"]  # no worker leases from it yet
+    lease = await LeaseStream(broker_stub, "w-all", ["open"], max_in_flight=1).open()
+    await admin_stub.PauseQueue(pb.PauseQueueRequest(queue="open"))  # keep it waiting
+    await broker_stub.Enqueue(pb.EnqueueRequest(queue="open", task_type="other"))
+    stats = await admin_stub.GetQueueStats(pb.GetQueueStatsRequest(queue="open"))
+    assert not stats.stuck_task_types
+    lease.close()
+
+
+async def test_outcome_counters_count_acks_retries_and_dead_letters(
+        gateway, broker_stub, admin_stub):
+    for kind in ("ok", "ok", "retry", "dead"):
+        await broker_stub.Enqueue(pb.EnqueueRequest(queue="out", task_type=kind,
+                                                    max_attempts=3))
+    lease = await LeaseStream(broker_stub, "w-out", ["out"]).open()
+    tasks = [await lease.next() for _ in range(4)]
+    acks = [pb.AckItem(lease_id=t.lease_id) for t in tasks if t.task_type == "ok"]
+    await broker_stub.Ack(pb.AckRequest(items=acks))
+    await broker_stub.Fail(pb.FailRequest(items=[
+        pb.FailItem(lease_id=t.lease_id, retryable=t.task_type == "retry",
+                    retry_after_ms=60_000, error_class="E")
+        for t in tasks if t.task_type != "ok"]))
+    stats = await admin_stub.GetQueueStats(pb.GetQueueStatsRequest(queue="out"))
+    assert (stats.succeeded, stats.failed, stats.retried, stats.dead_lettered,
+            stats.cancelled) == (2, 2, 1, 1, 0)
+    lease.close()
+
+
+async def test_stats_of_an_unknown_queue_stay_not_found(gateway, admin_stub):
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await admin_stub.GetQueueStats(pb.GetQueueStatsRequest(queue="nothing-here"))
+    assert exc.value.code() == grpc.StatusCode.NOT_FOUND
