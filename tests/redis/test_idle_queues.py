@@ -41,7 +41,8 @@ async def leader(r: Redis, redis_url: str) -> AsyncIterator[Scheduler]:
     await r.set(keys.QUEUES_BACKFILLED, "1")
     client = Redis.from_url(redis_url)
     s = Scheduler(client, Settings(gateway_id="gw", visibility_timeout_s=VT_S,
-                                   heartbeat_interval_s=0.5, scheduler_interval_ms=50))
+                                   heartbeat_interval_s=0.5, scheduler_interval_ms=50,
+                                   queue_idle_delete_s=0))  # the sweep has its own tests
     task = asyncio.create_task(s.run())
     await wait_until(lambda: s.is_leader)
     yield s
@@ -57,7 +58,8 @@ async def test_lost_lease_among_idle_queues_comes_back_within_vt_plus_1s(
     await r.config_resetstat()
     client = Redis.from_url(redis_url)
     s = Scheduler(client, Settings(gateway_id="gw", visibility_timeout_s=VT_S,
-                                   heartbeat_interval_s=0.5, scheduler_interval_ms=50))
+                                   heartbeat_interval_s=0.5, scheduler_interval_ms=50,
+                                   queue_idle_delete_s=0))  # the sweep has its own tests
     run = asyncio.create_task(s.run())
     try:
         await wait_until(lambda: s.is_leader)
