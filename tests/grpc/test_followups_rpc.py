@@ -122,9 +122,10 @@ async def test_sweep_creates_a_step_a_dead_gateway_owed(broker_stub, gateway):
     r = await broker_stub.Enqueue(enq(chain=[enq(task_type="b", payload=b"")]))
     lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
     task_a = await lease.next()
-    orphan = Completion(gateway.redis, gateway.settings)  # on_follow does nothing
+    orphan = Completion(gateway.redis, gateway.settings,  # on_follow does nothing
+                        keyring=gateway.keyring)
     (out,) = await orphan.ack([pb.AckItem(lease_id=task_a.lease_id, result=b"[7]")])
-    assert (out.status, out.follow) == ("succeeded", "c")
+    assert (out.status, out.follow) == ("succeeded", "c"), out
     assert (await get(broker_stub, r.task_id)).chain_state == pb.CHAIN_STATE_CONTINUING
     task_b = await lease.next(timeout_s=10)  # the leader sweeps every 2 s
     assert (task_b.task_id, task_b.payload) == (r.chain_task_ids[0], b"[7]")
