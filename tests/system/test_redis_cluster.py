@@ -83,7 +83,7 @@ def test_core_operations_over_queues_on_all_three_primaries(env: FailoverEnv) ->
         assert all(keys.key_slot(keys.task(t)) == keys.key_slot(keys.stream(i["queue"], 0))
                    for t, i in zip(ids, items)), "a task record outside its queue's slot"
         # a paused queue holds its task; the task is cancelled there, then the queue resumes
-        admin.PauseQueue(pb.PauseQueueRequest(queue="held", reason="cluster test"))
+        admin.PauseQueue(pb.PauseQueueRequest(queue="held", reason="cluster test", create=True))
         held = client.enqueue("held", "chaos.sleep", {"sleep_s": 0})
         assert client.cancel(held.task_id).status == pb.TASK_STATUS_CANCELLED
         admin.ResumeQueue(pb.ResumeQueueRequest(queue="held"))
