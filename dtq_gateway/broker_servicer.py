@@ -16,10 +16,10 @@ from dtq_gateway.broker import Broker, Enqueued
 from dtq_gateway.completion import Completion, ItemOutcome, WorkerRegistration
 from dtq_gateway.dispatch import Dispatcher
 from dtq_gateway.errors import DtqError, InvalidArgument, Unavailable
-from dtq_gateway.groups import queue_limit
-from dtq_gateway.leaseid import owner_tag
 from dtq_gateway.followup_plan import callback_task_id, plan_chain, plan_group
 from dtq_gateway.followups import FollowUps
+from dtq_gateway.groups import queue_limit
+from dtq_gateway.leaseid import owner_tag
 from dtq_gateway.sessions import Session
 from dtq_gateway.settings import Settings
 from dtq_gateway.task_record import STATUS_BY_NAME, task_from_hash
@@ -140,7 +140,8 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
                 results[i] = dtq_pb2.EnqueueBatchResult(error=grpc_errors.item_error(out))
         return dtq_pb2.EnqueueBatchResponse(
             results=results, group_id=group_id,
-            group_callback_task_id=callback_task_id(group_id) if group_id else "")
+            group_callback_task_id=(callback_task_id(group_id, request.group_callback.queue)
+                                    if group_id else ""))
 
     def _validate_batch(self, request, trace: tuple[str, str]
                         ) -> tuple[list, list, list[int], dict[int, list[str]]]:

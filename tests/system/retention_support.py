@@ -61,6 +61,7 @@ FAMILY_EXAMPLES = {
     "idempotency": keys.idempotency("q-1", keys.idempotency_digest("k")),
     "worker": keys.worker("host-1:w@1"),
     "gateway": keys.gateway(keys.gateway_tag("gw-1")),
+    "lease-secret": keys.LEASE_SECRET,
     "workers": keys.WORKERS,
     "paused": keys.paused("q-1"),
     "cancelled": keys.cancelled("q-1"),
