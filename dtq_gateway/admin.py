@@ -68,7 +68,7 @@ class QueueStats:
     paused: bool = False
     dead_letter_depth: int = 0
     consumers: list[ConsumerInfo] = field(default_factory=list)
-    #: dtq:queue:<q>:counters (succeeded, retried, dead_lettered, cancelled)
+    #: dtq:queue:{<q>}:counters (succeeded, retried, dead_lettered, cancelled)
     counters: dict[str, int] = field(default_factory=dict)
     waiting_types: list[TypeWaiting] = field(default_factory=list)
     waiting_complete: bool = True

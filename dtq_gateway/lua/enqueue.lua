@@ -10,8 +10,8 @@
 -- KEYS[2]  the queue's busy marker    dtq:queue:{<queue>}:busy
 -- KEYS[3]  unused (the task hash of the first task; kept for the stride)
 -- then per task i (stride s = 3, or 13 with a depth limit), from k = 3 + (i-1)*s:
---   KEYS[k+1] task hash dtq:task:<id>   KEYS[k+2] band stream dtq:stream:<queue>:p<priority>
---   KEYS[k+3] idempotency record dtq:idempotency:<queue>:<sha256> (the task hash again
+--   KEYS[k+1] task hash dtq:task:{<slot>}:<id>   KEYS[k+2] band stream dtq:stream:{<queue>}:p<priority>
+--   KEYS[k+3] idempotency record dtq:idempotency:{<queue>}:<sha256> (the task hash again
 --             when the task has no idempotency key)
 --   KEYS[k+4 .. k+13] the queue's ten band streams (depth gate; only with a depth limit)
 -- ARGV[3] n tasks  [4] task retention s (unused: kept for the argument layout)
