@@ -149,3 +149,42 @@ def test_cluster_failover_during_a_workload_every_task_terminal(
     counts = check_at_least_once(env, client, ids, QUEUES)
     assert counts["tasks"] == len(set(ids))
     print(f"cluster failover to {replica}: {counts}")
+
+
+def test_chains_groups_rate_limits_and_schedules_across_primaries(env: FailoverEnv) -> None:
+    """The features whose keys came with the hash-tagged layout: a chain whose steps go to
+    queues on different primaries, a group whose callback queue is on another one, a
+    rate-limited queue and a periodic schedule, all served by one cluster-mode gateway."""
+    owners = primaries_of(env.rds, QUEUES[:4])
+    assert len(set(owners.values())) >= 2, owners
+    gw = env.gateway()
+    client = env.client(gw.target)
+    channel = grpc.insecure_channel(gw.target)
+    admin = dtq_pb2_grpc.AdminStub(channel)
+    sleep = {"sleep_s": 0}
+    try:
+        admin.SetRateLimit(pb.SetRateLimitRequest(rate_limit=pb.RateLimit(
+            queue=QUEUES[3], limit=1000, period_ms=1000, burst=1000)))
+        admin.CreateSchedule(pb.CreateScheduleRequest(schedule=pb.Schedule(
+            name="every-1s", interval_ms=1000, task=pb.EnqueueRequest(
+                queue=QUEUES[2], task_type="chaos.sleep", payload=b'{"sleep_s": 0}'))))
+        first = client.enqueue(QUEUES[0], "chaos.sleep", sleep, chain=[
+            {"queue": QUEUES[1], "task_type": "chaos.sleep", "payload": sleep},
+            {"queue": QUEUES[2], "task_type": "chaos.sleep", "payload": sleep}])
+        assert all(keys.key_slot(keys.task(t)) == keys.key_slot(keys.stream(q, 0))
+                   for t, q in zip(first.chain_task_ids, QUEUES[1:3]))
+        group = client.enqueue_group(
+            [{"queue": q, "task_type": "chaos.sleep", "payload": sleep} for q in QUEUES[:4]],
+            callback={"queue": QUEUES[1], "task_type": "chaos.sleep", "payload": sleep})
+        limited = client.enqueue(QUEUES[3], "chaos.sleep", sleep)
+        env.worker(gw.target, "w-all", queue=",".join(QUEUES[:4]), concurrency=4)
+        assert client.wait_chain(first, 30).status == pb.TASK_STATUS_SUCCEEDED
+        assert client.wait(group.callback_task_id, 30, missing_ok=True).status \
+            == pb.TASK_STATUS_SUCCEEDED
+        assert client.wait(limited.task_id, 30).status == pb.TASK_STATUS_SUCCEEDED
+        wait_until(lambda: admin.GetSchedule(pb.GetScheduleRequest(
+            name="every-1s")).schedule.fires_total >= 1, 20, "a schedule fire")
+        fired = admin.GetSchedule(pb.GetScheduleRequest(name="every-1s")).schedule.last_task_id
+        assert client.wait(fired, 20).status == pb.TASK_STATUS_SUCCEEDED
+    finally:
+        channel.close()
