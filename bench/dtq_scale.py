@@ -123,7 +123,8 @@ async def streams_at_rest(r: aredis.Redis, through: int) -> dict[str, Any]:
                 pending += group["pending"]
     return {"rest_tasks_through": through, "rest_stream_entries": entries,
             "rest_pel_entries": pending,
-            "rest_dead_letter_entries": await r.xlen(keys.DEAD_LETTER)}
+            "rest_dead_letter_entries": sum([await r.xlen(keys.dead_letter(q))
+                                             for q in await r.smembers(keys.DEAD_LETTER_QUEUES)])}
 
 
 async def run_scale(redis_url: str, sizes: Any, procs: Any, channel: grpc.aio.Channel,

@@ -37,6 +37,7 @@ import grpc
 import redis.asyncio as aredis
 
 from bench.common import REPO, private_redis, stop_process
+from dtq_gateway import keys
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
 
@@ -58,7 +59,7 @@ async def write_leftovers(r: aredis.Redis, n: int) -> int:
         pipe = r.pipeline(transaction=False)
         for q in names[start:start + 100]:
             for band in range(9, -1, -1):
-                stream = f"dtq:stream:{q}:p{band}"
+                stream = keys.stream(q, band)
                 pipe.xgroup_create(stream, GROUP, id="0", mkstream=True)
                 pipe.xgroup_createconsumer(stream, GROUP, "bench-worker-1")
         await pipe.execute()

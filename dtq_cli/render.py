@@ -177,7 +177,7 @@ def extra_fields(msg: Message, shown: Iterable[str]) -> list[tuple[str, Any]]:
         if name in skip or value in (None, "", 0, False, [], {}):
             continue
         if isinstance(value, str) and value.endswith("_UNSPECIFIED"):
-            continue  # an enum at its default (unset)
+            continue  # an enum at its zero value is unset too
         out.append((name.replace("_", " "), value if isinstance(value, str | int | float)
                     else json.dumps(value, ensure_ascii=False)))
     return out

@@ -18,9 +18,10 @@ from redis.exceptions import ResponseError
 from dtq_gateway import keys
 from dtq_gateway.admin_scripts import PAUSE_QUEUE, QUEUE_SUMMARIES
 from dtq_gateway.admin_waiting import TypeWaiting, queue_counters, waiting_by_type
-from dtq_gateway.audit import log_audit
+from dtq_gateway.audit import append_audit
 from dtq_gateway.errors import InvalidArgument, NotFound
 from dtq_gateway.replies import text
+from dtq_gateway.scripts import call_chunks
 
 ENTRY_ID_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}\Z")
 #: Most members of dtq:retry:schedule examined to count one queue's scheduled tasks.
@@ -67,7 +68,7 @@ class QueueStats:
     paused: bool = False
     dead_letter_depth: int = 0
     consumers: list[ConsumerInfo] = field(default_factory=list)
-    #: dtq:queue:<q>:counters (succeeded, retried, dead_lettered, cancelled)
+    #: dtq:queue:{<q>}:counters (succeeded, retried, dead_lettered, cancelled)
     counters: dict[str, int] = field(default_factory=dict)
     waiting_types: list[TypeWaiting] = field(default_factory=list)
     waiting_complete: bool = True
@@ -299,8 +300,10 @@ async def list_queues(redis: Redis, size: int = 100, token: str = ""
     names = names[:size]
     out: list[QueueSummary] = []
     if names:
-        keys_ = [k for name in names for k in (*keys.queue_streams_desc(name), keys.paused(name))]
-        rows = await QUEUE_SUMMARIES(redis, keys_, QUEUE_SUMMARIES.argv(keys.GROUP))
+        # one call per queue (each touches one hash slot), one pipeline for the page
+        rows = await call_chunks(redis, QUEUE_SUMMARIES, [
+            ([*keys.queue_streams_desc(name), keys.paused(name)],
+             QUEUE_SUMMARIES.argv(keys.GROUP)) for name in names])
         out = [QueueSummary(name=name, depth=int(depth), pending=int(pending),
                             paused=int(paused) == 1)
                for name, (depth, pending, paused) in zip(names, rows)]
@@ -332,21 +335,9 @@ async def _consumers(redis: Redis, queue: str, bands: Iterable[BandInfo]) -> lis
 
 
 async def scheduled_count(redis: Redis, queue: str, scan_max: int = SCHEDULE_SCAN_MAX) -> int:
-    """Members of ``dtq:retry:schedule`` whose task belongs to ``queue``.
-
-    The schedule holds task ids of every queue; this reads the ``queue`` field of
-    at most ``scan_max`` of them (earliest due first), so with a larger schedule
-    the count is a lower bound.
-    """
-    ids = await redis.zrange(keys.RETRY_SCHEDULE, 0, scan_max - 1)
-    count = 0
-    for start in range(0, len(ids), _CHUNK):
-        async with redis.pipeline(transaction=False) as pipe:
-            for task_id in ids[start:start + _CHUNK]:
-                pipe.hget(keys.task(text(task_id)), "queue")
-            owners = await pipe.execute()
-        count += sum(1 for q in owners if text(q) == queue)
-    return count
+    """Scheduled tasks of ``queue`` (ZCARD of its schedule; ``scan_max`` is unused, kept
+    for callers)."""
+    return int(await redis.zcard(keys.schedule(queue)))
 
 
 async def queue_stats(redis: Redis, queue: str, heartbeat_interval_ms: int = 10_000
@@ -377,7 +368,7 @@ async def queue_stats(redis: Redis, queue: str, heartbeat_interval_ms: int = 10_
         queue=queue, bands=bands, scheduled=await scheduled_count(redis, queue),
         oldest_task_age_ms=age,
         paused=bool(await redis.exists(keys.paused(queue))),
-        dead_letter_depth=(await dead_letter_depth(redis)).get(queue, 0),
+        dead_letter_depth=(await dead_letter_depth(redis, [queue])).get(queue, 0),
         consumers=await _consumers(redis, queue, bands),
         counters=await queue_counters(redis, queue), waiting_types=waiting,
         waiting_complete=complete, now_ms=now)
@@ -419,7 +410,11 @@ async def set_paused(redis: Redis, queue: str, paused: bool, call: CallInfo, rea
             raise NotFound(f"queue: no queue named {queue!r}{hint}", reason="QUEUE_NOT_FOUND")
         await redis.zadd(keys.QUEUES, {queue: 0})  # ListQueues shows it from now on
     mode = "pause" if paused else "resume"
-    changed, ts = await PAUSE_QUEUE(redis, [keys.paused(queue), keys.AUDIT], PAUSE_QUEUE.argv(
+    changed, _ = await PAUSE_QUEUE(redis, [keys.paused(queue)], PAUSE_QUEUE.argv(
         mode, audit_maxlen, call.actor, call.request_id, reason[:1024], queue))
-    log_audit(call.actor, f"{mode}_queue", queue, call.request_id, reason, int(ts))
+    detail = reason[:1024]
+    if not int(changed):
+        detail = (detail + "; " if detail else "") + "unchanged"
+    await append_audit(redis, call.actor, f"{mode}_queue", queue, call.request_id, detail,
+                       maxlen=audit_maxlen)
     return bool(changed)

@@ -1,9 +1,15 @@
 """Dead-letter administration: list, requeue, discard, purge and filtered redrive.
 
-Each state change is one Lua script that also appends its audit entry
-(``lua/requeue_dead_letter.lua``, ``discard_dead_letter.lua``,
-``purge_dead_letters.lua``). Scans over the dead-letter stream use
-``lua/dlq_scan.lua``, which returns entries without their payloads.
+Each queue has its own dead-letter stream ``dtq:stream:{<queue>}:dead-letter`` (in the
+queue's hash slot, so the scripts that dead-letter a task write it atomically with the
+task record); ``dtq:queues:dead-letter`` lists the queues that may have entries. A
+listing over every queue merges the queues' streams by entry id (newest first), with
+the queue name as tie-break; its page token is ``<entry id>/<queue>``.
+
+Each state change is one Lua script of one queue (``lua/requeue_dead_letter.lua``,
+``discard_dead_letter.lua``); its audit entry is appended right after it (the audit
+stream spans queues). Scans use ``lua/dlq_scan.lua``, which returns entries without
+their payloads.
 """
 
 from __future__ import annotations
@@ -29,11 +35,12 @@ from dtq_gateway.admin import (
 from dtq_gateway.admin_scripts import (
     DISCARD_DEAD_LETTER,
     DLQ_SCAN,
-    PURGE_DEAD_LETTERS,
     REQUEUE_DEAD_LETTER,
 )
-from dtq_gateway.audit import append_audit, log_audit
+from dtq_gateway.audit import append_audit
 from dtq_gateway.errors import DtqError, InvalidArgument, NotFound, WrongState
+from dtq_gateway.scripts import execute
+from dtq_gateway.store.indexes import mark_busy
 from dtq_gateway.task_record import normalize
 
 log = logging.getLogger(__name__)
@@ -104,74 +111,102 @@ class DlqSettings:
     idem_ttl_s: int = 86400
 
 
-async def scan(redis: Redis, reverse: bool, after: str = "",
-               count: int = SCAN_PAGE) -> list[DlqRow]:
-    """One page of payload-free rows, newest first when ``reverse``.
+async def dead_letter_queues(redis: Redis) -> list[str]:
+    """Queues that may have dead letters (members of ``dtq:queues:dead-letter``)."""
+    return sorted(q for q in (text(m) for m in await redis.smembers(keys.DEAD_LETTER_QUEUES))
+                  if keys.QUEUE_RE.match(q))
+
+
+def _order(row_id: str, queue: str) -> tuple[int, int, str]:
+    ms, _, seq = row_id.partition("-")
+    return int(ms), int(seq or 0), queue
+
+
+def parse_token(token: str, field_name: str = "page_token") -> tuple[str, str]:
+    """``<entry id>`` or ``<entry id>/<queue>`` → (entry id, queue or "")."""
+    entry_id, _, queue = token.partition("/")
+    validate_page_token(entry_id, field_name)
+    if queue and not keys.QUEUE_RE.match(queue):
+        raise InvalidArgument(f"{field_name}: malformed page token", field=field_name)
+    return entry_id, queue
+
+
+def _bound(after: str, after_queue: str, queue: str, reverse: bool) -> str:
+    """dlq_scan.lua's start id for ``queue`` when the page starts after (after,
+    after_queue) in (entry id, queue) order: inclusive of ``after`` for queues that
+    sort on the far side of ``after_queue``, exclusive otherwise."""
+    if not after:
+        return ""
+    inclusive = (queue < after_queue) if reverse else (queue > after_queue)
+    return ("=" if inclusive else "") + after
+
+
+async def scan(redis: Redis, reverse: bool, after: str = "", count: int = SCAN_PAGE,
+               queues: list[str] | None = None, after_queue: str = "") -> list[DlqRow]:
+    """One page of payload-free rows over the queues' dead-letter streams, newest first
+    when ``reverse``, merged by (entry id, queue).
 
     Args:
         after: exclusive start entry id ("" = from the newest / oldest end).
+        queues: the queues to read (default: every queue of the dead-letter index).
+        after_queue: the queue of the ``after`` row (ties on the entry id).
     """
-    flat = await DLQ_SCAN(redis, [keys.DEAD_LETTER], DLQ_SCAN.argv(
-        "rev" if reverse else "fwd", after, count))
-    vals = [text(v) for v in flat]
-    return [DlqRow(vals[i], vals[i + 1], vals[i + 2], vals[i + 3], vals[i + 4],
-                   as_int(vals[i + 5]), as_int(vals[i + 6])) for i in range(0, len(vals), 7)]
+    queues = await dead_letter_queues(redis) if queues is None else queues
+    if not queues:
+        return []
+    pipe = redis.pipeline(transaction=False)
+    for q in queues:
+        DLQ_SCAN.queue(pipe, [keys.dead_letter(q)], DLQ_SCAN.argv(
+            "rev" if reverse else "fwd", _bound(after, after_queue, q, reverse), count))
+    rows: list[DlqRow] = []
+    for reply in await execute(redis, pipe):
+        if isinstance(reply, Exception):
+            raise reply
+        vals = [text(v) for v in reply]
+        rows += [DlqRow(vals[i], vals[i + 1], vals[i + 2], vals[i + 3], vals[i + 4],
+                        as_int(vals[i + 5]), as_int(vals[i + 6]))
+                 for i in range(0, len(vals), 7)]
+    rows.sort(key=lambda r: _order(r.entry_id, r.queue), reverse=reverse)
+    return rows[:count]
 
 
-async def dead_letter_depth(redis: Redis) -> dict[str, int]:
-    """Dead-letter entries per original queue (scans the whole, bounded, stream)."""
-    counts: dict[str, int] = {}
-    after = ""
-    while True:
-        rows = await scan(redis, False, after)
-        for row in rows:
-            counts[row.queue] = counts.get(row.queue, 0) + 1
-        if len(rows) < SCAN_PAGE:
-            return counts
-        after = rows[-1].entry_id
-
-
-async def _entries(redis: Redis, ids: list[str]) -> list[DeadLetterEntry]:
+async def dead_letter_depth(redis: Redis, queues: list[str] | None = None) -> dict[str, int]:
+    """Dead-letter entries per queue (one XLEN per queue of the index, or of ``queues``)."""
+    queues = await dead_letter_queues(redis) if queues is None else queues
     async with redis.pipeline(transaction=False) as pipe:
-        for entry_id in ids:
-            pipe.xrange(keys.DEAD_LETTER, min=entry_id, max=entry_id)
+        for q in queues:
+            pipe.xlen(keys.dead_letter(q))
+        lengths = await pipe.execute()
+    return {q: int(n) for q, n in zip(queues, lengths) if int(n)}
+
+
+async def _entries(redis: Redis, rows: list[DlqRow]) -> list[DeadLetterEntry]:
+    async with redis.pipeline(transaction=False) as pipe:
+        for row in rows:
+            pipe.xrange(keys.dead_letter(row.queue), min=row.entry_id, max=row.entry_id)
         replies = await pipe.execute()
     return [DeadLetterEntry(text(r[0][0]), normalize(r[0][1])) for r in replies if r]
 
 
 async def list_dead_letters(redis: Redis, size: int, token: str = "",
                             queue: str = "") -> tuple[list[DeadLetterEntry], str]:
-    """One page of the dead-letter stream, newest first.
-
-    With a queue filter at most :data:`LIST_SCAN_MAX` entries are examined per
-    call; a page may then hold fewer than ``size`` entries and still carry a
-    next page token.
+    """One page of dead letters, newest first: of one queue, or merged over every queue.
 
     Returns:
         The entries and the next page token ("" at the end).
+
+    Raises:
+        InvalidArgument: a malformed page token or queue name.
     """
-    validate_page_token(token)
+    after, after_queue = parse_token(token)
     if queue:
         validate_queue(queue)
-    else:
-        rows = await redis.xrevrange(keys.DEAD_LETTER, max=f"({token}" if token else "+",
-                                     min="-", count=size + 1)
-        page = [DeadLetterEntry(text(i), normalize(f)) for i, f in rows[:size]]
-        return page, (page[-1].entry_id if len(rows) > size else "")
-    matched: list[str] = []
-    after, scanned = token, 0
-    while len(matched) <= size and scanned < LIST_SCAN_MAX:
-        rows = await scan(redis, True, after)
-        scanned += len(rows)
-        matched.extend(r.entry_id for r in rows if r.queue == queue)
-        if len(rows) < SCAN_PAGE:
-            after = ""
-            break
-        after = rows[-1].entry_id
-    page = await _entries(redis, matched[:size])
-    if len(matched) > size:
-        return page, matched[size - 1]
-    return page, after  # "" when the stream end was reached, else where the scan stopped
+    rows = await scan(redis, True, after, size + 1, [queue] if queue else None, after_queue)
+    page = await _entries(redis, rows[:size])
+    if len(rows) > size:
+        last = rows[size - 1]
+        return page, f"{last.entry_id}/{last.queue}"
+    return page, ""
 
 
 def _raise_for(reply: list[object], task_id: str) -> None:
@@ -195,7 +230,8 @@ def _raise_for(reply: list[object], task_id: str) -> None:
 
 def _check_task_id(task_id: str) -> None:
     if not keys.TASK_ID_RE.match(task_id or ""):
-        raise InvalidArgument("task_id: must be 32 lowercase hex characters", field="task_id")
+        raise InvalidArgument("task_id: not a task id (32 lowercase hex characters and a "
+                              "slot tag, as Enqueue returns it)", field="task_id")
 
 
 async def requeue(redis: Redis, task_id: str, call: CallInfo, cfg: DlqSettings, *,
@@ -214,15 +250,20 @@ async def requeue(redis: Redis, task_id: str, call: CallInfo, cfg: DlqSettings, 
     if queue is None:
         raise NotFound(f"task {task_id} not found", reason="TASK_NOT_FOUND")
     queue_s, band = text(queue), as_int(priority)
-    keys_ = [keys.task(task_id), keys.DEAD_LETTER, keys.stream(queue_s, band), keys.AUDIT,
-             keys.BUSY_QUEUES]
+    if not keys.QUEUE_RE.match(queue_s):
+        raise NotFound(f"task {task_id} has no valid queue", reason="TASK_NOT_FOUND")
+    keys_ = [keys.task(task_id), keys.dead_letter(queue_s), keys.stream(queue_s, band),
+             keys.busy_marker(queue_s), keys.task(task_id)]
     if text(digest):
         keys_.append(keys.idempotency(queue_s, text(digest)))
     reply = await REQUEUE_DEAD_LETTER(redis, keys_, REQUEUE_DEAD_LETTER.argv(
         cfg.audit_maxlen, call.actor, call.request_id, action, detail, queue_s, text(priority),
         cfg.task_retention_s, keys.GROUP, cfg.idem_ttl_s))
     _raise_for(reply, task_id)
-    log_audit(call.actor, action, task_id, call.request_id, detail, int(reply[1]))
+    if int(reply[3]):
+        await mark_busy(redis, [queue_s])
+    await append_audit(redis, call.actor, action, task_id, call.request_id, detail,
+                       maxlen=cfg.audit_maxlen)
     return int(reply[1])
 
 
@@ -233,22 +274,32 @@ async def discard(redis: Redis, task_id: str, call: CallInfo, cfg: DlqSettings) 
         The time of the discard (epoch ms).
     """
     _check_task_id(task_id)
-    reply = await DISCARD_DEAD_LETTER(redis, [keys.task(task_id), keys.DEAD_LETTER, keys.AUDIT],
-                                      DISCARD_DEAD_LETTER.argv(cfg.audit_maxlen, call.actor,
-                                                               call.request_id,
-                                                               cfg.task_retention_s))
+    queue = text(await redis.hget(keys.task(task_id), "queue"))
+    if not keys.QUEUE_RE.match(queue):
+        raise NotFound(f"task {task_id} not found", reason="TASK_NOT_FOUND")
+    reply = await DISCARD_DEAD_LETTER(
+        redis, [keys.task(task_id), keys.dead_letter(queue), keys.task(task_id)],
+        DISCARD_DEAD_LETTER.argv(cfg.audit_maxlen, call.actor, call.request_id,
+                                 cfg.task_retention_s))
     _raise_for(reply, task_id)
-    log_audit(call.actor, "discard_dead_letter", task_id, call.request_id, "", int(reply[1]))
+    await append_audit(redis, call.actor, "discard_dead_letter", task_id, call.request_id, "",
+                       maxlen=cfg.audit_maxlen)
     return int(reply[1])
 
 
 async def purge(redis: Redis, call: CallInfo, cfg: DlqSettings) -> int:
-    """Remove every dead-letter entry (XTRIM MAXLEN = 0). Returns entries removed."""
-    purged, ts = await PURGE_DEAD_LETTERS(redis, [keys.DEAD_LETTER, keys.AUDIT],
-                                          PURGE_DEAD_LETTERS.argv(cfg.audit_maxlen, call.actor,
-                                                                  call.request_id))
-    log_audit(call.actor, "purge_dead_letters", "", call.request_id, f"purged={purged}", int(ts))
-    return int(purged)
+    """Remove every dead-letter entry (XTRIM MAXLEN = 0 of each queue's stream, one
+    pipeline), then append one audit entry. Returns entries removed."""
+    queues = await dead_letter_queues(redis)
+    purged = 0
+    if queues:
+        async with redis.pipeline(transaction=False) as pipe:
+            for q in queues:
+                pipe.xtrim(keys.dead_letter(q), maxlen=0, approximate=False)
+            purged = sum(int(n) for n in await pipe.execute())
+    await append_audit(redis, call.actor, "purge_dead_letters", "", call.request_id,
+                       f"purged={purged}", maxlen=cfg.audit_maxlen)
+    return purged
 
 
 async def select(redis: Redis, flt: RedriveFilter, limit: int) -> list[DlqRow]:
@@ -256,9 +307,10 @@ async def select(redis: Redis, flt: RedriveFilter, limit: int) -> list[DlqRow]:
     now = await redis_now_ms(redis)
     out: list[DlqRow] = []
     seen: set[str] = set()
-    after = ""
+    after, after_queue = "", ""
+    queues = [flt.queue] if flt.queue else None
     while len(out) < limit:
-        rows = await scan(redis, False, after)
+        rows = await scan(redis, False, after, queues=queues, after_queue=after_queue)
         for row in rows:
             if row.task_id not in seen and flt.matches(row, now):
                 seen.add(row.task_id)
@@ -267,7 +319,7 @@ async def select(redis: Redis, flt: RedriveFilter, limit: int) -> list[DlqRow]:
                     break
         if len(rows) < SCAN_PAGE:
             break
-        after = rows[-1].entry_id
+        after, after_queue = rows[-1].entry_id, rows[-1].queue
     return out
 
 

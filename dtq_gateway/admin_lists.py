@@ -15,6 +15,7 @@ from dtq_gateway import keys
 from dtq_gateway.admin import as_int, redis_now_ms, validate_page_token
 from dtq_gateway.admin_scripts import TASK_SUMMARIES
 from dtq_gateway.replies import text
+from dtq_gateway.scripts import call_each
 from dtq_gateway.task_record import normalize
 
 _CHUNK = 500
@@ -129,7 +130,19 @@ async def task_summaries(redis: Redis, task_ids: list[str]) -> list[dict[str, by
     """Task hashes without payloads, in order ({} for expired records)."""
     if not task_ids:
         return []
-    rows = await TASK_SUMMARIES(redis, [keys.task(t) for t in task_ids], TASK_SUMMARIES.argv())
+    # one call per hash slot (a task's key is in its queue's slot), one pipeline
+    by_slot: dict[int, list[int]] = {}
+    for i, t in enumerate(task_ids):
+        by_slot.setdefault(keys.key_slot(keys.task(t)), []).append(i)
+    groups = list(by_slot.values())
+    replies = await call_each(redis, TASK_SUMMARIES, [
+        ([keys.task(task_ids[i]) for i in g], TASK_SUMMARIES.argv()) for g in groups])
+    rows: list = [None] * len(task_ids)
+    for g, reply in zip(groups, replies):
+        if isinstance(reply, Exception):
+            raise reply
+        for i, row in zip(g, reply):
+            rows[i] = row
     return [normalize(dict(zip(row[0::2], row[1::2]))) for row in rows]
 
 

@@ -3,7 +3,7 @@
 The waiting tasks are counted by ``queue_waiting.lua`` (a bounded read of the
 entries no session has read yet); a type is *taken* when a live worker whose latest
 Lease session named the queue takes it. The outcome counters are the hash
-``dtq:queue:<q>:counters`` that ack.lua and fail.lua increment.
+``dtq:queue:{<q>}:counters`` that ack.lua and fail.lua increment.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dtq_gateway.replies import text
 #: Most waiting entries (all bands together, p9 first) GetQueueStats reads to count
 #: waiting tasks by type.
 WAITING_SCAN_MAX = 2000
-#: Fields of dtq:queue:<q>:counters.
+#: Fields of dtq:queue:{<q>}:counters.
 COUNTER_FIELDS = ("succeeded", "retried", "dead_lettered", "cancelled")
 
 
@@ -42,7 +42,7 @@ def _int(value: object) -> int:
 
 
 async def queue_counters(redis: Redis, queue: str) -> dict[str, int]:
-    """The queue's outcome counters (``dtq:queue:<q>:counters``; absent fields are 0)."""
+    """The queue's outcome counters (``dtq:queue:{<q>}:counters``; absent fields are 0)."""
     raw = await redis.hgetall(keys.queue_counters(queue))
     out = dict.fromkeys(COUNTER_FIELDS, 0)
     out.update({text(k): _int(v) for k, v in raw.items()})

@@ -14,11 +14,13 @@ from typing import Any
 from redis.asyncio import Redis
 
 from dtq_gateway import keys, observe
+from dtq_gateway.audit import append_audit
 from dtq_gateway.errors import DtqError, NotFound, QueueFull, WrongState
 from dtq_gateway.groups import Groups, queue_limit
 from dtq_gateway.replies import text as _s
 from dtq_gateway.scripts import Script, call_each, execute
 from dtq_gateway.settings import Settings
+from dtq_gateway.store.indexes import write_indexes_logged as write_indexes
 from dtq_gateway.validation import NewTask
 
 log = logging.getLogger(__name__)
@@ -54,10 +56,12 @@ class Broker:
         self.read_ahead = read_ahead
 
     def _enqueue_call(self, tasks: list[NewTask], takeover: str = "") -> tuple[list[str], list]:
-        """KEYS and ARGV of one enqueue.lua call for ``tasks`` (see the script's header)."""
+        """KEYS and ARGV of one enqueue.lua call for ``tasks``, all of one queue (see the
+        script's header)."""
         s = self.settings
         gate = s.max_queue_depth > 0
-        keys_ = [keys.RETRY_SCHEDULE, keys.RECENT_TASKS, keys.BUSY_QUEUES]
+        queue = tasks[0].queue
+        keys_ = [keys.schedule(queue), keys.busy_marker(queue), keys.task(tasks[0].task_id)]
         args = Script.argv_notified(len(tasks), s.task_retention_s, s.idem_ttl_s,
                                     s.recent_max, s.max_queue_depth)
         for t in tasks:
@@ -97,20 +101,31 @@ class Broker:
             ahead = self.read_ahead(tasks[0].queue, tasks[0].task_type)
             if ahead is not None:
                 return [await self._enqueue_read_ahead(tasks[0], ahead)]
+        # one script call per chunk of at most CHUNK tasks of one queue (one hash slot)
+        by_queue: dict[str, list[int]] = {}
+        for i, t in enumerate(tasks):
+            by_queue.setdefault(t.queue, []).append(i)
+        parts = [idx[j:j + CHUNK] for idx in by_queue.values()
+                 for j in range(0, len(idx), CHUNK)]
         chunks = await call_each(self.redis, ENQUEUE, [
-            self._enqueue_call(tasks[i:i + CHUNK]) for i in range(0, len(tasks), CHUNK)])
+            self._enqueue_call([tasks[i] for i in part]) for part in parts])
         if len(tasks) == 1 and isinstance(chunks[0], Exception):
             raise chunks[0]  # a unary Enqueue answers the error as its status
-        out: list[Enqueued | Exception] = []
-        for i, chunk in enumerate(chunks):
-            part = tasks[i * CHUNK:(i + 1) * CHUNK]
+        slots: list[Enqueued | Exception | None] = [None] * len(tasks)
+        recent: list = []
+        busy: list[str] = []
+        for part, chunk in zip(parts, chunks):
             if isinstance(chunk, Exception):
                 # a chunk is one script call: refused as a whole (Redis refuses a script
                 # at its first write), the other chunks' outcomes stand
-                out += [chunk] * len(part)
+                for i in part:
+                    slots[i] = chunk
                 continue
-            for task, reply in zip(part, chunk):
-                out.append(await self._outcome(task, reply))
+            self._collect_meta(chunk, tasks[part[0]].queue, recent, busy)
+            for i, reply in zip(part, chunk):
+                slots[i] = await self._outcome(tasks[i], reply, recent, busy)
+        await write_indexes(self.redis, recent, busy, self.settings.recent_max)
+        out: list[Enqueued | Exception] = [o for o in slots if o is not None]
         fresh = [o.queue for o in out if isinstance(o, Enqueued) and not o.deduplicated]
         for q in set(fresh):
             observe.enqueued(q, fresh.count(q))
@@ -126,23 +141,38 @@ class Broker:
         """
         pipe = self.redis.pipeline(transaction=False)
         ENQUEUE.queue(pipe, *self._enqueue_call([task]))
-        ahead.script.queue(pipe, ahead.keys, ahead.args)
+        ahead.queue_calls(pipe)
         try:
-            (replies, read) = await execute(self.redis, pipe)
+            (replies, *read) = await execute(self.redis, pipe)
             if isinstance(replies, Exception):
                 raise replies
         except BaseException:
             ahead.cancel()
             raise
         ahead.deliver(read)
-        out = await self._outcome(task, replies[0])
+        recent: list = []
+        busy: list[str] = []
+        self._collect_meta(replies, task.queue, recent, busy)
+        out = await self._outcome(task, replies[0], recent, busy)
+        await write_indexes(self.redis, recent, busy, self.settings.recent_max)
         if isinstance(out, Enqueued) and not out.deduplicated:
             observe.enqueued(task.queue, 1)
             if _s(replies[0][0]) != "ok" and out.status == "queued":
                 self.on_queued(task.queue)  # queued by a take-over after the read ran
         return out
 
-    async def _outcome(self, task: NewTask, reply: list) -> Enqueued | DtqError:
+    @staticmethod
+    def _collect_meta(chunk: list, queue: str, recent: list, busy: list[str]) -> None:
+        """Take enqueue.lua's last reply item ({'meta', now, became_busy, recent}) off
+        ``chunk`` into the index writes still to do."""
+        if chunk and _s(chunk[-1][0]) == "meta":
+            meta = chunk.pop()
+            if int(meta[2]):
+                busy.append(queue)
+            recent += [_s(v) for v in meta[3]]
+
+    async def _outcome(self, task: NewTask, reply: list, recent: list,
+                       busy: list[str]) -> Enqueued | DtqError:
         kind = _s(reply[0])
         if kind == "ok":
             return Enqueued(task.task_id, _s(reply[2]), queue=task.queue)
@@ -155,8 +185,9 @@ class Broker:
             # The record points at a task that no longer exists (expired or lost in a
             # Redis failover): let this enqueue take the key over instead of waiting
             # for the record's TTL.
-            (reply,) = await ENQUEUE(self.redis, *self._enqueue_call([task], takeover=earlier))
-            return await self._outcome(task, reply)
+            chunk = await ENQUEUE(self.redis, *self._enqueue_call([task], takeover=earlier))
+            self._collect_meta(chunk, task.queue, recent, busy)
+            return await self._outcome(task, chunk[0], recent, busy)
         return Enqueued(earlier, _s(status), deduplicated=True, queue=task.queue)
 
     async def get(self, task_id: str) -> tuple[dict[bytes, bytes], bytes | None]:
@@ -184,18 +215,23 @@ class Broker:
         has_idem = bool(rec[0] and rec[1])
         queue, band = _s(rec[0] or b""), _s(rec[2] or b"")
         valid = keys.QUEUE_RE.match(queue) and len(band) == 1 and band.isdigit()
-        stream = keys.stream(queue, int(band)) if valid else keys.task(task_id)
-        keys_ = [keys.task(task_id), keys.CANCELLED, keys.RETRY_SCHEDULE, keys.AUDIT,
-                 keys.idempotency(_s(rec[0]), _s(rec[1])) if has_idem else keys.task(task_id),
-                 stream]
+        tkey = keys.task(task_id)
+        # every key of the queue's slot; without a readable record the task key stands in
+        # (the script then answers "missing")
+        keys_ = [tkey, keys.cancelled(queue) if valid else tkey,
+                 keys.schedule(queue) if valid else tkey, tkey,
+                 keys.idempotency(queue, _s(rec[1])) if has_idem and valid else tkey,
+                 keys.stream(queue, int(band)) if valid else tkey]
         reply = await CANCEL(self.redis, keys_, Script.argv(
             task_id, actor, request_id, reason[:1024], self.settings.audit_maxlen,
-            self.settings.task_retention_s, "1" if has_idem else "0", keys.GROUP))
+            self.settings.task_retention_s, "1" if has_idem and valid else "0", keys.GROUP))
         kind = _s(reply[0])
         if kind == "missing":
             raise NotFound(f"task {task_id} not found", field="task_id")
         if kind == "terminal":
             raise WrongState(f"task {task_id} is already {_s(reply[1])}", reason="TASK_TERMINAL")
+        await append_audit(self.redis, actor, "cancel_task", task_id, request_id,
+                           reason[:1024], maxlen=self.settings.audit_maxlen)
         log.info("task cancel", extra={"task_id": task_id, "actor": actor,
                                        "request_id": request_id, "outcome": kind})
         if kind == "cancelled" and rec[0]:  # queued or scheduled: it ends here

@@ -140,7 +140,8 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
                 results[i] = dtq_pb2.EnqueueBatchResult(error=grpc_errors.item_error(out))
         return dtq_pb2.EnqueueBatchResponse(
             results=results, group_id=group_id,
-            group_callback_task_id=callback_task_id(group_id) if group_id else "")
+            group_callback_task_id=(callback_task_id(group_id, request.group_callback.queue)
+                                    if group_id else ""))
 
     def _validate_batch(self, request, trace: tuple[str, str]
                         ) -> tuple[list, list, list[int], dict[int, list[str]]]:

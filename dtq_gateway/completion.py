@@ -131,12 +131,19 @@ class Completion:
         todo = [(it, oc) for it, oc in zip(items, outcomes) if oc.lease is not None]
         if not todo:
             return outcomes
+        # one ack.lua call touches one queue (one hash slot): group, then chunk
+        by_queue: dict[str, list] = {}
+        for it, oc in todo:
+            by_queue.setdefault(oc.lease.queue, []).append((it, oc))
+        parts = [group[i:i + ACK_CHUNK] for group in by_queue.values()
+                 for i in range(0, len(group), ACK_CHUNK)]
+        todo = [pair for part in parts for pair in part]
         calls = []
-        for i in range(0, len(todo), ACK_CHUNK):
+        for part in parts:
             keys_: list[str] = []
-            args = Script.argv_notified(keys.GROUP, len(todo[i:i + ACK_CHUNK]),
+            args = Script.argv_notified(keys.GROUP, len(part),
                                         s.result_retention_s, s.task_retention_s)
-            for it, oc in todo[i:i + ACK_CHUNK]:
+            for it, oc in part:
                 le = oc.lease
                 result = it.result[: s.result_max_bytes]
                 keys_ += (le.stream, keys.task(le.task_id), keys.result(le.task_id),
@@ -157,8 +164,8 @@ class Completion:
 
         def call(it: dtq_pb2.FailItem, le: Lease) -> tuple[list[str], list]:
             retryable = it.retryable if it.HasField("retryable") else True
-            return ([le.stream, keys.task(le.task_id), keys.DEAD_LETTER, keys.RETRY_SCHEDULE,
-                     _idem_key(le), keys.queue_counters(le.queue)],
+            return ([le.stream, keys.task(le.task_id), keys.dead_letter(le.queue),
+                     keys.schedule(le.queue), _idem_key(le), keys.queue_counters(le.queue)],
                     Script.argv_notified(
                         keys.GROUP, le.entry_id, le.attempt, le.worker_id, le.task_id,
                         _MODES.get(it.mode, "failure"), "1" if retryable else "0",
@@ -167,21 +174,29 @@ class Completion:
                         s.dlq_maxlen, s.task_retention_s, "1" if le.idem_digest else "0",
                         le.tag))
 
-        return await self._apply(items, FAIL, call, caller)
+        return await self._apply(items, FAIL, call, caller, index_dead_letters=True)
 
     async def _apply(self, items: Sequence, script: Script,
                      call: Callable[[object, Lease], tuple[list[str], list]],
-                     caller: str | None) -> list[ItemOutcome]:
-        """Run ``script`` once per well-formed item, all in one pipeline (one round trip)."""
+                     caller: str | None, index_dead_letters: bool = False
+                     ) -> list[ItemOutcome]:
+        """Run ``script`` once per well-formed item, all in one pipeline (one round trip).
+
+        ``index_dead_letters``: the calls may dead-letter, so the pipeline first adds
+        their queues to the dead-letter index (it spans queues: a single-key SADD ahead
+        of the per-queue scripts; a member without entries is harmless)."""
         outcomes = await self._decode([it.lease_id for it in items], caller)
         pipe = self.redis.pipeline(transaction=False)
         queued = []
-        for it, oc in zip(items, outcomes):
-            if oc.lease is not None:
-                script.queue(pipe, *call(it, oc.lease))
-                queued.append(oc)
+        pairs = [(it, oc) for it, oc in zip(items, outcomes) if oc.lease is not None]
+        if pairs and index_dead_letters:
+            pipe.sadd(keys.DEAD_LETTER_QUEUES, *{oc.lease.queue for _, oc in pairs})
+        for it, oc in pairs:
+            script.queue(pipe, *call(it, oc.lease))
+            queued.append(oc)
         if queued:
-            self._record(queued, await execute(self.redis, pipe))
+            replies = await execute(self.redis, pipe)
+            self._record(queued, replies[1:] if index_dead_letters else replies)
         return outcomes
 
     def _record(self, queued: list[ItemOutcome], replies: list) -> None:

@@ -32,8 +32,8 @@ from dtq_gateway import keys, metrics, observe, ratelimits, tracing
 from dtq_gateway.groups import Groups
 from dtq_gateway.leaseid import Keyring, Lease, default_keyring
 from dtq_gateway.replies import text as _s
-from dtq_gateway.scripts import EVENT_ID_PREFIX, Script
-from dtq_gateway.sessions import LEASE_READ, ReadAhead, Session
+from dtq_gateway.scripts import EVENT_ID_PREFIX, Script, call_each, execute
+from dtq_gateway.sessions import LEASE_READ, WORKER_CHECK, ReadAhead, ReadGroup, Session
 from dtq_gateway.settings import Settings
 from dtq_proto import dtq_pb2
 
@@ -115,7 +115,8 @@ class Dispatcher:
         if not on_queue:
             return None
         for s in on_queue:
-            if not (s.closed or s.full or s.reading or s.backlogged or s.stuck) \
+            if len(s.groups) == 1 and not (s.closed or s.full or s.reading or s.backlogged
+                                           or s.stuck) \
                     and (not s.task_types or task_type in s.task_types) \
                     and self.groups.ready(s.queues):
                 s.reading = True
@@ -393,17 +394,92 @@ class Dispatcher:
                 if status == b"draining":
                     self.end_worker(worker_id)
 
-    def _read_call(self, session: Session) -> tuple[list[str], list]:
-        """KEYS and ARGV of a lease_read for ``session``."""
-        return session.read_keys, Script.argv(
-            keys.GROUP, session.worker_id, session.max_in_flight, session.read_cap(BATCH_MAX),
-            len(session.queues), self.stale_after_ms)
+    def _check_call(self, session: Session) -> tuple[list[str], list]:
+        """KEYS and ARGV of the worker_check for ``session``'s worker."""
+        return [keys.worker(session.worker_id)], Script.argv(self.stale_after_ms)
+
+    def _read_call(self, session: Session, group: ReadGroup, max_in_flight: int | None = None,
+                   most: int | None = None) -> tuple[list[str], list]:
+        """KEYS and ARGV of a lease_read of one slot group of ``session``."""
+        return group.keys, Script.argv(
+            keys.GROUP, session.worker_id,
+            session.max_in_flight if max_in_flight is None else max_in_flight,
+            session.read_cap(BATCH_MAX) if most is None else most, len(group.queues), 0)
+
+    def _merge(self, session: Session, state: int, reads: list[tuple[ReadGroup, list]],
+               pending: int | None = None) -> list:
+        """One lease_read-shaped reply for the whole session from its groups' replies:
+        stream indexes mapped into ``session.streams``, the worker_check ``state`` in
+        the stalled slot, ``pending`` (default: the groups' own counts) summed."""
+        total = 0
+        missing: list[int] = []
+        live = 0
+        entries: list = []
+        wait_ms = 0
+        sets: tuple[set[int], set[int], set[int]] = (set(), set(), set())
+        position = {q: n + 1 for n, q in enumerate(session.queues)}
+        for group, reply in reads:
+            total += int(reply[0])
+            missing += [group.index[int(i) - 1] for i in reply[1]]
+            live += int(reply[3])
+            lim = reply[4]
+            if int(lim[0]) and (not wait_ms or int(lim[0]) < wait_ms):
+                wait_ms = int(lim[0])
+            for k in (1, 2, 3):
+                sets[k - 1].update(position[group.queues[int(q) - 1]] for q in lim[k])
+            entries += [(group.index[int(i) - 1], e, raw) for i, e, raw in reply[5:]]
+        limits = [wait_ms, *(sorted(x) for x in sets)]
+        return [total if pending is None else pending, missing, state, live, limits, *entries]
 
     async def _lease(self, session: Session) -> tuple[int, bool, int, bool]:
-        """One lease_read + activate for a session; see :meth:`_after_read`."""
+        """worker_check + lease_read (slot by slot) + activate for a session; see
+        :meth:`_after_read`.
+
+        A session whose queues share one hash slot (every single-queue session) costs
+        one round trip for the check and the read. Queues in several slots are read slot
+        by slot: first the check and every slot's pending count (one pipeline), then the
+        non-empty (band, slot) pairs from p9 down, each read with the credit the earlier
+        ones left, so strict priority holds across slots too (one round trip per pair).
+        """
         await self.groups.ensure(self.redis, session.queues)
-        return await self._after_read(session, await LEASE_READ(self.redis,
-                                                               *self._read_call(session)))
+        pipe = self.redis.pipeline(transaction=False)
+        WORKER_CHECK.queue(pipe, *self._check_call(session))
+        single = len(session.groups) == 1
+        for group in session.groups:
+            LEASE_READ.queue(pipe, *self._read_call(session, group, most=None if single else 0))
+        state, *replies = await execute(self.redis, pipe)
+        for r in (state, *replies):
+            if isinstance(r, Exception):
+                raise r
+        if single or int(state):
+            if not single:
+                replies = [r[:5] for r in replies]  # peeks: their live lists are no entries
+            return await self._after_read(session, self._merge(
+                session, int(state), list(zip(session.groups, replies))))
+        pending = sum(int(r[0]) for r in replies)
+        credit = min(session.max_in_flight - pending, session.read_cap(BATCH_MAX))
+        # strict p9 -> p0 across slots: one read per (band, slot group) holding entries
+        live = sorted(
+            ((9 - (int(i) - 1) // len(g.queues), n, g, int(i))
+             for n, (g, peek) in enumerate(zip(session.groups, replies)) if not peek[1]
+             for i in peek[5]),
+            key=lambda x: (-x[0], x[1]))
+        reads = [(g, [0, peek[1], 0, peek[3], peek[4]]) for g, peek in zip(session.groups, replies)]
+        done: set[tuple[int, int]] = set()
+        for band, n, group, _ in live:
+            if credit <= 0 or (band, n) in done:
+                continue
+            done.add((band, n))
+            m = len(group.queues)
+            first = (9 - band) * m  # the group's streams of this band, band-major
+            sub = ReadGroup(group.queues,
+                            group.keys[:2 * m] + group.keys[2 * m + first:2 * m + first + m],
+                            group.index[first:first + m])
+            got = await LEASE_READ(self.redis, *self._read_call(
+                session, sub, int(replies[n][0]) + credit, credit))
+            credit -= len(got) - 5
+            reads.append((sub, [0, got[1], 0, 0, got[4], *got[5:]]))
+        return await self._after_read(session, self._merge(session, 0, reads, pending))
 
     async def _after_read(self, session: Session, reply: list
                           ) -> tuple[int, bool, int, bool]:
@@ -421,6 +497,10 @@ class Dispatcher:
         live, entries = int(reply[3]), reply[5:]
         limits = ratelimits.Limits.from_reply(reply[4], session.queues)
         self._limit_waker.throttled(limits.throttled, limits.wait_ms, metrics.RATE_LIMITED_READS)
+        if stalled and entries:
+            # read in the same round trip as the check that says the worker may take
+            # nothing: the entries go back to their queues
+            await self._activate(session, streams, entries, limits, put_back=True)
         if stalled == 2:
             self.end_worker(session.worker_id)
             return 0, False, 0, live == 0
@@ -454,32 +534,48 @@ class Dispatcher:
         return delivered, credit > 0, len(entries), False
 
     async def _activate(self, session: Session, streams: list[str], entries: list,
-                        limits: ratelimits.Limits | None = None) -> int:
+                        limits: ratelimits.Limits | None = None,
+                        put_back: bool = False) -> int:
+        """activate.lua for the entries a read returned: one call per queue (one hash
+        slot each), one pipeline. ``put_back``: every entry goes back to the tail of its
+        band (mode 'r'), none is delivered (queue-wide tokens they took are returned)."""
         limits = limits or ratelimits.Limits(0, set(), set(), set())
         await self.keyring.ensure()
-        keys_: list[str] = [keys.CANCELLED]
-        args: list = []
+        calls: dict[str, tuple[list[str], list]] = {}
         parsed = []
         for index, entry_id, raw in entries:
             f = {_s(raw[i]): raw[i + 1] for i in range(0, len(raw), 2)}
             parsed.append((streams[int(index) - 1], _s(entry_id), f))
-        modes = [("r" if session.task_types and _s(f["task_type"]) not in session.task_types
+        modes = [("r" if put_back or (session.task_types
+                                      and _s(f["task_type"]) not in session.task_types)
                   else "a") for _, _, f in parsed]
-        held = await self._hold_throttled_types(parsed, modes, limits)
+        held = set() if put_back else await self._hold_throttled_types(parsed, modes, limits)
         session.limit_held = len(held)
-        digests = []
+        digests: list[str] = []
+        where: list[tuple[str, int]] = []
         for (stream, entry_id, f), mode in zip(parsed, modes):
             task_id, queue = _s(f["task_id"]), _s(f["queue"])
             idem = _s(f.get("idempotency_key", b""))
             digest = keys.idempotency_digest(idem) if idem else ""
+            keys_, args = calls.setdefault(queue, ([keys.cancelled(queue)], []))
             keys_ += [stream, keys.task(task_id),
                       keys.idempotency(queue, digest) if digest else keys.task(task_id)]
             args += [entry_id, task_id, _s(f["attempt"]), mode,
                      queued_at_ms(entry_id, f) if mode == "r" else ""]
             digests.append(digest)
+            where.append((queue, len(args) // 5 - 1))
         # argv_notified: this dispatcher needs none of its own activation events back
-        replies = await ACTIVATE(self.redis, keys_, Script.argv_notified(
-            session.worker_id, self.settings.task_retention_s, keys.GROUP, *args))
+        names = list(calls)
+        per_queue = await call_each(self.redis, ACTIVATE, [
+            (calls[q][0], Script.argv_notified(session.worker_id,
+                                               self.settings.task_retention_s, keys.GROUP,
+                                               *calls[q][1])) for q in names])
+        by_queue = {}
+        for q, rep in zip(names, per_queue):
+            if isinstance(rep, Exception):
+                raise rep
+            by_queue[q] = rep
+        replies = [by_queue[queue][i] for queue, i in where]
         tasks = []
         returns: dict[str, Counter[str]] = {}
         for i, ((stream, entry_id, f), digest, rep) in enumerate(zip(parsed, digests, replies)):
@@ -497,6 +593,8 @@ class Dispatcher:
                     back[_s(f["task_type"])] += 1
         if returns:
             await ratelimits.give_back(self.redis, returns)
+        if put_back:
+            return 0
         if session.closed:
             # the stream ended while this batch was being activated: hand it back
             await self.release([t.lease_id for t in tasks])

@@ -14,6 +14,7 @@ import json
 import uuid
 from dataclasses import replace
 
+from dtq_gateway import keys
 from dtq_gateway.errors import InvalidArgument
 from dtq_gateway.settings import Settings
 from dtq_gateway.validation import NewTask, validate_enqueue
@@ -23,18 +24,23 @@ from dtq_proto import dtq_pb2
 MAX_CHAIN_STEPS = 32
 
 
-def step_task_id(previous_task_id: str) -> str:
-    """The task id of the chain step after ``previous_task_id`` (32 hex characters).
+def step_task_id(previous_task_id: str, queue: str) -> str:
+    """The task id of the chain step after ``previous_task_id``, which goes to ``queue``:
+    32 hex characters derived from the previous id, ``-``, the queue's slot tag
+    (keys.slot_tag, so the step's record lives in its queue's hash slot).
 
     Derived, so every attempt to create the step (the Ack's gateway, the sweep) names
     the same task, and producers know every step's id at enqueue time.
     """
-    return hashlib.sha256(f"dtq-chain:{previous_task_id}".encode()).hexdigest()[:32]
+    digest = hashlib.sha256(f"dtq-chain:{previous_task_id}".encode()).hexdigest()[:32]
+    return f"{digest}-{keys.slot_tag(queue)}"
 
 
-def callback_task_id(group_id: str) -> str:
-    """The task id of a group's callback (32 hex characters), derived from the group id."""
-    return hashlib.sha256(f"dtq-group:{group_id}".encode()).hexdigest()[:32]
+def callback_task_id(group_id: str, queue: str) -> str:
+    """The task id of a group's callback, which goes to ``queue``: 32 hex characters
+    derived from the group id, ``-``, the queue's slot tag (keys.slot_tag)."""
+    digest = hashlib.sha256(f"dtq-group:{group_id}".encode()).hexdigest()[:32]
+    return f"{digest}-{keys.slot_tag(queue)}"
 
 
 def record_fields(*pairs: str) -> str:
@@ -77,8 +83,8 @@ def plan_chain(req: dtq_pb2.EnqueueRequest, task: NewTask, settings: Settings,
     for i, step in enumerate(req.chain):
         _check_template(step, settings, f"{prefix}chain[{i}].")
     ids, prev = [], task.task_id
-    for _ in req.chain:
-        prev = step_task_id(prev)
+    for step in req.chain:
+        prev = step_task_id(prev, step.queue)
         ids.append(prev)
     templates = [base64.b64encode(s.SerializeToString()).decode() for s in req.chain]
     extra = record_fields("follow", "c", "chain_id", task.task_id, "chain_step", "0",

@@ -123,7 +123,9 @@ class FollowUps:
         if status != "succeeded" or not chain_next or f[4]:
             await self._continued(queue, task_id, "", "")
             return _s(f[4] or b"")
-        next_id = step_task_id(task_id)
+        first = json.loads(chain_next)[0]
+        next_id = step_task_id(task_id, dtq_pb2.EnqueueRequest.FromString(
+            base64.b64decode(first)).queue)
         if not await self.redis.exists(keys.task(next_id)):
             try:
                 step = await self._build_step(task_id, f, next_id)

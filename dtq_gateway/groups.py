@@ -22,6 +22,7 @@ from redis.exceptions import ResponseError
 from dtq_gateway import keys, metrics
 from dtq_gateway.errors import QueueLimit
 from dtq_gateway.replies import text
+from dtq_gateway.store.client import scan_keys
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +113,9 @@ async def backfill_registry(redis: Redis) -> bool:
 
     Data written by a gateway that predates the registry and the busy set has streams
     that neither lists. Unless ``dtq:queues:backfilled`` says it was done, this SCANs
-    the band streams once, adds every queue to the registry and every queue with a
-    non-empty stream to the busy set, then sets the marker. Each replica runs it at
+    the band streams once (every primary of a cluster), adds every queue to the
+    registry and every queue with a non-empty stream or schedule to the busy set (its
+    busy marker first), then sets the marker. Each replica runs it at
     the first reaper tick of each of its leaderships, so deleting the marker makes
     the next leader scan again.
     A queue that fills or drains meanwhile is harmless: filling scripts add it to the
@@ -125,8 +127,7 @@ async def backfill_registry(redis: Redis) -> bool:
     if await redis.exists(keys.QUEUES_BACKFILLED):
         return False
     streams: list[tuple[str, str]] = []
-    async for key in redis.scan_iter(match=keys.BAND_STREAM_PATTERN, count=1000,
-                                     _type="STREAM"):
+    async for key in scan_keys(redis, keys.BAND_STREAM_PATTERN, type_="STREAM"):
         parsed = keys.parse_stream(text(key))
         if parsed is not None:
             streams.append((text(key), parsed[0]))
@@ -140,10 +141,22 @@ async def backfill_registry(redis: Redis) -> bool:
         busy.update(q for (_, q), n in zip(chunk, lengths) if n)
     names = sorted({q for _, q in streams})
     for start in range(0, len(names), _CHUNK):
-        await redis.zadd(keys.QUEUES, dict.fromkeys(names[start:start + _CHUNK], 0))
+        chunk = names[start:start + _CHUNK]
+        async with redis.pipeline(transaction=False) as pipe:
+            for q in chunk:
+                pipe.zcard(keys.schedule(q))
+            scheduled = await pipe.execute()
+        busy.update(q for q, n in zip(chunk, scheduled) if n)
+        await redis.zadd(keys.QUEUES, dict.fromkeys(chunk, 0))
     busy_names = sorted(busy)
     for start in range(0, len(busy_names), _CHUNK):
-        await redis.sadd(keys.BUSY_QUEUES, *busy_names[start:start + _CHUNK])
+        chunk = busy_names[start:start + _CHUNK]
+        # the queue's marker first, then the set (the order of every busy bookkeeping)
+        async with redis.pipeline(transaction=False) as pipe:
+            for q in chunk:
+                pipe.set(keys.busy_marker(q), "1")
+            await pipe.execute()
+        await redis.sadd(keys.BUSY_QUEUES, *chunk)
     await redis.set(keys.QUEUES_BACKFILLED, "1")
     log.info("queue registry backfilled", extra={"queues": len(names), "busy": len(busy)})
     return True

@@ -1,18 +1,32 @@
 """Every Redis key name dtq uses, built in this one module.
 
-The layout follows the Redis design note (docs/redis-layout.md). No other module
-concatenates key strings, and Lua scripts receive every key through KEYS, so a
-rename or a future Redis Cluster hash-tag scheme touches only this file.
+The layout follows docs/redis-layout.md. No other module concatenates key strings, and
+Lua scripts receive every key through KEYS.
+
+**One layout for a standalone Redis and for Redis Cluster.** Every key of one queue
+carries the queue name as its hash tag (``dtq:stream:{emails}:p9``), so it lives in the
+queue's hash slot and every script, which touches the keys of one queue only, runs on
+one cluster node. A task's record and result carry a *slot tag* instead: a short string
+whose hash slot is the queue's (:func:`slot_tag`), which the gateway puts into the task
+id it makes (``<32 hex>-<tag>``), so GetTask, CancelTask and Ack, which get only the task
+id, still name keys in the queue's slot. The worker records and gateway liveness keys
+share the ``{workers}`` slot. The few keys that span queues (the audit stream, the
+recent-tasks index, the queue registry and busy set, the scheduler lock, the
+dead-letter queue index) are written only by single-key commands.
 
 User-supplied strings that end up inside a key are either validated against a
 restricted alphabet (queue names, worker ids, task ids) or hashed (idempotency
-keys), so two different inputs can never build the same key.
+keys), so two different inputs can never build the same key. Queue names cannot hold
+``{``, ``}`` or ``:``, so the hash tag of a queue key is exactly the queue name.
 """
 
 from __future__ import annotations
 
+import binascii
 import hashlib
 import re
+import uuid
+from functools import cache
 
 PREFIX = "dtq:"
 
@@ -25,21 +39,26 @@ BANDS_DESC = tuple(range(9, -1, -1))
 
 QUEUE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 WORKER_ID_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}\Z")
-TASK_ID_RE = re.compile(r"^[0-9a-f]{32}\Z")
+#: A task id: 32 lowercase hex characters, then ``-`` and the slot tag of its queue (1-4
+#: characters of [0-9a-z]). Ids without the tag (the layout before hash tags) are still
+#: accepted: their records keep the untagged keys (a standalone Redis only).
+TASK_ID_RE = re.compile(r"^[0-9a-f]{32}(?:-[0-9a-z]{1,4})?\Z")
 TASK_TYPE_RE = re.compile(r"^[A-Za-z0-9_.:/-]{1,128}\Z")
 
-DEAD_LETTER = PREFIX + "stream:dead-letter"
+#: Hash tag of every worker and gateway-liveness key (one slot: worker_beat and
+#: worker_sweep touch a worker's record and the registry together).
+WORKERS_TAG = "{workers}"
+
 AUDIT = PREFIX + "stream:audit"
-RETRY_SCHEDULE = PREFIX + "retry:schedule"
+#: Reserved by the layout; dtq never writes it (each move is one script).
 RETRY_CLAIMED = PREFIX + "retry:claimed"
-WORKERS = PREFIX + "workers"
-CANCELLED = PREFIX + "cancelled"
+WORKERS = PREFIX + "workers:" + WORKERS_TAG
 RECENT_TASKS = PREFIX + "tasks:recent"
 SCHEDULER_LOCK = PREFIX + "lock:scheduler"
-#: Set of queue names whose band streams may hold entries (queued or leased). Every
-#: script that adds an entry to a band stream of a queue that may have drained adds the
-#: queue; the reaper removes a queue once all ten of its streams are empty (atomically,
-#: in one script), so the reaper, the gauges and the tick work on busy queues only.
+#: Set of queue names that may hold work: entries in their band streams (queued or
+#: leased) or scheduled tasks. Written by single-key commands only (SADD after a
+#: script reported that it made the queue busy, SREM by the reaper followed by a
+#: re-check); see docs/redis-layout.md, "Idle queues".
 BUSY_QUEUES = PREFIX + "queues:busy"
 #: Sorted set (all scores 0, ordered by name) of every queue a gateway ever created
 #: groups for: ListQueues pages through it with ZRANGEBYLEX instead of SCANning keys.
@@ -47,6 +66,10 @@ QUEUES = PREFIX + "queues"
 #: String set once the registry (and the busy set) were rebuilt from a SCAN of the band
 #: streams (the one-time backfill for data written before they existed; see groups.py).
 QUEUES_BACKFILLED = PREFIX + "queues:backfilled"
+#: Set of queue names whose dead-letter stream may hold entries (SADD before any call
+#: that may dead-letter a task of the queue; never removed): ListDeadLetters reads these
+#: queues' streams.
+DEAD_LETTER_QUEUES = PREFIX + "queues:dead-letter"
 #: String: the deployment's lease-id secret (hex), created once with SET NX by the first
 #: gateway that starts without DTQ_LEASE_SECRET, so that every replica signs alike.
 LEASE_SECRET = PREFIX + "secret:lease"
@@ -68,13 +91,90 @@ FOLLOWUP_QUEUES = PREFIX + "followups:queues"
 EVENTS_CHANNEL = PREFIX + "events"
 
 #: SCAN pattern matching every band stream of every queue.
-BAND_STREAM_PATTERN = PREFIX + "stream:*:p[0-9]"
-_BAND_STREAM_RE = re.compile(r"^dtq:stream:([A-Za-z0-9_.-]{1,64}):p([0-9])\Z")
+BAND_STREAM_PATTERN = PREFIX + "stream:{*}:p[0-9]"
+_BAND_STREAM_RE = re.compile(r"^dtq:stream:\{([A-Za-z0-9_.-]{1,64})\}:p([0-9])\Z")
+_SLOTS = 16384
+_TAG_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def key_slot(key: str) -> int:
+    """Redis Cluster hash slot of ``key`` (CRC16 of its hash tag, or of the whole key
+    when it has none), 0..16383."""
+    raw = key.encode()
+    start = raw.find(b"{")
+    if start >= 0:
+        end = raw.find(b"}", start + 1)
+        if end > start + 1:
+            raw = raw[start + 1:end]
+    return binascii.crc_hqx(raw, 0) % _SLOTS
+
+
+@cache
+def _slot_tags() -> tuple[str, ...]:
+    """For each of the 16384 slots the shortest base-36 string (first in counting order)
+    whose CRC16 lands in it: 1 to 4 characters. Built once (about 0.1 s)."""
+    table: list[str | None] = [None] * _SLOTS
+    left, n = _SLOTS, 0
+    while left:
+        digits, m = "", n
+        while True:
+            digits = _TAG_ALPHABET[m % 36] + digits
+            m //= 36
+            if not m:
+                break
+        slot = binascii.crc_hqx(digits.encode(), 0) % _SLOTS
+        if table[slot] is None:
+            table[slot] = digits
+            left -= 1
+        n += 1
+    return tuple(t for t in table if t is not None)
+
+
+def slot_tag(queue: str) -> str:
+    """The task-id slot tag of ``queue``: a 1-4 character string whose hash slot is the
+    slot of the queue's keys (so ``dtq:task:{<tag>}:...`` lands next to them)."""
+    return _slot_tags()[key_slot(queue)]
+
+
+def new_task_id(queue: str) -> str:
+    """A fresh task id for a task of ``queue``: 32 random hex characters, ``-``, and the
+    queue's :func:`slot_tag`. Opaque to clients."""
+    return f"{uuid.uuid4().hex}-{slot_tag(queue)}"
+
+
+def _task_tag(task_id: str) -> str:
+    """``{<slot tag>}:`` of a task id, or "" for an untagged (older) id."""
+    _, sep, tag = task_id.partition("-")
+    return f"{{{tag}}}:" if sep else ""
 
 
 def stream(queue: str, band: int) -> str:
-    """Band stream of a queue: ``dtq:stream:<queue>:p<band>``, band 0..9."""
-    return f"{PREFIX}stream:{queue}:p{band}"
+    """Band stream of a queue: ``dtq:stream:{<queue>}:p<band>``, band 0..9."""
+    return f"{PREFIX}stream:{{{queue}}}:p{band}"
+
+
+def dead_letter(queue: str) -> str:
+    """Dead-letter stream of a queue: ``dtq:stream:{<queue>}:dead-letter``."""
+    return f"{PREFIX}stream:{{{queue}}}:dead-letter"
+
+
+def schedule(queue: str) -> str:
+    """Scheduled tasks of a queue (delayed tasks and retries), a zset scored by due
+    time: ``dtq:retry:{<queue>}:schedule``."""
+    return f"{PREFIX}retry:{{{queue}}}:schedule"
+
+
+def cancelled(queue: str) -> str:
+    """Set of the queue's tasks cancelled while their entry was read but not yet
+    activated: ``dtq:cancelled:{<queue>}``."""
+    return f"{PREFIX}cancelled:{{{queue}}}"
+
+
+def busy_marker(queue: str) -> str:
+    """``dtq:queue:{<queue>}:busy``: "1" while the queue may hold work (set by the
+    scripts that add work to an idle queue, deleted by the reaper's script that found
+    it idle); the queue's side of :data:`BUSY_QUEUES`."""
+    return f"{PREFIX}queue:{{{queue}}}:busy"
 
 
 def queue_streams_desc(queue: str) -> list[str]:
@@ -89,13 +189,15 @@ def parse_stream(key: str) -> tuple[str, int] | None:
 
 
 def task(task_id: str) -> str:
-    """Task record hash: ``dtq:task:<task_id>``."""
-    return f"{PREFIX}task:{task_id}"
+    """Task record hash: ``dtq:task:{<slot tag>}:<task_id>`` (``dtq:task:<task_id>`` for
+    an untagged id of the older layout)."""
+    return f"{PREFIX}task:{_task_tag(task_id)}{task_id}"
 
 
 def result(task_id: str) -> str:
-    """Result string: ``dtq:result:<task_id>``."""
-    return f"{PREFIX}result:{task_id}"
+    """Result string: ``dtq:result:{<slot tag>}:<task_id>`` (untagged like
+    :func:`task`)."""
+    return f"{PREFIX}result:{_task_tag(task_id)}{task_id}"
 
 
 def idempotency_digest(key: str) -> str:
@@ -104,17 +206,17 @@ def idempotency_digest(key: str) -> str:
 
 
 def idempotency(queue: str, digest: str) -> str:
-    """Idempotency record: ``dtq:idempotency:<queue>:<sha256 hex of the key>``.
+    """Idempotency record: ``dtq:idempotency:{<queue>}:<sha256 hex of the key>``.
 
     ``digest`` comes from :func:`idempotency_digest`. The queue name is validated
     and cannot contain ':' so (queue, key) pairs never collide.
     """
-    return f"{PREFIX}idempotency:{queue}:{digest}"
+    return f"{PREFIX}idempotency:{{{queue}}}:{digest}"
 
 
 def worker(worker_id: str) -> str:
-    """Worker liveness hash: ``dtq:worker:<worker_id>``."""
-    return f"{PREFIX}worker:{worker_id}"
+    """Worker liveness hash: ``dtq:worker:{workers}:<worker_id>``."""
+    return f"{PREFIX}worker:{WORKERS_TAG}:{worker_id}"
 
 
 def gateway_tag(gateway_id: str) -> str:
@@ -124,45 +226,48 @@ def gateway_tag(gateway_id: str) -> str:
 
 
 def gateway(tag: str) -> str:
-    """Liveness of a gateway replica: ``dtq:gateway:<gateway_tag>`` (a string with a
-    TTL that the replica refreshes). ``tag`` comes from :func:`gateway_tag`."""
-    return f"{PREFIX}gateway:{tag}"
+    """Liveness of a gateway replica: ``dtq:gateway:{workers}:<gateway_tag>`` (a string
+    with a TTL that the replica refreshes). ``tag`` comes from :func:`gateway_tag`."""
+    return f"{PREFIX}gateway:{WORKERS_TAG}:{tag}"
 
 
 def queue_counters(queue: str) -> str:
     """Outcome counters of a queue (hash succeeded, retried, dead_lettered, cancelled;
-    HINCRBY by ack.lua and fail.lua): ``dtq:queue:<queue>:counters``."""
-    return f"{PREFIX}queue:{queue}:counters"
+    HINCRBY by ack.lua and fail.lua): ``dtq:queue:{<queue>}:counters``."""
+    return f"{PREFIX}queue:{{{queue}}}:counters"
 
 
 def paused(queue: str) -> str:
-    """Pause flag of a queue: ``dtq:queue:<queue>:paused``."""
-    return f"{PREFIX}queue:{queue}:paused"
+    """Pause flag of a queue: ``dtq:queue:{<queue>}:paused``."""
+    return f"{PREFIX}queue:{{{queue}}}:paused"
 
 
 def rate_limit(queue: str) -> str:
-    """Rate limits of a queue and their token buckets: ``dtq:queue:<queue>:ratelimit``
+    """Rate limits of a queue and their token buckets: ``dtq:queue:{<queue>}:ratelimit``
     (a hash; one key per queue, so every limiter script touches one queue's keys)."""
-    return f"{PREFIX}queue:{queue}:ratelimit"
+    return f"{PREFIX}queue:{{{queue}}}:ratelimit"
 
 
-def schedule(name: str) -> str:
-    """A periodic schedule (definition and state): ``dtq:schedule:<name>`` (a hash).
-    ``name`` matches :data:`SCHEDULE_RE`."""
+def periodic_schedule(name: str) -> str:
+    """A periodic schedule (definition and state): ``dtq:schedule:<name>`` (a hash in its
+    own slot, touched only by single-key commands and one-key scripts). ``name`` matches
+    :data:`SCHEDULE_RE`."""
     return f"{PREFIX}schedule:{name}"
+
+
 def chain_pending(queue: str) -> str:
     """Sorted set of tasks of ``queue`` that succeeded with a chain step still to create:
-    ``dtq:chains:pending:<queue>`` (member task id, score the ack's Redis time in ms)."""
-    return f"{PREFIX}chains:pending:{queue}"
+    ``dtq:chains:pending:{<queue>}`` (member task id, score the ack's Redis time in ms)."""
+    return f"{PREFIX}chains:pending:{{{queue}}}"
 
 
 def groups_pending(queue: str) -> str:
     """Sorted set of unfinished groups whose callback goes to ``queue``:
-    ``dtq:groups:pending:<queue>`` (member group id, score the next check's epoch ms)."""
-    return f"{PREFIX}groups:pending:{queue}"
+    ``dtq:groups:pending:{<queue>}`` (member group id, score the next check's epoch ms)."""
+    return f"{PREFIX}groups:pending:{{{queue}}}"
 
 
 def group(queue: str, group_id: str) -> str:
-    """Group record hash: ``dtq:group:<callback queue>:<group id>`` (group ids are 32 hex
-    characters, queue names cannot contain ':')."""
-    return f"{PREFIX}group:{queue}:{group_id}"
+    """Group record hash: ``dtq:group:{<callback queue>}:<group id>`` (group ids are 32
+    hex characters, queue names cannot contain ':')."""
+    return f"{PREFIX}group:{{{queue}}}:{group_id}"

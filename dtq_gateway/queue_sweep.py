@@ -92,7 +92,8 @@ class QueueSweep(PeriodicDuty):
             return []
         pipe = self._redis.pipeline(transaction=False)
         for q in idle:
-            _DELETE_IDLE_QUEUE.queue(pipe, [*keys.queue_streams_desc(q), keys.paused(q)],
+            _DELETE_IDLE_QUEUE.queue(pipe, [*keys.queue_streams_desc(q), keys.paused(q),
+                                           keys.busy_marker(q)],
                                      _DELETE_IDLE_QUEUE.argv(
                                          keys.GROUP, self._settings.queue_idle_delete_s * 1000))
         deleted = [q for q, r in zip(idle, await execute(self._redis, pipe)) if r == 1]

@@ -46,6 +46,10 @@ _PRUNE_CONSUMERS = Script("prune_consumers")
 #: shorter); a queue that drains is pruned once more DTQ_CONSUMER_PRUNE_IDLE_S later.
 PRUNE_EVERY_S = 60.0
 
+#: How often the leader checks every registered queue's busy marker against the busy set
+#: (s); see :meth:`Reaper.repair_busy_set`.
+REPAIR_EVERY_S = 3600.0
+
 #: Entries claimed per stream per reap_queue.lua call.
 CLAIM_COUNT = 100
 #: reap_queue.lua calls per queue per tick; unfinished PEL scans continue next tick.
@@ -77,6 +81,8 @@ class Reaper(PeriodicDuty):
         #: queue -> {stream index 1..10: XAUTOCLAIM cursor} of PEL scans left unfinished
         self._cursors: dict[str, dict[int, str]] = {}
         self._registry_checked = False
+        #: next busy-set repair (monotonic s): at the first tick, then every REPAIR_EVERY_S
+        self._repair_at = 0.0
         #: Outcomes of reclaim.lua ("deleted" for acked-away ids, "drained" for queues
         #: that left the busy set) since start.
         self.counts: Counts = collections.Counter()
@@ -106,6 +112,7 @@ class Reaper(PeriodicDuty):
         """Check the registry marker again at the next tick (one EXISTS per leadership),
         and :meth:`hold` reclaims for one visibility timeout."""
         self._registry_checked = False
+        self._repair_at = 0.0
         self.hold()
 
     def interval_s(self) -> float:
@@ -113,8 +120,10 @@ class Reaper(PeriodicDuty):
         return min(5.0, max(0.25, self._settings.visibility_timeout_s / 4))
 
     def active(self) -> bool:
-        """Only the scheduler leader reaps, and not while it holds (see :meth:`hold`)."""
-        return self._lock.is_leader and time.monotonic() >= self._hold_until
+        """Only the scheduler leader reaps, and not while it holds (see :meth:`hold`);
+        the busy-set repair due at the start of a leadership runs during the hold."""
+        return self._lock.is_leader and (time.monotonic() >= self._hold_until
+                                         or time.monotonic() >= self._repair_at)
 
     async def tick(self) -> None:
         """Reap every busy queue once (bounded per queue); the first tick after failed
@@ -125,6 +134,11 @@ class Reaper(PeriodicDuty):
         if not self._registry_checked:
             await groups.backfill_registry(self._redis)
             self._registry_checked = True
+        if time.monotonic() >= self._repair_at:
+            self._repair_at = time.monotonic() + REPAIR_EVERY_S
+            await self.repair_busy_set()
+        if time.monotonic() < self._hold_until:
+            return
         busy = await self.busy_queues()
         self._cursors = {q: c for q, c in self._cursors.items() if q in busy}
         self._pruned_at = {q: t for q, t in self._pruned_at.items() if q in busy}
@@ -212,13 +226,15 @@ class Reaper(PeriodicDuty):
         pipe = self._redis.pipeline(transaction=False)
         for q in queues:
             cursors = self._cursors.get(q, {})
-            _REAP_QUEUE.queue(pipe, [*keys.queue_streams_desc(q), keys.BUSY_QUEUES],
+            _REAP_QUEUE.queue(pipe, [*keys.queue_streams_desc(q), keys.busy_marker(q),
+                                     keys.schedule(q)],
                               _REAP_QUEUE.argv(keys.GROUP, keys.REAPER_CONSUMER,
                                                s.visibility_timeout_ms, CLAIM_COUNT, q,
                                                *(cursors.get(i, "0-0") for i in range(1, 11))))
         self.queue_calls += len(queues)
         claimed: list[tuple[str, str, Any]] = []
         again: list[str] = []
+        drained: list[str] = []
         for q, reply in zip(queues, await execute(self._redis, pipe)):
             if isinstance(reply, Exception):
                 log.error("reaper: reap_queue failed: %r", reply, extra={"queue": q})
@@ -226,6 +242,7 @@ class Reaper(PeriodicDuty):
                 continue
             if int(reply[0]) == 1:
                 per_queue[q]["drained"] += 1
+                drained.append(q)
             streams = keys.queue_streams_desc(q)
             cursors: dict[int, str] = {}
             for index, cursor, entries, deleted in reply[1:]:
@@ -240,7 +257,64 @@ class Reaper(PeriodicDuty):
                 again.append(q)
             else:
                 self._cursors.pop(q, None)
+        await self.leave_busy_set(drained)
         return claimed, again
+
+    async def leave_busy_set(self, queues: list[str]) -> None:
+        """Remove drained queues (their busy markers just deleted) from the busy set.
+
+        The busy set spans queues, so this is a single-key SREM after the queue's
+        script, then a re-read of the markers: a queue that became busy again in
+        between (its enqueue set the marker; the SADD that follows it may have landed
+        before this SREM) is added back. Every interleaving leaves a busy queue in
+        the set: an enqueue that set the marker before the re-read is seen by it, one
+        after it does its own SADD after this SREM."""
+        if not queues:
+            return
+        await self._redis.srem(keys.BUSY_QUEUES, *queues)
+        pipe = self._redis.pipeline(transaction=False)
+        for q in queues:
+            pipe.exists(keys.busy_marker(q))
+        again = [q for q, n in zip(queues, await pipe.execute()) if int(n)]
+        if again:
+            await self._redis.sadd(keys.BUSY_QUEUES, *again)
+
+    async def repair_busy_set(self, page: int = 1000) -> int:
+        """Add every queue whose busy marker is set to the busy set, and every queue with
+        dead letters to the dead-letter index; returns how many busy queues were missing.
+
+        Repairs the one gap of the two-step bookkeeping of these cross-queue sets: a
+        gateway that died (or a SADD refused during a failover) between a script and
+        its SADD. Runs at the start of each leadership and every REPAIR_EVERY_S: both
+        sets are read once, then the registry ``dtq:queues`` is paged through with two
+        reads per queue (EXISTS of the marker and of the dead-letter stream),
+        pipelined ``page`` queues at a time.
+        """
+        busy = {text(m) async for m in self._redis.sscan_iter(keys.BUSY_QUEUES, count=1000)}
+        listed = {text(m) for m in await self._redis.smembers(keys.DEAD_LETTER_QUEUES)}
+        added, start = 0, "-"
+        while True:
+            names = [text(n) for n in await self._redis.zrangebylex(
+                keys.QUEUES, start, "+", start=0, num=page)]
+            if not names:
+                return added
+            pipe = self._redis.pipeline(transaction=False)
+            for q in names:
+                pipe.exists(keys.busy_marker(q))
+                pipe.exists(keys.dead_letter(q))
+            replies = [int(r) for r in await pipe.execute()]
+            missing = [q for i, q in enumerate(names) if replies[2 * i] and q not in busy]
+            unlisted = [q for i, q in enumerate(names) if replies[2 * i + 1] and q not in listed]
+            if unlisted:
+                await self._redis.sadd(keys.DEAD_LETTER_QUEUES, *unlisted)
+            if missing:
+                await self._redis.sadd(keys.BUSY_QUEUES, *missing)
+                added += len(missing)
+                log.warning("busy set repaired: %d busy queues were missing", len(missing),
+                            extra={"queues": missing[:20]})
+            if len(names) < page:
+                return added
+            start = f"({names[-1]}"
 
     async def _reclaim(self, claimed: list[tuple[str, str, Any]],
                        per_queue: dict[str, Counts]) -> None:
@@ -249,17 +323,20 @@ class Reaper(PeriodicDuty):
         for start in range(0, len(claimed), RECLAIM_PER_PIPELINE):
             chunk = claimed[start:start + RECLAIM_PER_PIPELINE]
             pipe = self._redis.pipeline(transaction=False)
+            # a reclaim may dead-letter: the queue joins the dead-letter index first
+            pipe.sadd(keys.DEAD_LETTER_QUEUES, *{queue for queue, _, _ in chunk})
             for queue, stream, (entry_id, flat) in chunk:
                 fields = {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
-                keys_ = [stream, keys.task(fields.get("task_id", "")), keys.DEAD_LETTER,
-                         keys.CANCELLED]
+                keys_ = [stream, keys.task(fields.get("task_id", "")), keys.dead_letter(queue),
+                         keys.cancelled(queue)]
                 raw_idem = fields.get("idempotency_key", "")
                 if raw_idem:
                     keys_.append(keys.idempotency(queue, keys.idempotency_digest(raw_idem)))
                 _RECLAIM.queue(pipe, keys_, _RECLAIM.argv(
                     text(entry_id), fields.get("attempt", "0"), s.dlq_maxlen,
                     s.task_retention_s, keys.GROUP, keys.REAPER_CONSUMER))
-            for (queue, stream, _), reply in zip(chunk, await execute(self._redis, pipe)):
+            replies = await execute(self._redis, pipe)
+            for (queue, stream, _), reply in zip(chunk, replies[1:]):
                 if isinstance(reply, Exception):
                     log.error("reaper: reclaim failed: %r", reply, extra={"stream": stream})
                     per_queue[queue]["error"] += 1

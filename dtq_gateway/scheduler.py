@@ -3,11 +3,12 @@
 Every gateway replica runs a :class:`Scheduler`; exactly one of them leads (see
 :mod:`dtq_gateway.leader`) and only the leader's duties do work:
 
-* :class:`Mover` moves due members of ``dtq:retry:schedule`` (delayed tasks and
-  retries waiting for their backoff) into their priority band. Due ids are read
-  with ``ZRANGEBYSCORE -inf <Redis TIME>`` and each is moved by ``move_due.lua``,
-  which re-checks the lock token, the schedule score and the task status and does
-  the whole move (ZREM + XADD + status) in one script. A move is therefore atomic:
+* :class:`Mover` moves due members of each busy queue's schedule
+  ``dtq:retry:{<queue>}:schedule`` (delayed tasks and retries waiting for their
+  backoff) into their priority band. Due ids are read with ``ZRANGEBYSCORE -inf <Redis
+  TIME>`` (one pipeline over the busy queues) and each is moved by ``move_due.lua``,
+  which re-checks the schedule score and the task status and does the whole move
+  (ZREM + XADD + status) in one script of the queue's hash slot. A move is therefore atomic:
   a crash leaves the task either still scheduled or fully queued, and a second
   attempt to move it finds it gone from the schedule and does nothing. That is why
   the seed's ``dtq:retry:claimed`` hand-off zset is not used: there is no window
@@ -77,6 +78,8 @@ class Mover(PeriodicDuty):
         self._lock = lock
         #: Outcomes of move_due.lua since start.
         self.counts: collections.Counter[str] = collections.Counter()
+        #: set by move_batch: some queue had MOVE_BATCH due tasks (another batch follows)
+        self._more = False
 
     def interval_s(self) -> float:
         """DTQ_SCHEDULER_INTERVAL_MS in seconds."""
@@ -91,52 +94,61 @@ class Mover(PeriodicDuty):
         for _ in range(MAX_BATCHES_PER_TICK):
             if self.stopping or not self._lock.is_leader:
                 return
-            counts = await self.move_batch()
-            if sum(counts.values()) < MOVE_BATCH or counts["not_leader"]:
+            self._more = False
+            await self.move_batch()
+            if not self._more:
                 return
 
     async def move_batch(self) -> collections.Counter[str]:
-        """Move up to MOVE_BATCH due tasks; returns move_due.lua outcome counts."""
+        """Move up to MOVE_BATCH due tasks of each busy queue; returns move_due.lua
+        outcome counts (the sum is MOVE_BATCH or more when some queue has more due)."""
         counts: collections.Counter[str] = collections.Counter()
-        token = self._lock.token
-        if token is None:
+        if self._lock.token is None:
+            return counts
+        busy = sorted({text(m) async for m in self._redis.sscan_iter(keys.BUSY_QUEUES,
+                                                                     count=1000)})
+        busy = [q for q in busy if keys.QUEUE_RE.match(q)]
+        if not busy:
             return counts
         now_ms = await redis_now_ms(self._redis)
-        due = [text(m) for m in await self._redis.zrangebyscore(
-            keys.RETRY_SCHEDULE, "-inf", now_ms, start=0, num=MOVE_BATCH)]
+        pipe = self._redis.pipeline(transaction=False)
+        for q in busy:
+            pipe.zrangebyscore(keys.schedule(q), "-inf", now_ms, start=0, num=MOVE_BATCH)
+        due = [(q, text(m)) for q, members in zip(busy, await pipe.execute())
+               for m in members]
         if not due:
             return counts
         pipe = self._redis.pipeline(transaction=False)
-        for task_id in due:
+        for _, task_id in due:
             pipe.hmget(keys.task(task_id), "queue", "priority", "idem_digest")
         records = await pipe.execute()
         pipe = self._redis.pipeline(transaction=False)
-        for task_id, (queue, priority, digest) in zip(due, records):
-            _MOVE_DUE.queue(pipe, self._move_keys(task_id, queue, priority, digest),
-                            _MOVE_DUE.argv(token, task_id, self._settings.task_retention_s))
-        for task_id, (queue, _, _), reply in zip(due, records, await execute(self._redis, pipe)):
+        for (q, task_id), (_, priority, digest) in zip(due, records):
+            _MOVE_DUE.queue(pipe, self._move_keys(q, task_id, priority, digest),
+                            _MOVE_DUE.argv("", task_id, self._settings.task_retention_s))
+        for (q, task_id), reply in zip(due, await execute(self._redis, pipe)):
             if isinstance(reply, Exception):
                 log.error("mover: move_due failed: %r", reply, extra={"task_id": task_id})
                 counts["error"] += 1
                 continue
             counts[text(reply)] += 1
             if text(reply) == "expired":
-                observe.expired(text(queue))
-        if counts["not_leader"]:
-            self._lock.lose("move_due found another lock value")
+                observe.expired(q)
+        per_queue = collections.Counter(q for q, _ in due)
+        self._more = any(n >= MOVE_BATCH for n in per_queue.values())
         self.counts.update(counts)
         return counts
 
     @staticmethod
-    def _move_keys(task_id: str, queue: object, priority: object, digest: object) -> list[str]:
-        """KEYS of move_due.lua; without a readable hash only the first three."""
-        keys_ = [keys.SCHEDULER_LOCK, keys.RETRY_SCHEDULE, keys.task(task_id)]
-        q, band = text(queue), text(priority)
-        if not keys.QUEUE_RE.match(q) or len(band) != 1 or band not in "0123456789":
+    def _move_keys(queue: str, task_id: str, priority: object, digest: object) -> list[str]:
+        """KEYS of move_due.lua; without a readable hash only the first two."""
+        keys_ = [keys.schedule(queue), keys.task(task_id)]
+        band = text(priority)
+        if len(band) != 1 or band not in "0123456789":
             return keys_
-        keys_ += [keys.stream(q, int(band)), keys.BUSY_QUEUES]
+        keys_.append(keys.stream(queue, int(band)))
         if text(digest):
-            keys_.append(keys.idempotency(q, text(digest)))
+            keys_.append(keys.idempotency(queue, text(digest)))
         return keys_
 
 

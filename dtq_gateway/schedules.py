@@ -131,8 +131,8 @@ async def create(redis: Redis, settings: Settings, spec: pb.Schedule, replace: b
         "created_at_ms": now, "done_ms": now, "next_fire_ms": next_ms, "last_fire_ms": 0,
         "last_task_id": "", "fires_total": 0, "paused": "1" if spec.paused else "0"}
     pipe = redis.pipeline(transaction=True)  # one key: DEL + HSET together
-    pipe.delete(keys.schedule(spec.name))
-    pipe.hset(keys.schedule(spec.name), mapping=fields)
+    pipe.delete(keys.periodic_schedule(spec.name))
+    pipe.hset(keys.periodic_schedule(spec.name), mapping=fields)
     await pipe.execute()
     await redis.zadd(keys.SCHEDULES, {spec.name: math.inf if spec.paused else next_ms})
     log.info("schedule stored", extra={"schedule": spec.name, "replaced": exists})
@@ -142,7 +142,7 @@ async def create(redis: Redis, settings: Settings, spec: pb.Schedule, replace: b
 
 async def get(redis: Redis, name: str) -> pb.ScheduleInfo:
     """One schedule. Raises NotFound / InvalidArgument."""
-    fields = await redis.hgetall(keys.schedule(_check_name(name)))
+    fields = await redis.hgetall(keys.periodic_schedule(_check_name(name)))
     if not fields or await redis.zscore(keys.SCHEDULES, name) is None:
         raise NotFound(f"schedule {name!r} not found", field="name")
     return info_of(fields)
@@ -157,7 +157,7 @@ async def list_page(redis: Redis, size: int, token: str) -> tuple[list[pb.Schedu
     page = names[:size]
     pipe = redis.pipeline(transaction=False)
     for name in page:
-        pipe.hgetall(keys.schedule(name))
+        pipe.hgetall(keys.periodic_schedule(name))
     infos = [info_of(f) for f in await pipe.execute() if f]
     return infos, (page[-1] if len(names) > size else "")
 
@@ -168,7 +168,7 @@ async def set_paused(redis: Redis, name: str, paused: bool) -> pb.ScheduleInfo:
     Raises:
         NotFound: no such schedule.
     """
-    key = keys.schedule(_check_name(name))
+    key = keys.periodic_schedule(_check_name(name))
     if paused:
         updated = await UPDATE(redis, [key], UPDATE.argv("paused", "1"))
         score = math.inf
@@ -191,7 +191,7 @@ async def trigger(redis: Redis, settings: Settings, broker: Any, name: str) -> s
     Raises:
         NotFound: no such schedule. QueueFull and Redis errors of the enqueue.
     """
-    spec_raw = await redis.hget(keys.schedule(_check_name(name)), "spec")
+    spec_raw = await redis.hget(keys.periodic_schedule(_check_name(name)), "spec")
     if spec_raw is None:
         raise NotFound(f"schedule {name!r} not found", field="name")
     now = await _now_ms(redis)
@@ -199,13 +199,13 @@ async def trigger(redis: Redis, settings: Settings, broker: Any, name: str) -> s
                                                   "", now)])
     if isinstance(out, Exception):
         raise out
-    await UPDATE(redis, [keys.schedule(name)], UPDATE.argv("last_task_id", out.task_id))
+    await UPDATE(redis, [keys.periodic_schedule(name)], UPDATE.argv("last_task_id", out.task_id))
     return str(out.task_id)
 
 
 async def delete(redis: Redis, name: str) -> bool:
     """Remove a schedule; True when there was one."""
-    deleted = await redis.delete(keys.schedule(_check_name(name)))
+    deleted = await redis.delete(keys.periodic_schedule(_check_name(name)))
     removed = await redis.zrem(keys.SCHEDULES, name)
     return bool(deleted or removed)
 
@@ -250,7 +250,7 @@ class ScheduleFirer(PeriodicDuty):
 
     async def fire(self, name: str, now: int) -> int:
         """Enqueue the due fires of one schedule; returns how many were enqueued."""
-        key = keys.schedule(name)
+        key = keys.periodic_schedule(name)
         fields = await self._redis.hgetall(key)
         if not fields:
             await self._forget(name)
@@ -302,6 +302,6 @@ class ScheduleFirer(PeriodicDuty):
         """Drop a registry member whose hash is gone (a delete that died halfway); a
         create racing this re-adds it from its hash."""
         await self._redis.zrem(keys.SCHEDULES, name)
-        raw = await self._redis.hget(keys.schedule(name), "next_fire_ms")
+        raw = await self._redis.hget(keys.periodic_schedule(name), "next_fire_ms")
         if raw is not None:
             await self._redis.zadd(keys.SCHEDULES, {name: int(raw)}, nx=True)

@@ -77,37 +77,39 @@ class Script:
         return [keys.EVENTS_CHANNEL, event_id_prefix(EVENT_ID_PREFIX), *args]
 
     async def __call__(self, client: Redis, keys_: Sequence[str], args: Sequence[Any]) -> Any:
-        """Run the script once (EVALSHA, NOSCRIPT → SCRIPT LOAD and retry)."""
+        """Run the script once (EVALSHA; NOSCRIPT → EVAL of the source, which also caches
+        it on the node that owns the keys' slot, so this works on every cluster node)."""
         try:
             return await client.evalsha(self.sha, len(keys_), *keys_, *args)
         except NoScriptError:
-            await client.script_load(self.source)
-            return await client.evalsha(self.sha, len(keys_), *keys_, *args)
+            return await client.eval(self.source, len(keys_), *keys_, *args)
 
     def queue(self, pipe: Any, keys_: Sequence[str], args: Sequence[Any]) -> None:
-        """Add one call to a pipeline; run it with :func:`execute`."""
+        """Add one call to a pipeline; run it with :func:`execute`. Other commands may
+        share the pipeline (their replies come back in place)."""
+        calls = getattr(pipe, "_dtq_calls", None)
+        if calls is None:
+            calls = pipe._dtq_calls = {}
+        calls[len(pipe)] = (self, keys_, args)
         pipe.execute_command("EVALSHA", self.sha, len(keys_), *keys_, *args)
-        pipe._dtq_calls = getattr(pipe, "_dtq_calls", [])
-        pipe._dtq_calls.append((self, keys_, args))
 
 
 async def execute(client: Redis, pipe: Any) -> list[Any]:
     """Execute a pipeline of :meth:`Script.queue` calls.
 
-    Items answered NOSCRIPT are re-run after loading their script; other errors
-    are returned in place (as exceptions) for the caller to map per item.
+    Items answered NOSCRIPT (a Redis restart, SCRIPT FLUSH, a cluster node that never
+    ran the script) are re-run with EVAL of the source, which caches the script on that
+    node; a NOSCRIPT call executed nothing, so the re-run is safe. Other errors are
+    returned in place (as exceptions) for the caller to map per item.
     """
-    calls = getattr(pipe, "_dtq_calls", [])
+    calls = getattr(pipe, "_dtq_calls", {})
     replies = await pipe.execute(raise_on_error=False)
-    missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)
-               or (isinstance(r, ResponseError) and str(r).startswith("NOSCRIPT"))]
-    if missing:
-        for script in {calls[i][0] for i in missing}:
-            await client.script_load(script.source)
-        for i in missing:
+    for i, r in enumerate(replies):
+        if i in calls and (isinstance(r, NoScriptError) or (
+                isinstance(r, ResponseError) and str(r).startswith("NOSCRIPT"))):
             script, keys_, args = calls[i]
             try:
-                replies[i] = await client.evalsha(script.sha, len(keys_), *keys_, *args)
+                replies[i] = await client.eval(script.source, len(keys_), *keys_, *args)
             except ResponseError as exc:
                 replies[i] = exc
     return replies

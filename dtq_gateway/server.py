@@ -16,7 +16,7 @@ import time
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import Redis
 
 from dtq_gateway import auth, keys, leaseid, observe
 from dtq_gateway.audit import request_id_of
@@ -35,6 +35,7 @@ from dtq_gateway.redis_policy import EvictionPolicyWatch
 from dtq_gateway.reflection_pool import ReflectionPool
 from dtq_gateway.scheduler import Scheduler
 from dtq_gateway.settings import Settings
+from dtq_gateway.store.client import make_client
 from dtq_proto import dtq_pb2, dtq_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -78,15 +79,12 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
 
 
 def redis_client(settings: Settings, url: str) -> Redis:
-    """Async Redis client with a bounded pool. No call blocks on the server side, so a
-    socket timeout of a few seconds only ever fires on a dead connection. A connection
-    idle for over a second is PINGed before use, so after a Redis restart stale pooled
-    connections are replaced instead of failing the next (non-idempotent) command."""
-    pool = BlockingConnectionPool.from_url(
-        url, max_connections=settings.redis_max_connections, timeout=5,
-        socket_timeout=5, socket_connect_timeout=3, health_check_interval=1,
-        retry_on_timeout=False)
-    return Redis(connection_pool=pool)
+    """The gateway's async Redis client for ``settings.redis_mode`` (standalone, cluster
+    or Sentinel; built by :func:`dtq_gateway.store.client.make_client`)."""
+    return make_client(settings.redis_mode, url,
+                       max_connections=settings.redis_max_connections,
+                       sentinel_master=settings.redis_sentinel_master,
+                       sentinel_password=settings.redis_sentinel_password)
 
 
 class HealthProbe:

@@ -19,6 +19,21 @@ if TYPE_CHECKING:
     from dtq_gateway.dispatch import Dispatcher
 
 LEASE_READ = Script("lease_read", helpers=("_bucket",))
+WORKER_CHECK = Script("worker_check")
+
+
+@dataclass(eq=False)
+class ReadGroup:
+    """The queues of a session that share one hash slot, read by one lease_read call.
+
+    ``keys``: lease_read's KEYS (pause flags, rate-limit hashes, then the band streams
+    band-major); ``index[i]``: the 1-based position in ``Session.streams`` of the
+    group's stream i+1.
+    """
+
+    queues: list[str]
+    keys: list[str]
+    index: list[int]
 
 
 @dataclass(eq=False)
@@ -61,9 +76,10 @@ class Session:
     #: reads in a row were re-run at once for that (bounded, see Dispatcher._after_read)
     limit_held: int = 0
     limit_rounds: int = 0
-    #: band streams, band-major p9 first, and the full KEYS of lease_read (fixed per session)
+    #: band streams, band-major p9 first, and the queues by hash slot (each slot group
+    #: is one lease_read call; a single-queue session has one group)
     streams: list[str] = field(init=False)
-    read_keys: list[str] = field(init=False)
+    groups: list[ReadGroup] = field(init=False)
 
     @property
     def backlogged(self) -> bool:
@@ -77,32 +93,50 @@ class Session:
 
     def __post_init__(self) -> None:
         self.streams = [keys.stream(q, b) for b in keys.BANDS_DESC for q in self.queues]
-        self.read_keys = ([keys.paused(q) for q in self.queues]
-                          + [keys.rate_limit(q) for q in self.queues] + self.streams
-                          + [keys.worker(self.worker_id)])
+        by_slot: dict[int, list[str]] = {}
+        for q in self.queues:
+            by_slot.setdefault(keys.key_slot(keys.stream(q, 0)), []).append(q)
+        position = {s: i + 1 for i, s in enumerate(self.streams)}
+        self.groups = []
+        for qs in by_slot.values():
+            streams = [keys.stream(q, b) for b in keys.BANDS_DESC for q in qs]
+            self.groups.append(ReadGroup(
+                qs, [keys.paused(q) for q in qs] + [keys.rate_limit(q) for q in qs] + streams,
+                [position[s] for s in streams]))
 
 
 class ReadAhead:
-    """A ``lease_read`` for one idle session, pipelined behind a unary enqueue.
+    """A ``worker_check`` + ``lease_read`` for one idle single-slot session, pipelined
+    behind a unary enqueue.
 
     A task enqueued through this gateway for a queue with an idle Lease session is
     read for that session in the enqueue's own round trip (the read runs after the
     enqueue in Redis), so reaching the worker costs one Redis round trip less: the
     dispatcher only activates. Made by :meth:`Dispatcher.read_ahead`; the caller adds
-    ``script``/``keys``/``args`` to its pipeline, then calls exactly one of
-    :meth:`deliver` (with the reply, or the exception the call returned) or
+    the two calls to its pipeline with :meth:`queue`, then calls exactly one of
+    :meth:`deliver` (with the two replies, or the exceptions the calls returned) or
     :meth:`cancel` (the pipeline failed).
     """
 
-    __slots__ = ("args", "dispatcher", "keys", "queue", "script", "session")
+    __slots__ = ("dispatcher", "queue", "session")
 
     def __init__(self, dispatcher: Dispatcher, session: Session, queue: str) -> None:
         self.dispatcher, self.session, self.queue = dispatcher, session, queue
-        self.script = LEASE_READ
-        self.keys, self.args = dispatcher._read_call(session)
 
-    def deliver(self, reply: Any) -> None:
-        """Hand the lease_read reply to the dispatcher loop (which activates)."""
+    def queue_calls(self, pipe: Any) -> int:
+        """Add worker_check and lease_read to ``pipe``; returns how many calls (2)."""
+        WORKER_CHECK.queue(pipe, *self.dispatcher._check_call(self.session))
+        LEASE_READ.queue(pipe, *self.dispatcher._read_call(self.session,
+                                                            self.session.groups[0]))
+        return 2
+
+    def deliver(self, replies: list[Any]) -> None:
+        """Hand the two replies (check, read) to the dispatcher loop (which activates)."""
+        check, read = replies
+        reply: Any = check if isinstance(check, BaseException) else read
+        if not isinstance(reply, BaseException):
+            reply = self.dispatcher._merge(self.session, int(check),
+                                           [(self.session.groups[0], read)])
         self.dispatcher._reads.append((self, reply))
         self.dispatcher._wake.set()
 

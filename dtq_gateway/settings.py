@@ -32,7 +32,16 @@ class Settings:
 
     redis_url: str = field(default="", metadata=_meta(
         "Redis URL (redis://, rediss:// or unix://). Empty = start an embedded "
-        "redis-server.", secret=True))
+        "redis-server. In cluster mode any node of the cluster; in sentinel mode a "
+        "sentinel, or a comma list of them (redis://s1:26379,s2:26379).", secret=True))
+    redis_mode: str = field(default="standalone", metadata=_meta(
+        "standalone (one Redis), cluster (Redis Cluster: DTQ_REDIS_URL names any node) or "
+        "sentinel (DTQ_REDIS_URL names the sentinels, DTQ_REDIS_SENTINEL_MASTER the "
+        "service)."))
+    redis_sentinel_master: str = field(default="", metadata=_meta(
+        "Sentinel service name of the dtq primary (sentinel mode only)."))
+    redis_sentinel_password: str = field(default="", metadata=_meta(
+        "Password of the sentinels themselves (sentinel mode; empty = none).", secret=True))
     listen: str = field(default="127.0.0.1:50051", metadata=_meta("gRPC listen address host:port."))
     metrics_port: int = field(default=9464, metadata=_meta(
         "Prometheus HTTP port; 0 disables. /metrics has no authentication: bind it where "
@@ -249,6 +258,15 @@ def _validate(s: Settings) -> None:
         raise SettingsError("DTQ_DASHBOARD_HOST must not be empty while DTQ_DASHBOARD_PORT is set")
     if s.redis_url and not s.redis_url.startswith(("redis://", "rediss://", "unix://")):
         raise SettingsError("DTQ_REDIS_URL must start with redis://, rediss:// or unix://")
+    if s.redis_mode not in ("standalone", "cluster", "sentinel"):
+        raise SettingsError(f"DTQ_REDIS_MODE must be standalone, cluster or sentinel "
+                            f"(got {s.redis_mode!r})")
+    if s.redis_mode != "standalone" and not s.redis_url:
+        raise SettingsError(f"DTQ_REDIS_MODE={s.redis_mode} needs DTQ_REDIS_URL (the "
+                            "embedded redis-server is standalone only)")
+    if s.redis_mode == "sentinel" and not s.redis_sentinel_master:
+        raise SettingsError("DTQ_REDIS_MODE=sentinel needs DTQ_REDIS_SENTINEL_MASTER "
+                            "(the service name the sentinels monitor)")
     if bool(s.tls_cert) != bool(s.tls_key):
         raise SettingsError("DTQ_TLS_CERT and DTQ_TLS_KEY must be set together")
     if s.tls_client_ca and not s.tls_cert:

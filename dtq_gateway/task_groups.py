@@ -186,7 +186,7 @@ class TaskGroups:
         return True
 
     async def _enqueue_callback(self, queue: str, group_id: str, g: GroupState) -> None:
-        cb_id = callback_task_id(group_id)
+        cb_id = callback_task_id(group_id, queue)
         if not await self.redis.exists(keys.task(cb_id)):
             tmpl = dtq_pb2.EnqueueRequest.FromString(g.callback)
             tmpl.metadata[GROUP_KEY] = group_id

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import time
-import uuid
 from dataclasses import dataclass
 
 from dtq_gateway import keys
@@ -126,9 +125,11 @@ def check_hostname(hostname: str, field: str = "hostname") -> str:
 
 
 def check_task_id(task_id: str, field: str = "task_id") -> str:
-    """Return ``task_id`` if it is 32 lowercase hex characters."""
+    """Return ``task_id`` if it has the form of an id the gateway makes (32 lowercase hex
+    characters, then ``-`` and a 1-4 character slot tag; see keys.TASK_ID_RE)."""
     if not keys.TASK_ID_RE.match(task_id):
-        raise InvalidArgument(f"{field}: must be 32 lowercase hex characters", field=field)
+        raise InvalidArgument(f"{field}: not a task id (32 lowercase hex characters and "
+                              f"a slot tag, as Enqueue returns it)", field=field)
     return task_id
 
 
@@ -318,7 +319,7 @@ def validate_enqueue(req: dtq_pb2.EnqueueRequest, settings: Settings,
     _range(cap, 1, 86_400_000, prefix + "retry_policy.backoff_cap_ms")
     idem = req.idempotency_key
     return NewTask(
-        task_id=uuid.uuid4().hex, queue=req.queue, task_type=req.task_type,
+        task_id=keys.new_task_id(req.queue), queue=req.queue, task_type=req.task_type,
         payload=req.payload, content_type=content_type, priority=priority,
         max_attempts=max_attempts, timeout_ms=timeout_ms, idem_key=idem,
         idem_digest=keys.idempotency_digest(idem) if idem else "",

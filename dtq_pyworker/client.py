@@ -25,7 +25,6 @@ from dtq_pyworker._requests import (
     batch_results,
     enqueue_request,
     enqueue_result,
-    is_terminal,
     template_request,
 )
 from dtq_pyworker.errors import DtqRpcError

@@ -1,5 +1,5 @@
 -- _bucket.lua: token buckets of rate limits (prepended by the scripts that use them).
--- A queue's limits live in ONE hash, dtq:queue:<q>:ratelimit (docs/redis-layout.md).
+-- A queue's limits live in ONE hash, dtq:queue:{<q>}:ratelimit (docs/redis-layout.md).
 -- A scope is '*' (the whole queue) or a task type (whose alphabet has no '|' or '*'):
 --   cfg|<scope>  "limit period_ms burst"   (integers; limit tokens per period_ms)
 --   tok|<scope>  tokens left at ts|<scope> (decimal string, fractional)

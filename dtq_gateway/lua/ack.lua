@@ -7,11 +7,11 @@
 -- Per lease i, from k = (i-1)*6:
 --   KEYS[k+1] band stream  [k+2] task hash  [k+3] result string  [k+4] idempotency record,
 --   or the task hash again when the task has no idempotency key
---   [k+5] chain-pending zset of the task's queue dtq:chains:pending:<queue>: a task with a
+--   [k+5] chain-pending zset of the task's queue dtq:chains:pending:{<queue>}: a task with a
 --   chain step still to create is added (member task id, score now) in this same call,
 --   so "A succeeded" and "B is owed" are one atomic fact; followups.py creates B and
 --   removes A, and the leader's follow-up sweep finishes what a dead gateway left.
---   [k+6] the queue's counters hash dtq:queue:<q>:counters (field succeeded: one HINCRBY
+--   [k+6] the queue's counters hash dtq:queue:{<q>}:counters (field succeeded: one HINCRBY
 --   per queue per call)
 -- ARGV[3] group  [4] n leases  [5] result TTL s  [6] task retention s
 -- then per lease i, 7 values from a = 6 + (i-1)*7:

@@ -1,7 +1,9 @@
 -- activate: turn entries just read by lease_read into active leases, or absorb them.
 -- Per activated entry: one HMGET (the fencing read) and one HSET; no TTL (a live record
 -- has none, see retire() in _lib.lua) and one events message per call.
--- KEYS[1]   cancelled set dtq:cancelled
+-- Every entry of one call is of ONE queue (one hash slot; the dispatcher calls once per
+-- queue).
+-- KEYS[1]   the queue's cancelled set dtq:cancelled:{<queue>}
 -- per entry i (3 keys): band stream, task hash, idempotency record (or the task hash
 --           again when the task has no idempotency key)
 -- ARGV[3] consumer (worker id)  [4] task retention s  [5] group

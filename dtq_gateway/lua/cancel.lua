@@ -1,16 +1,18 @@
--- cancel: cancel a queued or scheduled task, or flag an active one; audited.
+-- cancel: cancel a queued or scheduled task, or flag an active one. Every key is of the
+-- task's queue (one hash slot); the caller appends the audit entry right after.
 -- A queued task's entry is deleted at once when no read has taken it yet, so depth,
 -- the depth gate and the backlog age count live tasks only; an entry a lease_read
 -- already took (the moment before its activation) is left to activate.lua, which
 -- acks it away and drops the id from the cancelled set.
--- KEYS[1] task hash  [2] cancelled set  [3] retry schedule zset  [4] audit stream
+-- KEYS[1] task hash  [2] the queue's cancelled set  [3] the queue's schedule zset
+-- KEYS[4] unused (the task hash again)
 -- KEYS[5] idempotency record or the task hash again (see has_idem)
 -- KEYS[6] the task's band stream (its queue and priority; the task hash again when
 --         the record could not be read)
--- ARGV[3] task id  [4] actor  [5] request id  [6] reason  [7] audit MAXLEN (~)
+-- ARGV[3] task id  [4..7] unused (actor, request id, reason, audit MAXLEN)
 -- ARGV[8] task retention s  [9] has_idem '1'/'0'  [10] consumer group
 -- Reply: {'cancelled'} | {'requested'} | {'terminal', status} | {'missing'}
-local task_key, cancelled_key, schedule_key, audit_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local task_key, cancelled_key, schedule_key = KEYS[1], KEYS[2], KEYS[3]
 local idem_key = ARGV[9] == '1' and KEYS[5] or nil
 local task_id = ARGV[3]
 local h = redis.call('HMGET', task_key, 'status', 'queue', 'task_type', 'attempt', 'worker_id',
@@ -49,7 +51,4 @@ else
 end
 if reply[1] == 'cancelled' then retire(task_key, now, tonumber(ARGV[8]))
 else keep_live(task_key, now) end
-redis.call('XADD', audit_key, 'MAXLEN', '~', ARGV[7], '*', 'actor', ARGV[4],
-  'action', 'cancel_task', 'task_id', task_id, 'ts', now, 'request_id', ARGV[5],
-  'detail', ARGV[6])
 return reply

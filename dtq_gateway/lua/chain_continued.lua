@@ -2,7 +2,7 @@
 -- task from its queue's chain-pending set. Both keys belong to the task's queue.
 -- The record is written only while it exists: a record that expired meanwhile must not
 -- come back as a partial hash without a TTL.
--- KEYS[1] task hash dtq:task:<id>  [2] chain-pending zset dtq:chains:pending:<queue>
+-- KEYS[1] task hash dtq:task:{<slot>}:<id>  [2] chain-pending zset dtq:chains:pending:{<queue>}
 -- ARGV[3] task id  [4] next step's task id ('' = no step will be created: only drop the
 --         task from the pending set)  [5] chain error text ('' = none; recorded as
 --         chain_error when the next step could not be built)

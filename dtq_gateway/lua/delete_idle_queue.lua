@@ -2,20 +2,24 @@
 -- them for a while (the idle-queue sweep, queue_sweep.py). All checks and the deletes
 -- run in this one script, so no entry or read can slip in between.
 --
--- Kept (reply 0) when any of: the queue is paused (an operator's setting); a stream
+-- Kept (reply 0) when any of: the queue is paused (an operator's setting); its busy
+-- marker is set (work queued or scheduled, whatever dtq:queues:busy says); a stream
 -- holds an entry (queued or leased); a stream's newest entry ever added is younger
 -- than the idle time; a consumer of a stream interacted (read or tried to read) more
 -- recently than the idle time (a worker listening on the queue); a group has pending
 -- ids. Otherwise the ten streams (with their group and consumers) are deleted.
 --
--- KEYS[1..10] dtq:stream:<queue>:p9 .. p0
--- KEYS[11]    dtq:queue:<queue>:paused
+-- KEYS[1..10] dtq:stream:{<queue>}:p9 .. p0
+-- KEYS[11]    dtq:queue:{<queue>}:paused
+-- KEYS[12]    dtq:queue:{<queue>}:busy (all twelve keys in the queue's hash slot)
 -- ARGV[1] events channel, ARGV[2] event-id prefix (unused; _lib.lua convention)
 -- ARGV[3] consumer group ("workers")
 -- ARGV[4] idle time (ms)
 -- Reply: 1 = deleted (or nothing was there), 0 = kept
 local group, idle = ARGV[3], tonumber(ARGV[4])
-if redis.call('EXISTS', KEYS[11]) == 1 then return 0 end
+if redis.call('EXISTS', KEYS[11]) == 1 or redis.call('EXISTS', KEYS[12]) == 1 then
+  return 0
+end
 local now = now_ms()
 for i = 1, 10 do
   local s = KEYS[i]

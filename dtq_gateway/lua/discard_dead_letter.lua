@@ -1,11 +1,11 @@
 -- discard_dead_letter.lua: remove a task's dead-letter entry; the task keeps status
 -- dead_lettered and gains discarded=1 (shown as metadata discarded=true).
--- KEYS[1]  task hash (dtq:task:<id>)
--- KEYS[2]  dead-letter stream (dtq:stream:dead-letter)
--- KEYS[3]  audit stream (dtq:stream:audit)
+-- Both keys are of the task's queue (one hash slot); the caller appends the audit entry.
+-- KEYS[1]  task hash (dtq:task:{<tag>}:<id>)
+-- KEYS[2]  the queue's dead-letter stream (dtq:stream:{<q>}:dead-letter)
+-- KEYS[3]  unused (the task hash again)
 -- ARGV[1..2] events channel, event id prefix (_lib.lua convention)
--- ARGV[3]  approximate MAXLEN of the audit stream (entries)
--- ARGV[4]  actor   ARGV[5] request_id   ARGV[6] task retention (s)
+-- ARGV[3..5] unused (audit MAXLEN, actor, request id)   ARGV[6] task retention (s)
 -- Reply: {"OK", ts (epoch ms)} or {"NOT_FOUND"} (no hash), {"NO_ENTRY"} (already
 --     discarded, purged or trimmed), {"WRONG_STATE", status}.
 local task_key = KEYS[1]
@@ -17,5 +17,4 @@ if redis.call('XDEL', KEYS[2], f[2]) == 0 then return {'NO_ENTRY'} end
 local ms = now_ms()
 redis.call('HSET', task_key, 'discarded', '1', 'dlq_entry_id', '')
 retire(task_key, ms, ARGV[6])
-audit(KEYS[3], ARGV[3], ms, ARGV[4], 'discard_dead_letter', f[4], ARGV[5], '')
 return {'OK', ms}

@@ -1,18 +1,22 @@
--- dlq_scan.lua: one page of the dead-letter stream without payloads (for filters
+-- dlq_scan.lua: one page of a queue's dead-letter stream without payloads (for filters
 -- and counts, so large payloads never cross the wire).
--- KEYS[1]  dead-letter stream (dtq:stream:dead-letter)
+-- KEYS[1]  the queue's dead-letter stream (dtq:stream:{<queue>}:dead-letter)
 -- ARGV[1..2] events channel, event id prefix (unused; _lib.lua convention)
 -- ARGV[3]  "rev" (newest first, XREVRANGE) or "fwd" (oldest first, XRANGE)
--- ARGV[4]  exclusive start entry id, "" = from the newest (rev) / oldest (fwd)
+-- ARGV[4]  exclusive start entry id, "" = from the newest (rev) / oldest (fwd);
+--          "=<id>" = inclusive start (a merged listing's tie on the entry id)
 -- ARGV[5]  page size (entries)
 -- Reply: flat array, 7 items per entry: entry id, task_id, queue, task_type,
 --     last_error_class, failed_at_ms, attempts_made
 local entries
+local start = ARGV[4]
+if string.sub(start, 1, 1) == '=' then start = string.sub(start, 2)
+elseif start ~= '' then start = '(' .. start end
 if ARGV[3] == 'rev' then
-  entries = redis.call('XREVRANGE', KEYS[1], ARGV[4] == '' and '+' or ('(' .. ARGV[4]), '-',
+  entries = redis.call('XREVRANGE', KEYS[1], start == '' and '+' or start, '-',
     'COUNT', ARGV[5])
 else
-  entries = redis.call('XRANGE', KEYS[1], ARGV[4] == '' and '-' or ('(' .. ARGV[4]), '+',
+  entries = redis.call('XRANGE', KEYS[1], start == '' and '-' or start, '+',
     'COUNT', ARGV[5])
 end
 local out = {}

@@ -1,15 +1,17 @@
 -- enqueue: create tasks, each queued in its band stream or scheduled for later.
--- One call enqueues n tasks (EnqueueBatch sends chunks; Enqueue sends n = 1), so the
--- per-call costs (EVALSHA framing, TIME, the recent-tasks index, the busy-queue set, the
--- one events message) are paid once per chunk; per task it runs XADD (or ZADD to the
--- schedule) and one HSET, plus GET/SET of the idempotency record when the task has a key.
--- The record gets no TTL here: a live task never expires (see retire() in _lib.lua).
--- KEYS[1]  retry schedule zset  dtq:retry:schedule
--- KEYS[2]  recent tasks zset    dtq:tasks:recent
--- KEYS[3]  busy-queue set       dtq:queues:busy
+-- One call enqueues n tasks of ONE queue (EnqueueBatch sends chunks per queue; Enqueue
+-- sends n = 1), so every key is in the queue's hash slot and the per-call costs
+-- (EVALSHA framing, TIME, the busy marker, the one events message) are paid once per
+-- chunk; per task it runs XADD (or ZADD to the schedule) and one HSET, plus GET/SET of
+-- the idempotency record when the task has a key. The record gets no TTL here: a live
+-- task never expires (see retire() in _lib.lua). The recent-tasks index and the busy
+-- set span queues: the caller writes them after this call (single-key commands).
+-- KEYS[1]  the queue's schedule zset  dtq:retry:{<queue>}:schedule
+-- KEYS[2]  the queue's busy marker    dtq:queue:{<queue>}:busy
+-- KEYS[3]  unused (the task hash of the first task; kept for the stride)
 -- then per task i (stride s = 3, or 13 with a depth limit), from k = 3 + (i-1)*s:
---   KEYS[k+1] task hash dtq:task:<id>   KEYS[k+2] band stream dtq:stream:<queue>:p<priority>
---   KEYS[k+3] idempotency record dtq:idempotency:<queue>:<sha256> (the task hash again
+--   KEYS[k+1] task hash dtq:task:{<slot>}:<id>   KEYS[k+2] band stream dtq:stream:{<queue>}:p<priority>
+--   KEYS[k+3] idempotency record dtq:idempotency:{<queue>}:<sha256> (the task hash again
 --             when the task has no idempotency key)
 --   KEYS[k+4 .. k+13] the queue's ten band streams (depth gate; only with a depth limit)
 -- ARGV[3] n tasks  [4] task retention s (unused: kept for the argument layout)
@@ -26,13 +28,17 @@
 --   a task never exists without its follow-ups.
 -- Reply: one item per task, in order:
 --   {'ok', task_id, status} | {'dup', earlier task_id, earlier state} | {'full', depth}
-local schedule_key, recent_key, busy_key = KEYS[1], KEYS[2], KEYS[3]
+-- then one last item {'meta', now_ms, became_busy (1 = this call set the busy marker:
+-- the caller adds the queue to dtq:queues:busy), created task ids and times for the
+-- recent-tasks index as {ms, id, ms, id, ...}}
+local schedule_key, busy_key = KEYS[1], KEYS[2]
 local n = tonumber(ARGV[3])
 local idem_ttl_s = tonumber(ARGV[5])
 local recent_max, max_depth = tonumber(ARGV[6]), tonumber(ARGV[7])
 local stride = max_depth > 0 and 13 or 3
 local now = now_ms()
-local recent, busy, depths = {}, {}, {}
+local recent, depths = {}, {}
+local busy = false
 
 -- Depth of a queue's bands (queued + leased entries), read once per call and counted
 -- up locally as this call adds entries.
@@ -83,10 +89,10 @@ local function enqueue_one(k, a)
       'task_type', task_type, 'payload', payload, 'attempt', 1,
       'max_attempts', ARGV[a + 7], 'priority', ARGV[a + 6], 'timeout_ms', ARGV[a + 8],
       'idempotency_key', idem)
-    busy[queue] = true
   else
     redis.call('ZADD', schedule_key, due, task_id)
   end
+  busy = true
 
   -- one HSET for the record (hot path). Field order matters: a small hash is a
   -- listpack, where HMGET/HSET find a field by scanning from the front, so the fields
@@ -123,12 +129,7 @@ local replies = {}
 for i = 1, n do
   replies[i] = enqueue_one(3 + (i - 1) * stride, 7 + (i - 1) * 19)
 end
-if #recent > 0 then
-  redis.call('ZADD', recent_key, unpack(recent))
-  -- the recent-tasks index keeps its newest recent_max members: trimmed once per call
-  redis.call('ZREMRANGEBYRANK', recent_key, 0, -(recent_max + 1))
-end
-local names = {}
-for q in pairs(busy) do names[#names + 1] = q end
-if #names > 0 then redis.call('SADD', busy_key, unpack(names)) end
+local became_busy = 0
+if busy and redis.call('SET', busy_key, '1', 'NX') then became_busy = 1 end
+replies[n + 1] = {'meta', now, became_busy, recent}
 return replies

@@ -1,7 +1,9 @@
 -- fail: report a failed, released or cancelled lease (fenced).
--- KEYS[1] band stream  [2] task hash  [3] dead-letter stream  [4] retry schedule zset
+-- All keys are of the task's queue (one hash slot):
+-- KEYS[1] band stream  [2] task hash  [3] the queue's dead-letter stream
+-- KEYS[4] the queue's schedule zset
 -- KEYS[5] idempotency record or the task hash again (see has_idem)
--- KEYS[6] (optional) the queue's counters hash dtq:queue:<q>:counters: one HINCRBY of
+-- KEYS[6] (optional) the queue's counters hash dtq:queue:{<q>}:counters: one HINCRBY of
 --         retried, dead_lettered or cancelled by the outcome (a release counts nothing)
 -- ARGV[3] group  [4] entry id  [5] attempt  [6] worker id  [7] task id
 -- ARGV[8] mode: 'failure' | 'release' | 'cancelled'  [9] retryable '1'/'0'

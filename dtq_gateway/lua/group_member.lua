@@ -3,7 +3,7 @@
 -- members may live anywhere, so each member's transition is recorded on its own
 -- (idempotently) after the member's own script ended; the follow-up sweep repeats it
 -- for members whose gateway died in between.
--- KEYS[1] group hash dtq:group:<callback queue>:<group id>
+-- KEYS[1] group hash dtq:group:{<callback queue>}:<group id>
 -- ARGV[3] member task id  [4] outcome JSON {"status", "error_class", "error"}
 -- Reply: {done, total}: members recorded so far and members in the group (total is 0
 -- while the group is still being created), or {-1, 0} when the group record is gone.

@@ -1,16 +1,18 @@
--- lease_read: read new entries for one consumer, strictly p9 -> p0 across queues,
--- never exceeding the consumer's max_in_flight counted from the PEL.
--- KEYS[1..m]           pause flags dtq:queue:<q>:paused, one per queue
--- KEYS[m+1 .. 2m]      rate limits dtq:queue:<q>:ratelimit, one per queue (_bucket.lua)
--- KEYS[2m+1 .. 12m]    band streams, band-major: p9 of every queue, then p8, ...
--- KEYS[#KEYS]          the worker's record dtq:worker:<id>
+-- lease_read: read new entries for one consumer, strictly p9 -> p0 across the queues of
+-- the call, never exceeding the consumer's max_in_flight counted from the PEL. Every
+-- queue of one call is in one hash slot (a session's queues are read slot by slot, see
+-- sessions.py); the worker's own state is checked by worker_check.lua.
+-- KEYS[1..m]           pause flags dtq:queue:{<q>}:paused, one per queue
+-- KEYS[m+1 .. 2m]      rate limits dtq:queue:{<q>}:ratelimit, one per queue (_bucket.lua)
+-- KEYS[2m+1 .. 2m+n]   band streams, band-major: p9 of every queue, then p8, ... (n = 10m,
+--                      or m for a read of one band)
 -- ARGV[3] group  [4] consumer (worker id)  [5] max_in_flight  [6] max entries this call
--- ARGV[7] m (number of queues)  [8] stale after ms: a worker whose last heartbeat is
---         older than this gets nothing (0 = no check)
--- Reply: {pending_before, {stream indexes without group}, worker state (0 = ok,
---         1 = stalled: no recent heartbeat, 2 = draining: end its sessions),
---         number of non-empty band streams (0 = every queue of the call is empty, whatever
---         the worker state), {wait_ms, {typed}, {limited}, {throttled}},
+--         (0 = read nothing: count pending and report the non-empty streams, as a 6th
+--         reply item {stream index, ...})
+-- ARGV[7] m (number of queues)  [8] unused
+-- Reply: {pending_before, {stream indexes without group}, 0,
+--         number of non-empty band streams (0 = every queue of the call is empty),
+--         {wait_ms, {typed}, {limited}, {throttled}},
 --         {stream index, entry id, {field, value, ...}}, ...}
 --         (stream index is 1-based into the streams part; typed, limited and throttled
 --         are 1-based queue indexes: queues with task-type limits, queues with any
@@ -19,13 +21,9 @@
 -- A queue-wide rate limit caps the COUNT of each XREADGROUP at the bucket's whole
 -- tokens and takes one per entry read: a throttled task is never read, so it stays in
 -- its stream, queued, in order, with no attempt spent (docs/rate-limits.md).
--- A stalled worker (SIGSTOPped, GC-paused, partitioned with its stream still open) would
--- otherwise receive new leases as the reaper takes its old ones away, and burn an
--- attempt of each: it only gets work again once it heartbeats.
 local group, consumer = ARGV[3], ARGV[4]
 local max_in_flight, max_count, m = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local stale_after = tonumber(ARGV[8])
-local n_streams = #KEYS - 2 * m - 1
+local n_streams = #KEYS - 2 * m
 local S = 2 * m  -- streams start after the pause flags and the rate-limit keys
 local missing = {}
 local pending = 0
@@ -48,13 +46,8 @@ for i = 1, n_streams do
 end
 local limits = {0, {}, {}, {}}
 local reply = {pending, missing, 0, #live, limits}
-local w = redis.call('HMGET', KEYS[#KEYS], 'last_heartbeat', 'status')
-if w[2] == 'draining' then
-  reply[3] = 2
-  return reply
-end
-if stale_after > 0 and now_ms() - (tonumber(w[1] or '0') or 0) > stale_after then
-  reply[3] = 1
+if max_count == 0 then
+  reply[6] = live
   return reply
 end
 local credit = math.min(max_in_flight - pending, max_count)

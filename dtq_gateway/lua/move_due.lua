@@ -1,17 +1,17 @@
--- move_due.lua: scheduler leader moves ONE due task from dtq:retry:schedule into its
--- priority band. Lock check, due check, status check and the move happen in this one
--- script, so a move is atomic and can never happen twice (no dtq:retry:claimed hand-off).
+-- move_due.lua: the scheduler leader moves ONE due task from its queue's schedule into
+-- its priority band. Due check, status check and the move happen in this one script,
+-- so a move is atomic and can never happen twice, whoever calls it (no lock check: the
+-- lock lives in another hash slot, and a second mover finds the member gone).
+-- The queue stays busy throughout (its schedule held the task until this step), so
+-- its busy marker needs no update.
 --
--- KEYS[1] dtq:lock:scheduler       (string: the leader's token)
--- KEYS[2] dtq:retry:schedule       (zset: task_id scored by due epoch ms)
--- KEYS[3] dtq:task:<task_id>       (hash: the task record)
--- KEYS[4] dtq:stream:<queue>:p<n>  (band stream of the task; KEYS[4..] are absent when
---                                   the caller could not read the task hash)
--- KEYS[5] dtq:queues:busy           (set: the queue joins it when the task is moved,
---                                   because its streams may have drained meanwhile)
--- KEYS[6] dtq:idempotency:<queue>:<digest> (optional; only when the task has a key)
+-- KEYS[1] dtq:retry:{<queue>}:schedule  (zset: task_id scored by due epoch ms)
+-- KEYS[2] dtq:task:{<tag>}:<task_id>    (hash: the task record)
+-- KEYS[3] dtq:stream:{<queue>}:p<n>     (band stream of the task; KEYS[3..] are absent
+--                                       when the caller could not read the task hash)
+-- KEYS[4] dtq:idempotency:{<queue>}:<digest> (optional; only when the task has a key)
 -- ARGV[1] events channel, ARGV[2] event-id prefix (see _lib.lua)
--- ARGV[3] lock token of the caller
+-- ARGV[3] unused (was the lock token)
 -- ARGV[4] task_id
 -- ARGV[5] task retention (s): EXPIRE of the task hash
 --
@@ -22,13 +22,11 @@
 --   "gone"       task hash missing (retention ran out): schedule member removed
 --   "skipped"    task not in status scheduled (cancelled, moved elsewhere): member removed
 --   "not_due"    not in the schedule, or its score is still in the future: nothing done
---   "not_leader" the lock is not held with this token: nothing done
 --   "retry"      hash exists but the caller passed no band stream: nothing done
 
-local lock_key, sched_key, task_key, stream_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local token, task_id, retention_s = ARGV[3], ARGV[4], tonumber(ARGV[5])
+local sched_key, task_key, stream_key = KEYS[1], KEYS[2], KEYS[3]
+local task_id, retention_s = ARGV[4], tonumber(ARGV[5])
 
-if redis.call('GET', lock_key) ~= token then return 'not_leader' end
 local now = now_ms()
 local score = redis.call('ZSCORE', sched_key, task_id)
 if not score or tonumber(score) > now then return 'not_due' end
@@ -52,14 +50,13 @@ redis.call('ZREM', sched_key, task_id)
 if expires_at > 0 and now >= expires_at and (tonumber(f[6]) or 0) == 0 then
   redis.call('HSET', task_key, 'status', 'expired', 'finished_at_ms', now, 'due_at_ms', 0)
   retire(task_key, now, retention_s)
-  idem_update(KEYS[6], task_id, 'failed', now)
+  idem_update(KEYS[4], task_id, 'failed', now)
   publish('TASK_EXPIRED', now, task_id, queue, task_type, attempt, '',
     {reason = 'deadline_passed', expires_at_ms = expires_at})
   return 'expired'
 end
 
 add_entry(stream_key, task_key, attempt)
-redis.call('SADD', KEYS[5], queue)
 redis.call('HSET', task_key, 'status', 'queued', 'due_at_ms', 0)
 keep_live(task_key, now)
 publish('TASK_QUEUED', now, task_id, queue, task_type, attempt, '', {reason = 'due'})

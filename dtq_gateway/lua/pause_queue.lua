@@ -1,13 +1,13 @@
--- pause_queue.lua: pause or resume a queue, with its event and audit entry, atomically.
--- KEYS[1]  pause flag of the queue (dtq:queue:<q>:paused)
--- KEYS[2]  audit stream (dtq:stream:audit)
+-- pause_queue.lua: pause or resume a queue, with its event, atomically. The caller
+-- appends the audit entry right after (the audit stream spans queues).
+-- KEYS[1]  pause flag of the queue (dtq:queue:{<q>}:paused)
 -- ARGV[1..2] events channel, event id prefix (_lib.lua convention)
 -- ARGV[3]  "pause" or "resume"
 -- ARGV[4]  approximate MAXLEN of the audit stream (entries)
 -- ARGV[5]  actor   ARGV[6] request_id   ARGV[7] reason (free text)   ARGV[8] queue name
 -- Reply: {changed (1 = the flag changed, 0 = it already had that value), ts (epoch ms)}
--- A change publishes CONFIGURATION_CHANGED {queue, metadata {paused, actor}}; every
--- call (changed or not) appends one audit entry, action pause_queue / resume_queue.
+-- A change publishes CONFIGURATION_CHANGED {queue, metadata {paused, actor}}; the
+-- caller audits every call (changed or not), action pause_queue / resume_queue.
 local ms = now_ms()
 local pause = ARGV[3] == 'pause'
 local changed
@@ -20,9 +20,4 @@ if changed == 1 then
   publish('CONFIGURATION_CHANGED', ms, '', ARGV[8], '', 0, '',
     {paused = pause and 'true' or 'false', actor = ARGV[5]})
 end
-local detail = ARGV[7]
-if changed == 0 then
-  detail = (detail ~= '' and (detail .. '; ') or '') .. 'unchanged'
-end
-audit(KEYS[2], ARGV[4], ms, ARGV[5], ARGV[3] .. '_queue', ARGV[8], ARGV[6], detail)
 return {changed, ms}

@@ -9,7 +9,7 @@
 -- this one script, so no read can give the consumer an entry in between. A live worker
 -- whose consumer was deleted gets it back with its next read.
 --
--- KEYS[1..10] dtq:stream:<queue>:p9 .. p0
+-- KEYS[1..10] dtq:stream:{<queue>}:p9 .. p0
 -- ARGV[1] events channel, ARGV[2] event-id prefix (unused; _lib.lua convention)
 -- ARGV[3] consumer group ("workers")
 -- ARGV[4] idle (ms): delete only consumers that have not read for at least this long

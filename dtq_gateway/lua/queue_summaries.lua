@@ -5,8 +5,8 @@
 -- reply of three numbers per queue.
 --
 -- KEYS, per queue i (stride 11, from k = (i-1)*11):
---   KEYS[k+1 .. k+10] dtq:stream:<queue>:p9 .. p0
---   KEYS[k+11]        dtq:queue:<queue>:paused
+--   KEYS[k+1 .. k+10] dtq:stream:{<queue>}:p9 .. p0
+--   KEYS[k+11]        dtq:queue:{<queue>}:paused
 -- ARGV[1] events channel, ARGV[2] event-id prefix (unused; _lib.lua convention)
 -- ARGV[3] consumer group ("workers")
 --

@@ -5,7 +5,7 @@
 -- keeps the call short), and returns only per task type how many wait and since when. Entries put back unleased (a
 -- session that does not take their type read them) keep their first wait time in the
 -- queued_at field.
--- KEYS[1..10] dtq:stream:<queue>:p9 .. p0 (one queue)
+-- KEYS[1..10] dtq:stream:{<queue>}:p9 .. p0 (one queue)
 -- ARGV[1] events channel, ARGV[2] event-id prefix (unused; _lib.lua convention)
 -- ARGV[3] consumer group ("workers")  [4] most entries read in all (1..)
 -- Reply: {entries read, complete (1 = every waiting entry was read), then per task type

@@ -1,5 +1,5 @@
 -- rate_limit_set.lua: set, change or remove one rate limit of a queue (Admin).
--- KEYS[1] rate limits of the queue  dtq:queue:<q>:ratelimit (see _bucket.lua)
+-- KEYS[1] rate limits of the queue  dtq:queue:{<q>}:ratelimit (see _bucket.lua)
 -- ARGV[3] scope ('*' = whole queue, else a task type)
 -- ARGV[4] "limit period_ms burst" to set or change; '' to remove
 -- ARGV[5] queue name (for the event)   ARGV[6] actor

@@ -4,7 +4,7 @@
 -- are put back at the tail of their stream, still queued, no attempt spent), and to
 -- give back tokens taken for entries it did not deliver (absorbed, cancelled, wrong
 -- type for the session).
--- KEYS[1] rate limits of the queue  dtq:queue:<q>:ratelimit
+-- KEYS[1] rate limits of the queue  dtq:queue:{<q>}:ratelimit
 -- ARGV[3..] pairs: scope ('*' = whole queue, else a task type), n (> 0: take up to n;
 --           < 0: give back -n, up to the burst)
 -- Reply: one {granted, wait_ms} per pair: granted = n when the scope has no limit;

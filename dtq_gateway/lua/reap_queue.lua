@@ -1,8 +1,11 @@
 -- reap_queue.lua: reaper step 1 for ONE busy queue. For each of its ten band streams
 -- that holds entries it XAUTOCLAIMs the entries idle longer than the visibility timeout
 -- to the reaper consumer and returns them with their fields; entries deleted while
--- pending are acked away here. When all ten streams are empty the queue leaves the
--- busy set, in this same script, so no entry can slip in between the check and the SREM.
+-- pending are acked away here. When all ten streams and the queue's schedule are empty
+-- the queue's busy marker is deleted in this same script, so no entry can slip in
+-- between the check and the delete; the caller then removes the queue from the busy
+-- set (dtq:queues:busy spans queues: a single-key SREM, followed by a re-check of the
+-- marker, see reaper.py).
 --
 -- Empty streams cost one XLEN and nothing else. XLEN counts queued and leased entries
 -- alike: every script that ends a lease acks AND deletes its entry, so XLEN 0 means
@@ -14,8 +17,9 @@
 -- id to ack); Redis 7.x answers [cursor, ids, deleted ids] and already dropped the
 -- deleted ones from the PEL. JUSTID also leaves the delivery counter alone.
 --
--- KEYS[1..10] dtq:stream:<queue>:p9 .. p0
--- KEYS[11]    dtq:queues:busy
+-- KEYS[1..10] dtq:stream:{<queue>}:p9 .. p0
+-- KEYS[11]    dtq:queue:{<queue>}:busy      (the queue's busy marker)
+-- KEYS[12]    dtq:retry:{<queue>}:schedule  (a queue with scheduled tasks stays busy)
 -- ARGV[1] events channel, ARGV[2] event-id prefix (unused; _lib.lua convention)
 -- ARGV[3] consumer group ("workers")
 -- ARGV[4] reaper consumer name
@@ -26,7 +30,8 @@
 --
 -- Reply: {removed, {index, next_cursor, {{entry_id, {field, value, ...}}, ...},
 --          {deleted_id, ...}}, ...}
---   removed 1 = every stream was empty and the queue left the busy set (no more items);
+--   removed 1 = every stream and the schedule were empty and the busy marker was
+--   deleted (no more items);
 --   one item per non-empty stream, index 1..10 into KEYS; next_cursor "0-0" means the
 --   scan of that stream's PEL wrapped around.
 -- A stream without the group (after FLUSHALL an XADD recreates it bare) has nothing
@@ -59,8 +64,8 @@ for i = 1, 10 do
     end
   end
 end
-if #reply == 1 then
-  redis.call('SREM', KEYS[11], ARGV[7])
+if #reply == 1 and redis.call('ZCARD', KEYS[12]) == 0 then
+  redis.call('DEL', KEYS[11])
   reply[1] = 1
 end
 return reply

@@ -5,11 +5,12 @@
 -- error class LeaseExpired. The old entry is acked and deleted in the same script, so
 -- a reclaim happens at most once per entry and fences out the old lease.
 --
--- KEYS[1] dtq:stream:<queue>:p<n>  (the entry's band stream; the retry goes here too)
--- KEYS[2] dtq:task:<task_id>
--- KEYS[3] dtq:stream:dead-letter
--- KEYS[4] dtq:cancelled            (set of cancelled task ids)
--- KEYS[5] dtq:idempotency:<queue>:<digest> (optional; only when the entry has a key)
+-- Every key is of the entry's queue (one hash slot):
+-- KEYS[1] dtq:stream:{<queue>}:p<n>  (the entry's band stream; the retry goes here too)
+-- KEYS[2] dtq:task:{<tag>}:<task_id>
+-- KEYS[3] dtq:stream:{<queue>}:dead-letter
+-- KEYS[4] dtq:cancelled:{<queue>}    (set of cancelled task ids)
+-- KEYS[5] dtq:idempotency:{<queue>}:<digest> (optional; only when the entry has a key)
 -- ARGV[1] events channel, ARGV[2] event-id prefix (see _lib.lua)
 -- ARGV[3] entry id
 -- ARGV[4] the entry's attempt field

@@ -1,18 +1,19 @@
 -- requeue_dead_letter.lua: a dead-lettered task back into its band with a fresh
--- attempt budget (attempt 1), in one step.
--- KEYS[1]  task hash (dtq:task:<id>)
--- KEYS[2]  dead-letter stream (dtq:stream:dead-letter)
--- KEYS[3]  band stream of the task's queue and priority (dtq:stream:<q>:p<band>)
--- KEYS[4]  audit stream (dtq:stream:audit)
--- KEYS[5]  busy-queue set (dtq:queues:busy): the queue joins it with the new entry
--- KEYS[6]  optional: idempotency record (dtq:idempotency:<q>:<digest>)
+-- attempt budget (attempt 1), in one step. Every key is of the task's queue (one hash
+-- slot); the caller appends the audit entry and, when this call set the busy marker,
+-- adds the queue to dtq:queues:busy (both span queues).
+-- KEYS[1]  task hash (dtq:task:{<tag>}:<id>)
+-- KEYS[2]  the queue's dead-letter stream (dtq:stream:{<q>}:dead-letter)
+-- KEYS[3]  band stream of the task's queue and priority (dtq:stream:{<q>}:p<band>)
+-- KEYS[4]  the queue's busy marker (dtq:queue:{<q>}:busy)
+-- KEYS[5]  unused (the task hash again)
+-- KEYS[6]  optional: idempotency record (dtq:idempotency:{<q>}:<digest>)
 -- ARGV[1..2] events channel, event id prefix (_lib.lua convention)
--- ARGV[3]  approximate MAXLEN of the audit stream (entries)
--- ARGV[4]  actor   ARGV[5] request_id   ARGV[6] audit action   ARGV[7] audit detail
+-- ARGV[3..7] unused (audit MAXLEN, actor, request id, action, detail: the caller audits)
 -- ARGV[8]  expected queue   ARGV[9] expected priority (the caller built KEYS[3] from them)
 -- ARGV[10] task retention (s)   ARGV[11] consumer group name
 -- ARGV[12] idempotency TTL (s): the window of a key record this requeue takes over
--- Reply: {"OK", ts (epoch ms), new entry id}
+-- Reply: {"OK", ts (epoch ms), new entry id, became_busy (1 = this call set the marker)}
 --     or {"NOT_FOUND"} (no hash), {"NO_ENTRY"} (no dead-letter entry: discarded,
 --     purged or trimmed), {"WRONG_STATE", status}, {"MISMATCH"} (KEYS[3] is not the
 --     task's band), {"KEY_TAKEN", other task id} (the task's idempotency key now belongs
@@ -21,7 +22,7 @@
 -- JSON array field prev_attempts; status queued, attempt 1, requeues + 1,
 -- expires_at_ms / due_at_ms cleared (an operator asked for this run); a new band
 -- entry (add_entry) and the queue in the busy set; idempotency record back to
--- processing if it still names this task; TASK_QUEUED {requeued=true}; one audit entry.
+-- processing if it still names this task; TASK_QUEUED {requeued=true}.
 local task_key = KEYS[1]
 if redis.call('EXISTS', task_key) == 0 then return {'NOT_FOUND'} end
 local f = redis.call('HMGET', task_key, 'status', 'dlq_entry_id', 'queue', 'priority',
@@ -64,7 +65,7 @@ redis.call('HSET', task_key, 'status', 'queued', 'dlq_entry_id', '', 'finished_a
 redis.call('HINCRBY', task_key, 'requeues', 1)
 pcall(redis.call, 'XGROUP', 'CREATE', KEYS[3], ARGV[11], '0', 'MKSTREAM')
 local entry_id = add_entry(KEYS[3], task_key, 1)
-redis.call('SADD', KEYS[5], f[3])
+local became_busy = redis.call('SET', KEYS[4], '1', 'NX') and 1 or 0
 if KEYS[6] then
   -- the requeued task is live with its key: the key names it again (a record of an
   -- ended task, or none left, is taken over; a live holder was refused above)
@@ -73,5 +74,4 @@ if KEYS[6] then
 end
 keep_live(task_key, ms)
 publish('TASK_QUEUED', ms, f[5], f[3], f[6], 1, '', {requeued = 'true'})
-audit(KEYS[4], ARGV[3], ms, ARGV[4], ARGV[6], f[5], ARGV[5], ARGV[7])
-return {'OK', ms, entry_id}
+return {'OK', ms, entry_id, became_busy}

@@ -1,5 +1,5 @@
 -- task_summaries.lua: several task hashes without their payloads (listings).
--- KEYS[1..n]  task hashes (dtq:task:<id>)
+-- KEYS[1..n]  task hashes (dtq:task:{<slot>}:<id>)
 -- ARGV[1..2]  events channel, event id prefix (unused; _lib.lua convention)
 -- Reply: one array per key, HGETALL-style field/value pairs without "payload"
 --     (empty array when the hash is gone).

@@ -16,6 +16,7 @@ import pytest
 
 from dtq_cli import ExitCode
 from dtq_cli.render import ago, extra_fields, parse_duration_ms
+from dtq_gateway import keys
 from dtq_proto import dtq_pb2
 from tests.cli.conftest import SERVED
 from tests.support.threaded_gateway import ADMIN_TOKEN, PRODUCER_TOKEN
@@ -70,7 +71,7 @@ def test_enqueue_wait_and_get_a_succeeding_task(env):
     assert "ago)" in human.stdout and "w-cli" in human.stdout  # times and the attempts table
     plain = env.run("enqueue", SERVED, "ok", '{"n": 2}')
     new_id, status = plain.stdout.split()
-    assert plain.exit_code == 0 and len(new_id) == 32 and status in ("QUEUED", "SUCCEEDED")
+    assert plain.exit_code == 0 and keys.TASK_ID_RE.match(new_id) and status in ("QUEUED", "SUCCEEDED")
     assert env.run("wait", new_id, "--timeout", "10s").exit_code == 0
 
 
@@ -248,7 +249,7 @@ def test_tail_prints_json_lines(env):
     lines = [json.loads(line) for line in res.stdout.splitlines()]
     assert len(lines) == 2
     assert all(ev["type"] == "TASK_QUEUED" and ev["queue"] == "tail-q" for ev in lines)
-    assert all(len(ev["task_id"]) == 32 for ev in lines)
+    assert all(keys.TASK_ID_RE.match(ev["task_id"]) for ev in lines)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])

@@ -60,7 +60,7 @@ async def test_discarded_dead_letter_reads_back_through_get_task(broker_stub, r)
     got = (await broker_stub.GetTask(pb.GetTaskRequest(task_id=task_id))).task
     assert got.status == pb.TASK_STATUS_DEAD_LETTERED
     assert got.metadata.get("discarded") == "true"
-    assert await r.xlen(keys.DEAD_LETTER) == 0
+    assert await r.xlen(keys.dead_letter("dq")) == 0
 
 
 async def test_paused_queue_leases_nothing_until_resumed(broker_stub, r) -> None:

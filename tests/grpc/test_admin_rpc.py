@@ -140,7 +140,7 @@ async def test_purge_and_redrive(ops) -> None:
     done = await ops.admin.RedriveDeadLetters(pb.RedriveDeadLettersRequest(limit=2))
     assert (done.matched, done.requeued) == (2, 2)
     purged = await ops.admin.PurgeDeadLetters(pb.PurgeDeadLettersRequest())
-    assert purged.purged == 1 and await ops.redis.xlen(keys.DEAD_LETTER) == 0
+    assert purged.purged == 1 and await ops.redis.xlen(keys.dead_letter("q1")) == 0
 
 
 @pytest.mark.parametrize("req,field", [

@@ -118,7 +118,7 @@ async def test_retry_then_dead_letter(broker_stub, redis_url):
     got = (await broker_stub.GetTask(pb.GetTaskRequest(task_id=r.task_id))).task
     assert got.status == pb.TASK_STATUS_DEAD_LETTERED
     assert [a.outcome for a in got.attempts] == ["failed", "failed"]
-    entries = await client.xrange("dtq:stream:dead-letter")
+    entries = await client.xrange("dtq:stream:{q}:dead-letter")
     assert entries[0][1][b"last_error_class"] == b"ValueError"
     assert entries[0][1][b"attempts_made"] == b"2"
     await client.aclose()

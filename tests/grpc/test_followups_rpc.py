@@ -79,7 +79,8 @@ async def test_chain_passes_results_and_reports_its_state(broker_stub):
     r = await broker_stub.Enqueue(enq(payload=b'{"n": 1}', chain=[
         enq(queue="q2", task_type="double", payload=b""),
         enq(task_type="report", payload=b'{"fixed": true}')]))
-    assert r.chain_task_ids == [step_task_id(r.task_id), step_task_id(step_task_id(r.task_id))]
+    second = step_task_id(r.task_id, "q2")
+    assert r.chain_task_ids == [second, step_task_id(second, "q")]
     a = await get(broker_stub, r.task_id)
     assert (a.chain_id, a.chain_step, a.chain_state) == (r.task_id, 0, pb.CHAIN_STATE_WAITING)
     lease = await LeaseStream(broker_stub, "w1", ["q", "q2"]).open()
@@ -122,10 +123,10 @@ async def test_sweep_creates_a_step_a_dead_gateway_owed(broker_stub, gateway):
     r = await broker_stub.Enqueue(enq(chain=[enq(task_type="b", payload=b"")]))
     lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
     task_a = await lease.next()
-    # on_follow does nothing; the gateway's keyring verifies the signed lease id
-    orphan = Completion(gateway.redis, gateway.settings, keyring=gateway.keyring)
+    orphan = Completion(gateway.redis, gateway.settings,  # on_follow does nothing
+                        keyring=gateway.keyring)
     (out,) = await orphan.ack([pb.AckItem(lease_id=task_a.lease_id, result=b"[7]")])
-    assert (out.status, out.follow) == ("succeeded", "c")
+    assert (out.status, out.follow) == ("succeeded", "c"), out
     assert (await get(broker_stub, r.task_id)).chain_state == pb.CHAIN_STATE_CONTINUING
     task_b = await lease.next(timeout_s=10)  # the leader sweeps every 2 s
     assert (task_b.task_id, task_b.payload) == (r.chain_task_ids[0], b"[7]")
@@ -138,7 +139,7 @@ async def test_batch_items_may_start_chains(broker_stub):
     resp = await broker_stub.EnqueueBatch(pb.EnqueueBatchRequest(items=[
         enq(chain=[enq(task_type="next")]), enq(), enq(chain=[enq(priority=99)])]))
     first, plain, bad = resp.results
-    assert first.chain_task_ids == [step_task_id(first.task_id)] and not plain.chain_task_ids
+    assert first.chain_task_ids == [step_task_id(first.task_id, "q")] and not plain.chain_task_ids
     assert bad.error.field == "items[2].chain[0].priority"
     lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
     tasks = {t.task_id: t for t in await lease.take(2)}
@@ -161,7 +162,7 @@ async def test_group_callback_gets_every_outcome(broker_stub):
     resp = await broker_stub.EnqueueBatch(pb.EnqueueBatchRequest(
         items=[enq(task_type=f"m{i}") for i in range(3)],
         group_callback=enq(queue="cb", task_type="summary", payload=b"")))
-    assert resp.group_callback_task_id == callback_task_id(resp.group_id)
+    assert resp.group_callback_task_id == callback_task_id(resp.group_id, "cb")
     ids = [x.task_id for x in resp.results]
     assert all(ids)
     assert (await get(broker_stub, ids[0])).group_id == resp.group_id

@@ -261,6 +261,11 @@ def _assert_redis_consistent(client: redis.Redis) -> None:
     Read with one Lua call, so that nothing moves between the reads (the gateway keeps
     running)."""
     problems = client.eval("""
+        local function task_key(id)
+          local tag = string.match(id, '%-(%w+)$')
+          if tag then return 'dtq:task:{' .. tag .. '}:' .. id end
+          return 'dtq:task:' .. id
+        end
         local out = {}
         local cursor = '0'
         repeat
@@ -268,33 +273,40 @@ def _assert_redis_consistent(client: redis.Redis) -> None:
           cursor = r[1]
           for _, key in ipairs(r[2]) do
             local h = redis.call('HMGET', key, 'status', 'queue', 'priority', 'entry_id')
-            local id = string.sub(key, 10)
+            local id = string.match(key, '([^:]+)$')
             if h[1] == 'queued' or h[1] == 'active' then
-              local s = 'dtq:stream:' .. h[2] .. ':p' .. h[3]
+              local s = 'dtq:stream:{' .. h[2] .. '}:p' .. h[3]
               local e = redis.call('XRANGE', s, h[4], h[4])
               if #e == 0 then out[#out + 1] = 'no entry for ' .. id .. ' ' .. h[1] end
             elseif h[1] == 'scheduled' then
-              if not redis.call('ZSCORE', 'dtq:retry:schedule', id) then
+              if not redis.call('ZSCORE', 'dtq:retry:{' .. h[2] .. '}:schedule', id) then
                 out[#out + 1] = 'not scheduled: ' .. id
               end
             end
           end
         until cursor == '0'
-        for _, id in ipairs(redis.call('ZRANGE', 'dtq:retry:schedule', 0, -1)) do
-          if redis.call('HGET', 'dtq:task:' .. id, 'status') ~= 'scheduled' then
-            out[#out + 1] = 'schedule member without a scheduled record: ' .. id
-          end
-        end
         cursor = '0'
         repeat
-          local r = redis.call('SCAN', cursor, 'MATCH', 'dtq:stream:*:p[0-9]', 'COUNT', 1000)
+          local r = redis.call('SCAN', cursor, 'MATCH', 'dtq:retry:{*}:schedule', 'COUNT', 1000)
+          cursor = r[1]
+          for _, z in ipairs(r[2]) do
+            for _, id in ipairs(redis.call('ZRANGE', z, 0, -1)) do
+              if redis.call('HGET', task_key(id), 'status') ~= 'scheduled' then
+                out[#out + 1] = 'schedule member without a scheduled record: ' .. id
+              end
+            end
+          end
+        until cursor == '0'
+        cursor = '0'
+        repeat
+          local r = redis.call('SCAN', cursor, 'MATCH', 'dtq:stream:{*}:p[0-9]', 'COUNT', 1000)
           cursor = r[1]
           for _, s in ipairs(r[2]) do
             for _, e in ipairs(redis.call('XRANGE', s, '-', '+')) do
               local f = e[2]
               local tid
               for i = 1, #f, 2 do if f[i] == 'task_id' then tid = f[i + 1] end end
-              local st = redis.call('HGET', 'dtq:task:' .. tostring(tid), 'status')
+              local st = redis.call('HGET', task_key(tostring(tid)), 'status')
               if st ~= 'queued' and st ~= 'active' then
                 out[#out + 1] = 'entry ' .. e[1] .. ' of ' .. s .. ' without a live record'
               end

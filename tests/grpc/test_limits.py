@@ -14,6 +14,7 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
+from dtq_gateway import keys
 from dtq_gateway.limits import TruncatingFilter
 from dtq_gateway.server import Gateway
 from dtq_proto import dtq_pb2 as pb
@@ -103,7 +104,7 @@ async def test_a_lease_stream_that_never_reads_pins_a_bounded_number_of_bytes(re
             await asyncio.sleep(0.01)
         assert gw.dispatcher.buffered_total == 0
         # nothing lost: every task is queued again (released) or still leased
-        depth = sum([await gw.redis.xlen(f"dtq:stream:big:p{b}") for b in range(10)])
+        depth = sum([await gw.redis.xlen(keys.stream("big", b)) for b in range(10)])
         assert depth == 400
     finally:
         await gw.stop()
@@ -125,14 +126,14 @@ async def test_pause_reason_is_cut_in_the_log_line(channel, caplog):
 
     handler = logging.Handler()
     lines: list[str] = []
-    handler.emit = lambda r: lines.append(logging.Formatter("%(message)s %(detail)s").format(r))
+    handler.emit = lambda r: lines.append(f"{r.getMessage()} {getattr(r, 'detail', '')}")
     handler.addFilter(TruncatingFilter())
     logging.getLogger().addHandler(handler)
     caplog.set_level(logging.INFO)
     try:
         admin = dtq_pb2_grpc.AdminStub(channel)
         await admin.PauseQueue(pb.PauseQueueRequest(queue="q", reason="r" * (10 << 20),
-                                                     create=True))
+                                                   create=True))
     finally:
         logging.getLogger().removeHandler(handler)
     audit = [line for line in lines if line.startswith("audit pause_queue")]
@@ -198,7 +199,7 @@ async def test_new_queue_names_beyond_the_cap_are_refused(redis_url):
                 grpc.StatusCode.RESOURCE_EXHAUSTED, "TOO_MANY_QUEUES")
         assert refusals("max_queues") == before + 3
         assert await gw.redis.zcard("dtq:queues") == 3
-        assert not await gw.redis.exists(*[f"dtq:stream:{q}:p5" for q in ("q4", "q5", "q6")])
+        assert not await gw.redis.exists(*[keys.stream(q, 5) for q in ("q4", "q5", "q6")])
     finally:
         await gw.stop()
 

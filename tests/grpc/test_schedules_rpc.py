@@ -65,7 +65,7 @@ async def test_interval_schedule_fires_once_per_period(admin, redis) -> None:
 
 async def rewind(redis, name: str, done_ms: int) -> None:
     """Pretend no gateway ran since ``done_ms``: the schedule is due at once."""
-    await redis.hset(keys.schedule(name), "done_ms", done_ms)
+    await redis.hset(keys.periodic_schedule(name), "done_ms", done_ms)
     await redis.zadd(keys.SCHEDULES, {name: 0})
 
 
@@ -117,7 +117,7 @@ async def test_pause_trigger_resume_delete(admin, redis) -> None:
     assert [s.schedule.name for s in listed.schedules] == ["manual"]
     assert (await admin.DeleteSchedule(pb.DeleteScheduleRequest(name="manual"))).deleted
     assert not (await admin.DeleteSchedule(pb.DeleteScheduleRequest(name="manual"))).deleted
-    assert not await redis.exists(keys.schedule("manual"))
+    assert not await redis.exists(keys.periodic_schedule("manual"))
     assert await redis.zcard(keys.SCHEDULES) == 0
     for call, req in ((admin.GetSchedule, pb.GetScheduleRequest(name="manual")),
                       (admin.TriggerSchedule, pb.TriggerScheduleRequest(name="manual")),
@@ -151,7 +151,7 @@ async def test_bad_schedules_are_refused_naming_the_field(admin, redis, schedule
         await admin.CreateSchedule(pb.CreateScheduleRequest(schedule=schedule))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_field(err.value) == field
-    assert not await redis.exists(keys.SCHEDULES, keys.schedule("x"))
+    assert not await redis.exists(keys.SCHEDULES, keys.periodic_schedule("x"))
 
 
 async def test_a_name_is_taken_until_replaced(admin) -> None:

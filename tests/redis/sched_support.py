@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Self
 
@@ -33,14 +32,14 @@ async def redis_ms(r: Redis) -> int:
     return int(s) * 1000 + int(us) // 1000
 
 
-def new_task_id() -> str:
-    """A fresh 32-hex task id."""
-    return uuid.uuid4().hex
+def new_task_id(queue: str = "emails") -> str:
+    """A fresh task id of ``queue`` (32 hex and the queue's slot tag)."""
+    return keys.new_task_id(queue)
 
 
 async def seed_task(r: Redis, task_id: str | None = None, **overrides: Any) -> str:
     """Write a task hash with the fields of docs/design.md; returns its task_id."""
-    task_id = task_id or new_task_id()
+    task_id = task_id or new_task_id(overrides.get("queue", "emails"))
     now = await redis_ms(r)
     fields: dict[str, Any] = {
         "task_id": task_id, "queue": "emails", "task_type": "send", "payload": '{"to":"a"}',
@@ -85,7 +84,8 @@ async def seed_lease(r: Redis, task_id: str, worker_id: str = "w1") -> tuple[str
         "payload": t["payload"], "attempt": t["attempt"], "max_attempts": t["max_attempts"],
         "priority": t["priority"], "timeout_ms": t["timeout_ms"],
         "idempotency_key": t["idem_key"]})).decode()
-    await r.sadd(keys.BUSY_QUEUES, t["queue"])  # as every script that adds an entry does
+    await r.set(keys.busy_marker(t["queue"]), "1")  # as every script that adds an entry does
+    await r.sadd(keys.BUSY_QUEUES, t["queue"])
     got = await r.xreadgroup(keys.GROUP, worker_id, {stream: ">"}, count=1)
     assert got and got[0][1][0][0].decode() == entry_id
     await r.hset(keys.task(task_id), mapping={

@@ -16,6 +16,11 @@ CALL = admin.CallInfo(actor="ops", request_id="r-42")
 CFG = admin_dlq.DlqSettings(audit_maxlen=10000, task_retention_s=3600)
 
 
+async def dlq_total(r: aioredis.Redis) -> int:
+    """Dead-letter entries of the queues these tests use."""
+    return sum([await r.xlen(keys.dead_letter(q)) for q in ("q1", "q2")])
+
+
 @pytest.fixture
 async def r(redis_url: str):
     client = aioredis.from_url(redis_url)
@@ -61,12 +66,13 @@ async def test_requeue_fresh_budget_entry_event_audit_idempotency(r: aioredis.Re
     assert not await r.exists(keys.BUSY_QUEUES)
     await admin_dlq.requeue(r, tid, CALL, CFG)
     assert await r.smembers(keys.BUSY_QUEUES) == {b"q1"}  # the reaper watches it again
+    assert await r.exists(keys.busy_marker("q1"))
     h = await r.hgetall(keys.task(tid))
     assert (h[b"status"], h[b"attempt"], h[b"dlq_entry_id"], h[b"requeues"]) == (
         b"queued", b"1", b"", b"1")
     assert not any(k.startswith(b"att:") for k in h)
     assert [a["attempt"] for a in json.loads(h[b"prev_attempts"])] == [1, 2, 3]
-    assert await r.xlen(keys.DEAD_LETTER) == 0
+    assert await r.xlen(keys.dead_letter("q1")) == 0
     entries = await r.xrange(keys.stream("q1", 7))
     assert [(e[1][b"task_id"].decode(), e[1][b"attempt"]) for e in entries] == [(tid, b"1")]
     assert h[b"entry_id"] == entries[0][0]
@@ -111,7 +117,7 @@ async def test_discard_keeps_dead_lettered_and_marks_discarded(r: aioredis.Redis
     await admin_dlq.discard(r, tid, CALL, CFG)
     h = await r.hgetall(keys.task(tid))
     assert (h[b"status"], h[b"discarded"]) == (b"dead_lettered", b"1")
-    remaining = await r.xrange(keys.DEAD_LETTER)
+    remaining = await r.xrange(keys.dead_letter("q1"))
     assert [e[1][b"task_id"].decode() for e in remaining] == [other]
     with pytest.raises(NotFound):
         await admin_dlq.discard(r, tid, CALL, CFG)
@@ -124,7 +130,7 @@ async def test_discard_keeps_dead_lettered_and_marks_discarded(r: aioredis.Redis
 async def test_purge_exact_trim_to_zero_with_audit(r: aioredis.Redis) -> None:
     ids = [await dead_letter(r, "q1") for _ in range(250)]
     assert await admin_dlq.purge(r, CALL, CFG) == 250
-    assert await r.xlen(keys.DEAD_LETTER) == 0
+    assert await r.xlen(keys.dead_letter("q1")) == 0
     assert await r.hget(keys.task(ids[0]), "status") == b"dead_lettered"
     audit, _ = await admin_lists.list_audit(r, 5)
     assert [(a.action, a.detail) for a in audit] == [("purge_dead_letters", "purged=250")]
@@ -143,12 +149,12 @@ async def test_redrive_filters_dry_run_and_audit(r: aioredis.Redis) -> None:
                                   min_age_ms=600_000)
     dry = await admin_dlq.redrive(r, flt, CALL, CFG, dry_run=True, max_per_second=100, limit=10)
     assert (dry.matched, dry.requeued, dry.task_ids) == (1, 0, [old_match])
-    assert await r.xlen(keys.DEAD_LETTER) == 5
+    assert await dlq_total(r) == 5
     done = await admin_dlq.redrive(r, flt, CALL, CFG, dry_run=False, max_per_second=100,
                                    limit=10)
     assert (done.matched, done.requeued) == (1, 1)
     assert await r.hget(keys.task(old_match), "status") == b"queued"
-    assert await r.xlen(keys.DEAD_LETTER) == 4
+    assert await dlq_total(r) == 4
     audit, _ = await admin_lists.list_audit(r, 10)
     actions = [(a.action, a.task_id) for a in reversed(audit)]
     assert actions == [("redrive_dead_letters", ""), ("requeue_dead_letter", old_match),

@@ -101,7 +101,7 @@ async def test_queue_stats_scheduled_and_dead_letter_depth(r: aioredis.Redis) ->
     await put_task(r, "q1")
     for queue in ("q1", "q1", "other"):
         tid = await put_task(r, queue, status="scheduled", stream_entry=False)
-        await r.zadd(keys.RETRY_SCHEDULE, {tid: 1})
+        await r.zadd(keys.schedule(queue), {tid: 1})
     await dead_letter(r, "q1")
     await dead_letter(r, "other")
     await r.set(keys.paused("q1"), "1")

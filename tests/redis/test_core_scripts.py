@@ -90,7 +90,7 @@ async def test_recent_index_is_trimmed(redis_url):
 async def test_delayed_enqueue_is_scheduled_not_streamed(env):
     tid = await env.enqueue(delay_ms=60_000)
     assert await env.status(tid) == "scheduled"
-    assert await env.redis.zscore(keys.RETRY_SCHEDULE, tid) is not None
+    assert await env.redis.zscore(keys.schedule("q"), tid) is not None
     assert sum([await env.redis.xlen(k) for k in keys.queue_streams_desc("q")]) == 0
 
 
@@ -149,7 +149,7 @@ async def _reaper_claims(env, task: pb.LeasedTask) -> str:
 
 async def _reclaim(env, task: pb.LeasedTask, entry: str) -> bytes:
     return await RECLAIM(env.redis, [keys.stream("q", 5), keys.task(task.task_id),
-                                     keys.DEAD_LETTER, keys.CANCELLED],
+                                     keys.dead_letter("q"), keys.cancelled("q")],
                          Script.argv(entry, task.attempt, 100, 3600, keys.GROUP,
                                      keys.REAPER_CONSUMER))
 
@@ -194,8 +194,8 @@ async def test_fail_backoff_is_full_jitter_from_the_task_policy(env):
     (task,) = await env.lease()
     le = task.lease_id.split("|")
     now_before = int((await env.redis.time())[0]) * 1000
-    reply = await FAIL(env.redis, [keys.stream("q", 5), keys.task(tid), keys.DEAD_LETTER,
-                                   keys.RETRY_SCHEDULE, keys.task(tid)],
+    reply = await FAIL(env.redis, [keys.stream("q", 5), keys.task(tid), keys.dead_letter("q"),
+                                   keys.schedule("q"), keys.task(tid)],
                        Script.argv(keys.GROUP, le[4], 1, "w1", tid, "failure", "1", 0, 0.5,
                                    "boom", "E", 100, 3600, "0", "q:5:-"))
     assert reply[0] == b"retry"
@@ -203,7 +203,7 @@ async def test_fail_backoff_is_full_jitter_from_the_task_policy(env):
     # attempt 1: ceiling = min(3000, 1000 * 2^0) = 1000, u = 0.5 -> 500 ms
     assert now_before + 500 <= due <= now_before + 1000 + 500
     assert await env.redis.hget(keys.task(tid), "attempt") == b"2"
-    assert await env.redis.zscore(keys.RETRY_SCHEDULE, tid) == due
+    assert await env.redis.zscore(keys.schedule("q"), tid) == due
 
 
 async def test_worker_retry_after_wins_over_backoff(env):
@@ -211,7 +211,7 @@ async def test_worker_retry_after_wins_over_backoff(env):
     (task,) = await env.lease()
     (oc,) = await env.completion.fail([pb.FailItem(lease_id=task.lease_id, retry_after_ms=42_000)])
     now = int((await env.redis.time())[0]) * 1000
-    due = await env.redis.zscore(keys.RETRY_SCHEDULE, tid)
+    due = await env.redis.zscore(keys.schedule("q"), tid)
     assert oc.kind == "retry" and now + 40_000 < due <= now + 43_000
 
 
@@ -239,7 +239,7 @@ async def test_cancel_of_an_unread_queued_task_deletes_its_entry_at_once(env):
     tid = await env.enqueue()
     assert await env.broker.cancel(tid, "tester", "req-1", "why") == "cancelled"
     assert await env.redis.xlen(keys.stream("q", 5)) == 0
-    assert not await env.redis.sismember(keys.CANCELLED, tid)
+    assert not await env.redis.sismember(keys.cancelled("q"), tid)
     assert await env.lease() == []
     audit = await env.redis.xrange(keys.AUDIT)
     assert audit[0][1][b"action"] == b"cancel_task" and audit[0][1][b"actor"] == b"tester"
@@ -252,12 +252,12 @@ async def test_cancel_of_an_entry_already_read_is_acked_away_at_activation(env):
     session = Session(worker_id="w1", queues=["q"], max_in_flight=10)
     ((_, entries),) = await env.redis.xreadgroup(keys.GROUP, "w1", {keys.stream("q", 5): ">"})
     assert await env.broker.cancel(tid, "tester", "req-1", "why") == "cancelled"
-    assert await env.redis.sismember(keys.CANCELLED, tid)
+    assert await env.redis.sismember(keys.cancelled("q"), tid)
     index = session.streams.index(keys.stream("q", 5)) + 1
     flat = [x for kv in entries[0][1].items() for x in kv]
     assert await env.dispatcher._activate(session, session.streams,
                                           [(index, entries[0][0], flat)]) == 0
-    assert not await env.redis.sismember(keys.CANCELLED, tid)
+    assert not await env.redis.sismember(keys.cancelled("q"), tid)
     assert await env.redis.xlen(keys.stream("q", 5)) == 0
     assert await env.status(tid) == "cancelled"
 

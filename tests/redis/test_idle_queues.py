@@ -41,7 +41,8 @@ async def leader(r: Redis, redis_url: str) -> AsyncIterator[Scheduler]:
     await r.set(keys.QUEUES_BACKFILLED, "1")
     client = Redis.from_url(redis_url)
     s = Scheduler(client, Settings(gateway_id="gw", visibility_timeout_s=VT_S,
-                                   heartbeat_interval_s=0.5, scheduler_interval_ms=50))
+                                   heartbeat_interval_s=0.5, scheduler_interval_ms=50,
+                                   queue_idle_delete_s=0))  # the sweep has its own tests
     task = asyncio.create_task(s.run())
     await wait_until(lambda: s.is_leader)
     yield s
@@ -54,16 +55,11 @@ async def test_lost_lease_among_idle_queues_comes_back_within_vt_plus_1s(
         r: Redis, redis_url: str) -> None:
     await leftovers(r, IDLE_QUEUES)
     tid = await seed_task(r, queue="live", max_attempts=3)
-    # the registry counts as built (as in the leader fixture): the one-time backfill SCAN
-    # is not what this test measures
-    await r.set(keys.QUEUES_BACKFILLED, "1")
     await r.config_resetstat()
     client = Redis.from_url(redis_url)
-    # the idle-queue sweep (paced, one pass per DTQ_QUEUE_IDLE_DELETE_S) is off: this
-    # test counts what the reaper does with 20,000 idle streams
     s = Scheduler(client, Settings(gateway_id="gw", visibility_timeout_s=VT_S,
                                    heartbeat_interval_s=0.5, scheduler_interval_ms=50,
-                                   queue_idle_delete_s=0))
+                                   queue_idle_delete_s=0))  # the sweep has its own tests
     run = asyncio.create_task(s.run())
     try:
         await wait_until(lambda: s.is_leader)
@@ -121,7 +117,9 @@ async def test_task_moved_into_a_drained_queue_is_watched_by_the_reaper(
     names = await leftovers(r, 100)
     drained = names[42]
     tid = await seed_task(r, queue=drained, priority=3, max_attempts=2)
-    await r.zadd(keys.RETRY_SCHEDULE, {tid: await redis_ms(r) - 1})
+    await r.zadd(keys.schedule(drained), {tid: await redis_ms(r) - 1})
+    await r.set(keys.busy_marker(drained), "1")  # what enqueue.lua and the gateway do
+    await r.sadd(keys.BUSY_QUEUES, drained)
 
     async def moved() -> bool:
         return (await task_fields(r, tid))["status"] == "queued"

@@ -88,7 +88,7 @@ async def test_lost_last_attempt_is_dead_lettered_as_lease_expired(r: Redis,
         assert await reap(reaper, stream, "dead_lettered") == {"dead_lettered": 1}
         dead = await ev.of_type("TASK_DEAD_LETTERED")
     assert await r.xlen(stream) == 0 and await pending_count(r, stream) == 0
-    [(dlq_id, f)] = await r.xrange(keys.DEAD_LETTER)
+    [(dlq_id, f)] = await r.xrange(keys.dead_letter("billing"))
     f = {k.decode(): v.decode() for k, v in f.items()}
     assert f["task_id"] == tid and f["queue"] == "billing" and f["original_queue"] == "billing"
     assert f["attempts_made"] == "3" and f["attempt"] == "3" and f["max_attempts"] == "3"
@@ -121,7 +121,7 @@ async def test_stale_entry_is_absorbed(r: Redis, reaper: Reaper, change: str) ->
         absorbed = await ev.of_type("TASK_DUPLICATE_ABSORBED")
     assert await r.xlen(stream) == 0 and await pending_count(r, stream) == 0
     assert await task_fields(r, tid) == before
-    assert not await r.exists(keys.DEAD_LETTER)
+    assert not await r.exists(keys.dead_letter("emails"))
     assert len(absorbed) == (0 if change == "missing" else 1)
 
 
@@ -141,7 +141,7 @@ async def test_entry_not_owned_by_reaper_is_refused(r: Redis) -> None:
     tid = await seed_task(r)
     stream, entry_id = await seed_lease(r, tid, "w1")
     before = await task_fields(r, tid)
-    reply = await RECLAIM(r, [stream, keys.task(tid), keys.DEAD_LETTER, keys.CANCELLED],
+    reply = await RECLAIM(r, [stream, keys.task(tid), keys.dead_letter("emails"), keys.cancelled("emails")],
                           RECLAIM.argv(entry_id, 1, 100, 3600, keys.GROUP,
                                        keys.REAPER_CONSUMER))
     assert reply == b"not_owned"
@@ -162,13 +162,13 @@ async def test_cancel_requested_task_is_cancelled_not_retried(r: Redis, reaper: 
     tid = await seed_task(r, attempt=1, max_attempts=3)
     stream, _ = await seed_lease(r, tid, "w1")
     await r.hset(keys.task(tid), "cancel_requested", "1")
-    await r.sadd(keys.CANCELLED, tid)
+    await r.sadd(keys.cancelled("emails"), tid)
     async with Events(r) as ev:
         assert await reap(reaper, stream, "cancelled") == {"cancelled": 1}
         cancelled = await ev.of_type("TASK_CANCELLED")
     assert await r.xlen(stream) == 0 and await pending_count(r, stream) == 0
     assert (await task_fields(r, tid))["status"] == "cancelled"
-    assert not await r.sismember(keys.CANCELLED, tid)
+    assert not await r.sismember(keys.cancelled("emails"), tid)
     assert [e["task_id"] for e in cancelled] == [tid]
 
 
@@ -204,6 +204,7 @@ async def test_queue_leaves_busy_set_once_all_ten_streams_are_empty(r: Redis,
     await r.delete(keys.stream("emails", 0))
     assert await reaper.reap_queue("emails") == {"drained": 1}
     assert not await r.exists(keys.BUSY_QUEUES)
+    assert not await r.exists(keys.busy_marker("emails"))
 
 
 async def test_long_pel_is_reaped_across_cursor_rounds(r: Redis, reaper: Reaper) -> None:
@@ -213,7 +214,7 @@ async def test_long_pel_is_reaped_across_cursor_rounds(r: Redis, reaper: Reaper)
     [stream] = streams
     assert await reap(reaper, stream, "dead_lettered", n) == {"dead_lettered": n}
     assert await pending_count(r, stream) == 0 and await r.xlen(stream) == 0
-    assert await r.xlen(keys.DEAD_LETTER) == n
+    assert await r.xlen(keys.dead_letter("emails")) == n
 
 
 async def test_tick_reaps_busy_queues_and_only_leader_reaps(r: Redis) -> None:

@@ -150,7 +150,9 @@ async def test_lapsed_leader_keeps_lock_still_holding_its_token(r: Redis) -> Non
 async def test_leader_moves_due_tasks_and_reclaims_leases(r: Redis, redis_url: str,
                                                           decode_responses: bool) -> None:
     due = await seed_task(r, priority=4)
-    await r.zadd(keys.RETRY_SCHEDULE, {due: await redis_ms(r) - 1})
+    await r.zadd(keys.schedule("emails"), {due: await redis_ms(r) - 1})
+    await r.set(keys.busy_marker("emails"), "1")  # what enqueue.lua and the gateway do
+    await r.sadd(keys.BUSY_QUEUES, "emails")
     lost = await seed_task(r, queue="other", max_attempts=2)
     await seed_lease(r, lost, "w-dead")
     client = Redis.from_url(redis_url, decode_responses=decode_responses)
@@ -172,7 +174,7 @@ async def test_leader_moves_due_tasks_and_reclaims_leases(r: Redis, redis_url: s
     assert types == ["TASK_QUEUED", "TASK_RETRIED"]
     assert await r.get(keys.SCHEDULER_LOCK) is None
     # the reaper ran the one-time registry backfill; both queues hold an entry, so both
-    # are busy: "other" its retry, "emails" the moved task (move_due added it)
+    # are busy: "other" its retry, "emails" the moved task
     assert await r.get(keys.QUEUES_BACKFILLED) == b"1"
     assert await r.smembers(keys.BUSY_QUEUES) == {b"emails", b"other"}
     # backfill: the streams that existed then ("emails" only once the mover ran)
@@ -182,7 +184,8 @@ async def test_leader_moves_due_tasks_and_reclaims_leases(r: Redis, redis_url: s
             live = await r.hget(key, "status") in (b"queued", b"scheduled", b"active")
             assert (await r.ttl(key) == -1) if live else (await r.ttl(key) > 0), key
         elif key in (keys.QUEUES_BACKFILLED.encode(), keys.BUSY_QUEUES.encode(),
-                     keys.QUEUES.encode()):
+                     keys.QUEUES.encode(), keys.DEAD_LETTER_QUEUES.encode(),
+                     keys.busy_marker("emails").encode(), keys.busy_marker("other").encode()):
             pass  # a marker, and one member per queue
         else:
             assert await r.type(key) == b"stream", key

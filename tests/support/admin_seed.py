@@ -7,7 +7,6 @@ dead-letter fields, so admin code is tested without the Broker's scripts.
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -15,9 +14,9 @@ import redis.asyncio as aioredis
 from dtq_gateway import keys
 
 
-def new_id() -> str:
-    """A fresh task id (32 hex)."""
-    return uuid.uuid4().hex
+def new_id(queue: str = "q1") -> str:
+    """A fresh task id of ``queue`` (32 hex and the queue's slot tag)."""
+    return keys.new_task_id(queue)
 
 
 async def now_ms(r: aioredis.Redis) -> int:
@@ -43,7 +42,7 @@ async def put_task(r: aioredis.Redis, queue: str = "q1", *, band: int = 5,
                    metadata: dict[str, str] | None = None, created_at_ms: int | None = None,
                    stream_entry: bool = True, **extra: Any) -> str:
     """Write a task hash (and, when ``stream_entry``, its band entry); returns its id."""
-    task_id = new_id()
+    task_id = new_id(queue)
     created = created_at_ms if created_at_ms is not None else await now_ms(r)
     fields: dict[str, Any] = {
         "task_id": task_id, "queue": queue, "task_type": task_type, "payload": payload,
@@ -64,6 +63,7 @@ async def put_task(r: aioredis.Redis, queue: str = "q1", *, band: int = 5,
             "attempt": attempt, "max_attempts": max_attempts, "priority": band,
             "timeout_ms": 60000, "idempotency_key": idem_key})
         await r.hset(keys.task(task_id), "entry_id", entry_id)
+        await r.set(keys.busy_marker(queue), "1")  # as enqueue.lua and the gateway do
         await r.sadd(keys.BUSY_QUEUES, queue)
     if idem_key:
         await r.set(keys.idempotency(queue, keys.idempotency_digest(idem_key)),
@@ -86,7 +86,8 @@ async def dead_letter(r: aioredis.Redis, queue: str = "q1", *, band: int = 5,
         await r.hset(keys.task(task_id), f"att:{n}", json.dumps({
             "worker_id": "w1", "started_at_ms": failed - 10, "finished_at_ms": failed,
             "outcome": "failed", "error_message": "boom", "error_class": error_class}))
-    entry_id = await r.xadd(keys.DEAD_LETTER, {
+    await r.sadd(keys.DEAD_LETTER_QUEUES, queue)
+    entry_id = await r.xadd(keys.dead_letter(queue), {
         "task_id": task_id, "queue": queue, "task_type": task_type, "payload": b'{"x":1}',
         "attempt": attempts, "max_attempts": attempts, "priority": band, "timeout_ms": 60000,
         "idempotency_key": idem_key, "failed_at_ms": failed, "attempts_made": attempts,

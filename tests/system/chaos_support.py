@@ -221,8 +221,13 @@ class EventRecorder:
     after Redis restarts (events published while disconnected are lost and
     ``reconnects`` says it happened)."""
 
-    def __init__(self, redis_url: str) -> None:
+    def __init__(self, redis_url: str,
+                 connect: Callable[[], redis.Redis] | None = None) -> None:
         self.redis_url = redis_url
+        #: how to reach the server to subscribe on (default: the URL); a Sentinel setup
+        #: passes a function that asks the sentinels for the primary on each reconnect
+        self.connect = connect or (lambda: redis.Redis.from_url(
+            self.redis_url, socket_timeout=2, socket_connect_timeout=1))
         self.events: list[dict[str, Any]] = []
         self.reconnects = 0
         self._lock = threading.Lock()
@@ -243,8 +248,12 @@ class EventRecorder:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            client = redis.Redis.from_url(self.redis_url, socket_timeout=2,
-                                          socket_connect_timeout=1)
+            try:
+                client = self.connect()
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                self.reconnects += 1
+                self._stop.wait(0.05)
+                continue
             try:
                 pubsub = client.pubsub()
                 pubsub.subscribe(keys.EVENTS_CHANNEL)

@@ -41,6 +41,7 @@ _PLACEHOLDERS = {
     "<0-9>": "[0-9]",
     "<sha256(key)>": "[0-9a-f]{64}",
     "<tag>": "[0-9a-f]{16}",
+    "<slot>": "[0-9a-z]{1,4}",
     "<name>": _body(keys.SCHEDULE_RE),
     "<callback queue>": _body(keys.QUEUE_RE),
     "<group id>": "[0-9a-f]{32}",
@@ -51,20 +52,22 @@ _TASK_ID = _body(keys.TASK_ID_RE)
 #: One key built by dtq_gateway.keys per family; each must match exactly one row.
 FAMILY_EXAMPLES = {
     "band-stream": keys.stream("q-1", 7),
-    "dead-letter": keys.DEAD_LETTER,
+    "dead-letter": keys.dead_letter("q-1"),
     "audit": keys.AUDIT,
-    "retry-schedule": keys.RETRY_SCHEDULE,
+    "retry-schedule": keys.schedule("q-1"),
     "retry-claimed": keys.RETRY_CLAIMED,
-    "task": keys.task("0" * 32),
-    "result": keys.result("0" * 32),
+    "task": keys.task("0" * 32 + "-9z"),
+    "result": keys.result("0" * 32 + "-9z"),
     "idempotency": keys.idempotency("q-1", keys.idempotency_digest("k")),
     "worker": keys.worker("host-1:w@1"),
     "gateway": keys.gateway(keys.gateway_tag("gw-1")),
+    "lease-secret": keys.LEASE_SECRET,
     "workers": keys.WORKERS,
     "paused": keys.paused("q-1"),
+    "cancelled": keys.cancelled("q-1"),
+    "busy-marker": keys.busy_marker("q-1"),
+    "dead-letter-queues": keys.DEAD_LETTER_QUEUES,
     "queue-counters": keys.queue_counters("q-1"),
-    "lease-secret": keys.LEASE_SECRET,
-    "cancelled": keys.CANCELLED,
     "queue-registry": keys.QUEUES,
     "registry-backfilled": keys.QUEUES_BACKFILLED,
     "recent": keys.RECENT_TASKS,
@@ -75,7 +78,7 @@ FAMILY_EXAMPLES = {
     "groups-pending": keys.groups_pending("q-1"),
     "followup-queues": keys.FOLLOWUP_QUEUES,
     "events-channel": keys.EVENTS_CHANNEL,
-    "schedule": keys.schedule("s-1"),
+    "schedule": keys.periodic_schedule("s-1"),
     "schedule-registry": keys.SCHEDULES,
     "rate-limit": keys.rate_limit("q-1"),
     "rate-limited-queues": keys.RATE_LIMITED_QUEUES,
@@ -190,7 +193,10 @@ async def orphaned_cancels(r: aioredis.Redis) -> list[str]:
     forever.
     """
     orphans = []
-    for raw in await r.smembers(keys.CANCELLED):
+    members = []
+    for queue in await r.zrange(keys.QUEUES, 0, -1):
+        members += await r.smembers(keys.cancelled(queue.decode()))
+    for raw in members:
         task_id = raw.decode()
         queue, band, entry_id = await r.hmget(keys.task(task_id), "queue", "priority",
                                               "entry_id")

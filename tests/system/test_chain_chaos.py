@@ -36,7 +36,7 @@ def test_chain_survives_a_worker_sigkill_between_steps(chaos: ChaosEnv) -> None:
     tasks = check_invariant(chaos, client, [a_id, b_id, c_id])
     b = tasks[b_id]
     assert (b.attempt, b.worker_id, b.attempts[0].outcome) == (2, "w-rescue", "lease_expired")
-    assert tasks[c_id].payload == {"released": True}  # step 2's result (decoded JSON)
+    assert tasks[c_id].payload == {"released": True}  # step 2's result (decoded)
     assert [tasks[t].chain_step for t in (a_id, b_id, c_id)] == [0, 1, 2]
     assert {tasks[t].chain_id for t in (a_id, b_id, c_id)} == {a_id}
     assert len(chaos.runs("done", a_id)) == 1 and len(chaos.runs("done", c_id)) == 1

@@ -42,9 +42,8 @@ def key_family(key: str) -> str | None:
     """
     if keys.parse_stream(key) is not None:
         return "band-stream"
-    singles = {keys.DEAD_LETTER: "dead-letter", keys.AUDIT: "audit",
-               keys.RETRY_SCHEDULE: "retry-schedule", keys.RETRY_CLAIMED: "retry-claimed",
-               keys.WORKERS: "workers", keys.CANCELLED: "cancelled",
+    singles = {keys.AUDIT: "audit", keys.RETRY_CLAIMED: "retry-claimed",
+               keys.WORKERS: "workers", keys.DEAD_LETTER_QUEUES: "dead-letter-queues",
                keys.RECENT_TASKS: "recent-tasks", keys.SCHEDULER_LOCK: "scheduler-lock",
                keys.BUSY_QUEUES: "busy-queues", keys.QUEUES: "queue-registry",
                keys.QUEUES_BACKFILLED: "registry-backfilled", keys.LEASE_SECRET: "lease-secret"}
@@ -54,16 +53,20 @@ def key_family(key: str) -> str | None:
                                    ("result", keys.result, keys.TASK_ID_RE),
                                    ("worker", keys.worker, keys.WORKER_ID_RE),
                                    ("gateway", keys.gateway, _GATEWAY_TAG_RE)):
-        prefix = build("")
-        if key.startswith(prefix) and pattern.match(key[len(prefix):]):
+        ident = key.rsplit(":", 1)[-1]
+        if pattern.match(ident) and key == build(ident):
             return family
     parts = key.split(":")
-    if len(parts) == 4 and key == keys.idempotency(parts[2], parts[3]):
+    tag = parts[2][1:-1] if len(parts) >= 3 and len(parts[2]) > 2 else ""
+    if len(parts) == 4 and key == keys.idempotency(tag, parts[3]):
         return "idempotency"
-    if len(parts) == 4 and key == keys.paused(parts[2]):
-        return "paused"
-    if len(parts) == 4 and key == keys.queue_counters(parts[2]):
-        return "queue-counters"
+    for family, build in (("paused", keys.paused), ("busy-marker", keys.busy_marker),
+                          ("dead-letter", keys.dead_letter), ("retry-schedule", keys.schedule),
+                          ("queue-counters", keys.queue_counters)):
+        if keys.QUEUE_RE.match(tag) and key == build(tag):
+            return family
+    if len(parts) == 3 and keys.QUEUE_RE.match(tag) and key == keys.cancelled(tag):
+        return "cancelled"
     return None
 
 
@@ -113,7 +116,7 @@ def test_demo_finishes_every_task_and_leaves_only_layout_keys(redis_url: str,
         assert {k: client.xlen(k) for k in streams} == {k: 0 for k in streams}
         no_ttl = [k for k, fam in found.items() if fam in _EXPIRING and client.pttl(k) < 0]
         assert no_ttl == []
-        dead = client.xlen(keys.DEAD_LETTER)
+        dead = sum(client.xlen(k) for k, fam in found.items() if fam == "dead-letter")
         assert dead == summary["dead_lettered"]
     finally:
         client.close()
@@ -178,14 +181,16 @@ def test_summary_counts_outcomes_retries_waits_and_words() -> None:
 
 
 def test_key_family_knows_the_layout_and_nothing_else() -> None:
-    task_id = "0" * 32
+    task_id = keys.new_task_id("demo")
     assert key_family(keys.stream("demo", 3)) == "band-stream"
     assert key_family(keys.task(task_id)) == "task"
     assert key_family(keys.result(task_id)) == "result"
     assert key_family(keys.worker("w-1")) == "worker"
     assert key_family(keys.idempotency("demo", keys.idempotency_digest("k"))) == "idempotency"
     assert key_family(keys.paused("demo")) == "paused"
-    assert key_family(keys.DEAD_LETTER) == "dead-letter"
+    assert key_family(keys.dead_letter("demo")) == "dead-letter"
+    assert key_family(keys.cancelled("demo")) == "cancelled"
+    assert key_family(keys.schedule("demo")) == "retry-schedule"
     assert key_family(keys.task("not-a-task-id")) is None
     assert key_family(keys.PREFIX + "something:else") is None
 

@@ -147,7 +147,7 @@ async def _duplicate_and_queued_cancel(e: Env, ids: dict[str, str]) -> None:
     async with e.task_probe.refreshed(keys.task(cq), "cancel of a queued task"):
         resp = await e.broker.CancelTask(pb.CancelTaskRequest(task_id=cq, reason="ret"))
     assert resp.status == pb.TASK_STATUS_CANCELLED, f"queued cancel answered {resp}"
-    assert not await e.r.sismember(keys.CANCELLED, cq), \
+    assert not await e.r.sismember(keys.cancelled(Q), cq), \
         "an unread queued entry is deleted at the cancel, not parked in the cancelled set"
     assert not await e.r.hget(keys.task(cq), "entry_id"), "cancelled task keeps an entry id"
     assert not await rs.orphaned_cancels(e.r), "cancelled set names a task without entry"
@@ -290,7 +290,7 @@ async def _bulk(e: Env) -> list[str]:
 
 async def _check_trimmed(e: Env, bounds: Bounds) -> None:
     """Dead-letter and audit streams stay near MAXLEN; recent tasks exactly at most."""
-    for key, maxlen in ((keys.DEAD_LETTER, bounds.dlq_maxlen),
+    for key, maxlen in ((keys.dead_letter(BULK), bounds.dlq_maxlen),
                         (keys.AUDIT, bounds.audit_maxlen)):
         info = await e.r.xinfo_stream(key)
         added, length = int(info["entries-added"]), int(info["length"])
@@ -350,7 +350,8 @@ async def _check_fields(e: Env, inv: dict[str, list[str]],
                         families: dict[str, rs.Family]) -> None:
     """Entries, worker hashes and idempotency records hold the fields the table lists."""
     dlq = rs.entry_fields() | families["dead-letter"].fields
-    for stream, expected in ((keys.DEAD_LETTER, dlq), (keys.AUDIT, families["audit"].fields)):
+    for stream, expected in ((keys.dead_letter(BULK), dlq),
+                             (keys.AUDIT, families["audit"].fields)):
         problems = await rs.field_problems(e.r, stream, expected)
         assert not problems, f"entries differ from the layout table: {problems}"
     for key in inv["worker"]:

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from dtq_gateway import keys
 from dtq_gateway.completion import _progress
 from dtq_gateway.errors import InvalidArgument
 from dtq_gateway.followup_plan import MAX_CHAIN_STEPS, plan_chain, plan_group, step_task_id
@@ -24,7 +25,9 @@ def req(**kw) -> pb.EnqueueRequest:
 def test_chain_ids_are_derived_and_the_steps_stored():
     r = req(chain=[req(queue="q2"), req()])
     task, ids = plan_chain(r, validate_enqueue(r, SETTINGS), SETTINGS)
-    assert ids == [step_task_id(task.task_id), step_task_id(step_task_id(task.task_id))]
+    second = step_task_id(task.task_id, "q2")
+    assert ids == [second, step_task_id(second, "q")]
+    assert keys.key_slot(keys.task(second)) == keys.key_slot(keys.stream("q2", 0))
     fields = json.loads(task.extra_json)
     assert fields[:6] == ["follow", "c", "chain_id", task.task_id, "chain_step", "0"]
     assert len(json.loads(fields[7])) == 2

@@ -7,32 +7,66 @@ import pytest
 from dtq_gateway import keys
 
 
-def test_layout_matches_the_seed_table():
-    assert keys.stream("emails", 9) == "dtq:stream:emails:p9"
-    assert keys.DEAD_LETTER == "dtq:stream:dead-letter"
+def test_layout_hash_tags_every_queue_key_with_the_queue_name():
+    assert keys.stream("emails", 9) == "dtq:stream:{emails}:p9"
+    assert keys.dead_letter("emails") == "dtq:stream:{emails}:dead-letter"
+    assert keys.schedule("emails") == "dtq:retry:{emails}:schedule"
+    assert keys.cancelled("emails") == "dtq:cancelled:{emails}"
+    assert keys.paused("emails") == "dtq:queue:{emails}:paused"
+    assert keys.busy_marker("emails") == "dtq:queue:{emails}:busy"
+    assert keys.idempotency("emails", "ab") == "dtq:idempotency:{emails}:ab"
     assert keys.AUDIT == "dtq:stream:audit"
-    assert keys.RETRY_SCHEDULE == "dtq:retry:schedule"
     assert keys.RETRY_CLAIMED == "dtq:retry:claimed"
-    assert keys.task("ab") == "dtq:task:ab"
-    assert keys.result("ab") == "dtq:result:ab"
-    assert keys.worker("w-1") == "dtq:worker:w-1"
-    assert keys.WORKERS == "dtq:workers"
-    assert keys.paused("emails") == "dtq:queue:emails:paused"
-    assert keys.CANCELLED == "dtq:cancelled"
+    assert keys.worker("w-1") == "dtq:worker:{workers}:w-1"
+    assert keys.WORKERS == "dtq:workers:{workers}"
+    assert keys.gateway("ab") == "dtq:gateway:{workers}:ab"
     assert keys.RECENT_TASKS == "dtq:tasks:recent"
     assert keys.SCHEDULER_LOCK == "dtq:lock:scheduler"
     assert keys.EVENTS_CHANNEL == "dtq:events"
 
 
-def test_queue_streams_are_p9_first():
-    assert keys.queue_streams_desc("q") == [f"dtq:stream:q:p{b}" for b in range(9, -1, -1)]
+def test_task_ids_carry_the_slot_tag_of_their_queue():
+    for queue in ("emails", "q", "a.b-c_1", "x" * 64, "Z9"):
+        task_id = keys.new_task_id(queue)
+        assert keys.TASK_ID_RE.match(task_id), task_id
+        slot = keys.key_slot(keys.stream(queue, 0))
+        for key in (keys.task(task_id), keys.result(task_id), keys.idempotency(queue, "d"),
+                    keys.schedule(queue), keys.dead_letter(queue), keys.paused(queue)):
+            assert keys.key_slot(key) == slot, (queue, key)
+    assert keys.task("a" * 32 + "-9z") == "dtq:task:{9z}:" + "a" * 32 + "-9z"
+
+
+def test_key_slot_agrees_with_redis_py():
+    from redis.crc import key_slot
+    for key in ("dtq:stream:{emails}:p9", "plain", "a{}b", "{x}{y}", "dtq:task:{0}:ab"):
+        assert keys.key_slot(key) == key_slot(key.encode()), key
+
+
+def test_every_slot_has_a_short_tag():
+    tags = keys._slot_tags()
+    assert len(tags) == 16384 and max(map(len, tags)) <= 4
+    assert all(keys.key_slot("{" + t + "}") == slot for slot, t in enumerate(tags))
+
+
+@pytest.mark.parametrize("task_id, ok", [
+    ("a" * 32, True), ("a" * 32 + "-0", True), ("a" * 32 + "-zzzz", True),
+    ("a" * 32 + "-", False), ("a" * 32 + "-zzzzz", False), ("a" * 32 + "-Z", False),
+    ("A" * 32, False), ("a" * 31 + "-1", False), ("a" * 32 + "-1\n", False)])
+def test_task_id_alphabet(task_id, ok):
+    assert bool(keys.TASK_ID_RE.match(task_id)) is ok
+
+
+def test_untagged_ids_keep_the_keys_of_the_older_layout():
+    assert keys.task("ab" * 16) == "dtq:task:" + "ab" * 16
+    assert keys.result("ab" * 16) == "dtq:result:" + "ab" * 16
 
 
 @pytest.mark.parametrize("key, parsed", [
-    ("dtq:stream:emails:p3", ("emails", 3)),
-    ("dtq:stream:dead-letter", None),
+    ("dtq:stream:{emails}:p3", ("emails", 3)),
+    ("dtq:stream:emails:p3", None),
+    ("dtq:stream:{emails}:dead-letter", None),
     ("dtq:stream:audit", None),
-    ("dtq:stream:a:b:p1", None),
+    ("dtq:stream:{a:b}:p1", None),
 ])
 def test_parse_stream(key, parsed):
     assert keys.parse_stream(key) == parsed

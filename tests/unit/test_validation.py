@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from dtq_gateway import keys
 from dtq_gateway.errors import InvalidArgument, TooLarge
 from dtq_gateway.settings import load
 from dtq_gateway.validation import cut_utf8, validate_enqueue
@@ -16,7 +17,8 @@ def test_defaults_applied():
     t = validate_enqueue(pb.EnqueueRequest(queue="q", task_type="t"), SETTINGS)
     assert (t.priority, t.max_attempts, t.timeout_ms) == (5, 3, 60000)
     assert (t.backoff_base_ms, t.backoff_cap_ms) == (1000, 300000)
-    assert t.content_type == "application/json" and len(t.task_id) == 32
+    assert t.content_type == "application/json" and keys.TASK_ID_RE.match(t.task_id)
+    assert keys.task(t.task_id).startswith("dtq:task:{")
     assert t.idem_digest == "" and t.metadata_json == "{}"
 
 

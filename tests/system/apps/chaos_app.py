@@ -11,6 +11,7 @@ Task types (payload is a JSON object):
 - ``chaos.poison``: logs ``start`` and SIGKILLs its own worker process.
 - ``chaos.fail_once`` ``{"retry_after_s": 1.0}``: attempt 1 logs ``start`` and raises
   :class:`~dtq_pyworker.Retry`; later attempts log ``start`` and ``done``.
+- ``chaos.fail_always``: logs ``start`` and raises (dead-lettered after its attempts).
 - ``chaos.block`` ``{"until_file": "/path"}``: logs ``start``, waits (at most 30 s)
   until the file exists, logs ``done``.
 """
@@ -65,6 +66,11 @@ def build_worker() -> Worker:
             raise Retry(after_s=float((payload or {}).get("retry_after_s", 1.0)))
         record("done", ctx)
         return {"attempt": ctx.attempt}
+
+    @worker.task("chaos.fail_always")
+    async def fail_always(payload: Any, ctx: TaskContext) -> None:
+        record("start", ctx)
+        raise RuntimeError("chaos.fail_always")
 
     @worker.task("chaos.block")
     async def block(payload: Any, ctx: TaskContext) -> dict[str, bool]:

@@ -1,0 +1,139 @@
+"""The gateway's Redis client for each ``DTQ_REDIS_MODE``, built in this one place.
+
+- ``standalone``: one Redis (``DTQ_REDIS_URL``), a bounded blocking connection pool.
+- ``cluster``: redis-py's :class:`redis.asyncio.cluster.RedisCluster`; ``DTQ_REDIS_URL``
+  names any node, the client discovers the rest and follows MOVED/ASK redirections and
+  failovers. Every dtq script touches the keys of one queue, which all share one hash
+  slot (``docs/redis-layout.md``), so each script runs on one node.
+- ``sentinel``: redis-py's :class:`redis.asyncio.sentinel.Sentinel`; ``DTQ_REDIS_URL``
+  names one sentinel or a comma list (``redis://s1:26379,s2:26379,s3:26379``) and
+  ``DTQ_REDIS_SENTINEL_MASTER`` the monitored service. The pool asks the sentinels for
+  the primary before each new connection, so after a failover the next connection
+  reaches the promoted replica.
+
+Credentials in the URL (``redis://user:password@host:port``) authenticate to the data
+nodes (cluster nodes, or the Sentinel service's primary); sentinels are reached
+without them unless ``DTQ_REDIS_SENTINEL_PASSWORD`` is set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+
+#: The values of DTQ_REDIS_MODE.
+MODES = ("standalone", "cluster", "sentinel")
+#: Connection timeouts shared by every mode (s). No dtq call blocks on the server side,
+#: so a socket timeout of a few seconds only fires on a dead connection.
+SOCKET_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One host:port of a comma-separated URL, with the URL's credentials and db."""
+
+    host: str
+    port: int
+
+
+def parse_hosts(url: str, default_port: int = 6379) -> tuple[list[Endpoint], dict[str, Any]]:
+    """Split ``redis://[user:pass@]h1:p1,h2:p2[/db]`` (or a comma list of full URLs)
+    into endpoints and connection kwargs (username, password, db, ssl).
+
+    Raises:
+        ValueError: no host, or a port that is not a number.
+    """
+    parts = [p.strip() for p in url.split(",") if p.strip()]
+    if not parts:
+        raise ValueError("no host in the Redis URL")
+    first = urlsplit(parts[0])
+    scheme = first.scheme or "redis"
+    kwargs: dict[str, Any] = {}
+    if first.username:
+        kwargs["username"] = unquote(first.username)
+    if first.password:
+        kwargs["password"] = unquote(first.password)
+    if first.path.strip("/").isdigit():
+        kwargs["db"] = int(first.path.strip("/"))
+    if scheme == "rediss":
+        kwargs["ssl"] = True
+    endpoints = []
+    for i, part in enumerate(parts):
+        if "://" not in part:
+            part = f"{scheme}://{part}"
+        netloc = urlsplit(part).netloc.rpartition("@")[2]
+        if i == 0 and len(parts) > 1 and "/" in netloc:
+            netloc = netloc.split("/", 1)[0]
+        host, sep, port = netloc.rpartition(":")
+        if not sep:
+            host, port = netloc, str(default_port)
+        if not host or not port.isdigit():
+            raise ValueError(f"bad host:port {netloc!r} in the Redis URL")
+        endpoints.append(Endpoint(host.strip("[]"), int(port)))
+    return endpoints, kwargs
+
+
+def make_client(mode: str, url: str, *, max_connections: int = 16,
+                sentinel_master: str = "", sentinel_password: str = "") -> Any:
+    """The async client for ``mode`` (see the module docstring).
+
+    Args:
+        mode: ``standalone`` | ``cluster`` | ``sentinel``.
+        url: DTQ_REDIS_URL.
+        max_connections: pool size (standalone, Sentinel); per node in cluster mode.
+        sentinel_master: the Sentinel service name (sentinel mode only).
+        sentinel_password: password of the sentinels themselves ("" = none).
+
+    Returns:
+        A :class:`redis.asyncio.Redis` (standalone, sentinel) or
+        :class:`redis.asyncio.cluster.RedisCluster`; both speak the same commands.
+
+    Raises:
+        ValueError: unknown mode, a malformed URL, or sentinel mode without a master.
+    """
+    common = {"socket_timeout": SOCKET_TIMEOUT_S, "socket_connect_timeout": CONNECT_TIMEOUT_S}
+    if mode == "standalone":
+        # A connection idle for over a second is PINGed before use, so after a Redis
+        # restart stale pooled connections are replaced instead of failing the next
+        # (non-idempotent) command.
+        pool = BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=5, health_check_interval=1,
+            retry_on_timeout=False, **common)
+        return Redis(connection_pool=pool)
+    if mode == "cluster":
+        return RedisCluster.from_url(url.split(",")[0], max_connections=max_connections,
+                                     require_full_coverage=True, **common)
+    if mode == "sentinel":
+        if not sentinel_master:
+            raise ValueError("sentinel mode needs DTQ_REDIS_SENTINEL_MASTER")
+        endpoints, kwargs = parse_hosts(url, default_port=26379)
+        sentinel_kwargs: dict[str, Any] = dict(common)
+        if sentinel_password:
+            sentinel_kwargs["password"] = sentinel_password
+        sentinel = Sentinel([(e.host, e.port) for e in endpoints],
+                            sentinel_kwargs=sentinel_kwargs, **common, **kwargs)
+        return sentinel.master_for(sentinel_master, redis_class=Redis,
+                                   connection_pool_class=SentinelConnectionPool,
+                                   max_connections=max_connections, health_check_interval=1)
+    raise ValueError(f"unknown Redis mode {mode!r} (one of {', '.join(MODES)})")
+
+
+def is_cluster(client: Any) -> bool:
+    """True for a cluster client (its commands route by key slot)."""
+    return isinstance(client, RedisCluster)
+
+
+async def scan_keys(client: Any, match: str, count: int = 1000,
+                    type_: str | None = None) -> AsyncIterator[bytes]:
+    """SCAN over the whole key space: every primary of a cluster, the one server
+    otherwise. Keys may repeat (SCAN's guarantee), never go missing if they existed for
+    the whole scan."""
+    async for key in client.scan_iter(match=match, count=count, _type=type_):
+        yield key

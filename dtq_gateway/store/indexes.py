@@ -1,0 +1,71 @@
+"""Writers of the keys that span queues: the recent-tasks index and the busy-queue set.
+
+Each is written with single-key commands after the per-queue script that made the
+change (a script touches the keys of one queue, i.e. one hash slot). The order makes a
+crash between the two steps harmless or repaired:
+
+- ``dtq:tasks:recent`` (ListTasks' index): ZADD after the enqueue; a crash in between
+  leaves a task out of the listing (GetTask still finds it).
+- ``dtq:queues:busy``: SADD after a script reported that it set the queue's busy marker
+  (``dtq:queue:{q}:busy``). A crash in between leaves a busy queue out of the set until
+  the scheduler leader's registry sweep (scheduler.py) finds its marker and adds it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from dtq_gateway import keys
+from dtq_gateway.duty import RateLimitedLog
+
+_log = RateLimitedLog(logging.getLogger(__name__))
+
+
+def queue_index_writes(pipe: Any, recent: Sequence[Any], busy: Iterable[str],
+                       recent_max: int) -> bool:
+    """Queue the index writes on ``pipe``: ZADD of ``recent`` ({ms, id, ms, id, ...},
+    as enqueue.lua returns them) to the recent-tasks index, trimmed to its newest
+    ``recent_max`` members, and SADD of the ``busy`` queues. Returns False when there
+    was nothing to write."""
+    wrote = False
+    if recent:
+        pipe.zadd(keys.RECENT_TASKS, {recent[i + 1]: int(recent[i])
+                                      for i in range(0, len(recent), 2)})
+        pipe.zremrangebyrank(keys.RECENT_TASKS, 0, -(recent_max + 1))
+        wrote = True
+    busy = sorted(set(busy))
+    if busy:
+        pipe.sadd(keys.BUSY_QUEUES, *busy)
+        wrote = True
+    return wrote
+
+
+async def write_indexes(client: Any, recent: Sequence[Any], busy: Iterable[str],
+                        recent_max: int) -> None:
+    """Run :func:`queue_index_writes` in one pipeline (one round trip per node)."""
+    pipe = client.pipeline(transaction=False)
+    if queue_index_writes(pipe, recent, busy, recent_max):
+        await pipe.execute()
+
+
+async def write_indexes_logged(client: Any, recent: Sequence[Any], busy: Iterable[str],
+                               recent_max: int) -> None:
+    """:func:`write_indexes` for callers whose own change already happened (an enqueue
+    the client must hear about): a Redis error is logged (rate-limited), not raised,
+    because the indexes are repaired (busy set) or only a listing aid (recent tasks)."""
+    try:
+        await write_indexes(client, recent, busy, recent_max)
+    except RedisError as exc:
+        _log.log(logging.WARNING, "index write after an enqueue failed: %s",
+                 type(exc).__name__, busy_queues=sorted(set(busy)))
+
+
+async def mark_busy(client: Any, queues: Iterable[str]) -> None:
+    """SADD ``queues`` to the busy set (after a script set their busy markers)."""
+    queues = sorted(set(queues))
+    if queues:
+        await client.sadd(keys.BUSY_QUEUES, *queues)

@@ -1,0 +1,127 @@
+"""A private Redis Cluster for tests: three primaries with one replica each.
+
+Six ``redis-server --cluster-enabled yes`` processes on 127.0.0.1 (free ports, one
+temporary directory), joined by ``redis-cli --cluster create --cluster-replicas 1``.
+:meth:`RedisCluster.failover` promotes a replica with ``CLUSTER FAILOVER``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import redis
+
+from tests.support.redis_sentinel import wait_for
+from tests.support.redis_server import RedisServer, free_port
+
+
+def redis_cli_binary() -> str:
+    """redis-cli from PATH."""
+    found = shutil.which("redis-cli")
+    if not found:
+        raise RuntimeError("redis-cli not found on PATH")
+    return found
+
+
+class RedisClusterSetup:
+    """3 primaries + 3 replicas (AOF on), node timeout ``node_timeout_ms``."""
+
+    def __init__(self, directory: str | None = None, node_timeout_ms: int = 2000) -> None:
+        self.dir = Path(directory or tempfile.mkdtemp(prefix="dtq-cluster-"))
+        self.node_timeout_ms = node_timeout_ms
+        self.nodes: list[RedisServer] = []
+
+    @property
+    def url(self) -> str:
+        """DTQ_REDIS_URL for cluster mode (any node will do: the first)."""
+        return f"redis://127.0.0.1:{self.nodes[0].port}"
+
+    def start(self, timeout_s: float = 60.0) -> RedisClusterSetup:
+        """Start six nodes, create the cluster, wait until every node says ``ok``."""
+        for i in range(6):
+            d = self.dir / f"n{i}"
+            d.mkdir(parents=True, exist_ok=True)
+            node = RedisServer(directory=str(d), appendonly=True, extra_args=(
+                "--cluster-enabled", "yes", "--cluster-config-file", str(d / "nodes.conf"),
+                "--cluster-node-timeout", str(self.node_timeout_ms),
+                # the bus port defaults to port + 10000, which may be taken or > 65535
+                "--cluster-port", str(free_port())))
+            self.nodes.append(node.start())
+        subprocess.run([redis_cli_binary(), "--cluster", "create",
+                        *[f"127.0.0.1:{n.port}" for n in self.nodes],
+                        "--cluster-replicas", "1", "--cluster-yes"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       timeout=timeout_s)
+        for n in self.nodes:
+            wait_for(lambda n=n: self._info(n.port).get("cluster_state") == "ok", timeout_s,
+                     f"node {n.port} to report cluster_state ok")
+        wait_for(lambda: len(self.replicas()) == 3, timeout_s, "three replicas")
+        return self
+
+    @staticmethod
+    def _info(port: int) -> dict[str, str]:
+        c = redis.Redis(port=port, socket_timeout=1, decode_responses=True)
+        try:
+            raw = c.execute_command("CLUSTER", "INFO")
+        finally:
+            c.close()
+        if isinstance(raw, dict):
+            return {str(k): str(v) for k, v in raw.items()}
+        return dict(line.split(":", 1) for line in raw.splitlines() if ":" in line)
+
+    def _role(self, port: int) -> str:
+        c = redis.Redis(port=port, socket_timeout=1, decode_responses=True)
+        try:
+            return c.info("replication")["role"]
+        finally:
+            c.close()
+
+    def primaries(self) -> list[int]:
+        """Ports of the nodes that are primaries now."""
+        return [n.port for n in self.nodes if self._role(n.port) == "master"]
+
+    def replicas(self) -> list[int]:
+        """Ports of the nodes that are replicas now (with their link up)."""
+        out = []
+        for n in self.nodes:
+            c = redis.Redis(port=n.port, socket_timeout=1, decode_responses=True)
+            try:
+                info = c.info("replication")
+            finally:
+                c.close()
+            if info["role"] == "slave" and info.get("master_link_status") == "up":
+                out.append(n.port)
+        return out
+
+    def primary_of(self, replica_port: int) -> int:
+        """Port of the primary a replica follows."""
+        c = redis.Redis(port=replica_port, socket_timeout=1, decode_responses=True)
+        try:
+            return int(c.info("replication")["master_port"])
+        finally:
+            c.close()
+
+    def failover(self, replica_port: int | None = None, timeout_s: float = 30.0) -> int:
+        """Promote a replica (``CLUSTER FAILOVER``, coordinated with its primary); return
+        its port once it is a primary and the cluster is ``ok`` everywhere."""
+        port = replica_port or self.replicas()[0]
+        c = redis.Redis(port=port, socket_timeout=2)
+        try:
+            c.execute_command("CLUSTER", "FAILOVER")
+        finally:
+            c.close()
+        wait_for(lambda: self._role(port) == "master", timeout_s,
+                 f"replica {port} to become a primary")
+        for n in self.nodes:
+            wait_for(lambda n=n: self._info(n.port).get("cluster_state") == "ok", timeout_s,
+                     f"node {n.port} to report cluster_state ok after the failover")
+        return port
+
+    def stop(self) -> None:
+        """Stop every node and remove the directory."""
+        for node in self.nodes:
+            node.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)

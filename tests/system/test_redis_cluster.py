@@ -1,0 +1,190 @@
+"""Cluster mode: gateways on a 3-primary Redis Cluster with 3 replicas.
+
+One cluster serves the module. The core paths (enqueue, lease, ack, fail, retry,
+dead letter, requeue, cancel, pause, GetTask, ListQueues, ListDeadLetters) run over
+queues whose hash slots lie on all three primaries, with workers whose Lease sessions
+span queues of several slots; then a replica is promoted with ``CLUSTER FAILOVER``
+during a workload and every task still reaches one terminal state (a completion lost in
+asynchronous replication may make a task run again: tests/system/failover_support.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+from dtq_gateway import keys
+from dtq_proto import dtq_pb2 as pb
+from dtq_proto import dtq_pb2_grpc
+from tests.support.redis_cluster import RedisClusterSetup
+from tests.system.chaos_support import wait_until
+from tests.system.failover_support import FailoverEnv, check_at_least_once, enqueue_spread
+
+pytestmark = [pytest.mark.slow, pytest.mark.chaos]
+
+#: Queues of the tests: 12 names whose slots fall on all three primaries (asserted).
+QUEUES = [f"cq{i}" for i in range(12)]
+TERMINAL = {pb.TASK_STATUS_SUCCEEDED, pb.TASK_STATUS_DEAD_LETTERED, pb.TASK_STATUS_CANCELLED,
+            pb.TASK_STATUS_EXPIRED}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterSetup]:
+    setup = RedisClusterSetup(directory=str(tmp_path_factory.mktemp("cluster"))).start()
+    try:
+        yield setup
+    finally:
+        setup.stop()
+
+
+@pytest.fixture
+def env(cluster: RedisClusterSetup, tmp_path: Path) -> Iterator[FailoverEnv]:
+    node = cluster.nodes[0].port
+    rds = RedisCluster(host="127.0.0.1", port=node, decode_responses=True, socket_timeout=5)
+    rds.flushall(target_nodes=RedisCluster.PRIMARIES)
+    e = FailoverEnv(tmp_path, cluster.url, {"redis-mode": "cluster"}, rds=rds,
+                    subscribe=lambda: redis.Redis(port=node, socket_timeout=2,
+                                                  socket_connect_timeout=1))
+    try:
+        yield e
+    finally:
+        e.cleanup()
+
+
+def primaries_of(rds: RedisCluster, queues: list[str]) -> dict[str, str]:
+    """queue -> name of the primary that owns its slot."""
+    return {q: rds.get_node_from_key(keys.stream(q, 0)).name for q in queues}
+
+
+def test_core_operations_over_queues_on_all_three_primaries(env: FailoverEnv) -> None:
+    owners = primaries_of(env.rds, QUEUES)
+    assert len(set(owners.values())) == 3, f"queues should spread over 3 primaries: {owners}"
+    gw = env.gateway()
+    client = env.client(gw.target)
+    channel = grpc.insecure_channel(gw.target)
+    admin = dtq_pb2_grpc.AdminStub(channel)
+    try:
+        items = []
+        for q in QUEUES:
+            items += [{"queue": q, "task_type": "chaos.sleep", "payload": {"sleep_s": 0},
+                       "priority": 9}] * 2
+            items += [{"queue": q, "task_type": "chaos.sleep", "payload": {"sleep_s": 0},
+                       "delay_ms": 300},
+                      {"queue": q, "task_type": "chaos.fail_once",
+                       "payload": {"retry_after_s": 0.2}, "max_attempts": 3},
+                      {"queue": q, "task_type": "chaos.fail_always", "max_attempts": 1,
+                       "idempotency_key": f"dead-{q}"}]
+        ids = [r.task_id for r in client.enqueue_batch(items)]
+        assert all(keys.key_slot(keys.task(t)) == keys.key_slot(keys.stream(i["queue"], 0))
+                   for t, i in zip(ids, items)), "a task record outside its queue's slot"
+        # a paused queue holds its task; the task is cancelled there, then the queue resumes
+        admin.PauseQueue(pb.PauseQueueRequest(queue="held", reason="cluster test", create=True))
+        held = client.enqueue("held", "chaos.sleep", {"sleep_s": 0})
+        assert client.cancel(held.task_id).status == pb.TASK_STATUS_CANCELLED
+        admin.ResumeQueue(pb.ResumeQueueRequest(queue="held"))
+        # one worker reads all twelve queues (its sessions span three slots), another half
+        env.worker(gw.target, "w-all", queue=",".join(QUEUES), concurrency=4)
+        env.worker(gw.target, "w-half", queue=",".join(QUEUES[::2]), concurrency=2)
+        tasks = wait_until(lambda: _all_terminal(client, ids), 40, "every task terminal")
+        by_type = {}
+        for item, tid in zip(items, ids):
+            by_type.setdefault(item["task_type"], []).append(tasks[tid])
+        assert all(t.status == pb.TASK_STATUS_SUCCEEDED for t in by_type["chaos.sleep"])
+        assert all(t.status == pb.TASK_STATUS_SUCCEEDED and t.attempt == 2
+                   for t in by_type["chaos.fail_once"])
+        assert all(t.status == pb.TASK_STATUS_DEAD_LETTERED
+                   for t in by_type["chaos.fail_always"])
+        assert client.get_task(held.task_id).status == pb.TASK_STATUS_CANCELLED
+        # the dead letters of twelve queues, merged newest first over two pages
+        page1 = admin.ListDeadLetters(pb.ListDeadLettersRequest(page_size=7))
+        page2 = admin.ListDeadLetters(pb.ListDeadLettersRequest(
+            page_size=7, page_token=page1.next_page_token))
+        listed = [d.task_id for d in list(page1.entries) + list(page2.entries)]
+        assert sorted(listed) == sorted(t.task_id for t in by_type["chaos.fail_always"])
+        assert page2.next_page_token == ""
+        again = by_type["chaos.fail_always"][0].task_id
+        admin.RequeueDeadLetter(pb.RequeueDeadLetterRequest(task_id=again))
+        wait_until(lambda: client.get_task(again).metadata.get("requeues") == "1"
+                   and client.get_task(again).status == pb.TASK_STATUS_DEAD_LETTERED, 20,
+                   "the requeued dead letter to run and dead-letter again")
+        names = [q.name for q in admin.ListQueues(pb.ListQueuesRequest(page_size=100)).queues]
+        assert set(names) == {*QUEUES, "held"}
+        for q in QUEUES:
+            wait_until(lambda q=q: not _backlog(env.rds, q), 20, f"queue {q} empty at rest")
+    finally:
+        channel.close()
+
+
+def _all_terminal(client, ids: list[str]) -> dict[str, pb.Task] | None:
+    tasks = {t: client.get_task(t) for t in ids}
+    return tasks if all(t.status in TERMINAL for t in tasks.values()) else None
+
+
+def _backlog(rds: RedisCluster, queue: str) -> int:
+    return sum(rds.xlen(k) for k in keys.queue_streams_desc(queue))
+
+
+def test_cluster_failover_during_a_workload_every_task_terminal(
+        env: FailoverEnv, cluster: RedisClusterSetup) -> None:
+    gw = env.gateway()
+    client = env.client(gw.target)
+    ids = enqueue_spread(client, QUEUES, 360, sleep_s=0.03)
+    for i in (1, 2):
+        env.worker(gw.target, f"w-{i}", queue=",".join(QUEUES), concurrency=4)
+    wait_until(lambda: len(env.runs("done")) >= 30, 30, "some tasks to finish")
+    assert len(env.runs("done")) < len(ids) / 2, "the failover should hit a running workload"
+    # promote the replica of a primary that owns some of the queues
+    owners = primaries_of(env.rds, QUEUES)
+    replica = next(p for p in cluster.replicas()
+                   if f"127.0.0.1:{cluster.primary_of(p)}" in owners.values())
+
+    cluster.failover(replica)
+
+    ids += enqueue_spread(client, QUEUES, 36)
+    counts = check_at_least_once(env, client, ids, QUEUES)
+    assert counts["tasks"] == len(set(ids))
+    print(f"cluster failover to {replica}: {counts}")
+
+
+def test_chains_groups_rate_limits_and_schedules_across_primaries(env: FailoverEnv) -> None:
+    """The features whose keys came with the hash-tagged layout: a chain whose steps go to
+    queues on different primaries, a group whose callback queue is on another one, a
+    rate-limited queue and a periodic schedule, all served by one cluster-mode gateway."""
+    owners = primaries_of(env.rds, QUEUES[:4])
+    assert len(set(owners.values())) >= 2, owners
+    gw = env.gateway()
+    client = env.client(gw.target)
+    channel = grpc.insecure_channel(gw.target)
+    admin = dtq_pb2_grpc.AdminStub(channel)
+    sleep = {"sleep_s": 0}
+    try:
+        admin.SetRateLimit(pb.SetRateLimitRequest(rate_limit=pb.RateLimit(
+            queue=QUEUES[3], limit=1000, period_ms=1000, burst=1000)))
+        admin.CreateSchedule(pb.CreateScheduleRequest(schedule=pb.Schedule(
+            name="every-1s", interval_ms=1000, task=pb.EnqueueRequest(
+                queue=QUEUES[2], task_type="chaos.sleep", payload=b'{"sleep_s": 0}'))))
+        first = client.enqueue(QUEUES[0], "chaos.sleep", sleep, chain=[
+            {"queue": QUEUES[1], "task_type": "chaos.sleep", "payload": sleep},
+            {"queue": QUEUES[2], "task_type": "chaos.sleep", "payload": sleep}])
+        assert all(keys.key_slot(keys.task(t)) == keys.key_slot(keys.stream(q, 0))
+                   for t, q in zip(first.chain_task_ids, QUEUES[1:3]))
+        group = client.enqueue_group(
+            [{"queue": q, "task_type": "chaos.sleep", "payload": sleep} for q in QUEUES[:4]],
+            callback={"queue": QUEUES[1], "task_type": "chaos.sleep", "payload": sleep})
+        limited = client.enqueue(QUEUES[3], "chaos.sleep", sleep)
+        env.worker(gw.target, "w-all", queue=",".join(QUEUES[:4]), concurrency=4)
+        assert client.wait_chain(first, 30).status == pb.TASK_STATUS_SUCCEEDED
+        assert client.wait(group.callback_task_id, 30, missing_ok=True).status \
+            == pb.TASK_STATUS_SUCCEEDED
+        assert client.wait(limited.task_id, 30).status == pb.TASK_STATUS_SUCCEEDED
+        wait_until(lambda: admin.GetSchedule(pb.GetScheduleRequest(
+            name="every-1s")).schedule.fires_total >= 1, 20, "a schedule fire")
+        fired = admin.GetSchedule(pb.GetScheduleRequest(name="every-1s")).schedule.last_task_id
+        assert client.wait(fired, 20).status == pb.TASK_STATUS_SUCCEEDED
+    finally:
+        channel.close()
