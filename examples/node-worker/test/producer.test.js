@@ -37,7 +37,7 @@ test('producer: enqueue, get and wait for a succeeding task', live, async () => 
   const producer = new Producer({ gateway: GATEWAY });
   try {
     const res = await producer.enqueue(QUEUE, 'ok', { n: 21 }, { priority: 8, metadata: { from: 'node' } });
-    assert.match(res.taskId, /^[0-9a-f]{32}$/);
+    assert.match(res.taskId, /^[0-9a-f]{32}-[0-9a-z]{1,4}$/); // <random>-<slot tag of its queue>
     assert.equal(res.deduplicated, false);
     assert.equal(res.status, 'QUEUED');
     const task = await producer.wait(res.taskId, { timeoutMs: 10000 });
