@@ -117,6 +117,8 @@ def _payload(payload: str | None, content_type: str | None) -> Any:
     except ValueError as exc:
         raise click.BadParameter(f"not valid JSON ({exc}); give --content-type for "
                                  "other media types", param_hint="PAYLOAD") from exc
+    except RecursionError:
+        raise click.BadParameter("JSON nested too deeply", param_hint="PAYLOAD") from None
 
 
 def _metadata(pairs: tuple[str, ...]) -> dict[str, str]:

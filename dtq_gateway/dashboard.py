@@ -277,6 +277,8 @@ class Dashboard:
             body = json.loads(raw)
         except ValueError:
             raise InvalidArgument("body: not valid JSON", field="body") from None
+        except RecursionError:
+            raise InvalidArgument("body: JSON nested too deeply", field="body") from None
         if not isinstance(body, dict):
             raise InvalidArgument("body: must be a JSON object", field="body")
         return body

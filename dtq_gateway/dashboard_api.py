@@ -76,7 +76,7 @@ def decode_bytes(data: bytes, content_type: str = "", max_bytes: int = 0) -> dic
     if ct in ("", "application/json") or ct.endswith("+json"):
         try:
             return {**out, "encoding": "json", "value": json.loads(data)}
-        except ValueError:
+        except (ValueError, RecursionError):  # nested deeper than this stack: shown as text
             pass
     try:
         return {**out, "encoding": "text", "value": data.decode("utf-8")}

@@ -299,3 +299,9 @@ def test_schedules_limits_and_pause_create(env):
     assert missing.exit_code == ExitCode.NOT_FOUND
     assert env.run("pause", "cli-never-seen", "--create").exit_code == 0
     assert env.run("resume", "cli-never-seen").exit_code == 0
+
+
+def test_deep_json_payload_is_a_usage_error(env):
+    deep = "[" * 5000 + "]" * 5000
+    res = env.run("enqueue", SERVED, "ok", "-", input=deep)
+    assert res.exit_code == ExitCode.USAGE and "nested too deeply" in res.output

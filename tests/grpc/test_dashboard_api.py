@@ -11,6 +11,7 @@ import asyncio
 import json
 
 import aiohttp
+import grpc
 import pytest
 
 from dtq_proto import dtq_pb2
@@ -271,3 +272,28 @@ async def test_task_progress_and_queue_outcomes_and_stuck_types(redis_url):
             assert q["stuck_task_types"] == ["nobody.takes.this"]
         finally:
             stream.close()
+
+
+async def test_deep_json_is_a_400_and_a_deep_payload_still_shows(redis_url):
+    """A request body nested beyond the parser's stack is a 400 naming the body, and a
+    payload nested as deep as Enqueue accepts is shown (as text when too deep to parse)."""
+    async with dashboard_gateway(redis_url) as dg, aiohttp.ClientSession() as http:
+        task_id = await dg.enqueue("deep", "t", {"n": 1})
+        deep = '{"reason": ' + "[" * 5000 + "]" * 5000 + "}"
+        async with http.post(dg.url + "/api/queues/deep/pause", data=deep,
+                             headers={"Content-Type": "application/json"}) as resp:
+            assert resp.status == 400
+            assert (await resp.json())["error"]["field"] == "body"
+        status, task = await _json(http, "GET", dg.url + f"/api/tasks/{task_id}")
+        assert status == 200
+        for depth in range(990, 0, -10):  # the deepest payload Enqueue accepts here
+            nested = "[" * depth + "]" * depth
+            try:
+                r = await dg.broker.Enqueue(dtq_pb2.EnqueueRequest(
+                    queue="deep", task_type="t", payload=nested.encode(),
+                    content_type="application/json"))
+                break
+            except grpc.aio.AioRpcError:
+                continue
+        status, task = await _json(http, "GET", dg.url + f"/api/tasks/{r.task_id}")
+        assert status == 200 and task["payload"]["bytes"] == len(nested)
