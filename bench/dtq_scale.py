@@ -15,7 +15,7 @@ import grpc
 import redis.asyncio as aredis
 
 from bench.common import latency_summary, proc_rss_bytes
-from dtq_gateway import keys
+from dtq_gateway.store import keys
 
 logger = logging.getLogger(__name__)
 IDLE_STREAMS = 1000

@@ -37,7 +37,7 @@ import grpc
 import redis.asyncio as aredis
 
 from bench.common import REPO, private_redis, stop_process
-from dtq_gateway import keys
+from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
 

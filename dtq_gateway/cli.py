@@ -14,8 +14,8 @@ import sys
 from collections.abc import Sequence
 
 from dtq_gateway import logconf
-from dtq_gateway.redis_policy import EvictionPolicyError
 from dtq_gateway.settings import SettingsError, load
+from dtq_gateway.store.redis_policy import EvictionPolicyError
 
 log = logging.getLogger("dtq_gateway")
 
@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     embedded = None
     redis_url = settings.redis_url
     if not redis_url:
-        from dtq_gateway.embedded import EmbeddedRedis, EmbeddedRedisError
+        from dtq_gateway.store.embedded import EmbeddedRedis, EmbeddedRedisError
 
         try:
             embedded = EmbeddedRedis(settings.embedded_dir)

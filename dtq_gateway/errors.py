@@ -1,6 +1,6 @@
 """Domain errors. Each carries a gRPC status code and a stable UPPER_SNAKE reason.
 
-The servicers translate them in one place (``dtq_gateway.grpc_errors``) into a
+The servicers translate them in one place (``dtq_gateway.rpc.grpc_errors``) into a
 gRPC status with ``google.rpc.ErrorInfo`` details (domain ``dtq.v1``). Code below
 the servicer raises these and never imports grpc status helpers itself.
 """

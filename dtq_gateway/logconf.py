@@ -14,7 +14,7 @@ import sys
 
 from pythonjsonlogger.json import JsonFormatter
 
-from dtq_gateway.limits import TruncatingFilter
+from dtq_gateway.rpc.limits import TruncatingFilter
 
 #: Attributes every LogRecord has; anything else on a record came from ``extra``.
 _RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {

@@ -24,10 +24,10 @@ import grpc
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 from redis.asyncio import Redis
 
-from dtq_gateway import admin, admin_lists, admin_waiting, keys
-from dtq_gateway.auth import WrappingInterceptor, wrap_handler
-from dtq_gateway.duty import PeriodicDuty
-from dtq_gateway.queue_rates import RATES
+from dtq_gateway.duties.duty import PeriodicDuty
+from dtq_gateway.rpc.auth import WrappingInterceptor, wrap_handler
+from dtq_gateway.store import admin, admin_lists, admin_waiting, keys
+from dtq_gateway.web.queue_rates import RATES
 
 log = logging.getLogger(__name__)
 

@@ -18,24 +18,27 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from redis.asyncio import Redis
 
-from dtq_gateway import auth, keys, leaseid, observe
-from dtq_gateway.audit import request_id_of
-from dtq_gateway.broker import Broker
-from dtq_gateway.broker_servicer import BrokerServicer
-from dtq_gateway.completion import Completion, ItemOutcome
-from dtq_gateway.dashboard import Dashboard
-from dtq_gateway.dashboard_api import Backend
-from dtq_gateway.dashboard_rates import RateTracker
-from dtq_gateway.dispatch import Dispatcher
-from dtq_gateway.followups import FollowUps, FollowUpSweep
-from dtq_gateway.groups import Groups
+from dtq_gateway import observe
+from dtq_gateway.duties.followups import FollowUps, FollowUpSweep
+from dtq_gateway.duties.scheduler import Scheduler
+from dtq_gateway.leasing import leaseid
+from dtq_gateway.leasing.completion import Completion, ItemOutcome
+from dtq_gateway.leasing.dispatch import Dispatcher
 from dtq_gateway.metrics import REDIS_MEMORY_FULL
-from dtq_gateway.ops import Operations, server_interceptors
-from dtq_gateway.redis_policy import EvictionPolicyWatch
-from dtq_gateway.reflection_pool import ReflectionPool
-from dtq_gateway.scheduler import Scheduler
+from dtq_gateway.rpc import auth
+from dtq_gateway.rpc.broker_servicer import BrokerServicer
+from dtq_gateway.rpc.ops import Operations, server_interceptors
+from dtq_gateway.rpc.reflection_pool import ReflectionPool
 from dtq_gateway.settings import Settings
+from dtq_gateway.store import keys
+from dtq_gateway.store.audit import request_id_of
+from dtq_gateway.store.broker import Broker
 from dtq_gateway.store.client import make_client
+from dtq_gateway.store.groups import Groups
+from dtq_gateway.store.redis_policy import EvictionPolicyWatch
+from dtq_gateway.web.dashboard import Dashboard
+from dtq_gateway.web.dashboard_api import Backend
+from dtq_gateway.web.dashboard_rates import RateTracker
 from dtq_proto import dtq_pb2, dtq_pb2_grpc
 
 log = logging.getLogger(__name__)

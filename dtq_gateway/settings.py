@@ -278,7 +278,7 @@ def _validate(s: Settings) -> None:
     if s.log_format not in ("json", "text"):
         raise SettingsError(f"DTQ_LOG_FORMAT must be json or text (got {s.log_format!r})")
     if s.lease_secret:
-        from dtq_gateway.leaseid import parse_secrets
+        from dtq_gateway.leasing.leaseid import parse_secrets
 
         try:
             if not parse_secrets(s.lease_secret):
@@ -286,7 +286,7 @@ def _validate(s: Settings) -> None:
         except ValueError as exc:
             raise SettingsError(f"DTQ_LEASE_SECRET: {exc}") from None
     if s.auth_tokens:
-        from dtq_gateway.auth import parse_tokens  # local import: auth is optional
+        from dtq_gateway.rpc.auth import parse_tokens  # local import: auth is optional
 
         try:
             parse_tokens(s.auth_tokens)

@@ -1,8 +1,9 @@
-"""dtq's Redis boundary: the client for each deployment mode (standalone, cluster,
-Sentinel) and everything that differs between them.
+"""dtq's Redis boundary: the one package that talks to Redis.
 
-Today this package builds the client (:mod:`dtq_gateway.store.client`) and holds the
-mode-specific helpers (SCAN over every primary, the per-node script cache); keys
-(``dtq_gateway.keys``) and scripts (``dtq_gateway.scripts``) move here as the rest of the
-gateway's Redis calls do.
+It holds the client for each deployment mode (:mod:`.client`: standalone, cluster,
+Sentinel, and the helpers that differ between them), the key names (:mod:`.keys`), the
+Lua scripts (``lua/``, loaded by :mod:`.scripts` and :mod:`.admin_scripts`), every Redis
+command the gateway sends, and the mapping of Redis failures to domain errors
+(:mod:`.errors`). The layers above (``rpc``, ``web``, ``leasing``, ``duties``, ``events``)
+call its functions and never Redis; ``docs/design.md`` draws the layers.
 """

@@ -27,6 +27,10 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
+#: The gateway's Redis client, whichever the mode: the layers above the store hold one
+#: and hand it to store functions, never calling it themselves.
+Client = Redis | RedisCluster
+
 #: The values of DTQ_REDIS_MODE.
 MODES = ("standalone", "cluster", "sentinel")
 #: Connection timeouts shared by every mode (s). No dtq call blocks on the server side,

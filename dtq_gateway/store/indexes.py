@@ -19,8 +19,8 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from dtq_gateway import keys
-from dtq_gateway.duty import RateLimitedLog
+from dtq_gateway.duties.duty import RateLimitedLog
+from dtq_gateway.store import keys
 
 _log = RateLimitedLog(logging.getLogger(__name__))
 

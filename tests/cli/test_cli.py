@@ -16,7 +16,7 @@ import pytest
 
 from dtq_cli import ExitCode
 from dtq_cli.render import ago, extra_fields, parse_duration_ms
-from dtq_gateway import keys
+from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2
 from tests.cli.conftest import SERVED
 from tests.support.threaded_gateway import ADMIN_TOKEN, PRODUCER_TOKEN

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import redis.asyncio as aioredis
 
-from dtq_gateway import admin, admin_dlq, keys
+from dtq_gateway.store import admin, admin_dlq, keys
 from dtq_proto import dtq_pb2 as pb
 from tests.support.leasing import LeaseStream
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from dtq_gateway import keys
+from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2 as pb
 from tests.support.admin_seed import dead_letter, now_ms, put_task, put_worker
 from tests.support.leasing import error_field, error_reason

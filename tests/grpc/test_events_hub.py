@@ -13,8 +13,8 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from dtq_gateway import keys
-from dtq_gateway.events_hub import EventsHub, Subscription
+from dtq_gateway.events.events_hub import EventsHub, Subscription
+from dtq_gateway.store import keys
 
 POLL_S = 0.05  # interval of the deadline-bounded polls of the hub's counters
 

@@ -8,7 +8,7 @@ import json
 import grpc
 import pytest
 
-from dtq_gateway import keys
+from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2 as pb
 from tests.support.leasing import error_field, error_reason, poll
 from tests.support.ops_server import ops_server

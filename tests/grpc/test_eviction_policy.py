@@ -10,8 +10,8 @@ import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
-from dtq_gateway.redis_policy import EvictionPolicyError
 from dtq_gateway.server import Gateway
+from dtq_gateway.store.redis_policy import EvictionPolicyError
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
 from tests.conftest import gateway_settings
@@ -54,7 +54,7 @@ async def test_warn_only_serves_and_logs_once(own_redis, caplog):
     _set_policy(own_redis.url, "allkeys-lfu")
     gw = Gateway(gateway_settings(own_redis.url, require_noeviction="false",
                                   eviction_check_interval_s=0.05), own_redis.url)
-    caplog.set_level(logging.WARNING, logger="dtq_gateway.redis_policy")
+    caplog.set_level(logging.WARNING, logger="dtq_gateway.store.redis_policy")
     await gw.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
@@ -100,7 +100,7 @@ async def test_policy_changed_at_run_time_stops_serving_until_fixed(own_redis, c
 
 
 def test_embedded_redis_runs_with_noeviction(tmp_path):
-    from dtq_gateway.embedded import EmbeddedRedis
+    from dtq_gateway.store.embedded import EmbeddedRedis
 
     embedded = EmbeddedRedis(str(tmp_path / "redis"))
     embedded.start()

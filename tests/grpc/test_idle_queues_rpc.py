@@ -10,7 +10,7 @@ import time
 
 import redis.asyncio as aioredis
 
-from dtq_gateway import keys
+from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
 from tests.support.drained_queues import leftovers

@@ -247,8 +247,8 @@ async def test_consumers_of_gone_workers_are_deleted(redis_url):
     import grpc
     import redis.asyncio as aioredis
 
-    from dtq_gateway import keys
     from dtq_gateway.server import Gateway
+    from dtq_gateway.store import keys
     from dtq_proto import dtq_pb2_grpc
     from tests.conftest import gateway_settings
 
@@ -339,7 +339,7 @@ async def test_list_workers_shows_whether_a_worker_has_a_lease_stream(broker_stu
     liveness key expired) counts for no stream."""
     import redis.asyncio as aioredis
 
-    from dtq_gateway import keys
+    from dtq_gateway.store import keys
     from dtq_proto import dtq_pb2_grpc
 
     admin = dtq_pb2_grpc.AdminStub(channel)

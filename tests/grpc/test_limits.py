@@ -14,9 +14,9 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from dtq_gateway import keys
-from dtq_gateway.limits import TruncatingFilter
+from dtq_gateway.rpc.limits import TruncatingFilter
 from dtq_gateway.server import Gateway
+from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
 from tests.conftest import gateway_settings
@@ -65,7 +65,7 @@ async def test_calls_per_peer_are_bounded(redis_url):
 
 
 def gw_open(gw: Gateway) -> dict[str, int]:
-    from dtq_gateway.limits import PeerLimitInterceptor
+    from dtq_gateway.rpc.limits import PeerLimitInterceptor
 
     (limiter,) = [i for i in gw.interceptors if isinstance(i, PeerLimitInterceptor)]
     return limiter.open
@@ -208,7 +208,7 @@ async def test_idle_queues_are_deleted_and_come_back_on_use(redis_url):
     """A drained queue nothing writes to is deleted (streams and registry entry), a
     paused one is kept; a deleted name works again at once, also for a worker that
     kept listening on it through a gateway whose group cache is stale."""
-    from dtq_gateway import keys
+    from dtq_gateway.store import keys
     from tests.support.leasing import LeaseStream
 
     gw = await _gateway(redis_url, queue_idle_delete_s=0.5)

@@ -9,7 +9,7 @@ import grpc
 import pytest
 import redis.asyncio as aioredis
 
-from dtq_gateway.ops import Operations, server_interceptors
+from dtq_gateway.rpc.ops import Operations, server_interceptors
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
 from tests.conftest import gateway_settings

@@ -12,7 +12,8 @@ import asyncio
 import grpc
 import pytest
 
-from dtq_gateway import keys, metrics
+from dtq_gateway import metrics
+from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
 from tests.support.leasing import LeaseStream, error_field

@@ -6,7 +6,7 @@ own lease_read round trips are counted through ``Dispatcher._lease``.
 
 from __future__ import annotations
 
-from dtq_gateway.sessions import Session
+from dtq_gateway.leasing.sessions import Session
 from tests.redis.test_core_scripts import Env
 
 

@@ -12,8 +12,8 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from dtq_gateway import keys
-from dtq_gateway.events_wire import decode
+from dtq_gateway.events.events_wire import decode
+from dtq_gateway.store import keys
 
 _BARRIER = "__barrier__"
 

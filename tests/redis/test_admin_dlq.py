@@ -7,9 +7,9 @@ import json
 import pytest
 import redis.asyncio as aioredis
 
-from dtq_gateway import admin, admin_dlq, admin_lists, keys
 from dtq_gateway.errors import InvalidArgument, NotFound, WrongState
-from dtq_gateway.events_wire import decode
+from dtq_gateway.events.events_wire import decode
+from dtq_gateway.store import admin, admin_dlq, admin_lists, keys
 from tests.support.admin_seed import dead_letter, now_ms, put_task
 
 CALL = admin.CallInfo(actor="ops", request_id="r-42")

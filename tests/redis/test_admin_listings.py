@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import redis.asyncio as aioredis
 
-from dtq_gateway import admin, admin_lists, keys
-from dtq_gateway.audit import append_audit
 from dtq_gateway.errors import InvalidArgument
+from dtq_gateway.store import admin, admin_lists, keys
+from dtq_gateway.store.audit import append_audit
 from tests.support.admin_seed import now_ms, put_task, put_worker
 
 

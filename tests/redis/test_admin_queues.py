@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import redis.asyncio as aioredis
 
-from dtq_gateway import admin, admin_lists, keys
 from dtq_gateway.errors import InvalidArgument, NotFound
-from dtq_gateway.events_wire import decode
+from dtq_gateway.events.events_wire import decode
+from dtq_gateway.store import admin, admin_lists, keys
 from tests.support.admin_seed import dead_letter, ensure_group, now_ms, put_task
 
 CALL = admin.CallInfo(actor="alice", request_id="req-1")

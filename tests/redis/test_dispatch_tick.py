@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from dtq_gateway import keys
+from dtq_gateway.store import keys
 from tests.redis.dispatch_support import drained
 
 

@@ -6,10 +6,10 @@ import json
 
 import redis.asyncio as aioredis
 
-from dtq_gateway import keys
-from dtq_gateway.followups import CHAIN_CONTINUED
-from dtq_gateway.scripts import Script
-from dtq_gateway.task_groups import GROUP_MEMBER
+from dtq_gateway.duties.followups import CHAIN_CONTINUED
+from dtq_gateway.store import keys
+from dtq_gateway.store.scripts import Script
+from dtq_gateway.store.task_groups import GROUP_MEMBER
 
 GID = "a" * 32
 

@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from dtq_gateway import groups, keys
-from dtq_gateway.leader import LeaderLock
-from dtq_gateway.reaper import Reaper
-from dtq_gateway.scheduler import Scheduler
+from dtq_gateway.duties.leader import LeaderLock
+from dtq_gateway.duties.reaper import Reaper
+from dtq_gateway.duties.scheduler import Scheduler
 from dtq_gateway.settings import Settings
+from dtq_gateway.store import groups, keys
 from tests.redis.sched_support import r, redis_ms, seed_lease, seed_task, task_fields, wait_until
 from tests.support.drained_queues import leftovers
 

@@ -7,11 +7,11 @@ import json
 
 from redis.asyncio import Redis
 
-from dtq_gateway import keys
-from dtq_gateway.leader import LeaderLock
-from dtq_gateway.scheduler import MOVE_BATCH, Mover
-from dtq_gateway.scripts import Script
+from dtq_gateway.duties.leader import LeaderLock
+from dtq_gateway.duties.scheduler import MOVE_BATCH, Mover
 from dtq_gateway.settings import Settings
+from dtq_gateway.store import keys
+from dtq_gateway.store.scripts import Script
 from tests.redis.sched_support import Events, r, redis_ms, seed_idem, seed_task, task_fields
 
 __all__ = ["r"]

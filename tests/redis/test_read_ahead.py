@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from dtq_gateway import keys
+from dtq_gateway.store import keys
 from tests.redis.dispatch_support import drained
 
 

@@ -8,11 +8,11 @@ import json
 import pytest
 from redis.asyncio import Redis
 
-from dtq_gateway import keys
-from dtq_gateway.leader import LeaderLock
-from dtq_gateway.reaper import CLAIM_COUNT, Reaper
-from dtq_gateway.scripts import Script
+from dtq_gateway.duties.leader import LeaderLock
+from dtq_gateway.duties.reaper import CLAIM_COUNT, Reaper
 from dtq_gateway.settings import Settings
+from dtq_gateway.store import keys
+from dtq_gateway.store.scripts import Script
 from tests.redis.sched_support import (
     Events,
     r,

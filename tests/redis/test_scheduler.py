@@ -11,10 +11,10 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from dtq_gateway import keys
-from dtq_gateway.leader import LeaderLock
-from dtq_gateway.scheduler import Scheduler, WorkerSweep
+from dtq_gateway.duties.leader import LeaderLock
+from dtq_gateway.duties.scheduler import Scheduler, WorkerSweep
 from dtq_gateway.settings import Settings
+from dtq_gateway.store import keys
 from tests.redis.sched_support import (
     Events,
     r,

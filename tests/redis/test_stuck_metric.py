@@ -8,7 +8,8 @@ import json
 import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
-from dtq_gateway import admin, admin_waiting, keys, metrics
+from dtq_gateway import metrics
+from dtq_gateway.store import admin, admin_waiting, keys
 
 
 async def test_stuck_tasks_gauge_counts_types_no_live_worker_takes(redis_url) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from dtq_gateway import keys
+from dtq_gateway.store import keys
 
 
 def new_id(queue: str = "q1") -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from dtq_gateway import keys
+from dtq_gateway.store import keys
 
 
 async def leftovers(r: aioredis.Redis, n: int, prefix: str = "idle",

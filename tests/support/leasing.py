@@ -124,7 +124,7 @@ def resign(lease_id: str, keyring=None, **changes) -> str:
     ``keyring`` the per-process one of components built alone (leaseid.default_keyring)."""
     import dataclasses
 
-    from dtq_gateway import leaseid
+    from dtq_gateway.leasing import leaseid
 
     ring = keyring or leaseid.default_keyring()
     lease = leaseid.decode(lease_id, ring)

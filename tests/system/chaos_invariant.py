@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import redis
 
-from dtq_gateway import keys
+from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2
 from dtq_pyworker import TERMINAL_STATUSES, Client, DtqRpcError
 from tests.support.redis_server import RedisServer

@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 
 import redis
 
-from dtq_gateway import keys
-from dtq_gateway.events_wire import decode
+from dtq_gateway.events.events_wire import decode
+from dtq_gateway.store import keys
 from tests.support.redis_server import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

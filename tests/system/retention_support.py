@@ -22,7 +22,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from dtq_gateway import keys
+from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2 as pb
 from tests.support.leasing import poll
 
@@ -49,7 +49,7 @@ _PLACEHOLDERS = {
 #: ``<id>`` names a worker in the worker row and a task everywhere else.
 _WORKER_ID = _body(keys.WORKER_ID_RE)
 _TASK_ID = _body(keys.TASK_ID_RE)
-#: One key built by dtq_gateway.keys per family; each must match exactly one row.
+#: One key built by dtq_gateway.store.keys per family; each must match exactly one row.
 FAMILY_EXAMPLES = {
     "band-stream": keys.stream("q-1", 7),
     "dead-letter": keys.dead_letter("q-1"),
@@ -144,7 +144,7 @@ def key_families(doc: Path = LAYOUT_DOC) -> dict[str, Family]:
 
     Raises:
         AssertionError: a family example matches no row or several rows, or a row is
-            matched by no example (the table and dtq_gateway.keys disagree).
+            matched by no example (the table and dtq_gateway.store.keys disagree).
     """
     rows = [(p, t, h, _row_regex(p)) for p, t, h in layout_rows(doc)]
     families: dict[str, Family] = {}

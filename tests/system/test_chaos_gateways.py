@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from dtq_gateway import keys
+from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2
 from tests.system.chaos_invariant import ChaosEnv, check_invariant
 from tests.system.chaos_support import wait_until

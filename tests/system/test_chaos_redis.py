@@ -14,7 +14,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from dtq_gateway import keys
+from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2
 from dtq_pyworker import Client, DtqRpcError
 from tests.system.chaos_invariant import ChaosEnv, check_invariant

@@ -14,7 +14,7 @@ import time
 import grpc
 import pytest
 
-from dtq_gateway import keys
+from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2, dtq_pb2_grpc
 from tests.system.chaos_invariant import ChaosEnv, check_invariant
 from tests.system.chaos_support import wait_until

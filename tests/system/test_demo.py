@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from dtq_gateway import keys
+from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2
 from examples.demo import summary as demo_summary
 from examples.demo.producer import plan, priority_of, stdlib_files
@@ -37,7 +37,7 @@ _GATEWAY_TAG_RE = re.compile(r"^[0-9a-f]{16}\Z")
 def key_family(key: str) -> str | None:
     """The layout-table family of ``key``, or None when the table has no such key.
 
-    Every candidate is rebuilt with the builders of ``dtq_gateway.keys`` and
+    Every candidate is rebuilt with the builders of ``dtq_gateway.store.keys`` and
     compared, so this test spells no key names of its own.
     """
     if keys.parse_stream(key) is not None:

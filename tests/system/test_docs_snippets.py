@@ -196,7 +196,7 @@ def test_every_dtq_variable_in_the_docs_exists_in_the_code() -> None:
 
 
 def test_every_auth_tokens_example_in_the_docs_is_accepted() -> None:
-    from dtq_gateway.auth import parse_tokens
+    from dtq_gateway.rpc.auth import parse_tokens
 
     examples = [(doc.name, m.group(1)) for doc in DOCS
                 for m in re.finditer(r"DTQ_AUTH_TOKENS='([^']+)'", doc.read_text("utf-8"))]

@@ -33,8 +33,8 @@ def test_wheel_builds_without_warnings_and_ships_the_lua_scripts(tmp_path: Path)
     assert output == "", f"the build printed:\n{output}"
     (wheel,) = (tmp_path / "dist").glob("dtq-*.whl")
     shipped = {n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".lua")}
-    expected = {f"dtq_gateway/lua/{p.name}" for p in (ROOT / "dtq_gateway/lua").glob("*.lua")}
+    expected = {f"dtq_gateway/store/lua/{p.name}" for p in (ROOT / "dtq_gateway/store/lua").glob("*.lua")}
     assert shipped == expected
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"dtq_gateway/dashboard_static/index.html", "dtq_gateway/dashboard_static/app.js",
+    assert {"dtq_gateway/web/dashboard_static/index.html", "dtq_gateway/web/dashboard_static/app.js",
             "dtq_cli/main.py"} <= names

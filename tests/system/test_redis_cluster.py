@@ -18,7 +18,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from dtq_gateway import keys
+from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
 from tests.support.redis_cluster import RedisClusterSetup

@@ -23,7 +23,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dtq_gateway import keys
+from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
 from tests.support.leasing import LeaseStream, error_reason, poll
@@ -40,7 +40,7 @@ SHORT_BACKOFF = {"backoff-base-ms": "50", "backoff-cap-ms": "50"}
 #: The dispatcher of every replica re-reads every session at least this often (s); a
 #: session that received nothing for longer than this was refused, not overlooked.
 DISPATCH_TICK_S = 1.0
-#: Lock TTL of the scheduler leader (ms in dtq_gateway.scheduler, 10 s).
+#: Lock TTL of the scheduler leader (ms in dtq_gateway.duties.scheduler, 10 s).
 LOCK_TTL_S = 10.0
 #: Followers try to take the lock every 1-2 s; allowed on top of the TTL (s).
 TAKEOVER_SLACK_S = 2.5

@@ -24,9 +24,9 @@ import grpc
 import pytest
 import redis.asyncio as aioredis
 
-from dtq_gateway import keys
 from dtq_gateway.server import Gateway
 from dtq_gateway.settings import Settings
+from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
 from tests.conftest import gateway_settings

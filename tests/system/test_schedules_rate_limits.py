@@ -15,7 +15,7 @@ import time
 import grpc
 import pytest
 
-from dtq_gateway import keys
+from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
 from tests.support.leasing import LeaseStream

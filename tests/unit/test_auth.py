@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from dtq_gateway import auth
-from dtq_gateway.auth import AuthInterceptor, Principal, actor_of, allowed_roles, parse_tokens
+from dtq_gateway.rpc import auth
+from dtq_gateway.rpc.auth import AuthInterceptor, Principal, actor_of, allowed_roles, parse_tokens
 
 TOKENS = "tok-producer-1=producer:alice, tok-worker-123=worker:w@host,tok-admin-abc==admin:ops"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 
-from dtq_gateway import auth
+from dtq_gateway.rpc import auth
 
 
 async def test_stream_wrapper_closes_cleanly_from_another_context():

@@ -7,11 +7,11 @@ import socket
 
 import pytest
 
-from dtq_gateway.dashboard import Dashboard, host_allowed
-from dtq_gateway.dashboard_api import Backend, decode_bytes, int_arg, str_arg
-from dtq_gateway.dashboard_rates import RateTracker
 from dtq_gateway.errors import InvalidArgument
 from dtq_gateway.settings import SettingsError, load
+from dtq_gateway.web.dashboard import Dashboard, host_allowed
+from dtq_gateway.web.dashboard_api import Backend, decode_bytes, int_arg, str_arg
+from dtq_gateway.web.dashboard_rates import RateTracker
 
 
 class Clock:

@@ -8,8 +8,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from dtq_gateway.errors import SubscriberLimit
-from dtq_gateway.events_fanout import DeliveryBudget, FanOut, Subscription
-from dtq_gateway.events_servicer import encode_event, with_dropped
+from dtq_gateway.events.events_fanout import DeliveryBudget, FanOut, Subscription
+from dtq_gateway.rpc.events_servicer import encode_event, with_dropped
 from dtq_proto import dtq_pb2 as pb
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dtq_gateway.events_wire import decode, iso_ms
+from dtq_gateway.events.events_wire import decode, iso_ms
 
 PREFIX = "0123456789abcdef01234567"
 TS_MS = 1796062800123  # 2026-11-30T18:20:00.123Z

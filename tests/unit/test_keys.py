@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dtq_gateway import keys
+from dtq_gateway.store import keys
 
 
 def test_layout_hash_tags_every_queue_key_with_the_queue_name():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dtq_gateway import leaseid
 from dtq_gateway.errors import InvalidArgument, PermissionDenied
+from dtq_gateway.leasing import leaseid
 
 RING = leaseid.Keyring([b"k" * 32])
 OWNER = leaseid.owner_tag("token:alice")

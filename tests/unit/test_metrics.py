@@ -9,7 +9,8 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from dtq_gateway import keys, metrics
+from dtq_gateway import metrics
+from dtq_gateway.store import keys
 
 
 def sample(name: str, **labels: str) -> float | None:

@@ -1,0 +1,146 @@
+"""Lease sessions and read-ahead: what the dispatcher (dispatch.py) feeds.
+
+A :class:`Session` is one open Lease stream: its worker, queues, credit and the
+queue of LeasedTask messages its stream yields. A :class:`ReadAhead` is the
+``lease_read`` of an idle session riding in an enqueue's Redis round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from dtq_gateway.store import keys
+from dtq_gateway.store.scripts import Script
+
+if TYPE_CHECKING:
+    from dtq_gateway.leasing.dispatch import Dispatcher
+
+LEASE_READ = Script("lease_read", helpers=("_bucket",))
+WORKER_CHECK = Script("worker_check")
+
+
+@dataclass(eq=False)
+class ReadGroup:
+    """The queues of a session that share one hash slot, read by one lease_read call.
+
+    ``keys``: lease_read's KEYS (pause flags, rate-limit hashes, then the band streams
+    band-major); ``index[i]``: the 1-based position in ``Session.streams`` of the
+    group's stream i+1.
+    """
+
+    queues: list[str]
+    keys: list[str]
+    index: list[int]
+
+
+@dataclass(eq=False)
+class Session:
+    """One open Lease stream. ``out`` carries LeasedTask messages (None = end)."""
+
+    worker_id: str
+    queues: list[str]
+    max_in_flight: int
+    task_types: frozenset[str] = frozenset()
+    #: the worker's handler slots (LeaseRequest.concurrency, 0 = not said): one read
+    #: takes at most this many entries, so a burst is shared by the idle sessions of a
+    #: queue instead of filling the first one's buffer up to max_in_flight
+    concurrency: int = 0
+    #: LeaseRequest.labels (shown by the web dashboard for workers of this replica)
+    labels: dict[str, str] = field(default_factory=dict)
+    #: leaseid.owner_tag of the identity that opened the stream: its leases carry it
+    owner: str = ""
+    session_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    out: asyncio.Queue = field(default_factory=asyncio.Queue)
+    full: bool = False
+    #: the last read found the worker's heartbeat too old (see lease_read.lua)
+    stalled: bool = False
+    closed: bool = False
+    #: set when the stream ends because the worker said it is draining (ends with OK)
+    worker_draining: bool = False
+    #: a lease_read for this session rides in an enqueue's round trip (see ReadAhead)
+    reading: bool = False
+    #: write pacing: when the stream last took a task from ``out`` (or ``out`` last went
+    #: from empty to non-empty), monotonic s; and whether a read was skipped because the
+    #: stream had not written what it already had
+    out_since: float = 0.0
+    held_back: bool = False
+    #: leases were released because the stream wrote nothing for too long: no read for
+    #: this session until its stream writes again
+    stuck: bool = False
+    #: payload bytes of the tasks in ``out`` (bounded by DTQ_LEASE_BUFFER_MAX_BYTES)
+    buffered_bytes: int = 0
+    #: entries of the last activation put back by a task-type rate limit, and how many
+    #: reads in a row were re-run at once for that (bounded, see Dispatcher._after_read)
+    limit_held: int = 0
+    limit_rounds: int = 0
+    #: band streams, band-major p9 first, and the queues by hash slot (each slot group
+    #: is one lease_read call; a single-queue session has one group)
+    streams: list[str] = field(init=False)
+    groups: list[ReadGroup] = field(init=False)
+
+    @property
+    def backlogged(self) -> bool:
+        """True while tasks wait in ``out`` for the stream to write them."""
+        return not self.out.empty()
+
+    def read_cap(self, most: int) -> int:
+        """Most entries one lease_read may take for this session (``most`` = the
+        dispatcher's per-read bound)."""
+        return min(most, self.concurrency) if self.concurrency > 0 else most
+
+    def __post_init__(self) -> None:
+        self.streams = [keys.stream(q, b) for b in keys.BANDS_DESC for q in self.queues]
+        by_slot: dict[int, list[str]] = {}
+        for q in self.queues:
+            by_slot.setdefault(keys.key_slot(keys.stream(q, 0)), []).append(q)
+        position = {s: i + 1 for i, s in enumerate(self.streams)}
+        self.groups = []
+        for qs in by_slot.values():
+            streams = [keys.stream(q, b) for b in keys.BANDS_DESC for q in qs]
+            self.groups.append(ReadGroup(
+                qs, [keys.paused(q) for q in qs] + [keys.rate_limit(q) for q in qs] + streams,
+                [position[s] for s in streams]))
+
+
+class ReadAhead:
+    """A ``worker_check`` + ``lease_read`` for one idle single-slot session, pipelined
+    behind a unary enqueue.
+
+    A task enqueued through this gateway for a queue with an idle Lease session is
+    read for that session in the enqueue's own round trip (the read runs after the
+    enqueue in Redis), so reaching the worker costs one Redis round trip less: the
+    dispatcher only activates. Made by :meth:`Dispatcher.read_ahead`; the caller adds
+    the two calls to its pipeline with :meth:`queue`, then calls exactly one of
+    :meth:`deliver` (with the two replies, or the exceptions the calls returned) or
+    :meth:`cancel` (the pipeline failed).
+    """
+
+    __slots__ = ("dispatcher", "queue", "session")
+
+    def __init__(self, dispatcher: Dispatcher, session: Session, queue: str) -> None:
+        self.dispatcher, self.session, self.queue = dispatcher, session, queue
+
+    def queue_calls(self, pipe: Any) -> int:
+        """Add worker_check and lease_read to ``pipe``; returns how many calls (2)."""
+        WORKER_CHECK.queue(pipe, *self.dispatcher._check_call(self.session))
+        LEASE_READ.queue(pipe, *self.dispatcher._read_call(self.session,
+                                                            self.session.groups[0]))
+        return 2
+
+    def deliver(self, replies: list[Any]) -> None:
+        """Hand the two replies (check, read) to the dispatcher loop (which activates)."""
+        check, read = replies
+        reply: Any = check if isinstance(check, BaseException) else read
+        if not isinstance(reply, BaseException):
+            reply = self.dispatcher._merge(self.session, int(check),
+                                           [(self.session.groups[0], read)])
+        self.dispatcher._reads.append((self, reply))
+        self.dispatcher._wake.set()
+
+    def cancel(self) -> None:
+        """The pipeline failed: the task is left to the dispatcher's normal round."""
+        self.session.reading = False
+        self.dispatcher.notify(self.queue)

@@ -1,0 +1,240 @@
+"""Producer-side operations: enqueue, get, cancel.
+
+Each state change is one Lua script (see lua/), so a crash at any instant leaves
+Redis consistent. Batches are pipelined: one Redis round trip per batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+
+from dtq_gateway import observe
+from dtq_gateway.errors import DtqError, NotFound, QueueFull, WrongState
+from dtq_gateway.rpc.validation import NewTask
+from dtq_gateway.settings import Settings
+from dtq_gateway.store import keys
+from dtq_gateway.store.audit import append_audit
+from dtq_gateway.store.groups import Groups, queue_limit
+from dtq_gateway.store.indexes import write_indexes_logged as write_indexes
+from dtq_gateway.store.replies import text as _s
+from dtq_gateway.store.scripts import Script, call_each, execute
+
+log = logging.getLogger(__name__)
+
+ENQUEUE = Script("enqueue")
+CANCEL = Script("cancel")
+#: Most tasks per enqueue.lua call: bounds how long one script holds Redis (~25 us each).
+CHUNK = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """Outcome of one enqueue: the (possibly earlier) task id and its status string."""
+
+    task_id: str
+    status: str
+    deduplicated: bool = False
+    queue: str = ""
+
+
+class Broker:
+    """Enqueue, read and cancel tasks. ``on_queued(queue)`` is called after a task is queued."""
+
+    def __init__(self, redis: Redis, settings: Settings, groups: Groups,
+                 on_queued: Callable[[str], None] = lambda q: None,
+                 read_ahead: Callable[[str, str], Any] | None = None) -> None:
+        self.redis = redis
+        self.settings = settings
+        self.groups = groups
+        self.on_queued = on_queued
+        #: ``read_ahead(queue, task_type)`` -> a sessions.ReadAhead or None
+        #: (Dispatcher.read_ahead)
+        self.read_ahead = read_ahead
+
+    def _enqueue_call(self, tasks: list[NewTask], takeover: str = "") -> tuple[list[str], list]:
+        """KEYS and ARGV of one enqueue.lua call for ``tasks``, all of one queue (see the
+        script's header)."""
+        s = self.settings
+        gate = s.max_queue_depth > 0
+        queue = tasks[0].queue
+        keys_ = [keys.schedule(queue), keys.busy_marker(queue), keys.task(tasks[0].task_id)]
+        args = Script.argv_notified(len(tasks), s.task_retention_s, s.idem_ttl_s,
+                                    s.recent_max, s.max_queue_depth)
+        for t in tasks:
+            task_key = keys.task(t.task_id)
+            keys_ += (task_key, keys.stream(t.queue, t.priority),
+                      keys.idempotency(t.queue, t.idem_digest) if t.idem_key else task_key)
+            if gate:
+                keys_ += keys.queue_streams_desc(t.queue)
+            args += (t.task_id, t.queue, t.task_type, t.payload, t.content_type, t.priority,
+                     t.max_attempts, t.timeout_ms, t.idem_key, t.idem_digest, t.metadata_json,
+                     t.backoff_base_ms, t.backoff_cap_ms, t.delay_ms, t.not_before_ms,
+                     t.expires_at_ms, t.ttl_ms, takeover, t.extra_json)
+        return keys_, args
+
+    async def enqueue_many(self, tasks: list[NewTask]) -> list[Enqueued | Exception]:
+        """Enqueue validated tasks in one round trip; per-item outcomes.
+
+        The tasks go out as enqueue.lua calls of at most ``CHUNK`` tasks each, pipelined
+        (one EVALSHA for a unary Enqueue). Returns one :class:`Enqueued` or exception
+        per task, in order: :class:`QueueFull`, or the Redis error of the task's chunk
+        (a chunk is one script call, refused as a whole, e.g. OutOfMemoryError at
+        ``maxmemory``; the other chunks' outcomes stand, so a resend of the failed items
+        stores nothing twice). A single task's Redis error is raised, as are connection
+        errors of a single call (the servicer maps them to a status).
+        """
+        refused = await self.groups.ensure_some(self.redis, {t.queue for t in tasks})
+        if refused:  # new queue names beyond DTQ_MAX_QUEUES: those items only
+            if len(tasks) == 1:
+                raise queue_limit(tasks[0].queue, self.groups.max_queues)
+            kept = [t for t in tasks if t.queue not in refused]
+            outs = await self.enqueue_many(kept) if kept else []
+            it = iter(outs)
+            return [queue_limit(t.queue, self.groups.max_queues) if t.queue in refused
+                    else next(it) for t in tasks]
+        if len(tasks) == 1 and self.read_ahead is not None and not tasks[0].delay_ms \
+                and not tasks[0].not_before_ms:
+            ahead = self.read_ahead(tasks[0].queue, tasks[0].task_type)
+            if ahead is not None:
+                return [await self._enqueue_read_ahead(tasks[0], ahead)]
+        # one script call per chunk of at most CHUNK tasks of one queue (one hash slot)
+        by_queue: dict[str, list[int]] = {}
+        for i, t in enumerate(tasks):
+            by_queue.setdefault(t.queue, []).append(i)
+        parts = [idx[j:j + CHUNK] for idx in by_queue.values()
+                 for j in range(0, len(idx), CHUNK)]
+        chunks = await call_each(self.redis, ENQUEUE, [
+            self._enqueue_call([tasks[i] for i in part]) for part in parts])
+        if len(tasks) == 1 and isinstance(chunks[0], Exception):
+            raise chunks[0]  # a unary Enqueue answers the error as its status
+        slots: list[Enqueued | Exception | None] = [None] * len(tasks)
+        recent: list = []
+        busy: list[str] = []
+        for part, chunk in zip(parts, chunks):
+            if isinstance(chunk, Exception):
+                # a chunk is one script call: refused as a whole (Redis refuses a script
+                # at its first write), the other chunks' outcomes stand
+                for i in part:
+                    slots[i] = chunk
+                continue
+            self._collect_meta(chunk, tasks[part[0]].queue, recent, busy)
+            for i, reply in zip(part, chunk):
+                slots[i] = await self._outcome(tasks[i], reply, recent, busy)
+        await write_indexes(self.redis, recent, busy, self.settings.recent_max)
+        out: list[Enqueued | Exception] = [o for o in slots if o is not None]
+        fresh = [o.queue for o in out if isinstance(o, Enqueued) and not o.deduplicated]
+        for q in set(fresh):
+            observe.enqueued(q, fresh.count(q))
+        for q in {o.queue for o in out if isinstance(o, Enqueued) and o.status == "queued"}:
+            self.on_queued(q)
+        return out
+
+    async def _enqueue_read_ahead(self, task: NewTask, ahead: Any) -> Enqueued | DtqError:
+        """Enqueue one task with a lease_read for an idle session in the same round trip.
+
+        The dispatcher activates what the read returned (and wakes other sessions
+        itself when the read came back empty), so ``on_queued`` is not called here.
+        """
+        pipe = self.redis.pipeline(transaction=False)
+        ENQUEUE.queue(pipe, *self._enqueue_call([task]))
+        ahead.queue_calls(pipe)
+        try:
+            (replies, *read) = await execute(self.redis, pipe)
+            if isinstance(replies, Exception):
+                raise replies
+        except BaseException:
+            ahead.cancel()
+            raise
+        ahead.deliver(read)
+        recent: list = []
+        busy: list[str] = []
+        self._collect_meta(replies, task.queue, recent, busy)
+        out = await self._outcome(task, replies[0], recent, busy)
+        await write_indexes(self.redis, recent, busy, self.settings.recent_max)
+        if isinstance(out, Enqueued) and not out.deduplicated:
+            observe.enqueued(task.queue, 1)
+            if _s(replies[0][0]) != "ok" and out.status == "queued":
+                self.on_queued(task.queue)  # queued by a take-over after the read ran
+        return out
+
+    @staticmethod
+    def _collect_meta(chunk: list, queue: str, recent: list, busy: list[str]) -> None:
+        """Take enqueue.lua's last reply item ({'meta', now, became_busy, recent}) off
+        ``chunk`` into the index writes still to do."""
+        if chunk and _s(chunk[-1][0]) == "meta":
+            meta = chunk.pop()
+            if int(meta[2]):
+                busy.append(queue)
+            recent += [_s(v) for v in meta[3]]
+
+    async def _outcome(self, task: NewTask, reply: list, recent: list,
+                       busy: list[str]) -> Enqueued | DtqError:
+        kind = _s(reply[0])
+        if kind == "ok":
+            return Enqueued(task.task_id, _s(reply[2]), queue=task.queue)
+        if kind == "full":
+            return QueueFull(f"queue {task.queue!r} is at its depth limit "
+                             f"({self.settings.max_queue_depth})", retry_after_ms=1000)
+        earlier = _s(reply[1])
+        status = await self.redis.hget(keys.task(earlier), "status")
+        if status is None:
+            # The record points at a task that no longer exists (expired or lost in a
+            # Redis failover): let this enqueue take the key over instead of waiting
+            # for the record's TTL.
+            chunk = await ENQUEUE(self.redis, *self._enqueue_call([task], takeover=earlier))
+            self._collect_meta(chunk, task.queue, recent, busy)
+            return await self._outcome(task, chunk[0], recent, busy)
+        return Enqueued(earlier, _s(status), deduplicated=True, queue=task.queue)
+
+    async def get(self, task_id: str) -> tuple[dict[bytes, bytes], bytes | None]:
+        """The task hash and its stored result (None when absent or expired).
+
+        Raises:
+            NotFound: no such task (or its record expired).
+        """
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(keys.task(task_id))
+        pipe.get(keys.result(task_id))
+        fields, result = await pipe.execute()
+        if not fields:
+            raise NotFound(f"task {task_id} not found", field="task_id")
+        return fields, result
+
+    async def cancel(self, task_id: str, actor: str, request_id: str, reason: str) -> str:
+        """Cancel a task; returns "cancelled" or "requested" (active task flagged).
+
+        Raises:
+            NotFound: unknown task.
+            WrongState: the task is already terminal.
+        """
+        rec = await self.redis.hmget(keys.task(task_id), "queue", "idem_digest", "priority")
+        has_idem = bool(rec[0] and rec[1])
+        queue, band = _s(rec[0] or b""), _s(rec[2] or b"")
+        valid = keys.QUEUE_RE.match(queue) and len(band) == 1 and band.isdigit()
+        tkey = keys.task(task_id)
+        # every key of the queue's slot; without a readable record the task key stands in
+        # (the script then answers "missing")
+        keys_ = [tkey, keys.cancelled(queue) if valid else tkey,
+                 keys.schedule(queue) if valid else tkey, tkey,
+                 keys.idempotency(queue, _s(rec[1])) if has_idem and valid else tkey,
+                 keys.stream(queue, int(band)) if valid else tkey]
+        reply = await CANCEL(self.redis, keys_, Script.argv(
+            task_id, actor, request_id, reason[:1024], self.settings.audit_maxlen,
+            self.settings.task_retention_s, "1" if has_idem and valid else "0", keys.GROUP))
+        kind = _s(reply[0])
+        if kind == "missing":
+            raise NotFound(f"task {task_id} not found", field="task_id")
+        if kind == "terminal":
+            raise WrongState(f"task {task_id} is already {_s(reply[1])}", reason="TASK_TERMINAL")
+        await append_audit(self.redis, actor, "cancel_task", task_id, request_id,
+                           reason[:1024], maxlen=self.settings.audit_maxlen)
+        log.info("task cancel", extra={"task_id": task_id, "actor": actor,
+                                       "request_id": request_id, "outcome": kind})
+        if kind == "cancelled" and rec[0]:  # queued or scheduled: it ends here
+            observe.outcome(_s(rec[0]), "cancelled", 0, 0)
+        return kind

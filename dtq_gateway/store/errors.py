@@ -1,0 +1,69 @@
+"""Redis failures as dtq sees them: which exceptions mean "Redis cannot serve now".
+
+Only the store knows redis-py's exception classes; the layers above ask this module.
+:func:`as_dtq_error` maps a Redis failure to the domain error the servicers turn into a
+gRPC status (``dtq_gateway.rpc.grpc_errors``); :data:`OUTAGE_ERRORS` is what background
+loops catch to back off while Redis is unreachable.
+"""
+
+from __future__ import annotations
+
+from redis.exceptions import (
+    AuthenticationError,
+    BusyLoadingError,
+    ClusterError,
+    MasterDownError,
+    MaxConnectionsError,
+    NoPermissionError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from dtq_gateway.errors import DtqError, RedisFull, Unavailable
+
+#: Exceptions of an unreachable Redis (connection refused or reset, a socket timeout);
+#: builtin ConnectionError and TimeoutError are OSError subclasses.
+OUTAGE_ERRORS: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError,
+                                                  OSError)
+
+#: Prefixes of Redis error replies that mean "Redis cannot serve now" (transient, not
+#: the caller's doing): a script or command still running (BUSY), persistence failing
+#: (MISCONF), a cluster slot moving or down, a replica not yet in sync.
+_TRANSIENT_REPLIES = ("BUSY", "MISCONF", "TRYAGAIN", "CLUSTERDOWN", "MOVED", "ASK",
+                      "MASTERDOWN", "LOADING", "NOREPLICAS", "READONLY", "UNBLOCKED")
+
+_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError,
+                BusyLoadingError, ReadOnlyError, MasterDownError, TryAgainError,
+                ClusterError, MaxConnectionsError, AuthenticationError, NoPermissionError)
+
+
+def reply_code(exc: BaseException) -> str:
+    """First word of a Redis error reply (``BUSY``, ``OOM``...), also when redis-py
+    wrapped it as "Command # n (...) of pipeline caused error: ..."."""
+    message = str(exc)
+    if "caused error: " in message:
+        message = message.split("caused error: ", 1)[1].lstrip("('\"")
+    return message.split(" ", 1)[0]
+
+
+def as_dtq_error(exc: BaseException) -> DtqError | None:
+    """The domain error for a Redis failure, or None when ``exc`` is not one.
+
+    Redis at ``maxmemory`` (an OOM reply) → :class:`RedisFull` (RESOURCE_EXHAUSTED);
+    Redis unreachable, loading, read-only (a replica after a failover), without a
+    primary, busy with a script, failing to persist (MISCONF), refusing dtq's own
+    credentials, a cluster slot moving, or the connection pool exhausted →
+    :class:`Unavailable` (UNAVAILABLE). Both carry a 1000 ms retry hint.
+    """
+    if isinstance(exc, OutOfMemoryError) or (
+            isinstance(exc, ResponseError) and reply_code(exc) == "OOM"):
+        return RedisFull("Redis is out of memory (maxmemory reached): the request was not "
+                         "stored; retry later", retry_after_ms=1000)
+    if isinstance(exc, _UNAVAILABLE) or (
+            isinstance(exc, ResponseError) and reply_code(exc) in _TRANSIENT_REPLIES):
+        return Unavailable(f"redis unavailable: {exc.__class__.__name__}", retry_after_ms=1000)
+    return None

@@ -1,0 +1,143 @@
+"""Loading and calling the Lua scripts in ``dtq_gateway/store/lua``.
+
+Every script file gets ``_lib.lua`` prepended (shared helpers: Redis TIME clock,
+event publishing, attempt records). Scripts are called with EVALSHA; a NOSCRIPT
+reply (after a Redis restart or SCRIPT FLUSH) loads the script and repeats the
+call, which is safe because a NOSCRIPT call executed nothing. Pipelined calls
+reuse that rule item by item, so a batch stays one round trip in the common case.
+
+Convention: ARGV[1] is the events channel and ARGV[2] a fresh event-id prefix;
+:meth:`Script.argv` prepends both. The script body runs as a function whose reply is
+returned after ``flush_events()`` (``_lib.lua``) published the call's events as one
+message, so a body may ``return`` anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import NoScriptError, ResponseError
+
+from dtq_gateway.store import keys
+
+LUA_DIR = Path(__file__).parent / "lua"
+
+#: First 8 hex characters of the event ids of calls whose wake-up this process's
+#: lease dispatcher already got directly (enqueue, ack/fail): it skips those events
+#: when they come back over pub/sub. Every other call uses OTHER_EVENT_ID_PREFIX.
+EVENT_ID_PREFIX = os.urandom(4).hex()
+OTHER_EVENT_ID_PREFIX = os.urandom(4).hex()
+_calls = itertools.count()
+
+
+def event_id_prefix(process_prefix: str = OTHER_EVENT_ID_PREFIX) -> str:
+    """A fresh 24-hex-character event-id prefix: process prefix + call counter."""
+    return f"{process_prefix}{next(_calls) & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+@cache
+def _lib() -> str:
+    return (LUA_DIR / "_lib.lua").read_text()
+
+
+class Script:
+    """One Lua script: source, SHA1, and EVALSHA-with-fallback calls.
+
+    Args:
+        name: the file ``lua/<name>.lua``.
+        helpers: more helper files (names without ``.lua``) placed between ``_lib.lua``
+            and the body, e.g. ``("_audit",)``.
+    """
+
+    def __init__(self, name: str, helpers: Sequence[str] = ()) -> None:
+        self.name = name
+        parts = [_lib()] + [(LUA_DIR / f"{h}.lua").read_text() for h in helpers]
+        body = (LUA_DIR / f"{name}.lua").read_text()
+        self.source = "\n".join(parts) + (
+            "\nlocal dtq_reply = (function()\n" + body
+            + "\nend)()\nflush_events()\nreturn dtq_reply\n")
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+
+    @staticmethod
+    def argv(*args: Any) -> list[Any]:
+        """ARGV with the events channel and a fresh event-id prefix in front."""
+        return [keys.EVENTS_CHANNEL, event_id_prefix(), *args]
+
+    @staticmethod
+    def argv_notified(*args: Any) -> list[Any]:
+        """Like :meth:`argv`, for calls whose caller wakes the local dispatcher itself:
+        their events carry EVENT_ID_PREFIX, which the dispatcher skips."""
+        return [keys.EVENTS_CHANNEL, event_id_prefix(EVENT_ID_PREFIX), *args]
+
+    async def __call__(self, client: Redis, keys_: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run the script once (EVALSHA; NOSCRIPT → EVAL of the source, which also caches
+        it on the node that owns the keys' slot, so this works on every cluster node)."""
+        try:
+            return await client.evalsha(self.sha, len(keys_), *keys_, *args)
+        except NoScriptError:
+            return await client.eval(self.source, len(keys_), *keys_, *args)
+
+    def queue(self, pipe: Any, keys_: Sequence[str], args: Sequence[Any]) -> None:
+        """Add one call to a pipeline; run it with :func:`execute`. Other commands may
+        share the pipeline (their replies come back in place)."""
+        calls = getattr(pipe, "_dtq_calls", None)
+        if calls is None:
+            calls = pipe._dtq_calls = {}
+        calls[len(pipe)] = (self, keys_, args)
+        pipe.execute_command("EVALSHA", self.sha, len(keys_), *keys_, *args)
+
+
+async def execute(client: Redis, pipe: Any) -> list[Any]:
+    """Execute a pipeline of :meth:`Script.queue` calls.
+
+    Items answered NOSCRIPT (a Redis restart, SCRIPT FLUSH, a cluster node that never
+    ran the script) are re-run with EVAL of the source, which caches the script on that
+    node; a NOSCRIPT call executed nothing, so the re-run is safe. Other errors are
+    returned in place (as exceptions) for the caller to map per item.
+    """
+    calls = getattr(pipe, "_dtq_calls", {})
+    replies = await pipe.execute(raise_on_error=False)
+    for i, r in enumerate(replies):
+        if i in calls and (isinstance(r, NoScriptError) or (
+                isinstance(r, ResponseError) and str(r).startswith("NOSCRIPT"))):
+            script, keys_, args = calls[i]
+            try:
+                replies[i] = await client.eval(script.source, len(keys_), *keys_, *args)
+            except ResponseError as exc:
+                replies[i] = exc
+    return replies
+
+
+async def call_each(client: Redis, script: Script,
+                    calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+    """Run calls of a script; one reply per call, in order, with a failed call's error
+    in its place (one EVALSHA for a single call, one pipeline otherwise). Connection
+    errors of a single call are raised."""
+    if len(calls) == 1:
+        try:
+            return [await script(client, *calls[0])]
+        except ResponseError as exc:
+            return [exc]
+    pipe = client.pipeline(transaction=False)
+    for keys_, args in calls:
+        script.queue(pipe, keys_, args)
+    return await execute(client, pipe)
+
+
+async def call_chunks(client: Redis, script: Script,
+                      calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+    """Run calls of a script that answers one list per call (one item per input) and
+    return the items concatenated, in order. Raises the first failed call's error."""
+    items: list[Any] = []
+    for reply in await call_each(client, script, calls):
+        if isinstance(reply, Exception):
+            raise reply
+        items += reply
+    return items
