@@ -61,6 +61,9 @@ class Runtime:
         self._orphans: set[Execution] = set()  # stopped, but their sync thread runs on
         #: Set when the worker drains: nothing more starts, new arrivals are released.
         self.draining = False
+        #: Set when a handler stored a progress report (the heartbeat loop sends it early).
+        self.progress_pending = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- intake -------------------------------------------------------------------
     def add(self, task: dtq_pb2.LeasedTask) -> None:
@@ -73,13 +76,32 @@ class Runtime:
             attempt=task.attempt, max_attempts=task.max_attempts, metadata=dict(task.metadata),
             timeout_ms=task.timeout_ms, worker_id=self.worker_id, lease_id=task.lease_id,
             priority=task.priority, content_type=task.content_type, payload_bytes=task.payload,
-            traceparent=task.traceparent, tracestate=task.tracestate)
+            traceparent=task.traceparent, tracestate=task.tracestate,
+            _on_progress=self._progress_reported)
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
         self.held[task.lease_id] = Execution(task=task, ctx=ctx)
         self.buffer.append(task.lease_id)
         if self.draining:  # arrived in transit after the drain began: never runs
             self.release_buffered()
             return
         self.pump()
+
+    def _progress_reported(self) -> None:
+        """Wake the heartbeat loop; called by TaskContext.progress from the loop or from
+        a sync handler's thread."""
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self.progress_pending.set()
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nothing to send
+                loop.call_soon_threadsafe(self.progress_pending.set)
 
     def busy_slots(self) -> int:
         """Slots taken: running handlers plus stopped sync handlers still in their

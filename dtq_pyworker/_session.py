@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,9 @@ log = logging.getLogger(__name__)
 
 MAX_HEARTBEAT_IDS = 10_000
 MAX_RETRY_INFO_S = 30.0
+#: A progress report goes out on an early heartbeat this long after the previous one
+#: (s): at most one extra heartbeat per second however often handlers report.
+PROGRESS_DELAY_S = 1.0
 #: A Lease call still waiting for its connection after this long is logged (s).
 WAIT_WARN_S = 10.0
 #: Codes after which retrying cannot help: the worker stops (docs/protocol.md §10).
@@ -147,15 +151,23 @@ async def heartbeat_loop(worker: Worker, stub, runtime: Runtime,
     """
     await session_ready.wait()
     failures = 0
+    loop = asyncio.get_running_loop()
+    last_at = last_progress_at = loop.time()
     while True:
         interval_ms = worker._heartbeat_interval_ms or 5000
         # after a failed heartbeat, try again sooner: the leases are running out
         wait_ms = interval_ms / 3 if failures else interval_ms
-        try:
-            await asyncio.wait_for(stop.wait(), wait_ms / 1000.0)
+        beat = await _beat_due(stop, runtime.progress_pending, last_at, last_progress_at,
+                               wait_ms / 1000.0)
+        if beat is None:
             return
-        except TimeoutError:
-            pass
+        if beat == "progress":  # only the leases with a new report; the schedule stays
+            last_progress_at = loop.time()
+            # a report lost with a failed call is superseded by the handler's next one
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await _heartbeat_once(worker, stub, runtime, interval_ms, progress_only=True)
+            continue
+        last_at = last_progress_at = loop.time()
         try:
             response = await _heartbeat_once(worker, stub, runtime, interval_ms)
         except grpc.aio.AioRpcError as exc:
@@ -169,6 +181,39 @@ async def heartbeat_loop(worker: Worker, stub, runtime: Runtime,
         failures = 0
         if response.heartbeat_interval_ms:
             worker._heartbeat_interval_ms = response.heartbeat_interval_ms
+
+
+async def _beat_due(stop: asyncio.Event, progress: asyncio.Event, last_at: float,
+                    last_progress_at: float, interval_s: float) -> str | None:
+    """Wait for the next heartbeat; loop times in s.
+
+    Returns ``"full"`` ``interval_s`` after ``last_at`` (the regular heartbeat: every
+    lease), ``"progress"`` once a handler reported progress and PROGRESS_DELAY_S have
+    passed since ``last_progress_at`` (an early heartbeat with just the leases that
+    have a report), whichever comes first; None when ``stop`` was set instead.
+    Clears ``progress`` when it returns ``"progress"`` or ``"full"``.
+    """
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        now = loop.time()
+        if now >= last_at + interval_s:
+            progress.clear()
+            return "full"
+        due = last_at + interval_s
+        if progress.is_set():
+            if now >= last_progress_at + PROGRESS_DELAY_S:
+                progress.clear()
+                return "progress"
+            due = min(due, last_progress_at + PROGRESS_DELAY_S)
+        waits = [asyncio.ensure_future(stop.wait())]
+        if not progress.is_set():
+            waits.append(asyncio.ensure_future(progress.wait()))
+        try:
+            await asyncio.wait(waits, timeout=due - now, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+    return None
 
 
 async def drain_heartbeat(worker: Worker, stub, runtime: Runtime) -> None:
@@ -185,14 +230,22 @@ async def drain_heartbeat(worker: Worker, stub, runtime: Runtime) -> None:
         log.warning("draining heartbeat failed: %s", DtqRpcError.from_rpc_error(exc))
 
 
-async def _heartbeat_once(worker: Worker, stub, runtime: Runtime,
-                          interval_ms: int) -> dtq_pb2.HeartbeatResponse:
-    ids = runtime.all_lease_ids()[:MAX_HEARTBEAT_IDS]
+async def _heartbeat_once(worker: Worker, stub, runtime: Runtime, interval_ms: int,
+                          progress_only: bool = False) -> dtq_pb2.HeartbeatResponse:
+    """One Heartbeat: every held lease (or, with ``progress_only``, just the leases
+    with an unsent progress report), the counters and the progress reports; stops
+    what the answer says is lost or cancelled."""
+    progress = runtime.progress_reports()
+    if progress_only:
+        if not progress:
+            return dtq_pb2.HeartbeatResponse()
+        ids = [p.lease_id for p in progress]
+    else:
+        ids = runtime.all_lease_ids()[:MAX_HEARTBEAT_IDS]
     request = dtq_pb2.HeartbeatRequest(
         worker_id=worker.worker_id, lease_ids=ids, counters=worker.counters(),
         active_tasks=runtime.busy_slots(), concurrency=worker.concurrency,
-        hostname=worker.hostname, draining=worker._draining,
-        progress=runtime.progress_reports())
+        hostname=worker.hostname, draining=worker._draining, progress=progress)
     response = await stub.Heartbeat(request, timeout=max(1.0, interval_ms / 1000.0))
     lost = runtime.stop(response.lost_lease_ids, STOP_LOST)
     dropped = runtime.reporter.discard(response.lost_lease_ids)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 
@@ -48,14 +48,19 @@ class TaskContext:
     cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     traceparent: str = ""
     tracestate: str = ""
-    #: Latest unsent progress report (percent, message), taken by the next heartbeat.
+    #: Latest unsent progress report (percent, message), taken by the next heartbeat
+    #: (an early one, about a second after the report).
     _progress: tuple[float, str] | None = field(default=None, repr=False)
+    #: Called (from any thread) when a report is stored: wakes the heartbeat loop.
+    _on_progress: Callable[[], None] | None = field(default=None, repr=False)
 
     def progress(self, percent: float, message: str = "") -> None:
         """Report how far the handler got; safe from sync handlers' threads.
 
-        Reports ride on the worker's next heartbeat (one per heartbeat interval, the
-        latest wins), so calling this often costs nothing extra. The gateway stores the
+        A report wakes the heartbeat loop, which sends it within about a second
+        (PROGRESS_DELAY_S in ``dtq_pyworker._session``: at most one early heartbeat per
+        second, the latest report wins), so calling this often costs nothing extra and
+        a short handler's progress still reaches the gateway. The gateway stores the
         latest on the task (GetTask: progress_percent, progress_message) and publishes
         a TASK_PROGRESS event per stored report.
 
@@ -69,6 +74,8 @@ class TaskContext:
         if math.isnan(percent):
             raise ValueError("progress percent must be a number")
         self._progress = (min(100.0, max(0.0, float(percent))), str(message))
+        if self._on_progress is not None:
+            self._on_progress()
 
     def take_progress(self) -> tuple[float, str] | None:
         """The unsent report, cleared (used by the heartbeat)."""

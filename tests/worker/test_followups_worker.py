@@ -49,6 +49,42 @@ async def test_handler_progress_reaches_get_task(gateway):
     assert done.status == dtq_pb2.TASK_STATUS_SUCCEEDED
 
 
+async def test_progress_goes_out_before_the_next_heartbeat(redis_url):
+    """With a 30 s heartbeat interval each report still reaches the gateway within a
+    few seconds: a report wakes the heartbeat loop (at most one early beat per second)."""
+    from dtq_gateway.server import Gateway
+    from tests.conftest import gateway_settings
+
+    gw = Gateway(gateway_settings(redis_url, heartbeat_interval_s=30,
+                                  visibility_timeout_s=90), redis_url)
+    await gw.start()
+    try:
+        worker = _worker(gw)
+        step, release = threading.Event(), threading.Event()
+
+        @worker.task("resize")
+        def resize(payload, ctx):
+            ctx.progress(25, "first")
+            step.wait(10)
+            ctx.progress(75, "second")
+            release.wait(10)
+            return "done"
+
+        async with AsyncClient(f"127.0.0.1:{gw.port}") as client, running(worker):
+            task_id = (await client.enqueue("fq", "resize", {})).task_id
+            seen = await _poll(client, task_id, lambda t: t.progress_message == "first", 5)
+            assert seen.progress_percent == 25.0
+            step.set()
+            seen = await _poll(client, task_id, lambda t: t.progress_message == "second", 5)
+            assert seen.progress_percent == 75.0
+            release.set()
+            done = await client.wait(task_id, 10)
+        assert done.status == dtq_pb2.TASK_STATUS_SUCCEEDED
+    finally:
+        release.set()
+        await gw.stop()
+
+
 async def test_chain_and_group_with_the_client(gateway):
     worker = _worker(gateway)
 

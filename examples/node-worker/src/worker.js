@@ -18,6 +18,8 @@ const { decodePayload, encodeResult, makeContext } = require('./task');
 
 const ABORT = Object.freeze({ TIMEOUT: 'timeout', CANCELLED: 'cancelled', LOST: 'lost', DRAIN: 'drain' });
 const DEFAULT_HEARTBEAT_MS = 10000;
+/** A progress report goes out on an early heartbeat this long after the previous one. */
+const PROGRESS_DELAY_MS = 1000;
 const REPORT_DRAIN_MS = 15000;
 /** Shortest wait for the Lease stream to end after the draining heartbeat, in ms. */
 const DRAIN_STREAM_MIN_MS = 2000;
@@ -38,6 +40,8 @@ class Worker {
     this.running = new Map();
     this.heartbeatMs = DEFAULT_HEARTBEAT_MS;
     this.heartbeatTimer = null;
+    this.progressTimer = null;
+    this.lastProgressAt = 0;
     this.heartbeatBusy = false;
     this.stats = { processed: 0, failed: 0, retried: 0, released: 0, cancelled: 0, lost: 0,
       timeouts: 0, stale: 0, by_type: {} };
@@ -117,7 +121,8 @@ class Worker {
     try {
       const payload = decodePayload(task);
       const ctx = makeContext(task, this.config.workerId, signal, (report) => {
-        lease.progress = report; // sent by the next heartbeat
+        lease.progress = report; // sent by an early heartbeat, at most one per second
+        this.armProgress();
       });
       const value = await Promise.race([Promise.resolve().then(() => handler(payload, ctx)), aborted]);
       if (signal.aborted) return { aborted: signal.reason };
@@ -216,14 +221,12 @@ class Worker {
     return out;
   }
 
-  /** One Heartbeat call; re-arms itself. */
-  async heartbeat() {
-    this.heartbeatTimer = null;
-    this.heartbeatBusy = true;
-    const request = {
+  /** A HeartbeatRequest for these leases and progress reports. */
+  heartbeatRequest(leaseIds, progress) {
+    return {
       worker_id: this.config.workerId,
-      lease_ids: [...this.held.keys()],
-      progress: this.takeProgress(),
+      lease_ids: leaseIds,
+      progress,
       counters: { tasks_processed: this.stats.processed, tasks_failed: this.stats.failed,
         tasks_retried: this.stats.retried },
       active_tasks: this.running.size,
@@ -232,6 +235,39 @@ class Worker {
       // Once draining, every heartbeat says so: the gateway then sends nothing new.
       draining: this.state !== 'running',
     };
+  }
+
+  /** Schedule an early heartbeat for new progress reports, PROGRESS_DELAY_MS after the
+   * previous one at the soonest (the regular heartbeat keeps its own schedule). */
+  armProgress() {
+    if (this.progressTimer || this.state === 'stopped') return;
+    const waitMs = Math.max(0, this.lastProgressAt + PROGRESS_DELAY_MS - Date.now());
+    this.progressTimer = setTimeout(() => this.progressHeartbeat(), waitMs);
+  }
+
+  /** An early Heartbeat carrying only the leases that have a new progress report. */
+  async progressHeartbeat() {
+    this.progressTimer = null;
+    this.lastProgressAt = Date.now();
+    const progress = this.takeProgress();
+    if (progress.length === 0) return;
+    const request = this.heartbeatRequest(progress.map((p) => p.lease_id), progress);
+    try {
+      const resp = await unary(this.broker, 'Heartbeat', request, this.metadata(),
+        Math.max(1000, this.heartbeatMs));
+      resp.lost_lease_ids.forEach((id) => this.onLost(id));
+      resp.cancelled_lease_ids.forEach((id) => this.onCancelled(id));
+    } catch (err) {
+      // a report lost with a failed call is superseded by the handler's next one
+      log.debug('progress heartbeat failed', { code: codeName(err.code) });
+    }
+  }
+
+  /** One Heartbeat call; re-arms itself. */
+  async heartbeat() {
+    this.heartbeatTimer = null;
+    this.heartbeatBusy = true;
+    const request = this.heartbeatRequest([...this.held.keys()], this.takeProgress());
     try {
       const deadlineMs = Math.max(1000, this.heartbeatMs);
       const resp = await unary(this.broker, 'Heartbeat', request, this.metadata(), deadlineMs);
@@ -291,6 +327,7 @@ class Worker {
     const buffered = this.buffer.splice(0);
     buffered.forEach((lease) => this.release(lease, 'worker draining'));
     if (this.heartbeatTimer) clearTimeout(this.heartbeatTimer);
+    if (this.progressTimer) clearTimeout(this.progressTimer);
     this.heartbeat(); // the draining heartbeat, now
     const interval = this.session.sessions > 0 ? this.heartbeatMs : 0; // 0: no session yet
     const waitMs = Math.max(DRAIN_STREAM_MIN_MS, 2 * interval);
@@ -327,6 +364,7 @@ class Worker {
     this.exitCode = code;
     this.session.close();
     if (this.heartbeatTimer) clearTimeout(this.heartbeatTimer);
+    if (this.progressTimer) clearTimeout(this.progressTimer);
     if (this.held.size > 0) log.warn('exiting with unreported leases', { count: this.held.size });
     this.reporter.abandon();
     this.broker.close();

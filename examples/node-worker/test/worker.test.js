@@ -26,7 +26,8 @@ async function fakeBroker(script) {
         call.emit('error', { code: script.leaseError, details: 'scripted' });
         return;
       }
-      call.write({ session: { session_id: 's', heartbeat_interval_ms: 50, visibility_timeout_ms: 1000,
+      call.write({ session: { session_id: 's', heartbeat_interval_ms: script.heartbeatMs || 50,
+        visibility_timeout_ms: 1000,
         max_in_flight: 4, gateway_id: 'fake', result_max_bytes: 8192, lease_grace_ms: 0 } });
       for (const task of script.tasks || []) call.write({ task });
       open.add(call);
@@ -34,6 +35,7 @@ async function fakeBroker(script) {
     },
     Heartbeat(call, cb) {
       seen.heartbeats.push(call.request.lease_ids);
+      seen.progress = [...(seen.progress || []), ...call.request.progress];
       seen.draining.push(call.request.draining);
       if (call.request.draining && script.honorDraining !== false) {
         // like the gateway: what was already sent (scripted in transit), then OK
@@ -46,7 +48,7 @@ async function fakeBroker(script) {
       }
       cb(null, { lost_lease_ids: script.lost?.(call.request.lease_ids) || [],
         cancelled_lease_ids: script.cancelled?.(call.request.lease_ids) || [],
-        heartbeat_interval_ms: 50 });
+        heartbeat_interval_ms: script.heartbeatMs || 50 });
     },
     Ack(call, cb) {
       seen.acks.push(...call.request.items);
@@ -98,6 +100,19 @@ test('a lost lease is stopped and never reported', async () => {
   assert.equal(worker.stop() instanceof Promise, true);
   assert.equal(await done, 0);
   assert.deepEqual([fake.seen.acks.length, fake.seen.fails.length], [0, 0]);
+  fake.close();
+});
+
+test('progress goes out on an early heartbeat with only the reporting lease', async () => {
+  const fake = await fakeBroker({ heartbeatMs: 60000,
+    tasks: [task(1, 'conf.sleep', { ms: 10000 }), task(2, 'conf.echo', { a: 1 })] });
+  const { worker, done } = startWorker(fake.port);
+  await until(() => (fake.seen.progress || []).length === 1, 4000);
+  assert.equal(fake.seen.progress[0].lease_id, 'lease-1');
+  assert.equal(fake.seen.progress[0].message, 'sleeping');
+  assert.deepEqual(fake.seen.heartbeats, [['lease-1']]); // the regular one is 60 s away
+  worker.stop();
+  await done;
   fake.close();
 });
 

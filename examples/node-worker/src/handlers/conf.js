@@ -32,7 +32,7 @@ async function sleepTask(payload, ctx) {
   if (!Number.isFinite(ms) || ms < 0) {
     throw new TaskError('payload.ms must be a number >= 0', { retryable: false, errorClass: 'ValueError' });
   }
-  ctx.progress?.(0, 'sleeping'); // optional protocol feature: rides on the next heartbeat
+  ctx.progress?.(0, 'sleeping'); // optional protocol feature: sent on an early heartbeat
   await abortableSleep(ms, ctx.signal);
   return { slept_ms: ms };
 }
