@@ -157,6 +157,11 @@ class Task(_RawFallback):
         cancel_requested: True when CancelTask flagged the running task.
         created_at, updated_at, started_at, finished_at, not_before, expires_at,
         due_at: UTC datetimes, None where unset.
+        progress_percent, progress_message, progress_at: The handler's latest progress
+            report (0..100, text, UTC time; 0.0, "" and None before the first one).
+        chain_id, chain_step, next_task_id: Chain membership ("" / 0 outside a chain;
+            next_task_id is set once the next step was enqueued).
+        group_id: The task group ("" outside a group).
         raw: The ``dtq_pb2.Task``; any attribute not listed here (such as
             ``created_at_ms``) is read from it.
     """
@@ -187,6 +192,13 @@ class Task(_RawFallback):
     not_before: datetime | None
     expires_at: datetime | None
     due_at: datetime | None
+    progress_percent: float
+    progress_message: str
+    progress_at: datetime | None
+    chain_id: str
+    chain_step: int
+    next_task_id: str
+    group_id: str
     raw: dtq_pb2.Task = field(repr=False, compare=False)
 
     @classmethod
@@ -208,7 +220,10 @@ class Task(_RawFallback):
             started_at=from_epoch_ms(t.started_at_ms),
             finished_at=from_epoch_ms(t.finished_at_ms),
             not_before=from_epoch_ms(t.not_before_ms), expires_at=from_epoch_ms(t.expires_at_ms),
-            due_at=from_epoch_ms(t.due_at_ms), raw=t)
+            due_at=from_epoch_ms(t.due_at_ms), progress_percent=t.progress_percent,
+            progress_message=t.progress_message, progress_at=from_epoch_ms(t.progress_at_ms),
+            chain_id=t.chain_id, chain_step=t.chain_step, next_task_id=t.next_task_id,
+            group_id=t.group_id, raw=t)
 
     @property
     def payload_bytes(self) -> bytes:

@@ -71,6 +71,20 @@ def test_get_task_answers_a_typed_task(threaded):
     assert task.created_at_ms == T0_MS and task.last_error_class == "ValueError"
 
 
+def test_typed_task_declares_progress_and_chain_fields(threaded):
+    with Client(threaded.target) as client:
+        res = client.enqueue("q", "t", {})
+        _finish(threaded, res.task_id, dtq_pb2.TASK_STATUS_ACTIVE, progress_percent=40.0,
+                progress_message="resizing", progress_at_ms=T0_MS, chain_id="c1",
+                chain_step=2, next_task_id="", group_id="g1")
+        task = client.get(res.task_id)
+    assert (task.progress_percent, task.progress_message) == (40.0, "resizing")
+    assert task.progress_at == datetime(2026, 1, 1, tzinfo=UTC)
+    assert (task.chain_id, task.chain_step, task.next_task_id, task.group_id) == (
+        "c1", 2, "", "g1")
+    assert "progress_percent" in Task.__dataclass_fields__
+
+
 def test_results_that_are_not_json_stay_bytes():
     assert decode_result(b"") is None
     assert decode_result(b"\xff\x00") == b"\xff\x00"
