@@ -22,11 +22,11 @@ from typing import Any
 
 import grpc
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
-from redis.asyncio import Redis
 
 from dtq_gateway.duties.duty import PeriodicDuty
 from dtq_gateway.rpc.auth import WrappingInterceptor, wrap_handler
-from dtq_gateway.store import admin, admin_lists, admin_waiting, keys
+from dtq_gateway.store import admin, admin_lists, admin_waiting
+from dtq_gateway.store.client import Client
 from dtq_gateway.web.queue_rates import RATES
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class QueueGaugeCollector(PeriodicDuty):
 
     name = "metrics-refresh"
 
-    def __init__(self, redis: Redis, heartbeat_interval_ms: int,
+    def __init__(self, redis: Client, heartbeat_interval_ms: int,
                  interval_s: float = 5.0, max_queues: int = 200) -> None:
         super().__init__()
         self.redis = redis
@@ -195,13 +195,9 @@ class QueueGaugeCollector(PeriodicDuty):
         to compute throughput from (queue_rates)."""
         if not queues:
             return
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for queue in queues:
-                pipe.hmget(keys.queue_counters(queue), "succeeded", "retried", "dead_lettered")
-            rows = await pipe.execute()
+        rows = await admin.outcome_counts_many(self.redis, queues)
         for queue, (ok, retried, dead) in zip(queues, rows):
-            RATES.observe(queue, now_ms, admin.as_int(ok),
-                          admin.as_int(retried) + admin.as_int(dead))
+            RATES.observe(queue, now_ms, ok, retried + dead)
 
 
 def _remove(gauge: Gauge, *labels: str) -> None:

@@ -16,7 +16,6 @@ import time
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from redis.asyncio import Redis
 
 from dtq_gateway import observe
 from dtq_gateway.duties.followups import FollowUps, FollowUpSweep
@@ -30,10 +29,10 @@ from dtq_gateway.rpc.broker_servicer import BrokerServicer
 from dtq_gateway.rpc.ops import Operations, server_interceptors
 from dtq_gateway.rpc.reflection_pool import ReflectionPool
 from dtq_gateway.settings import Settings
-from dtq_gateway.store import keys
+from dtq_gateway.store import health as redis_health
 from dtq_gateway.store.audit import request_id_of
 from dtq_gateway.store.broker import Broker
-from dtq_gateway.store.client import make_client
+from dtq_gateway.store.client import Client, make_client
 from dtq_gateway.store.groups import Groups
 from dtq_gateway.store.redis_policy import EvictionPolicyWatch
 from dtq_gateway.web.dashboard import Dashboard
@@ -81,7 +80,7 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
             ("grpc.max_metadata_size", 16 << 10)]
 
 
-def redis_client(settings: Settings, url: str) -> Redis:
+def redis_client(settings: Settings, url: str) -> Client:
     """The gateway's async Redis client for ``settings.redis_mode`` (standalone, cluster
     or Sentinel; built by :func:`dtq_gateway.store.client.make_client`)."""
     return make_client(settings.redis_mode, url,
@@ -95,9 +94,10 @@ class HealthProbe:
     gateway is not draining, Redis's memory is not full (``used_memory`` at
     ``maxmemory``: every write would be refused) and (with DTQ_REQUIRE_NOEVICTION) Redis
     may not evict keys. Memory is read every ``memory_check_s`` (INFO memory), the
-    eviction policy every ``policy.interval_s``."""
+    eviction policy every ``policy.interval_s``. In cluster mode each of these covers
+    every primary (:mod:`dtq_gateway.store.health`)."""
 
-    def __init__(self, redis: Redis, servicer: health.aio.HealthServicer,
+    def __init__(self, redis: Client, servicer: health.aio.HealthServicer,
                  draining: asyncio.Event, policy: EvictionPolicyWatch,
                  interval_s: float = 1.0, memory_check_s: float = 2.0,
                  liveness_key: str = "", liveness_ttl_ms: int = 30_000) -> None:
@@ -126,7 +126,7 @@ class HealthProbe:
     async def check_once(self) -> None:
         """Probe Redis once and publish the resulting status."""
         try:
-            await asyncio.wait_for(self.redis.ping(), timeout=self.interval_s * 2)
+            await asyncio.wait_for(redis_health.ping(self.redis), timeout=self.interval_s * 2)
             ok = True
         except Exception:  # noqa: BLE001 - any failure means not serving
             ok = False
@@ -142,8 +142,8 @@ class HealthProbe:
                 log.debug("reading the eviction policy or memory failed", exc_info=True)
             if self.liveness_key:
                 try:  # refused while Redis is full: the key then expires by its TTL
-                    await asyncio.wait_for(self.redis.set(
-                        self.liveness_key, "1", px=self.liveness_ttl_ms),
+                    await asyncio.wait_for(redis_health.refresh_liveness(
+                        self.redis, self.liveness_key, self.liveness_ttl_ms),
                         timeout=self.interval_s * 2)
                 except Exception:
                     log.debug("refreshing the gateway liveness key failed", exc_info=True)
@@ -156,14 +156,13 @@ class HealthProbe:
         if now - self._memory_at < self.memory_check_s:
             return
         self._memory_at = now
-        info = await self.redis.info("memory")
-        limit = int(info.get("maxmemory") or 0)
-        full = limit > 0 and int(info.get("used_memory") or 0) >= limit
+        memory = await redis_health.read_memory(self.redis)
+        full = memory.full
         if full != self.memory_full:
             if full:
                 log.warning("redis memory is full (used_memory %s >= maxmemory %s): writes "
                             "are refused with REDIS_OUT_OF_MEMORY; health NOT_SERVING",
-                            info.get("used_memory"), limit)
+                            memory.used_bytes, memory.max_bytes)
             else:
                 log.info("redis memory is no longer full; health follows Redis again")
         self.memory_full = full
@@ -194,7 +193,8 @@ class HealthProbe:
         await self._set(False)
         if self.liveness_key:
             try:  # a crashed replica's key expires by its TTL instead
-                await asyncio.wait_for(self.redis.delete(self.liveness_key), timeout=1.0)
+                await asyncio.wait_for(redis_health.delete_liveness(self.redis, self.liveness_key),
+                                       timeout=1.0)
             except Exception:
                 log.debug("could not delete the gateway liveness key", exc_info=True)
 
@@ -224,7 +224,7 @@ class Gateway:
                                           interval_s=settings.eviction_check_interval_s)
         self.probe = HealthProbe(
             self.redis, self.health, self.draining, self.policy,
-            liveness_key=keys.gateway(keys.gateway_tag(settings.gateway_id)),
+            liveness_key=redis_health.liveness_key(settings.gateway_id),
             liveness_ttl_ms=settings.worker_ttl_ms)
         self.ops = Operations(self.redis, settings, broker=self.broker)
         self.ops.hub.add_listener(self.dispatcher.on_event, self.dispatcher.wants_raw_event)
@@ -300,7 +300,7 @@ class Gateway:
             log.debug("lease secret not loaded at startup", exc_info=True)
         refused = self.policy.startup_error()
         if refused is not None:
-            await self.redis.aclose()
+            await redis_health.close(self.redis)
             raise refused
         self._add_services()
         try:
@@ -332,5 +332,5 @@ class Gateway:
         await self.server.stop(self.settings.shutdown_grace_s)
         await self.followups.drain()
         await self.scheduler.stop()
-        await self.redis.aclose()
+        await redis_health.close(self.redis)
         log.info("stopped", extra={"drain_s": round(time.monotonic() - started, 3)})

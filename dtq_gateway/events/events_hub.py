@@ -1,6 +1,6 @@
 """One shared Redis pub/sub subscriber per gateway, fanned out to local consumers.
 
-Lifecycle events are published by the Lua scripts on ``keys.EVENTS_CHANNEL``
+Lifecycle events are published by the Lua scripts on ``store.events.CHANNEL``
 (pub/sub: no history, no buffering in Redis), one message per script call carrying
 all of that call's events (:mod:`dtq_gateway.events.events_wire`; single-event messages are
 still accepted). The hub holds the single subscription of this replica, decodes each
@@ -29,14 +29,12 @@ import logging
 import random
 import time
 from collections.abc import Callable, Collection, Iterable
-from typing import Any
-
-from redis.asyncio import Redis
 
 from dtq_gateway.duties.duty import RateLimitedLog
 from dtq_gateway.events import events_wire
 from dtq_gateway.events.events_fanout import Encoder, FanOut, Subscription
-from dtq_gateway.store import keys
+from dtq_gateway.store import events as channel_store
+from dtq_gateway.store.client import Client
 from dtq_gateway.store.errors import OUTAGE_ERRORS
 
 log = logging.getLogger(__name__)
@@ -57,7 +55,7 @@ class EventsHub:
 
     Args:
         redis: the gateway's client (the hub takes one connection from its pool).
-        channel: pub/sub channel (default ``keys.EVENTS_CHANNEL``).
+        channel: pub/sub channel (default ``store.events.CHANNEL``).
         buffer_size: capacity of each subscription buffer (events).
         max_backoff_s: longest wait between resubscribe attempts (s).
         idle_ping_s: silence (s) after which the subscription is PINGed.
@@ -71,7 +69,7 @@ class EventsHub:
             subscriptions together (``DTQ_EVENTS_MAX_DELIVERIES_PER_S``).
     """
 
-    def __init__(self, redis: Redis, *, channel: str = keys.EVENTS_CHANNEL,
+    def __init__(self, redis: Client, *, channel: str = channel_store.CHANNEL,
                  buffer_size: int = 1000, max_backoff_s: float = 5.0,
                  idle_ping_s: float = IDLE_PING_S, pong_timeout_s: float = PONG_TIMEOUT_S,
                  encode: Encoder | None = None, event_types: Collection[str] | None = None,
@@ -201,24 +199,25 @@ class EventsHub:
     async def _listen(self) -> None:
         """Subscribe and deliver messages until the connection fails.
 
-        Reads with ``PubSub.listen()``, a blocking read per message: about a quarter of
-        the CPU of a ``get_message(timeout=...)`` poll, which sets up a timeout and a
-        health check on every call (the hub reads back three events per task). A
-        blocking read never times out, so :meth:`_watch` guards against a connection
-        that went silent without an error.
+        Reads with ``ChannelReader.listen()`` (redis-py's ``PubSub.listen()``), a
+        blocking read per message: about a quarter of the CPU of a
+        ``get_message(timeout=...)`` poll, which sets up a timeout and a health check on
+        every call (the hub reads back three events per task). A blocking read never
+        times out, so :meth:`_watch` guards against a connection that went silent
+        without an error.
         """
-        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        reader = channel_store.ChannelReader(self.redis, self.channel)
         watchdog: asyncio.Task[None] | None = None
         try:
-            await pubsub.subscribe(self.channel)
+            await reader.subscribe()
             self.subscribe_count += 1
             if self.subscribe_count > 1:
                 log.info("events: resubscribed", extra={"channel": self.channel})
                 self._outage_log.reset()
             self.connected.set()
             self._received_at = time.monotonic()
-            watchdog = asyncio.create_task(self._watch(pubsub), name="dtq-events-watchdog")
-            async for msg in pubsub.listen():
+            watchdog = asyncio.create_task(self._watch(reader), name="dtq-events-watchdog")
+            async for msg in reader.listen():
                 self._received_at = time.monotonic()
                 if msg.get("type") == "message":
                     self.dispatch(msg["data"])
@@ -230,9 +229,9 @@ class EventsHub:
                 watchdog.cancel()
                 await asyncio.gather(watchdog, return_exceptions=True)
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(pubsub.aclose(), timeout=1.0)
+                await asyncio.wait_for(reader.close(), timeout=1.0)
 
-    async def _watch(self, pubsub: Any) -> None:
+    async def _watch(self, reader: channel_store.ChannelReader) -> None:
         """PING the subscription after ``idle_ping_s`` of silence; when nothing (not even
         the PONG) arrives within ``pong_timeout_s``, drop the connection: a half-open TCP
         connection never errors by itself. The blocked read then fails or reconnects
@@ -245,7 +244,7 @@ class EventsHub:
             pinged_at = time.monotonic()
             self.pings += 1
             with contextlib.suppress(Exception):  # a failed send shows up in the read
-                await asyncio.wait_for(pubsub.ping(), timeout=self.pong_timeout_s)
+                await asyncio.wait_for(reader.ping(), timeout=self.pong_timeout_s)
             await asyncio.sleep(max(0.0, pinged_at + self.pong_timeout_s - time.monotonic()))
             if self._received_at < pinged_at:
                 self.silent_drops += 1
@@ -253,4 +252,4 @@ class EventsHub:
                                      "%.1f s; reconnecting", self.pong_timeout_s)
                 self._received_at = time.monotonic()  # the next check waits a full period
                 with contextlib.suppress(Exception):
-                    await pubsub.connection.disconnect()
+                    await reader.drop_connection()

@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-from redis.asyncio import Redis
 
 from dtq_gateway.errors import InvalidArgument, Unavailable
 from dtq_gateway.rpc.auth import actor_of
@@ -25,6 +24,7 @@ from dtq_gateway.settings import Settings
 from dtq_gateway.store import admin, admin_dlq, admin_lists, keys, ratelimits, schedules
 from dtq_gateway.store.admin import CallInfo, as_int, page_size
 from dtq_gateway.store.audit import append_audit, request_id_of
+from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.task_record import NAME_BY_STATUS, task_from_hash
 from dtq_gateway.web.queue_rates import RATES
@@ -127,7 +127,7 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
         broker: the gateway's :class:`~dtq_gateway.store.broker.Broker` (TriggerSchedule).
     """
 
-    def __init__(self, redis: Redis, settings: Settings, broker: Any = None) -> None:
+    def __init__(self, redis: Client, settings: Settings, broker: Any = None) -> None:
         self.redis = redis
         self.settings = settings
         self.broker = broker

@@ -20,7 +20,6 @@ import logging
 from typing import Any
 
 import grpc
-from redis.asyncio import Redis
 
 from dtq_gateway.events.events_hub import EventsHub
 from dtq_gateway.metrics import MetricsInterceptor, QueueGaugeCollector, start_metrics_server
@@ -31,6 +30,7 @@ from dtq_gateway.rpc.decoding import DecodeGuardInterceptor
 from dtq_gateway.rpc.events_servicer import EventsServicer
 from dtq_gateway.rpc.limits import PeerLimitInterceptor
 from dtq_gateway.settings import Settings
+from dtq_gateway.store.client import Client
 from dtq_proto import dtq_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class Operations:
         broker: the gateway's broker (Admin.TriggerSchedule enqueues through it).
     """
 
-    def __init__(self, redis: Redis, settings: Settings, *, gauge_interval_s: float = 5.0,
+    def __init__(self, redis: Client, settings: Settings, *, gauge_interval_s: float = 5.0,
                  broker: Any = None) -> None:
         self.settings = settings
         self.hub = EventsHub(redis, max_subscribers=settings.events_max_subscribers,

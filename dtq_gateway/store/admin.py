@@ -200,6 +200,17 @@ async def queue_depths(redis: Redis, queues: list[str]) -> dict[str, int]:
     return depths
 
 
+async def outcome_counts_many(redis: Redis, queues: list[str]) -> list[tuple[int, int, int]]:
+    """(succeeded, retried, dead_lettered) of each queue's outcome counters
+    (``dtq:queue:{<q>}:counters``; absent = 0), in the order of ``queues``: one HMGET
+    per queue, one pipeline."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for queue in queues:
+            pipe.hmget(keys.queue_counters(queue), "succeeded", "retried", "dead_lettered")
+        rows = await pipe.execute()
+    return [(as_int(ok), as_int(retried), as_int(dead)) for ok, retried, dead in rows]
+
+
 def _group_of(groups: Any) -> dict[str, Any] | None:
     if isinstance(groups, Exception):
         return None

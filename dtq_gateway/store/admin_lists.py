@@ -126,6 +126,17 @@ async def list_workers(redis: Redis, heartbeat_interval_ms: int) -> list[WorkerR
     return out
 
 
+
+async def worker_session_fields(redis: Redis, worker_ids: list[str]
+                                ) -> list[tuple[bytes | None, bytes | None]]:
+    """The raw ``queues`` and ``labels`` fields of each worker record (None where absent),
+    in the order of ``worker_ids``: one HMGET per worker, one pipeline."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for worker_id in worker_ids:
+            pipe.hmget(keys.worker(worker_id), "queues", "labels")
+        rows = await pipe.execute()
+    return [(queues, labels) for queues, labels in rows]
+
 async def task_summaries(redis: Redis, task_ids: list[str]) -> list[dict[str, bytes]]:
     """Task hashes without payloads, in order ({} for expired records)."""
     if not task_ids:

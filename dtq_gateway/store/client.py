@@ -18,9 +18,10 @@ without them unless ``DTQ_REDIS_SENTINEL_PASSWORD`` is set.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -30,6 +31,8 @@ from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 #: The gateway's Redis client, whichever the mode: the layers above the store hold one
 #: and hand it to store functions, never calling it themselves.
 Client = Redis | RedisCluster
+
+T = TypeVar("T")
 
 #: The values of DTQ_REDIS_MODE.
 MODES = ("standalone", "cluster", "sentinel")
@@ -141,3 +144,27 @@ async def scan_keys(client: Any, match: str, count: int = 1000,
     the whole scan."""
     async for key in client.scan_iter(match=match, count=count, _type=type_):
         yield key
+
+
+async def on_primaries(client: Any, call: Callable[..., Awaitable[T]]) -> list[T]:
+    """``call()`` once on the one server (standalone, Sentinel), or
+    ``call(target_nodes=node)`` once per primary of a cluster, concurrently.
+
+    For server-wide reads (PING, INFO, CONFIG GET) whose answer differs per primary:
+    a cluster client sends those to one node unless told otherwise. ``call`` is a
+    client method (or a function passing ``target_nodes`` on to every command it
+    sends), e.g. ``on_primaries(r, r.ping)`` or
+    ``on_primaries(r, functools.partial(r.info, "memory"))``.
+
+    Returns:
+        One reply per server, in the cluster's node order.
+
+    Raises:
+        Whatever ``call`` raises on any primary (the first such error); the calls on
+        the other primaries still run to their end.
+    """
+    if not is_cluster(client):
+        return [await call()]
+    await client.initialize()  # a no-op once the slots are known
+    return list(await asyncio.gather(*(call(target_nodes=node)
+                                       for node in client.get_primaries())))

@@ -7,7 +7,8 @@ write instead, and the caller gets UNAVAILABLE / an error it can see.
 
 :class:`EvictionPolicyWatch` reads the policy at startup and then every
 ``DTQ_EVICTION_CHECK_INTERVAL_S``, with ``CONFIG GET`` or, where CONFIG is renamed
-or not permitted (managed Redis services), from ``INFO memory``. It sets the
+or not permitted (managed Redis services), from ``INFO memory``; in cluster mode on
+every primary, since any of them may evict its part of the keys. It sets the
 ``dtq_redis_eviction_safe`` gauge (1 noeviction, 0 evicting, -1 unknown) and logs
 each change once. With ``DTQ_REQUIRE_NOEVICTION`` (default true) an evicting policy
 is refused: the gateway does not start, and a policy changed at run time turns
@@ -19,15 +20,17 @@ warned about and never refused.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from typing import Any
 
 import grpc
-from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from dtq_gateway.errors import DtqError
 from dtq_gateway.metrics import REDIS_EVICTION_SAFE
+from dtq_gateway.store.client import Client, on_primaries
 
 log = logging.getLogger(__name__)
 
@@ -45,23 +48,36 @@ class EvictingRedis(DtqError):
     reason = "REDIS_EVICTION_POLICY"
 
 
-async def read_policy(redis: Redis) -> str | None:
+async def read_policy(redis: Client) -> str | None:
     """Redis's maxmemory-policy, from CONFIG GET or else INFO memory.
+
+    In cluster mode every primary is read (each holds part of the keys, and any of
+    them may evict its part): the first policy other than ``noeviction`` found wins,
+    else None when some primary refused both commands, else ``noeviction``.
 
     Returns:
         The policy name, or None when Redis refuses both commands.
 
     Raises:
-        redis.exceptions.ConnectionError, TimeoutError: Redis is unreachable.
+        redis.exceptions.ConnectionError, TimeoutError: Redis (a primary) is unreachable.
     """
+    policies = await on_primaries(redis, functools.partial(_read_node_policy, redis))
+    evicting = [p for p in policies if p is not None and p != SAFE_POLICY]
+    if evicting:
+        return evicting[0]
+    return None if None in policies else SAFE_POLICY
+
+
+async def _read_node_policy(redis: Client, **target: Any) -> str | None:
+    """One server's policy (``target``: the cluster node, see ``on_primaries``)."""
     try:
-        value = (await redis.config_get("maxmemory-policy")).get("maxmemory-policy")
+        value = (await redis.config_get("maxmemory-policy", **target)).get("maxmemory-policy")
         if value:
             return value.decode() if isinstance(value, bytes) else str(value)
     except ResponseError:  # CONFIG renamed or not permitted: INFO also has it
         pass
     try:
-        value = (await redis.info("memory")).get("maxmemory_policy")
+        value = (await redis.info("memory", **target)).get("maxmemory_policy")
     except ResponseError:
         return None
     if not value:
@@ -78,7 +94,7 @@ class EvictionPolicyWatch:
         interval_s: how often :meth:`maybe_check` reads the policy again (s).
     """
 
-    def __init__(self, redis: Redis, *, require: bool, interval_s: float) -> None:
+    def __init__(self, redis: Client, *, require: bool, interval_s: float) -> None:
         self.redis = redis
         self.require = require
         self.interval_s = interval_s

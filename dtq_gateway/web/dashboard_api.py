@@ -17,14 +17,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import Redis
-
 from dtq_gateway.errors import InvalidArgument
 from dtq_gateway.rpc.validation import MAX_REASON_BYTES, cut_utf8
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import admin, admin_dlq, admin_lists, keys
 from dtq_gateway.store.admin import CallInfo, as_int
 from dtq_gateway.store.broker import Broker
+from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.task_record import NAME_BY_STATUS, STATUS_BY_NAME, task_from_hash
 from dtq_gateway.web.dashboard_rates import RateTracker
@@ -42,7 +41,7 @@ LIST_PAYLOAD_BYTES = 1024
 class Backend:
     """What the dashboard reads and acts through (the gateway's own objects)."""
 
-    redis: Redis
+    redis: Client
     settings: Settings
     broker: Broker
     rates: RateTracker
@@ -329,10 +328,7 @@ async def workers(b: Backend) -> dict[str, Any]:
     labels of their Lease sessions (from the worker record when it has them, else
     from the sessions open on this replica)."""
     records = await admin_lists.list_workers(b.redis, b.settings.heartbeat_interval_ms)
-    async with b.redis.pipeline(transaction=False) as pipe:
-        for w in records:
-            pipe.hmget(keys.worker(w.worker_id), "queues", "labels")
-        extra = await pipe.execute()
+    extra = await admin_lists.worker_session_fields(b.redis, [w.worker_id for w in records])
     local: dict[str, tuple[set[str], dict[str, str]]] = {}
     for s in list(b.sessions.values()):
         qs, labels = local.setdefault(s.worker_id, (set(), {}))

@@ -6,19 +6,26 @@ queues whose hash slots lie on all three primaries, with workers whose Lease ses
 span queues of several slots; then a replica is promoted with ``CLUSTER FAILOVER``
 during a workload and every task still reaches one terminal state (a completion lost in
 asynchronous replication may make a task run again: tests/system/failover_support.py).
+The health probe and the eviction-policy watch read every primary, not one node.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 import redis
+from grpc_health.v1 import health
 from redis.cluster import RedisCluster
 
+from dtq_gateway.server import HealthProbe
 from dtq_gateway.store import keys
+from dtq_gateway.store.client import make_client
+from dtq_gateway.store.redis_policy import EvictionPolicyWatch
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
 from tests.support.redis_cluster import RedisClusterSetup
@@ -188,3 +195,41 @@ def test_chains_groups_rate_limits_and_schedules_across_primaries(env: FailoverE
         assert client.wait(fired, 20).status == pb.TASK_STATUS_SUCCEEDED
     finally:
         channel.close()
+
+
+async def test_health_probe_and_eviction_watch_read_every_primary(
+        cluster: RedisClusterSetup) -> None:
+    """A primary other than the client's default node is evicting, then full, then
+    paused (its PING unanswered): each turns the probe's verdict, as on one Redis."""
+    client = make_client("cluster", cluster.url)
+    policy = EvictionPolicyWatch(client, require=True, interval_s=0)
+    probe = HealthProbe(client, health.aio.HealthServicer(), asyncio.Event(), policy,
+                        interval_s=0.5, memory_check_s=0)
+    await client.initialize()
+    default = client.get_default_node().name
+    other = next(n for n in client.get_primaries() if n.name != default)
+    node = redis.Redis(host=other.host, port=other.port, socket_timeout=5)
+    try:
+        await probe.check_once()
+        assert probe.redis_ok and not probe.memory_full and policy.policy == "noeviction"
+        node.config_set("maxmemory-policy", "allkeys-lru")
+        await probe.check_once()
+        assert policy.refusing and policy.policy == "allkeys-lru"
+        node.config_set("maxmemory-policy", "noeviction")
+        node.config_set("maxmemory", 1)
+        await probe.check_once()
+        assert probe.memory_full and not policy.refusing
+        node.config_set("maxmemory", 0)
+        node.client_pause(2000)  # every client of that primary waits 2 s: PING times out
+        await probe.check_once()
+        assert not probe.redis_ok
+        deadline = time.monotonic() + 10
+        while not probe.redis_ok and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            await probe.check_once()
+        assert probe.redis_ok and not probe.memory_full and not policy.refusing
+    finally:
+        node.config_set("maxmemory-policy", "noeviction")
+        node.config_set("maxmemory", 0)
+        node.close()
+        await client.aclose()

@@ -1,0 +1,81 @@
+"""The Redis side of the gateway's health probe, its liveness key and shutdown.
+
+:class:`dtq_gateway.server.HealthProbe` decides health; these functions read what it
+decides on. In cluster mode each read covers every primary (each holds part of the
+keys): Redis answers only when all primaries answer, and memory is full when any
+primary is at ``maxmemory``, since writes to its slots are then refused. The
+maxmemory-policy watch is :mod:`dtq_gateway.store.redis_policy`.
+
+The gateway liveness key ``dtq:gateway:<tag>`` (TTL ``DTQ_WORKER_TTL_MS``) tells
+ListWorkers which gateways still hold their workers' Lease streams
+(:func:`dtq_gateway.store.admin_lists.list_workers`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from dtq_gateway.store import keys
+from dtq_gateway.store.client import Client, on_primaries
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """``used_memory`` and ``maxmemory`` of one server (INFO memory), in bytes."""
+
+    used_bytes: int
+    #: 0 = no limit
+    max_bytes: int
+
+    @property
+    def full(self) -> bool:
+        """At ``maxmemory``: every write is refused (noeviction) or evicts keys."""
+        return self.max_bytes > 0 and self.used_bytes >= self.max_bytes
+
+
+def liveness_key(gateway_id: str) -> str:
+    """The liveness key of the gateway ``gateway_id`` (DTQ_GATEWAY_ID)."""
+    return keys.gateway(keys.gateway_tag(gateway_id))
+
+
+async def ping(redis: Client) -> None:
+    """PING the server, or every primary of a cluster.
+
+    Raises:
+        Any Redis or OS error of an unreachable (or loading...) server or primary.
+    """
+    await on_primaries(redis, redis.ping)
+
+
+async def read_memory(redis: Client) -> Memory:
+    """INFO memory of the server, or of every primary of a cluster: then the first full
+    primary, else the one with the least room left (a limitless one has infinite room).
+
+    Raises:
+        Any Redis or OS error of the server or of a primary.
+    """
+    infos = await on_primaries(redis, functools.partial(redis.info, "memory"))
+    found = [Memory(int(i.get("used_memory") or 0), int(i.get("maxmemory") or 0))
+             for i in infos]
+    return min(found, key=lambda m: (not m.full, m.max_bytes - m.used_bytes
+                                     if m.max_bytes else float("inf")))
+
+
+async def refresh_liveness(redis: Client, key: str, ttl_ms: int) -> None:
+    """SET the gateway liveness ``key`` to "1" with a TTL of ``ttl_ms`` (PX).
+
+    Raises:
+        Any Redis error (OOM while Redis is full: the key then expires by its TTL).
+    """
+    await redis.set(key, "1", px=ttl_ms)
+
+
+async def delete_liveness(redis: Client, key: str) -> None:
+    """DEL the gateway liveness ``key`` (a stopping gateway)."""
+    await redis.delete(key)
+
+
+async def close(redis: Client) -> None:
+    """Close the client and its connections (the gateway's last Redis call)."""
+    await redis.aclose()
