@@ -63,3 +63,16 @@ def test_bad_fields_are_named(kwargs, field):
 def test_cut_utf8_cuts_bytes_at_a_character_boundary(text, limit, want):
     assert cut_utf8(text, limit) == want
     assert len(cut_utf8(text, limit).encode()) <= limit
+
+
+@pytest.mark.parametrize(("payload", "says"), [
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b'{"a": 1,}', "not valid JSON at line 1 column 9"),
+    (b"NaN", "not valid JSON"),
+    ('"é"'.encode("utf-16"), "must be UTF-8"),
+])
+def test_json_payload_errors_say_what_is_wrong(payload, says):
+    settings = load([], environ={"DTQ_MAX_PAYLOAD_BYTES": str(1 << 20)})
+    with pytest.raises(InvalidArgument) as err:
+        validate_enqueue(pb.EnqueueRequest(queue="q", task_type="t", payload=payload), settings)
+    assert says in err.value.message and err.value.field == "payload"
