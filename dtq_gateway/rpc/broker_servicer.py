@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+
+import grpc
 
 from dtq_gateway import tracing
 from dtq_gateway.duties.followup_plan import callback_task_id, plan_chain, plan_group
@@ -45,6 +46,24 @@ MAX_QUEUES = 32
 MAX_LABELS = 32
 MAX_LABEL_KEY_BYTES = 64
 MAX_LABEL_VALUE_BYTES = 256
+
+
+async def _send(context: grpc.aio.ServicerContext, message: dtq_pb2.LeaseResponse) -> bool:
+    """Write one message on the Lease stream; False when the worker went away.
+
+    A write racing the client's cancellation fails inside grpc (ExecuteBatchError);
+    written with ``context.write`` rather than yielded, that failure ends the call
+    quietly here instead of being logged by grpc at ERROR as a servicer error.
+    """
+    try:
+        await context.write(message)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        if context.cancelled() or context.done():
+            return False
+        raise
+    return True
 
 
 def status_enum(status: str) -> int:
@@ -185,7 +204,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
                        concurrency=request.concurrency, owner=owner_tag(identity),
                        labels=dict(list(request.labels.items())[:64]))
 
-    async def Lease(self, request, context) -> AsyncIterator[dtq_pb2.LeaseResponse]:
+    async def Lease(self, request, context) -> None:
         try:
             if self.draining.is_set():
                 raise Unavailable("gateway is draining", reason="DRAINING")
@@ -209,17 +228,19 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
                                                  "queues": session.queues})
         try:
             s = self.settings
-            yield dtq_pb2.LeaseResponse(session=dtq_pb2.SessionInfo(
-                session_id=session.session_id, heartbeat_interval_ms=s.heartbeat_interval_ms,
-                visibility_timeout_ms=s.visibility_timeout_ms, max_in_flight=session.max_in_flight,
-                gateway_id=s.gateway_id, result_max_bytes=s.result_max_bytes,
-                lease_grace_ms=s.lease_grace_ms))
+            if not await _send(context, dtq_pb2.LeaseResponse(session=dtq_pb2.SessionInfo(
+                    session_id=session.session_id, heartbeat_interval_ms=s.heartbeat_interval_ms,
+                    visibility_timeout_ms=s.visibility_timeout_ms,
+                    max_in_flight=session.max_in_flight, gateway_id=s.gateway_id,
+                    result_max_bytes=s.result_max_bytes, lease_grace_ms=s.lease_grace_ms))):
+                return
             while True:
                 task = await session.out.get()
                 if task is None:
                     break
                 self.dispatcher.buffered(session, -len(task.payload))
-                yield dtq_pb2.LeaseResponse(task=task)
+                if not await _send(context, dtq_pb2.LeaseResponse(task=task)):
+                    return  # the worker went away: its leases expire and are reclaimed
                 self.dispatcher.stream_progress(session)  # that write completed
         finally:
             await self.dispatcher.unregister(session)

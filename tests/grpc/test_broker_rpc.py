@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 
 import grpc
@@ -317,3 +318,32 @@ async def test_absolute_times_out_of_bounds_name_their_field(broker_stub):
     ok = await broker_stub.Enqueue(enq(not_before_ms=now_ms - 1000,
                                        expires_at_ms=now_ms + 60_000))
     assert ok.status == pb.TASK_STATUS_QUEUED  # a due time just past runs at once
+
+
+async def test_cancelled_lease_streams_log_no_servicer_error(gateway, broker_stub, caplog):
+    """A worker that cancels its Lease stream while leases are being written is a
+    normal end: grpc must not log it as an error raised by the Lease servicer."""
+    caplog.set_level(logging.WARNING, logger="grpc")
+    item = pb.EnqueueRequest(queue="cq", task_type="t", payload=b"x" * 200_000,
+                             content_type="application/octet-stream")
+    await broker_stub.EnqueueBatch(pb.EnqueueBatchRequest(items=[item] * 200))
+    for i in range(20):
+        call = broker_stub.Lease(pb.LeaseRequest(worker_id=f"cw{i}", queues=["cq"],
+                                                 max_in_flight=200))
+        async for n, _ in _enumerate(call):
+            if n == 2:
+                break
+        call.cancel()
+    deadline = time.monotonic() + 10
+    while gateway.dispatcher.sessions:  # every Lease servicer has ended
+        assert time.monotonic() < deadline, "Lease sessions still open"
+        await asyncio.sleep(0.02)
+    errors = [r for r in caplog.records if r.name.startswith("grpc") and r.levelno >= logging.ERROR]
+    assert errors == []
+
+
+async def _enumerate(call):
+    n = 0
+    async for message in call:
+        yield n, message
+        n += 1
