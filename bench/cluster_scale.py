@@ -44,6 +44,7 @@ from bench.scale import (
     host_info,
     queue_names,
     raise_interrupt,
+    redis_cpu_s,
     run_cell,
     run_dtq_cell,
 )
@@ -53,6 +54,7 @@ logger = logging.getLogger("bench.cluster_scale")
 #: keys without a queue's hash tag that the hot path touches: where they live tells
 #: which primary carries the shared work (worker heartbeats, the recent-tasks index)
 SHARED_KEYS = (keys.WORKERS, keys.RECENT_TASKS, keys.BUSY_QUEUES, keys.QUEUES)
+IDLE_S = 2.0  # how long the idle Redis CPU of a setup is measured, before its run (s)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -195,15 +197,27 @@ def _configure(client: redis.Redis) -> None:
         client.config_set(name, value)
 
 
+def idle_cpu_ms_per_s(nodes: dict[str, redis.Redis], seconds: float) -> dict[str, float]:
+    """Redis CPU of each server while nothing but this reading talks to it (ms per s):
+    the fixed cost of a setup (server cron, on a cluster the cluster bus), which the
+    per-task figures of a phase include in proportion to its wall time."""
+    before = {k: redis_cpu_s(n) for k, n in nodes.items()}
+    t0 = time.monotonic()
+    time.sleep(seconds)  # the measuring interval itself, not a wait for an event
+    wall = time.monotonic() - t0
+    return {k: round((redis_cpu_s(n) - before[k]) / wall * 1e3, 2) for k, n in nodes.items()}
+
+
 def run_standalone(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """The workload on one private redis-server; the server is removed afterwards."""
     server = private_redis()
     r = redis.Redis.from_url(server.url)
     try:
         host = host_info(r)
+        idle = idle_cpu_ms_per_s({"": r}, IDLE_S)[""]
         row = run_cell("standalone", server.url, r, args, work, run_dtq_cell,
                        args.gateways, args.workers)
-        return {"host": host, **row}
+        return {"host": host, "idle_redis_cpu_ms_per_s": idle, **row}
     finally:
         r.flushall()
         r.close()
@@ -244,10 +258,12 @@ def run_cluster(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 _configure(nodes[addr])
         first.close()
         spread = queue_spread(queue_slots, slots, tasks_per_queue(args.tasks, queues))
+        idle = idle_cpu_ms_per_s(nodes, IDLE_S)
         row = run_cell("cluster", setup.url, next(iter(nodes.values())), args, work,
                        run_dtq_cell, args.gateways, args.workers,
                        gateway_env={"DTQ_REDIS_MODE": "cluster"}, nodes=nodes)
-        out = {"primaries": len(nodes), "queue_slots": queue_slots,
+        out = {"primaries": len(nodes), "idle_redis_cpu_ms_per_s": idle,
+               "queue_slots": queue_slots,
                "shared_keys": {k: {"slot": s, "node": node_of_slot(owners, s)}
                                for k, s in shared.items()},
                "spread": spread, **row}
@@ -358,6 +374,10 @@ def render(results: dict[str, Any]) -> str:
     lines.append(format_row(f"cluster ×{o['primaries']}", clu, clu_ceiling))
     if "per_primary" in clu:
         lines += ["", *format_nodes(clu)]
+        idle = clu.get("idle_redis_cpu_ms_per_s", {})
+        lines.append(f"idle Redis CPU, no client (ms/s): one Redis "
+                     f"{std.get('idle_redis_cpu_ms_per_s', float('nan')):.1f}, cluster "
+                     + " + ".join(f"{v:.1f}" for v in idle.values()))
         lines.append("shared keys: " + ", ".join(
             f"{k} → {v['node']}" for k, v in clu["shared_keys"].items()))
         if std_ceiling and clu_ceiling:

@@ -87,12 +87,14 @@ def test_cluster_summary_per_primary_and_ceiling() -> None:
 def test_render_table() -> None:
     row, spread = _cluster_row(1000)
     cluster = {**row, "spread": spread, "per_primary": cs.cluster_summary(row, spread, 1000),
-               "shared_keys": {"dtq:workers:{workers}": {"slot": 1, "node": A}}}
+               "shared_keys": {"dtq:workers:{workers}": {"slot": 1, "node": A}},
+               "idle_redis_cpu_ms_per_s": {A: 1.0, B: 1.5, C: 2.25}}
     std = _phase({"": 0.25}, {"": 9000}, 1000)
     results = {"options": {"primaries": 3, "tasks": 1000, "payload_bytes": 100, "queues": 3,
                            "gateways": 1, "workers": 2, "concurrency": 32},
                "host": {"redis_server": "7.0.15", "cpus": 2, "commit": "abc1234"},
-               "standalone": {"enqueue": std, "drain": std, "all": std},
+               "standalone": {"enqueue": std, "drain": std, "all": std,
+                              "idle_redis_cpu_ms_per_s": 0.5},
                "cluster": cluster}
     text = cs.render(results)
     lines = text.splitlines()
@@ -107,6 +109,7 @@ def test_render_table() -> None:
     assert "Redis CPU e/d/all 1.50/1.50/1.50, queues 2.00, tasks 1.80" in text
     assert "cluster 5,556/s (1.39× one Redis)" in text
     assert "dtq:workers:{workers} → 127.0.0.1:7001" in text
+    assert "idle Redis CPU, no client (ms/s): one Redis 0.5, cluster 1.0 + 1.5 + 2.2" in text
 
 
 def test_render_failed_cluster_run() -> None:
