@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -53,6 +54,7 @@ from dtq_gateway.store import keys
 logger = logging.getLogger("bench.cluster_scale")
 #: keys without a queue's hash tag that the hot path touches: where they live tells
 #: which primary carries the shared work (worker heartbeats, the recent-tasks index)
+SLOTS = 16384  # hash slots of a Redis Cluster
 SHARED_KEYS = (keys.WORKERS, keys.RECENT_TASKS, keys.BUSY_QUEUES, keys.QUEUES)
 IDLE_S = 2.0  # how long the idle Redis CPU of a setup is measured, before its run (s)
 
@@ -68,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gateways", type=int, default=1, help="G dtq-gateway processes")
     p.add_argument("--workers", type=int, default=2, help="W dtq-pyworker processes")
     p.add_argument("--primaries", type=int, default=3, help="primaries of the cluster (>= 3)")
+    p.add_argument("--balanced", action="store_true",
+                   help="pick queue names (scale-<i>, skipping some) whose hash slots give "
+                        "every primary the same number of queues, instead of scale-0..K-1")
     p.add_argument("--concurrency", type=int, default=32,
                    help="handler slots per worker process")
     p.add_argument("--phase-timeout", type=float, default=300.0,
@@ -79,8 +84,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if min(args.tasks, args.queues, args.gateways, args.workers, args.concurrency) < 1:
         p.error("--tasks, --queues, --gateways, --workers and --concurrency must be >= 1")
+    from dtq_gateway.rpc.broker_servicer import MAX_QUEUES
+
+    if args.queues > MAX_QUEUES:
+        p.error(f"--queues must be <= {MAX_QUEUES}: every worker leases all of them in one "
+                "Lease session, which takes at most that many queues")
     if args.primaries < 3:
         p.error("--primaries must be >= 3 (redis-cli --cluster create needs three)")
+    args.queue_list = (balanced_queue_names(args.queues, args.primaries) if args.balanced
+                       else queue_names(args.queues))
     return args
 
 
@@ -130,6 +142,34 @@ def queue_spread(queue_slots: dict[str, int], slots_reply: Sequence[Any],
         node["queues"].append(queue)
         node["tasks"] += tasks_per_queue.get(queue, 0)
     return spread
+
+
+def create_slot_ranges(primaries: int) -> list[tuple[int, int]]:
+    """The slot ranges ``redis-cli --cluster create`` gives ``primaries`` new primaries
+    (its allocation: equal shares, each end rounded to the nearest slot)."""
+    per, first, cursor, out = SLOTS / primaries, 0, 0.0, []
+    for i in range(primaries):
+        last = SLOTS - 1 if i == primaries - 1 else math.floor(cursor + per - 1 + 0.5)
+        out.append((first, max(last, first)))
+        first, cursor = max(last, first) + 1, cursor + per
+    return out
+
+
+def balanced_queue_names(k: int, primaries: int) -> list[str]:
+    """``k`` queue names ``scale-<i>`` (i from 0, some skipped) that fall evenly, ±1,
+    on the slot ranges of :func:`create_slot_ranges`, ranges taking the extra ones first."""
+    ranges = create_slot_ranges(primaries)
+    want = [k // primaries + (1 if r < k % primaries else 0) for r in range(primaries)]
+    names: list[str] = []
+    i = 0
+    while len(names) < k:
+        name, i = f"scale-{i}", i + 1
+        slot = keys.key_slot(f"{{{name}}}")
+        r = next(n for n, (lo, hi) in enumerate(ranges) if lo <= slot <= hi)
+        if want[r]:
+            want[r] -= 1
+            names.append(name)
+    return names
 
 
 def tasks_per_queue(tasks: int, queues: list[str]) -> dict[str, int]:
@@ -247,7 +287,7 @@ def run_cluster(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         setup.start()
         first = redis.Redis(port=setup.nodes[0].port)
         nodes[""] = first
-        queues = queue_names(args.queues)
+        queues = args.queue_list
         slots, queue_slots, shared = cluster_layout(first, queues)
         owners = slot_owners(slots)
         nodes.pop("")
@@ -286,7 +326,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="dtq-cluster-scale-"))
     results: dict[str, Any] = {
         "started_at": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "options": {"tasks": args.tasks, "queues": args.queues, "gateways": args.gateways,
+        "options": {"tasks": args.tasks, "queues": args.queues, "balanced": args.balanced,
+                    "queue_names": args.queue_list, "gateways": args.gateways,
                     "workers": args.workers, "primaries": args.primaries,
                     "concurrency": args.concurrency, "payload_bytes": len(PAYLOAD_100),
                     "batch": BATCH}}
@@ -362,7 +403,8 @@ def render(results: dict[str, Any]) -> str:
     o, host = results["options"], results["host"]
     std, clu = results["standalone"], results["cluster"]
     lines = [(f"dtq on one Redis and on a {o['primaries']}-primary Redis Cluster: "
-             f"{o['tasks']:,} tasks of {o['payload_bytes']} B over {o['queues']} queues, "
+             f"{o['tasks']:,} tasks of {o['payload_bytes']} B over {o['queues']} queues"
+             f"{' (names balanced over the primaries)' if o.get('balanced') else ''}, "
              f"{o['gateways']} gateway(s), {o['workers']} worker(s) × {o['concurrency']}, "
              f"redis-server {host['redis_server']}, {host['cpus']} CPUs, "
              f"commit {host['commit']}"),

@@ -408,6 +408,12 @@ def queue_names(k: int) -> list[str]:
     return ["scale"] if k == 1 else [f"scale-{i}" for i in range(k)]
 
 
+def cell_queues(args: argparse.Namespace) -> list[str]:
+    """The queues of a cell: ``args.queue_list`` where a caller chose the names
+    (``bench.cluster_scale --balanced``), else :func:`queue_names` of ``--queues``."""
+    return list(getattr(args, "queue_list", None) or queue_names(args.queues))
+
+
 def enqueue_plan(tasks: int, queues: list[str]) -> list[tuple[str, int]]:
     """``(queue, items)`` EnqueueBatch calls: tasks split evenly over the queues, ≤ 500
     per call, queues interleaved."""
@@ -480,7 +486,7 @@ def run_dtq_cell(cell: Cell, gateways: int, workers: int) -> dict[str, Any]:
             "--log-level", level, "--log-format", "text"],
             {"DTQ_REDIS_URL": cell.redis_url, "PYTHONPATH": str(REPO), **cell.gateway_env}))
     _wait_gateways(targets, procs)
-    queues = queue_names(args.queues)
+    queues = cell_queues(args)
     for i in range(workers):
         cell.start_worker(i, [
             str(bin_dir / "dtq-pyworker"), "bench.scale_worker:make_worker",

@@ -3,11 +3,13 @@ per-primary figures and the report's formatting (no Redis, no processes)."""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import pytest
 
 from bench import cluster_scale as cs
+from dtq_gateway.store import keys
 
 #: a raw CLUSTER SLOTS reply as redis-py returns it from a plain client (bytes hosts,
 #: ranges out of order, one range with a replica entry)
@@ -120,3 +122,23 @@ def test_render_failed_cluster_run() -> None:
                "standalone": {"enqueue": std, "drain": std, "all": std},
                "cluster": {"na": "gateway-0 exited with 1: boom"}}
     assert "cluster ×3   n/a (gateway-0 exited with 1: boom)" in cs.render(results)
+
+
+def test_create_slot_ranges_as_redis_cli() -> None:
+    assert cs.create_slot_ranges(3) == [(0, 5460), (5461, 10922), (10923, 16383)]
+    ranges = cs.create_slot_ranges(7)
+    assert ranges[0][0] == 0 and ranges[-1][1] == 16383
+    assert all(b[0] == a[1] + 1 for a, b in pairwise(ranges))
+
+
+@pytest.mark.parametrize(("k", "primaries", "counts"), [(24, 3, [8, 8, 8]),
+                                                         (32, 3, [11, 11, 10]),
+                                                         (5, 4, [2, 1, 1, 1])])
+def test_balanced_queue_names(k: int, primaries: int, counts: list[int]) -> None:
+    names = cs.balanced_queue_names(k, primaries)
+    assert len(set(names)) == k and all(keys.QUEUE_RE.match(n) for n in names)
+    slots = {n: keys.key_slot(f"{{{n}}}") for n in names}
+    reply = [[lo, hi, [b"127.0.0.1", 7000 + i, b"x"]]
+             for i, (lo, hi) in enumerate(cs.create_slot_ranges(primaries))]
+    spread = cs.queue_spread(slots, reply, dict.fromkeys(names, 1))
+    assert [len(v["queues"]) for v in spread.values()] == counts
