@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test proto proto-check lint bench bench-scale clean
+.PHONY: install demo test proto proto-check lint bench bench-scale bench-cluster clean
 
 install: $(STAMP)
 
@@ -48,6 +48,10 @@ bench: install
 bench-scale: install
 	$(PY) -c 'import matplotlib' 2>/dev/null || $(PY) -m pip install -q -e '.[bench]'
 	$(PY) -m bench.scale
+
+# the same drain on one Redis and on a private 3-primary Redis Cluster (bench/README.md)
+bench-cluster: install
+	$(PY) -m bench.cluster_scale
 
 clean:
 	rm -rf $(VENV) .dtq $(NODE_WORKER)/node_modules

@@ -222,34 +222,61 @@ def redis_cpu_s(r: redis.Redis) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
+def node_commands(r: redis.Redis) -> dict[str, list[int]]:
+    """``INFO commandstats`` of one server as ``{command: [calls, usec]}``, without the
+    bench's own commands and without commands never called since the last reset."""
+    commands = {k.removeprefix("cmdstat_"): [int(v["calls"]), int(v["usec"])]
+                for k, v in r.info("commandstats").items()}
+    return {k: v for k, v in commands.items() if not k.startswith(OWN_COMMANDS) and v[0]}
+
+
 @dataclass
 class Meter:
-    """Measures one phase: wall time, Redis / gateway / worker CPU and Redis calls."""
+    """Measures one phase: wall time, Redis / gateway / worker CPU and Redis calls.
+
+    With ``nodes`` (the primaries of a cluster, keyed ``host:port``) the Redis figures
+    are read on every node and summed; the raw totals then also hold
+    ``redis_cpu_s_per_node`` and ``redis_calls_per_node``. Without, ``r`` alone.
+    """
 
     r: redis.Redis
     gateway_pgids: list[int]
     worker_pgids: list[int]
+    nodes: dict[str, redis.Redis] | None = None
     start: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    start_per_node: dict[str, float] = field(default_factory=dict)
+
+    def _servers(self) -> dict[str, redis.Redis]:
+        return self.nodes or {"": self.r}
 
     def begin(self) -> None:
-        """``CONFIG RESETSTAT``, then take the starting readings."""
-        self.r.config_resetstat()
-        self.start = (time.monotonic(), redis_cpu_s(self.r), group_cpu_s(self.gateway_pgids),
-                      group_cpu_s(self.worker_pgids))
+        """``CONFIG RESETSTAT`` (on every node), then take the starting readings."""
+        for node in self._servers().values():
+            node.config_resetstat()
+        self.start_per_node = {k: redis_cpu_s(n) for k, n in self._servers().items()}
+        self.start = (time.monotonic(), sum(self.start_per_node.values()),
+                      group_cpu_s(self.gateway_pgids), group_cpu_s(self.worker_pgids))
 
     def end(self) -> dict[str, Any]:
         """Raw totals since :meth:`begin`: seconds and ``{command: [calls, usec]}``."""
         t1 = time.monotonic()
         gw1, wk1 = group_cpu_s(self.gateway_pgids), group_cpu_s(self.worker_pgids)
-        rc1 = redis_cpu_s(self.r)
-        stats = self.r.info("commandstats")
+        cpu1 = {k: redis_cpu_s(n) for k, n in self._servers().items()}
+        per_node = {k: node_commands(n) for k, n in self._servers().items()}
         t0, rc0, gw0, wk0 = self.start
-        commands = {k.removeprefix("cmdstat_"): [int(v["calls"]), int(v["usec"])]
-                    for k, v in stats.items()}
-        return {"wall_s": t1 - t0, "redis_cpu_s": rc1 - rc0, "gateway_cpu_s": gw1 - gw0,
-                "worker_cpu_s": wk1 - wk0,
-                "commands": {k: v for k, v in commands.items()
-                             if not k.startswith(OWN_COMMANDS) and v[0]}}
+        commands: dict[str, list[int]] = {}
+        for cmds in per_node.values():
+            for name, (calls, usec) in cmds.items():
+                acc = commands.setdefault(name, [0, 0])
+                acc[0] += calls
+                acc[1] += usec
+        raw = {"wall_s": t1 - t0, "redis_cpu_s": sum(cpu1.values()) - rc0,
+               "gateway_cpu_s": gw1 - gw0, "worker_cpu_s": wk1 - wk0, "commands": commands}
+        if self.nodes:
+            raw["redis_cpu_s_per_node"] = {k: cpu1[k] - self.start_per_node[k] for k in cpu1}
+            raw["redis_calls_per_node"] = {k: sum(c for c, _ in cmds.values())
+                                           for k, cmds in per_node.items()}
+        return raw
 
 
 def derive(raw: dict[str, Any], tasks: int) -> dict[str, Any]:
@@ -299,6 +326,9 @@ def combine(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             acc[1] += usec
     out = {k: a[k] + b[k] for k in ("wall_s", "redis_cpu_s", "gateway_cpu_s", "worker_cpu_s")}
     out["commands"] = cmds
+    for key in ("redis_cpu_s_per_node", "redis_calls_per_node"):  # cluster runs only
+        if key in a:
+            out[key] = {node: a[key][node] + b[key][node] for node in a[key]}
     return out
 
 
@@ -314,6 +344,15 @@ class Cell:
     work: Path
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     counters: list[Path] = field(default_factory=list)
+    #: variables added to every gateway's environment (``DTQ_REDIS_MODE`` for a cluster)
+    gateway_env: dict[str, str] = field(default_factory=dict)
+    #: a cluster's primaries (``host:port`` → client): flushed and measured node by node
+    nodes: dict[str, redis.Redis] | None = None
+
+    def flush(self) -> None:
+        """``FLUSHALL`` on the server, or on every primary of a cluster."""
+        for node in (self.nodes or {"": self.r}).values():
+            node.flushall()
 
     def start_worker(self, i: int, cmd: list[str], env: dict[str, str],
                      grace_s: float = 10.0) -> None:
@@ -367,6 +406,12 @@ def _phases(enq: dict[str, Any], drain: dict[str, Any], tasks: int) -> dict[str,
 def queue_names(k: int) -> list[str]:
     """The queues of a run: ``scale`` alone, or ``scale-0`` … ``scale-<k-1>``."""
     return ["scale"] if k == 1 else [f"scale-{i}" for i in range(k)]
+
+
+def cell_queues(args: argparse.Namespace) -> list[str]:
+    """The queues of a cell: ``args.queue_list`` where a caller chose the names
+    (``bench.cluster_scale --balanced``), else :func:`queue_names` of ``--queues``."""
+    return list(getattr(args, "queue_list", None) or queue_names(args.queues))
 
 
 def enqueue_plan(tasks: int, queues: list[str]) -> list[tuple[str, int]]:
@@ -439,16 +484,17 @@ def run_dtq_cell(cell: Cell, gateways: int, workers: int) -> dict[str, Any]:
         gw_procs.append(procs.spawn(f"gateway-{g}", [
             str(bin_dir / "dtq-gateway"), "--listen", target, "--metrics-port", "0",
             "--log-level", level, "--log-format", "text"],
-            {"DTQ_REDIS_URL": cell.redis_url, "PYTHONPATH": str(REPO)}))
+            {"DTQ_REDIS_URL": cell.redis_url, "PYTHONPATH": str(REPO), **cell.gateway_env}))
     _wait_gateways(targets, procs)
-    queues = queue_names(args.queues)
+    queues = cell_queues(args)
     for i in range(workers):
         cell.start_worker(i, [
             str(bin_dir / "dtq-pyworker"), "bench.scale_worker:make_worker",
             "--target", targets[i % gateways], "--queues", ",".join(queues),
             "--concurrency", str(args.concurrency), "--log-level", "WARNING"], {})
     cell.wait_workers_ready()
-    meter = Meter(cell.r, [p.pid for p in gw_procs], [p.pid for p in cell.workers])
+    meter = Meter(cell.r, [p.pid for p in gw_procs], [p.pid for p in cell.workers],
+                  nodes=cell.nodes)
     try:
         enq = asyncio.run(_enqueue_dtq(targets, enqueue_plan(args.tasks, queues), meter,
                                        args.phase_timeout))
@@ -515,14 +561,19 @@ def run_taskiq_cell(cell: Cell, workers: int) -> dict[str, Any]:
             "concurrency": 100, **_phases(enq, drain, args.tasks)}
 
 
-def _run_cell(name: str, server_url: str, r: redis.Redis, args: argparse.Namespace,
-              work: Path, fn: Any, *fn_args: Any) -> dict[str, Any]:
-    """Flush Redis, run one cell, stop its processes; ``{"na": reason}`` on failure."""
-    r.flushall()
+def run_cell(name: str, server_url: str, r: redis.Redis, args: argparse.Namespace,
+              work: Path, fn: Any, *fn_args: Any, gateway_env: dict[str, str] | None = None,
+              nodes: dict[str, redis.Redis] | None = None) -> dict[str, Any]:
+    """Flush Redis, run one cell, stop its processes; ``{"na": reason}`` on failure.
+
+    ``gateway_env`` and ``nodes`` go to :class:`Cell` (a cluster run sets both).
+    """
     cell_dir = work / name
     cell_dir.mkdir(parents=True)
     procs = Procs(cell_dir)
-    cell = Cell(r, server_url, args, procs, cell_dir)
+    cell = Cell(r, server_url, args, procs, cell_dir, gateway_env=dict(gateway_env or {}),
+                nodes=nodes)
+    cell.flush()
     logger.warning("%s ...", name)
     try:
         return fn(cell, *fn_args)
@@ -535,7 +586,7 @@ def _run_cell(name: str, server_url: str, r: redis.Redis, args: argparse.Namespa
 
 
 # -- the run -------------------------------------------------------------------------------
-def _host(r: redis.Redis) -> dict[str, Any]:
+def host_info(r: redis.Redis) -> dict[str, Any]:
     import grpc
 
     def git(*a: str) -> str:
@@ -587,15 +638,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     r = redis.Redis.from_url(server.url)
     t0 = time.monotonic()
     try:
-        results["host"] = _host(r)
+        results["host"] = host_info(r)
         for g, w in args.matrix:
-            cell = _run_cell(f"dtq-{g}x{w}", server.url, r, args, work, run_dtq_cell, g, w)
+            cell = run_cell(f"dtq-{g}x{w}", server.url, r, args, work, run_dtq_cell, g, w)
             results["dtq"].append({"gateways": g, "workers": w, **cell})
         if not args.skip_taskiq:
             why = _taskiq_unavailable()
             for w in sorted({w for _, w in args.matrix}):
                 cell = ({"na": why} if why else
-                        _run_cell(f"taskiq-x{w}", server.url, r, args, work, run_taskiq_cell, w))
+                        run_cell(f"taskiq-x{w}", server.url, r, args, work, run_taskiq_cell, w))
                 results["taskiq"].append({"workers": w, **cell})
     finally:
         r.flushall()
@@ -763,7 +814,7 @@ def plot(results: dict[str, Any], path: Path) -> bool:
     return True
 
 
-def _raise_interrupt(signum: int, frame: Any) -> None:
+def raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
@@ -771,7 +822,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: run the matrix, print the report, write the JSON and the plot."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _raise_interrupt)  # clean up as on Ctrl-C
+    signal.signal(signal.SIGTERM, raise_interrupt)  # clean up as on Ctrl-C
     try:
         results = run(args)
     except KeyboardInterrupt:

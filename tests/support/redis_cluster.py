@@ -2,7 +2,8 @@
 
 Six ``redis-server --cluster-enabled yes`` processes on 127.0.0.1 (free ports, one
 temporary directory), joined by ``redis-cli --cluster create --cluster-replicas 1``.
-:meth:`RedisCluster.failover` promotes a replica with ``CLUSTER FAILOVER``.
+:meth:`RedisCluster.failover` promotes a replica with ``CLUSTER FAILOVER``. The
+benchmark ``bench.cluster_scale`` starts one with no replicas and AOF off.
 """
 
 from __future__ import annotations
@@ -27,11 +28,15 @@ def redis_cli_binary() -> str:
 
 
 class RedisClusterSetup:
-    """3 primaries + 3 replicas (AOF on), node timeout ``node_timeout_ms``."""
+    """``primaries`` primaries with ``replicas`` replicas each (defaults: 3 + 3, AOF on),
+    node timeout ``node_timeout_ms``."""
 
-    def __init__(self, directory: str | None = None, node_timeout_ms: int = 2000) -> None:
+    def __init__(self, directory: str | None = None, node_timeout_ms: int = 2000,
+                 primaries: int = 3, replicas: int = 1, appendonly: bool = True) -> None:
         self.dir = Path(directory or tempfile.mkdtemp(prefix="dtq-cluster-"))
         self.node_timeout_ms = node_timeout_ms
+        self.primaries_n, self.replicas_n = primaries, replicas
+        self.appendonly = appendonly
         self.nodes: list[RedisServer] = []
 
     @property
@@ -40,11 +45,11 @@ class RedisClusterSetup:
         return f"redis://127.0.0.1:{self.nodes[0].port}"
 
     def start(self, timeout_s: float = 60.0) -> RedisClusterSetup:
-        """Start six nodes, create the cluster, wait until every node says ``ok``."""
-        for i in range(6):
+        """Start the nodes, create the cluster, wait until every node says ``ok``."""
+        for i in range(self.primaries_n * (1 + self.replicas_n)):
             d = self.dir / f"n{i}"
             d.mkdir(parents=True, exist_ok=True)
-            node = RedisServer(directory=str(d), appendonly=True, extra_args=(
+            node = RedisServer(directory=str(d), appendonly=self.appendonly, extra_args=(
                 "--cluster-enabled", "yes", "--cluster-config-file", str(d / "nodes.conf"),
                 "--cluster-node-timeout", str(self.node_timeout_ms),
                 # the bus port defaults to port + 10000, which may be taken or > 65535
@@ -52,13 +57,14 @@ class RedisClusterSetup:
             self.nodes.append(node.start())
         subprocess.run([redis_cli_binary(), "--cluster", "create",
                         *[f"127.0.0.1:{n.port}" for n in self.nodes],
-                        "--cluster-replicas", "1", "--cluster-yes"],
+                        "--cluster-replicas", str(self.replicas_n), "--cluster-yes"],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                        timeout=timeout_s)
         for n in self.nodes:
             wait_for(lambda n=n: self._info(n.port).get("cluster_state") == "ok", timeout_s,
                      f"node {n.port} to report cluster_state ok")
-        wait_for(lambda: len(self.replicas()) == 3, timeout_s, "three replicas")
+        wanted = self.primaries_n * self.replicas_n
+        wait_for(lambda: len(self.replicas()) == wanted, timeout_s, f"{wanted} replica(s)")
         return self
 
     @staticmethod
