@@ -2,55 +2,33 @@
 
 All three are fenced by the lease (stream entry, consumer, attempt) inside their
 Lua script: a lease that is not the task's current one changes nothing. Many items
-go out as one pipeline, so a batch of acks costs one Redis round trip.
+go out as one pipeline (``store.completion``), so a batch of acks costs one Redis
+round trip.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-
-from redis.asyncio import Redis
 
 from dtq_gateway.errors import DtqError, PermissionDenied, StaleLease
 from dtq_gateway.leasing import leaseid
 from dtq_gateway.leasing.leaseid import Keyring, Lease, default_keyring, owner_tag
 from dtq_gateway.rpc.validation import MAX_HOSTNAME_BYTES, cut_utf8
 from dtq_gateway.settings import Settings
-from dtq_gateway.store import keys
+from dtq_gateway.store import completion as store
+from dtq_gateway.store.client import Client
+from dtq_gateway.store.completion import ACK_CHUNK, WorkerBeat, WorkerRegistration
 from dtq_gateway.store.replies import text as _s
-from dtq_gateway.store.scripts import Script, call_chunks, execute
 from dtq_proto import dtq_pb2
 
-ACK = Script("ack")
-FAIL = Script("fail")
-HEARTBEAT = Script("heartbeat")
-WORKER_BEAT = Script("worker_beat")
-#: Most leases per ack.lua call: bounds how long one script holds Redis.
-ACK_CHUNK = 100
+__all__ = ["ACK_CHUNK", "Completion", "ItemOutcome", "WorkerRegistration"]
 
 _MODES = {dtq_pb2.FAIL_MODE_UNSPECIFIED: "failure", dtq_pb2.FAIL_MODE_FAILURE: "failure",
           dtq_pb2.FAIL_MODE_RELEASE: "release", dtq_pb2.FAIL_MODE_CANCELLED: "cancelled"}
 _KIND_STATUS = {"retry": "scheduled", "dead": "dead_lettered", "released": "queued",
                 "cancelled": "cancelled", "ok": "succeeded"}
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerRegistration:
-    """What a Lease session says about its worker (stored in dtq:worker:<id>, shown by
-    ListWorkers): free-form labels, its queues and its task type filter (empty = all)."""
-
-    labels: Mapping[str, str]
-    queues: Sequence[str]
-    task_types: Sequence[str] = ()
-
-    def argv(self) -> tuple[str, str, str, str]:
-        """worker_beat.lua ARGV[14..17]."""
-        return ("1", json.dumps(dict(sorted(self.labels.items())), separators=(",", ":")),
-                ",".join(self.queues), ",".join(sorted(self.task_types)))
 
 
 @dataclass(slots=True)
@@ -83,15 +61,10 @@ def _progress(report: dtq_pb2.TaskProgress | None) -> tuple[str, str]:
     return format(round(percent, 2), "g"), cut_utf8(report.message, MAX_PROGRESS_MESSAGE_BYTES)
 
 
-def _idem_key(lease: Lease) -> str:
-    return keys.idempotency(lease.queue, lease.idem_digest) if lease.idem_digest else \
-        keys.task(lease.task_id)
-
-
 class Completion:
     """Ack / Fail / Heartbeat. ``on_done(worker_id, queue, outcome)`` runs per finished lease."""
 
-    def __init__(self, redis: Redis, settings: Settings,
+    def __init__(self, redis: Client, settings: Settings,
                  on_done: Callable[[str, str, ItemOutcome], None] = lambda w, q, o: None,
                  keyring: Keyring | None = None) -> None:
         self.redis = redis
@@ -129,75 +102,41 @@ class Completion:
         """
         s = self.settings
         outcomes = await self._decode([it.lease_id for it in items], caller)
-        todo = [(it, oc) for it, oc in zip(items, outcomes) if oc.lease is not None]
-        if not todo:
-            return outcomes
         # one ack.lua call touches one queue (one hash slot): group, then chunk
-        by_queue: dict[str, list] = {}
-        for it, oc in todo:
-            by_queue.setdefault(oc.lease.queue, []).append((it, oc))
-        parts = [group[i:i + ACK_CHUNK] for group in by_queue.values()
-                 for i in range(0, len(group), ACK_CHUNK)]
-        todo = [pair for part in parts for pair in part]
-        calls = []
-        for part in parts:
-            keys_: list[str] = []
-            args = Script.argv_notified(keys.GROUP, len(part),
-                                        s.result_retention_s, s.task_retention_s)
-            for it, oc in part:
-                le = oc.lease
-                result = it.result[: s.result_max_bytes]
-                keys_ += (le.stream, keys.task(le.task_id), keys.result(le.task_id),
-                          _idem_key(le), keys.chain_pending(le.queue),
-                          keys.queue_counters(le.queue))
-                args += (le.entry_id, le.attempt, le.worker_id, le.task_id, result,
-                         "1" if len(it.result) > len(result) else "0", le.tag)
-            calls.append((keys_, args))
-        replies = await call_chunks(self.redis, ACK, calls)
-        self._record([oc for _, oc in todo], replies)
+        by_queue: dict[str, tuple[list, list[ItemOutcome]]] = {}
+        for it, oc in zip(items, outcomes):
+            if oc.lease is not None:
+                acks, done = by_queue.setdefault(oc.lease.queue, ([], []))
+                acks.append((oc.lease, it.result))
+                done.append(oc)
+        if not by_queue:
+            return outcomes
+        parts, todo = [], []
+        for acks, done in by_queue.values():
+            parts += [acks[i:i + ACK_CHUNK] for i in range(0, len(acks), ACK_CHUNK)]
+            todo += done
+        replies = await store.ack(self.redis, parts, s.result_max_bytes,
+                                  s.result_retention_s, s.task_retention_s)
+        self._record(todo, replies)
         return outcomes
 
     async def fail(self, items: Sequence[dtq_pb2.FailItem],
                    caller: str | None = None) -> list[ItemOutcome]:
         """Report failed / released / cancelled leases; one outcome per item, in order
-        (``caller`` as in :meth:`ack`)."""
+        (``caller`` as in :meth:`ack`). Well-formed items go out as one pipeline."""
         s = self.settings
-
-        def call(it: dtq_pb2.FailItem, le: Lease) -> tuple[list[str], list]:
-            retryable = it.retryable if it.HasField("retryable") else True
-            return ([le.stream, keys.task(le.task_id), keys.dead_letter(le.queue),
-                     keys.schedule(le.queue), _idem_key(le), keys.queue_counters(le.queue)],
-                    Script.argv_notified(
-                        keys.GROUP, le.entry_id, le.attempt, le.worker_id, le.task_id,
-                        _MODES.get(it.mode, "failure"), "1" if retryable else "0",
-                        min(it.retry_after_ms, 86_400_000), random.random(),
-                        cut_utf8(it.error_message, 4096), cut_utf8(it.error_class, 128),
-                        s.dlq_maxlen, s.task_retention_s, "1" if le.idem_digest else "0",
-                        le.tag))
-
-        return await self._apply(items, FAIL, call, caller, index_dead_letters=True)
-
-    async def _apply(self, items: Sequence, script: Script,
-                     call: Callable[[object, Lease], tuple[list[str], list]],
-                     caller: str | None, index_dead_letters: bool = False
-                     ) -> list[ItemOutcome]:
-        """Run ``script`` once per well-formed item, all in one pipeline (one round trip).
-
-        ``index_dead_letters``: the calls may dead-letter, so the pipeline first adds
-        their queues to the dead-letter index (it spans queues: a single-key SADD ahead
-        of the per-queue scripts; a member without entries is harmless)."""
         outcomes = await self._decode([it.lease_id for it in items], caller)
-        pipe = self.redis.pipeline(transaction=False)
-        queued = []
-        pairs = [(it, oc) for it, oc in zip(items, outcomes) if oc.lease is not None]
-        if pairs and index_dead_letters:
-            pipe.sadd(keys.DEAD_LETTER_QUEUES, *{oc.lease.queue for _, oc in pairs})
-        for it, oc in pairs:
-            script.queue(pipe, *call(it, oc.lease))
-            queued.append(oc)
+        calls, queued = [], []
+        for it, oc in zip(items, outcomes):
+            if oc.lease is not None:
+                calls.append((oc.lease, _MODES.get(it.mode, "failure"),
+                              it.retryable if it.HasField("retryable") else True,
+                              min(it.retry_after_ms, 86_400_000),
+                              cut_utf8(it.error_message, 4096), cut_utf8(it.error_class, 128)))
+                queued.append(oc)
         if queued:
-            replies = await execute(self.redis, pipe)
-            self._record(queued, replies[1:] if index_dead_letters else replies)
+            self._record(queued, await store.fail(self.redis, calls, s.dlq_maxlen,
+                                                  s.task_retention_s))
         return outcomes
 
     def _record(self, queued: list[ItemOutcome], replies: list) -> None:
@@ -236,15 +175,12 @@ class Completion:
             PermissionDenied: ``req.worker_id`` is bound to another identity than
                 ``caller`` (nothing was changed).
         """
-        s = self.settings
         await self.keyring.ensure()
         progress = {p.lease_id: p for p in req.progress}
-        pipe = self.redis.pipeline(transaction=False)
-        self.queue_worker_beat(pipe, req.worker_id, req.hostname,
-                               "draining" if req.draining else "", req.active_tasks,
-                               req.concurrency, req.counters if req.HasField("counters") else None,
-                               caller=caller)
-        lost, checked = [], []
+        beat = self._beat(req.worker_id, req.hostname, "draining" if req.draining else "",
+                          req.active_tasks, req.concurrency,
+                          req.counters if req.HasField("counters") else None, caller=caller)
+        lost, checked, leases = [], [], []
         for lid in req.lease_ids:
             try:
                 le = leaseid.decode(lid, self.keyring, caller=caller)
@@ -254,48 +190,39 @@ class Completion:
             if le.worker_id != req.worker_id:
                 lost.append(lid)
                 continue
-            percent, message = _progress(progress.get(lid))
-            HEARTBEAT.queue(pipe, [le.stream, keys.task(le.task_id)],
-                            Script.argv(keys.GROUP, le.entry_id, le.attempt, le.worker_id,
-                                        s.lease_grace_ms, le.tag, percent, message,
-                                        le.task_id))
+            leases.append((le, *_progress(progress.get(lid))))
             checked.append(lid)
-        replies = await execute(self.redis, pipe)
-        if isinstance(replies[0], Exception):  # the worker record was not refreshed
-            raise replies[0]
-        if replies[0] == b"denied":
+        states = await store.heartbeat(self.redis, beat, leases, self.settings.lease_grace_ms)
+        if states is None:
             # bound to another identity: the lease scripts behind it in the pipeline
             # were not queued for it (their lease ids name another owner and were
             # reported lost above), so nothing changed
             raise _denied(req.worker_id)
         cancelled = []
-        for lid, reply in zip(checked, replies[1:]):
-            if isinstance(reply, Exception):
-                raise reply
-            state = _s(reply)
+        for lid, state in zip(checked, states):
             if state in ("lost", "overdue"):
                 lost.append(lid)
             elif state == "cancelled":
                 cancelled.append(lid)
         return lost, cancelled
 
-    def queue_worker_beat(self, pipe, worker_id: str, hostname: str, event: str,
-                          active: int | str = "", concurrency: int | str = "",
-                          counters: dtq_pb2.WorkerCounters | None = None,
-                          gateway_tag: str = "", caller: str = "",
-                          registration: WorkerRegistration | None = None) -> None:
-        """Queue a refresh of dtq:worker:<id> (PEXPIRE 3x heartbeat) on a pipeline;
-        ``gateway_tag`` with a "started"/"stopped" event counts the worker's open Lease
-        streams on this gateway (ListWorkers' ``leasing``). The record is bound to the
-        owner tag of ``caller`` by the first beat; a beat from another identity changes
-        nothing and replies ``denied`` (worker_beat.lua); ``registration`` (with "started")
-        stores the session's labels, queues and task type filter."""
-        c = counters or dtq_pb2.WorkerCounters()
-        reg = registration.argv() if registration else ("0", "", "", "")
-        WORKER_BEAT.queue(pipe, [keys.worker(worker_id), keys.WORKERS], Script.argv(
+    def _beat(self, worker_id: str, hostname: str, event: str,
+              active: int | str = "", concurrency: int | str = "",
+              counters: dtq_pb2.WorkerCounters | None = None,
+              gateway_id: str | None = None, caller: str = "",
+              registration: WorkerRegistration | None = None) -> WorkerBeat:
+        """A refresh of dtq:worker:<id> (PEXPIRE 3x heartbeat); ``gateway_id`` with a
+        "started"/"stopped" event counts the worker's open Lease streams on that gateway
+        (ListWorkers' ``leasing``). The record is bound to the owner tag of ``caller``
+        by the first beat; a beat from another identity changes nothing and replies
+        ``denied`` (worker_beat.lua); ``registration`` (with "started") stores the
+        session's labels, queues and task type filter."""
+        return WorkerBeat(
             worker_id, cut_utf8(hostname, MAX_HOSTNAME_BYTES), self.settings.worker_ttl_ms,
-            event, active, concurrency, c.tasks_processed, c.tasks_failed, c.tasks_retried,
-            "1" if counters else "0", gateway_tag, owner_tag(caller), *reg))
+            event, active, concurrency,
+            (counters.tasks_processed, counters.tasks_failed, counters.tasks_retried)
+            if counters is not None else None,
+            gateway_id, owner_tag(caller), registration)
 
     async def worker_event(self, worker_id: str, hostname: str, event: str,
                            concurrency: int = 0, caller: str = "",
@@ -306,14 +233,10 @@ class Completion:
         Raises:
             PermissionDenied: the worker id is bound to another identity.
         """
-        pipe = self.redis.pipeline(transaction=False)
-        self.queue_worker_beat(pipe, worker_id, hostname, event, "", concurrency or "",
-                               gateway_tag=keys.gateway_tag(self.settings.gateway_id),
-                               caller=caller, registration=registration)
-        (reply,) = await execute(self.redis, pipe)
-        if isinstance(reply, Exception):
-            raise reply
-        if reply == b"denied":
+        beat = self._beat(worker_id, hostname, event, "", concurrency or "",
+                          gateway_id=self.settings.gateway_id, caller=caller,
+                          registration=registration)
+        if not await store.worker_beat(self.redis, beat):
             raise _denied(worker_id)
 
 

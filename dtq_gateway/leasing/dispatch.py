@@ -24,31 +24,26 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from redis.asyncio import Redis
-
 from dtq_gateway import metrics, observe, tracing
 from dtq_gateway.leasing.leaseid import Keyring, Lease, default_keyring
-from dtq_gateway.leasing.sessions import LEASE_READ, WORKER_CHECK, ReadAhead, ReadGroup, Session
+from dtq_gateway.leasing.sessions import ReadAhead, Session
 from dtq_gateway.settings import Settings
-from dtq_gateway.store import keys, ratelimits
+from dtq_gateway.store import leasing as store
+from dtq_gateway.store import ratelimits
+from dtq_gateway.store.client import Client
 from dtq_gateway.store.errors import OUTAGE_ERRORS
 from dtq_gateway.store.groups import Groups
+from dtq_gateway.store.leasing import OWN_EVENT, ReadGroup
 from dtq_gateway.store.replies import text as _s
-from dtq_gateway.store.scripts import EVENT_ID_PREFIX, Script, call_each, execute
 from dtq_proto import dtq_pb2
 
 log = logging.getLogger(__name__)
 
-ACTIVATE = Script("activate")
-WORKER_STATES = Script("worker_states")
 #: Most entries one lease_read returns (bounds script run time).
 BATCH_MAX = 256
 #: Reads re-run at once after a task-type rate limit put entries back (per session, until
 #: one delivers something): bounds the rotation through a stream of throttled entries.
 LIMIT_REREADS = 4
-#: A message (one per script call, see events_wire.py) of a call this process made and
-#: whose wake-up the dispatcher already got directly.
-_OWN_EVENT = b'"id_prefix":"' + EVENT_ID_PREFIX.encode()
 WAKE_EVENTS = frozenset({"TASK_QUEUED", "TASK_RETRIED"})
 #: Events that end a lease of their worker_id (TASK_RETRIED: the reaper took a lost
 #: lease away, which frees that worker's credit too)
@@ -59,7 +54,7 @@ FREE_EVENTS = frozenset({"TASK_SUCCEEDED", "TASK_RETRY_SCHEDULED", "TASK_DEAD_LE
 class Dispatcher:
     """Feeds sessions from Redis. ``release(lease_ids)`` hands back undelivered leases."""
 
-    def __init__(self, redis: Redis, settings: Settings, groups: Groups,
+    def __init__(self, redis: Client, settings: Settings, groups: Groups,
                  release: Callable[[list[str]], Awaitable[None]],
                  tick_s: float = 1.0, keyring: Keyring | None = None) -> None:
         self.redis = redis
@@ -150,7 +145,7 @@ class Dispatcher:
         """Raw pre-filter for the events hub: this process's own events never (it already
         acted on them), wake-up types always, lease-ending types only while some session
         is full (only then do other replicas' acks matter)."""
-        if _OWN_EVENT in raw:
+        if OWN_EVENT in raw:
             return False
         if b"TASK_QUEUED" in raw or b"TASK_RETRIED\"" in raw or b"CONFIGURATION_CHANGED" in raw:
             return True
@@ -388,23 +383,22 @@ class Dispatcher:
         workers = sorted(worker_ids)
         for i in range(0, len(workers), 1000):
             chunk = workers[i:i + 1000]
-            states = await WORKER_STATES(self.redis, [keys.worker(w) for w in chunk],
-                                         Script.argv())
+            states = await store.worker_states(self.redis, chunk)
             for worker_id, status in zip(chunk, states):
-                if status == b"draining":
+                if status == "draining":
                     self.end_worker(worker_id)
 
     def _check_call(self, session: Session) -> tuple[list[str], list]:
         """KEYS and ARGV of the worker_check for ``session``'s worker."""
-        return [keys.worker(session.worker_id)], Script.argv(self.stale_after_ms)
+        return store.worker_check_call(session.worker_id, self.stale_after_ms)
 
     def _read_call(self, session: Session, group: ReadGroup, max_in_flight: int | None = None,
                    most: int | None = None) -> tuple[list[str], list]:
         """KEYS and ARGV of a lease_read of one slot group of ``session``."""
-        return group.keys, Script.argv(
-            keys.GROUP, session.worker_id,
+        return store.lease_read_call(
+            group, session.worker_id,
             session.max_in_flight if max_in_flight is None else max_in_flight,
-            session.read_cap(BATCH_MAX) if most is None else most, len(group.queues), 0)
+            session.read_cap(BATCH_MAX) if most is None else most)
 
     def _merge(self, session: Session, state: int, reads: list[tuple[ReadGroup, list]],
                pending: int | None = None) -> list:
@@ -442,20 +436,16 @@ class Dispatcher:
         ones left, so strict priority holds across slots too (one round trip per pair).
         """
         await self.groups.ensure(self.redis, session.queues)
-        pipe = self.redis.pipeline(transaction=False)
-        WORKER_CHECK.queue(pipe, *self._check_call(session))
         single = len(session.groups) == 1
-        for group in session.groups:
-            LEASE_READ.queue(pipe, *self._read_call(session, group, most=None if single else 0))
-        state, *replies = await execute(self.redis, pipe)
-        for r in (state, *replies):
-            if isinstance(r, Exception):
-                raise r
-        if single or int(state):
+        state, replies = await store.check_and_read(
+            self.redis, self._check_call(session),
+            [self._read_call(session, group, most=None if single else 0)
+             for group in session.groups])
+        if single or state:
             if not single:
                 replies = [r[:5] for r in replies]  # peeks: their live lists are no entries
             return await self._after_read(session, self._merge(
-                session, int(state), list(zip(session.groups, replies))))
+                session, state, list(zip(session.groups, replies))))
         pending = sum(int(r[0]) for r in replies)
         credit = min(session.max_in_flight - pending, session.read_cap(BATCH_MAX))
         # strict p9 -> p0 across slots: one read per (band, slot group) holding entries
@@ -470,12 +460,8 @@ class Dispatcher:
             if credit <= 0 or (band, n) in done:
                 continue
             done.add((band, n))
-            m = len(group.queues)
-            first = (9 - band) * m  # the group's streams of this band, band-major
-            sub = ReadGroup(group.queues,
-                            group.keys[:2 * m] + group.keys[2 * m + first:2 * m + first + m],
-                            group.index[first:first + m])
-            got = await LEASE_READ(self.redis, *self._read_call(
+            sub = group.band(band)
+            got = await store.lease_read(self.redis, self._read_call(
                 session, sub, int(replies[n][0]) + credit, credit))
             credit -= len(got) - 5
             reads.append((sub, [0, got[1], 0, 0, got[4], *got[5:]]))
@@ -509,7 +495,7 @@ class Dispatcher:
             session.full = True  # read again at its next heartbeat here, or the tick
             return 0, False, 0, live == 0
         if missing:
-            self.groups.forget({keys.parse_stream(streams[int(i) - 1])[0] for i in missing})
+            self.groups.forget({session.where[streams[int(i) - 1]][0] for i in missing})
             self._dirty_workers.add(session.worker_id)
             self._wake.set()
         credit = session.max_in_flight - pending - len(entries)
@@ -541,7 +527,6 @@ class Dispatcher:
         band (mode 'r'), none is delivered (queue-wide tokens they took are returned)."""
         limits = limits or ratelimits.Limits(0, set(), set(), set())
         await self.keyring.ensure()
-        calls: dict[str, tuple[list[str], list]] = {}
         parsed = []
         for index, entry_id, raw in entries:
             f = {_s(raw[i]): raw[i + 1] for i in range(0, len(raw), 2)}
@@ -551,31 +536,8 @@ class Dispatcher:
                   else "a") for _, _, f in parsed]
         held = set() if put_back else await self._hold_throttled_types(parsed, modes, limits)
         session.limit_held = len(held)
-        digests: list[str] = []
-        where: list[tuple[str, int]] = []
-        for (stream, entry_id, f), mode in zip(parsed, modes):
-            task_id, queue = _s(f["task_id"]), _s(f["queue"])
-            idem = _s(f.get("idempotency_key", b""))
-            digest = keys.idempotency_digest(idem) if idem else ""
-            keys_, args = calls.setdefault(queue, ([keys.cancelled(queue)], []))
-            keys_ += [stream, keys.task(task_id),
-                      keys.idempotency(queue, digest) if digest else keys.task(task_id)]
-            args += [entry_id, task_id, _s(f["attempt"]), mode,
-                     queued_at_ms(entry_id, f) if mode == "r" else ""]
-            digests.append(digest)
-            where.append((queue, len(args) // 5 - 1))
-        # argv_notified: this dispatcher needs none of its own activation events back
-        names = list(calls)
-        per_queue = await call_each(self.redis, ACTIVATE, [
-            (calls[q][0], Script.argv_notified(session.worker_id,
-                                               self.settings.task_retention_s, keys.GROUP,
-                                               *calls[q][1])) for q in names])
-        by_queue = {}
-        for q, rep in zip(names, per_queue):
-            if isinstance(rep, Exception):
-                raise rep
-            by_queue[q] = rep
-        replies = [by_queue[queue][i] for queue, i in where]
+        replies, digests = await store.activate(self.redis, session.worker_id,
+                                                self.settings.task_retention_s, parsed, modes)
         tasks = []
         returns: dict[str, Counter[str]] = {}
         for i, ((stream, entry_id, f), digest, rep) in enumerate(zip(parsed, digests, replies)):
@@ -649,7 +611,7 @@ class Dispatcher:
 
     def _leased_task(self, session: Session, stream: str, entry_id: str, f: dict,
                      digest: str, rep: list) -> dtq_pb2.LeasedTask:
-        queue, band = keys.parse_stream(stream)
+        queue, band = session.where[stream]
         task_id, attempt = _s(f["task_id"]), int(f["attempt"])
         lease = Lease(task_id, queue, band, entry_id, attempt, session.worker_id, digest,
                       session.owner)
@@ -663,10 +625,3 @@ class Dispatcher:
             created_at_ms=int(rep[3] or 0), leased_at_ms=int(rep[4]),
             traceparent=metadata.get("traceparent", ""),
             tracestate=metadata.get("tracestate", ""))
-
-
-def queued_at_ms(entry_id: str, fields: dict) -> int:
-    """Epoch ms a band stream entry's task began to wait: its ``queued_at`` field (an
-    entry put back unleased keeps the first one), else the time in its id."""
-    raw = fields.get("queued_at") or fields.get(b"queued_at")
-    return int(raw) if raw else int(entry_id.split("-", 1)[0])

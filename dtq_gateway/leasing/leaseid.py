@@ -31,7 +31,9 @@ import secrets as _secrets
 from dataclasses import dataclass
 
 from dtq_gateway.errors import InvalidArgument, PermissionDenied
-from dtq_gateway.store import keys
+from dtq_gateway.store import leasing as store
+from dtq_gateway.store.client import Client
+from dtq_gateway.store.keys import QUEUE_RE, TASK_ID_RE, WORKER_ID_RE
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +128,7 @@ def parse_secrets(spec: str) -> list[bytes]:
     return out
 
 
-async def load_keyring(keyring: Keyring, redis, configured: str) -> None:
+async def load_keyring(keyring: Keyring, redis: Client, configured: str) -> None:
     """Fill ``keyring`` from ``configured`` (DTQ_LEASE_SECRET) or, when that is empty,
     from the deployment secret stored in Redis (``dtq:secret:lease``), creating it
     once with SET NX so that every replica signs with the same secret. Does nothing
@@ -140,10 +142,9 @@ async def load_keyring(keyring: Keyring, redis, configured: str) -> None:
     if configured:
         keyring.set(parse_secrets(configured))
         return
-    await redis.set(keys.LEASE_SECRET, _secrets.token_hex(32), nx=True)
-    stored = await redis.get(keys.LEASE_SECRET)
+    stored = await store.load_lease_secret(redis, _secrets.token_hex(32))
     if stored:
-        keyring.set([stored if isinstance(stored, bytes) else stored.encode()])
+        keyring.set([stored])
 
 
 _PROCESS_KEYRING = Keyring([_secrets.token_bytes(32)])
@@ -188,11 +189,6 @@ class Lease:
         entry with the same id or to skip the idempotency update."""
         return f"{self.queue}:{self.band}:{self.idem_digest or '-'}"
 
-    @property
-    def stream(self) -> str:
-        """Band stream key holding the entry."""
-        return keys.stream(self.queue, self.band)
-
 
 def decode(lease_id: str, keyring: Keyring, field: str = "lease_id",
            caller: str | None = None) -> Lease:
@@ -212,10 +208,10 @@ def decode(lease_id: str, keyring: Keyring, field: str = "lease_id",
             to another identity (reason LEASE_NOT_OWNED).
     """
     parts = lease_id.split("|") if len(lease_id) <= MAX_LEN else []
-    if (len(parts) != 10 or parts[0] != _VERSION or not keys.TASK_ID_RE.match(parts[1])
-            or not keys.QUEUE_RE.match(parts[2]) or parts[3] not in "0123456789"
+    if (len(parts) != 10 or parts[0] != _VERSION or not TASK_ID_RE.match(parts[1])
+            or not QUEUE_RE.match(parts[2]) or parts[3] not in "0123456789"
             or len(parts[3]) != 1 or not _ENTRY_RE.match(parts[4]) or not _ATTEMPT_RE.match(parts[5])
-            or not keys.WORKER_ID_RE.match(parts[6]) or not _DIGEST_RE.match(parts[7])
+            or not WORKER_ID_RE.match(parts[6]) or not _DIGEST_RE.match(parts[7])
             or not _OWNER_RE.match(parts[8]) or not _MAC_RE.match(parts[9])):
         raise InvalidArgument(f"{field}: malformed lease id", field=field, reason="MALFORMED_LEASE")
     if not keyring.verify(lease_id.rpartition("|")[0], parts[9]):

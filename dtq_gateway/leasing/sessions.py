@@ -12,28 +12,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dtq_gateway.store import keys
-from dtq_gateway.store.scripts import Script
+from dtq_gateway.store.leasing import ReadGroup, queue_check_and_read, session_layout
 
 if TYPE_CHECKING:
     from dtq_gateway.leasing.dispatch import Dispatcher
 
-LEASE_READ = Script("lease_read", helpers=("_bucket",))
-WORKER_CHECK = Script("worker_check")
-
-
-@dataclass(eq=False)
-class ReadGroup:
-    """The queues of a session that share one hash slot, read by one lease_read call.
-
-    ``keys``: lease_read's KEYS (pause flags, rate-limit hashes, then the band streams
-    band-major); ``index[i]``: the 1-based position in ``Session.streams`` of the
-    group's stream i+1.
-    """
-
-    queues: list[str]
-    keys: list[str]
-    index: list[int]
+__all__ = ["ReadAhead", "ReadGroup", "Session"]
 
 
 @dataclass(eq=False)
@@ -76,10 +60,12 @@ class Session:
     #: reads in a row were re-run at once for that (bounded, see Dispatcher._after_read)
     limit_held: int = 0
     limit_rounds: int = 0
-    #: band streams, band-major p9 first, and the queues by hash slot (each slot group
-    #: is one lease_read call; a single-queue session has one group)
+    #: band streams, band-major p9 first, the queues by hash slot (each slot group
+    #: is one lease_read call; a single-queue session has one group), and the queue and
+    #: band of each stream (store.leasing.session_layout)
     streams: list[str] = field(init=False)
     groups: list[ReadGroup] = field(init=False)
+    where: dict[str, tuple[str, int]] = field(init=False)
 
     @property
     def backlogged(self) -> bool:
@@ -92,17 +78,8 @@ class Session:
         return min(most, self.concurrency) if self.concurrency > 0 else most
 
     def __post_init__(self) -> None:
-        self.streams = [keys.stream(q, b) for b in keys.BANDS_DESC for q in self.queues]
-        by_slot: dict[int, list[str]] = {}
-        for q in self.queues:
-            by_slot.setdefault(keys.key_slot(keys.stream(q, 0)), []).append(q)
-        position = {s: i + 1 for i, s in enumerate(self.streams)}
-        self.groups = []
-        for qs in by_slot.values():
-            streams = [keys.stream(q, b) for b in keys.BANDS_DESC for q in qs]
-            self.groups.append(ReadGroup(
-                qs, [keys.paused(q) for q in qs] + [keys.rate_limit(q) for q in qs] + streams,
-                [position[s] for s in streams]))
+        layout = session_layout(self.queues)
+        self.streams, self.groups, self.where = layout.streams, layout.groups, layout.where
 
 
 class ReadAhead:
@@ -125,10 +102,9 @@ class ReadAhead:
 
     def queue_calls(self, pipe: Any) -> int:
         """Add worker_check and lease_read to ``pipe``; returns how many calls (2)."""
-        WORKER_CHECK.queue(pipe, *self.dispatcher._check_call(self.session))
-        LEASE_READ.queue(pipe, *self.dispatcher._read_call(self.session,
-                                                            self.session.groups[0]))
-        return 2
+        return queue_check_and_read(pipe, self.dispatcher._check_call(self.session),
+                                    self.dispatcher._read_call(self.session,
+                                                               self.session.groups[0]))
 
     def deliver(self, replies: list[Any]) -> None:
         """Hand the two replies (check, read) to the dispatcher loop (which activates)."""

@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
-from dtq_gateway.leasing.sessions import LEASE_READ, Session
+from dtq_gateway.leasing.sessions import Session
 from dtq_gateway.store import keys
+from dtq_gateway.store.leasing import LEASE_READ
 from dtq_gateway.store.ratelimits import RATE_LIMIT_SET, RATE_TAKE
 from dtq_gateway.store.schedules import ADVANCE
 from tests.redis.sched_support import r

@@ -1,0 +1,221 @@
+"""Ack, Fail and Heartbeat in Redis: the lease-fenced scripts and the worker record.
+
+The leasing layer (``leasing/completion.py``) decodes and checks lease ids; this module
+takes the decoded leases (:class:`LeaseRef`) and builds the keys and ARGV of
+``ack.lua``, ``fail.lua``, ``heartbeat.lua`` and ``worker_beat.lua`` (their headers list
+both). Many items go out as one pipeline, so a batch of acks, failures or heartbeats
+costs one Redis round trip.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from dtq_gateway.store import keys
+from dtq_gateway.store.client import Client
+from dtq_gateway.store.replies import text as _s
+from dtq_gateway.store.scripts import Script, call_chunks, execute
+
+ACK = Script("ack")
+FAIL = Script("fail")
+HEARTBEAT = Script("heartbeat")
+WORKER_BEAT = Script("worker_beat")
+#: Most leases per ack.lua call: bounds how long one script holds Redis.
+ACK_CHUNK = 100
+
+
+class LeaseRef(Protocol):
+    """The fields of a decoded lease id (``leasing.leaseid.Lease``) the scripts need."""
+
+    @property
+    def task_id(self) -> str: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def band(self) -> int: ...
+    @property
+    def entry_id(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def idem_digest(self) -> str: ...
+    @property
+    def tag(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRegistration:
+    """What a Lease session says about its worker (stored in dtq:worker:<id>, shown by
+    ListWorkers): free-form labels, its queues and its task type filter (empty = all)."""
+
+    labels: Mapping[str, str]
+    queues: Sequence[str]
+    task_types: Sequence[str] = ()
+
+    def argv(self) -> tuple[str, str, str, str]:
+        """worker_beat.lua ARGV[14..17]."""
+        return ("1", json.dumps(dict(sorted(self.labels.items())), separators=(",", ":")),
+                ",".join(self.queues), ",".join(sorted(self.task_types)))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerBeat:
+    """One refresh of ``dtq:worker:<id>`` (worker_beat.lua; PEXPIRE ``ttl_ms``).
+
+    ``hostname`` already cut to its limit; ``event``: "" (a heartbeat), "draining",
+    "started" or "stopped"; ``active`` / ``concurrency``: "" when not said;
+    ``counters``: (tasks processed, failed, retried) when the worker sent them;
+    ``gateway_id``: with "started"/"stopped", count the worker's open Lease streams on
+    that gateway (ListWorkers' ``leasing``), None for no count; ``owner``: the owner tag
+    of the caller (the first beat binds the record to it); ``registration``: with
+    "started", the session's labels, queues and task type filter.
+    """
+
+    worker_id: str
+    hostname: str
+    ttl_ms: int
+    event: str = ""
+    active: int | str = ""
+    concurrency: int | str = ""
+    counters: tuple[int, int, int] | None = None
+    gateway_id: str | None = None
+    owner: str = ""
+    registration: WorkerRegistration | None = None
+
+
+def _queue_beat(pipe: Any, b: WorkerBeat) -> None:
+    processed, failed, retried = b.counters or (0, 0, 0)
+    reg = b.registration.argv() if b.registration else ("0", "", "", "")
+    WORKER_BEAT.queue(pipe, [keys.worker(b.worker_id), keys.WORKERS], Script.argv(
+        b.worker_id, b.hostname, b.ttl_ms, b.event, b.active, b.concurrency,
+        processed, failed, retried, "1" if b.counters is not None else "0",
+        keys.gateway_tag(b.gateway_id) if b.gateway_id is not None else "", b.owner, *reg))
+
+
+def _idem_key(lease: LeaseRef) -> str:
+    return keys.idempotency(lease.queue, lease.idem_digest) if lease.idem_digest else \
+        keys.task(lease.task_id)
+
+
+async def worker_beat(redis: Client, beat: WorkerBeat) -> bool:
+    """Refresh a worker's record (one round trip).
+
+    Returns:
+        False when the record is bound to another identity (nothing changed).
+
+    Raises:
+        The call's Redis error.
+    """
+    pipe = redis.pipeline(transaction=False)
+    _queue_beat(pipe, beat)
+    (reply,) = await execute(redis, pipe)
+    if isinstance(reply, Exception):
+        raise reply
+    return reply != b"denied"
+
+
+async def heartbeat(redis: Client, beat: WorkerBeat,
+                    leases: Sequence[tuple[LeaseRef, str, str]], lease_grace_ms: int
+                    ) -> list[str] | None:
+    """The worker record's refresh and one heartbeat.lua call per lease, one pipeline.
+
+    Args:
+        leases: (lease, progress percent, progress message) per lease to extend; the
+            percent as text ("" = no report), the message already cut to its limit.
+        lease_grace_ms: the extension past the worker's next heartbeat.
+
+    Returns:
+        heartbeat.lua's state per lease (``ok``, ``lost``, ``overdue``, ``cancelled``),
+        or None when the worker record is bound to another identity (the refresh
+        changed nothing; the caller only sends leases issued to the caller).
+
+    Raises:
+        The first failed call's Redis error.
+    """
+    pipe = redis.pipeline(transaction=False)
+    _queue_beat(pipe, beat)
+    for le, percent, message in leases:
+        HEARTBEAT.queue(pipe, [keys.stream(le.queue, le.band), keys.task(le.task_id)],
+                        Script.argv(keys.GROUP, le.entry_id, le.attempt, le.worker_id,
+                                    lease_grace_ms, le.tag, percent, message, le.task_id))
+    replies = await execute(redis, pipe)
+    if isinstance(replies[0], Exception):  # the worker record was not refreshed
+        raise replies[0]
+    if replies[0] == b"denied":
+        return None
+    states = []
+    for reply in replies[1:]:
+        if isinstance(reply, Exception):
+            raise reply
+        states.append(_s(reply))
+    return states
+
+
+async def ack(redis: Client, parts: Sequence[Sequence[tuple[LeaseRef, bytes]]],
+              result_max_bytes: int, result_retention_s: int, task_retention_s: int
+              ) -> list[list]:
+    """ack.lua, one call per part: (lease, result) pairs of one queue (one hash slot),
+    at most :data:`ACK_CHUNK` each; one EVALSHA for one part, one pipeline beyond.
+
+    A result longer than ``result_max_bytes`` is stored cut, marked truncated.
+
+    Returns:
+        ack.lua's reply per lease, in the order of the parts.
+
+    Raises:
+        The first failed call's Redis error.
+    """
+    calls = []
+    for part in parts:
+        keys_: list[str] = []
+        args = Script.argv_notified(keys.GROUP, len(part), result_retention_s,
+                                    task_retention_s)
+        for le, raw in part:
+            result = raw[:result_max_bytes]
+            keys_ += (keys.stream(le.queue, le.band), keys.task(le.task_id),
+                      keys.result(le.task_id), _idem_key(le), keys.chain_pending(le.queue),
+                      keys.queue_counters(le.queue))
+            args += (le.entry_id, le.attempt, le.worker_id, le.task_id, result,
+                     "1" if len(raw) > len(result) else "0", le.tag)
+        calls.append((keys_, args))
+    return await call_chunks(redis, ACK, calls)
+
+
+async def fail(redis: Client, items: Sequence[tuple[LeaseRef, str, bool, int, str, str]],
+               dlq_maxlen: int, task_retention_s: int) -> list:
+    """fail.lua once per item, all in one pipeline (one round trip).
+
+    The pipeline first adds the items' queues to the dead-letter index (it spans queues:
+    a single-key SADD ahead of the per-queue scripts; a member without entries is
+    harmless), since any call may dead-letter.
+
+    Args:
+        items: (lease, mode: failure / release / cancelled, retryable, retry_after_ms
+            (0 = the backoff), error message, error class) per lease; the strings
+            already cut to their limits.
+        dlq_maxlen: MAXLEN of the dead-letter stream.
+        task_retention_s: TTL of the records of tasks that end here.
+
+    Returns:
+        fail.lua's reply per item, in order, a failed call's error in its place.
+    """
+    if not items:
+        return []
+    pipe = redis.pipeline(transaction=False)
+    pipe.sadd(keys.DEAD_LETTER_QUEUES, *{it[0].queue for it in items})
+    for le, mode, retryable, retry_after_ms, message, error_class in items:
+        FAIL.queue(pipe, [keys.stream(le.queue, le.band), keys.task(le.task_id),
+                          keys.dead_letter(le.queue), keys.schedule(le.queue), _idem_key(le),
+                          keys.queue_counters(le.queue)],
+                   Script.argv_notified(
+                       keys.GROUP, le.entry_id, le.attempt, le.worker_id, le.task_id, mode,
+                       "1" if retryable else "0", retry_after_ms, random.random(), message,
+                       error_class, dlq_maxlen, task_retention_s,
+                       "1" if le.idem_digest else "0", le.tag))
+    return (await execute(redis, pipe))[1:]
