@@ -137,7 +137,7 @@ class FollowUps:
 
     async def _build_step(self, task_id: str, link: followup_store.ChainLink, next_id: str
                           ) -> NewTask:
-        templates = json.loads(link.chain_next or b"[]")
+        templates = json.loads(link.chain_next)
         tmpl = dtq_pb2.EnqueueRequest.FromString(base64.b64decode(templates[0]))
         if not tmpl.payload:
             tmpl.payload = await followup_store.task_result(self.redis, task_id)
@@ -171,8 +171,8 @@ class FollowUps:
         now_ms = await redis_now_ms(self.redis)
         counts = {"chain_steps": 0, "groups_finished": 0, "errors": 0}
         for queue in await followup_store.queues(self.redis):
-            owed = await followup_store.chain_steps_owed(self.redis, queue,
-                                                now_ms - self.sweep_grace_ms, SWEEP_BATCH)
+            owed = await followup_store.chain_steps_owed(
+                self.redis, queue, now_ms - self.sweep_grace_ms, SWEEP_BATCH)
             for task_id in owed:
                 try:
                     if await self.continue_chain(queue, task_id):

@@ -21,7 +21,7 @@ CHAIN_CONTINUED = Script("chain_continued")
 
 @dataclass(frozen=True, slots=True)
 class ChainLink:
-    """The chain fields of one task record ("" / None where the field is absent).
+    """The chain fields of one task record (empty where the field is absent).
 
     Attributes:
         status: the task's status.
@@ -33,11 +33,11 @@ class ChainLink:
     """
 
     status: str
-    chain_next: bytes | None
+    chain_next: bytes
     chain_id: str
     chain_step: str
     next_task_id: str
-    metadata: bytes | None
+    metadata: bytes
 
 
 async def register_queue(redis: Client, queue: str) -> None:
@@ -56,7 +56,7 @@ async def chain_link(redis: Client, task_id: str) -> ChainLink:
     is gone)."""
     f = await redis.hmget(keys.task(task_id), "status", "chain_next", "chain_id",
                           "chain_step", "next_task_id", "metadata")
-    return ChainLink(text(f[0]), f[1], text(f[2]), text(f[3]), text(f[4]), f[5])
+    return ChainLink(text(f[0]), f[1] or b"", text(f[2]), text(f[3]), text(f[4]), f[5] or b"")
 
 
 async def task_exists(redis: Client, task_id: str) -> bool:
