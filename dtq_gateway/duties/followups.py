@@ -30,23 +30,20 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from redis.asyncio import Redis
-
 from dtq_gateway.duties.duty import PeriodicDuty
 from dtq_gateway.duties.followup_plan import record_fields, step_task_id
 from dtq_gateway.errors import DtqError
 from dtq_gateway.rpc.validation import NewTask, validate_enqueue
 from dtq_gateway.settings import Settings
-from dtq_gateway.store import keys
+from dtq_gateway.store import followups as followup_store
+from dtq_gateway.store.admin import redis_now_ms
 from dtq_gateway.store.broker import Broker, Enqueued
-from dtq_gateway.store.replies import text as _s
-from dtq_gateway.store.scripts import Script
+from dtq_gateway.store.client import Client
+from dtq_gateway.store.keys import idempotency_digest
 from dtq_gateway.store.task_groups import TaskGroups
 from dtq_proto import dtq_pb2
 
 log = logging.getLogger(__name__)
-
-CHAIN_CONTINUED = Script("chain_continued")
 #: Metadata key naming the previous step of a chain step.
 PARENT_KEY = "dtq.parent_task_id"
 #: The sweep leaves chain steps younger than this to the gateway that took the Ack (ms).
@@ -64,7 +61,7 @@ class FollowUps:
         broker: enqueues the follow-up tasks.
     """
 
-    def __init__(self, redis: Redis, settings: Settings, broker: Broker) -> None:
+    def __init__(self, redis: Client, settings: Settings, broker: Broker) -> None:
         self.redis = redis
         self.settings = settings
         self.broker = broker
@@ -77,7 +74,7 @@ class FollowUps:
     # -- producer side --------------------------------------------------------------
     async def register_queue(self, queue: str) -> None:
         """Let the sweep look at ``queue`` (before anything there can owe follow-ups)."""
-        await self.redis.sadd(keys.FOLLOWUP_QUEUES, queue)
+        await followup_store.register_queue(self.redis, queue)
 
     async def create_group(self, group_id: str, callback: dtq_pb2.EnqueueRequest,
                            members: list[NewTask]) -> list[Enqueued | Exception]:
@@ -115,20 +112,18 @@ class FollowUps:
         ("" when none is owed). Safe to repeat and to run concurrently.
 
         Raises:
-            DtqError, redis errors: the step could not be enqueued now (it stays owed).
+            DtqError, Redis errors: the step could not be enqueued now (it stays owed).
         """
-        f = await self.redis.hmget(keys.task(task_id), "status", "chain_next", "chain_id",
-                                   "chain_step", "next_task_id", "metadata")
-        status, chain_next = _s(f[0] or b""), f[1]
-        if status != "succeeded" or not chain_next or f[4]:
+        link = await followup_store.chain_link(self.redis, task_id)
+        if link.status != "succeeded" or not link.chain_next or link.next_task_id:
             await self._continued(queue, task_id, "", "")
-            return _s(f[4] or b"")
-        first = json.loads(chain_next)[0]
+            return link.next_task_id
+        first = json.loads(link.chain_next)[0]
         next_id = step_task_id(task_id, dtq_pb2.EnqueueRequest.FromString(
             base64.b64decode(first)).queue)
-        if not await self.redis.exists(keys.task(next_id)):
+        if not await followup_store.task_exists(self.redis, next_id):
             try:
-                step = await self._build_step(task_id, f, next_id)
+                step = await self._build_step(task_id, link, next_id)
             except DtqError as exc:  # e.g. an expires_at_ms that passed meanwhile
                 log.warning("chain step cannot be created: %s", exc,
                             extra={"task_id": task_id, "next_task_id": next_id})
@@ -140,69 +135,61 @@ class FollowUps:
         await self._continued(queue, task_id, next_id, "")
         return next_id
 
-    async def _build_step(self, task_id: str, f: list, next_id: str) -> NewTask:
-        templates = json.loads(f[1])
+    async def _build_step(self, task_id: str, link: followup_store.ChainLink, next_id: str
+                          ) -> NewTask:
+        templates = json.loads(link.chain_next)
         tmpl = dtq_pb2.EnqueueRequest.FromString(base64.b64decode(templates[0]))
         if not tmpl.payload:
-            tmpl.payload = await self.redis.get(keys.result(task_id)) or b""
+            tmpl.payload = await followup_store.task_result(self.redis, task_id)
             if tmpl.payload and (tmpl.content_type or "application/json") == "application/json":
                 try:
                     json.loads(tmpl.payload)
                 except (UnicodeDecodeError, ValueError):
                     tmpl.content_type = "application/octet-stream"
         tmpl.metadata[PARENT_KEY] = task_id
-        meta = _json_obj(f[5])
+        meta = _json_obj(link.metadata)
         trace = (str(meta.get("traceparent", "")), str(meta.get("tracestate", "")))
         if len(templates) > 1:  # the step will owe the next one: let the sweep see it
             await self.register_queue(tmpl.queue)
         step = validate_enqueue(tmpl, self.settings, trace=trace)
         idem = f"chain:{task_id}"
-        pairs = ["chain_id", _s(f[2] or task_id.encode()),
-                 "chain_step", str(int(_s(f[3] or b"0")) + 1)]
+        pairs = ["chain_id", link.chain_id or task_id,
+                 "chain_step", str(int(link.chain_step or "0") + 1)]
         if len(templates) > 1:
             pairs = ["follow", "c", *pairs,
                      "chain_next", json.dumps(templates[1:], separators=(",", ":"))]
         return replace(step, task_id=next_id, idem_key=idem,
-                       idem_digest=keys.idempotency_digest(idem), extra_json=record_fields(*pairs))
+                       idem_digest=idempotency_digest(idem), extra_json=record_fields(*pairs))
 
     async def _continued(self, queue: str, task_id: str, next_id: str, error: str) -> None:
-        await CHAIN_CONTINUED(self.redis, [keys.task(task_id), keys.chain_pending(queue)],
-                              Script.argv(task_id, next_id, error))
+        await followup_store.mark_continued(self.redis, queue, task_id, next_id, error)
 
     # -- sweep ----------------------------------------------------------------------
-    async def _now_ms(self) -> int:
-        sec, usec = await self.redis.time()
-        return int(sec) * 1000 + int(usec) // 1000
-
     async def sweep(self) -> dict[str, int]:
         """One pass over every registered queue: owed chain steps older than
         ``sweep_grace_ms`` and groups due for a check. Returns counts."""
-        now_ms = await self._now_ms()
+        now_ms = await redis_now_ms(self.redis)
         counts = {"chain_steps": 0, "groups_finished": 0, "errors": 0}
-        for raw in await self.redis.smembers(keys.FOLLOWUP_QUEUES):
-            queue = _s(raw)
-            if not keys.QUEUE_RE.match(queue):
-                continue
-            owed = await self.redis.zrangebyscore(keys.chain_pending(queue), "-inf",
-                                                  now_ms - self.sweep_grace_ms, 0, SWEEP_BATCH)
+        for queue in await followup_store.queues(self.redis):
+            owed = await followup_store.chain_steps_owed(
+                self.redis, queue, now_ms - self.sweep_grace_ms, SWEEP_BATCH)
             for task_id in owed:
                 try:
-                    if await self.continue_chain(queue, _s(task_id)):
+                    if await self.continue_chain(queue, task_id):
                         counts["chain_steps"] += 1
                 except Exception as exc:  # noqa: BLE001 - retried next tick
                     counts["errors"] += 1
                     log.warning("sweep: chain step failed: %r", exc,
-                                extra={"task_id": _s(task_id)})
-            due = await self.redis.zrangebyscore(keys.groups_pending(queue), "-inf", now_ms,
-                                                 0, SWEEP_BATCH)
+                                extra={"task_id": task_id})
+            due = await followup_store.groups_due(self.redis, queue, now_ms, SWEEP_BATCH)
             for gid in due:
                 try:
-                    if await self.groups.check_group(queue, _s(gid), now_ms):
+                    if await self.groups.check_group(queue, gid, now_ms):
                         counts["groups_finished"] += 1
                 except Exception as exc:  # noqa: BLE001 - retried next tick
                     counts["errors"] += 1
                     log.warning("sweep: group check failed: %r", exc,
-                                extra={"group_id": _s(gid)})
+                                extra={"group_id": gid})
         return counts
 
 

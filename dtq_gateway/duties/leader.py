@@ -22,16 +22,11 @@ import time
 import uuid
 from collections.abc import Callable
 
-from redis.asyncio import Redis
-
 from dtq_gateway.duties.duty import PeriodicDuty, jittered
-from dtq_gateway.store import keys
-from dtq_gateway.store.scripts import Script
+from dtq_gateway.store import leader_lock
+from dtq_gateway.store.client import Client
 
 log = logging.getLogger(__name__)
-
-_REFRESH = Script("lock_refresh")
-_RELEASE = Script("lock_release")
 
 
 class LeaderLock:
@@ -43,7 +38,7 @@ class LeaderLock:
         ttl_ms: lock TTL (ms); the seed's default is 10000.
     """
 
-    def __init__(self, redis: Redis, gateway_id: str, ttl_ms: int = 10_000) -> None:
+    def __init__(self, redis: Client, gateway_id: str, ttl_ms: int = 10_000) -> None:
         self._redis = redis
         self._gateway_id = gateway_id
         self.ttl_ms = ttl_ms
@@ -81,14 +76,13 @@ class LeaderLock:
             # Leadership lapsed locally (refreshes failed); if Redis still holds our
             # token nobody else led meanwhile, so keep the lock rather than wait out its TTL.
             started = time.monotonic()
-            if int(await _REFRESH(self._redis, [keys.SCHEDULER_LOCK],
-                                  _REFRESH.argv(self._token, self.ttl_ms))) == 1:
+            if await leader_lock.refresh(self._redis, self._token, self.ttl_ms):
                 self._extend(started)
                 return True
             self.lose("lock not refreshed within its TTL")
         token = f"{self._gateway_id}:{uuid.uuid4().hex[:16]}"
         started = time.monotonic()
-        if await self._redis.set(keys.SCHEDULER_LOCK, token, nx=True, px=self.ttl_ms):
+        if await leader_lock.take(self._redis, token, self.ttl_ms):
             self._token = token
             self._extend(started)
             log.info("scheduler leadership acquired", extra={"gateway_id": self._gateway_id})
@@ -100,8 +94,8 @@ class LeaderLock:
         """Compare-and-set PEXPIRE; on refusal leadership ends at once.
 
         Raises:
-            redis.ConnectionError / TimeoutError: Redis unreachable (leadership then
-            lapses by itself at the local deadline).
+            store.errors.OUTAGE_ERRORS: Redis unreachable (leadership then lapses by
+            itself at the local deadline).
         """
         token = self._token
         if token is None:
@@ -110,8 +104,8 @@ class LeaderLock:
             self.lose("lock not refreshed within its TTL")
             return False
         started = time.monotonic()
-        ok = await _REFRESH(self._redis, [keys.SCHEDULER_LOCK], _REFRESH.argv(token, self.ttl_ms))
-        if int(ok) == 1 and self._token == token:
+        ok = await leader_lock.refresh(self._redis, token, self.ttl_ms)
+        if ok and self._token == token:
             self._extend(started)
             return True
         self.lose("lock held by another replica or expired")
@@ -122,10 +116,10 @@ class LeaderLock:
         token, self._token, self._valid_until = self._token, None, 0.0
         if token is None:
             return False
-        deleted = await _RELEASE(self._redis, [keys.SCHEDULER_LOCK], _RELEASE.argv(token))
-        if int(deleted) == 1:
+        deleted = await leader_lock.release(self._redis, token)
+        if deleted:
             log.info("scheduler leadership released", extra={"gateway_id": self._gateway_id})
-        return int(deleted) == 1
+        return deleted
 
 
 class LockKeeper(PeriodicDuty):

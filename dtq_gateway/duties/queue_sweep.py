@@ -23,19 +23,15 @@ from __future__ import annotations
 import logging
 import math
 
-from redis.asyncio import Redis
-
 from dtq_gateway import metrics
 from dtq_gateway.duties.duty import PeriodicDuty
 from dtq_gateway.duties.leader import LeaderLock
 from dtq_gateway.settings import Settings
-from dtq_gateway.store import keys
-from dtq_gateway.store.replies import text
-from dtq_gateway.store.scripts import Script, execute
+from dtq_gateway.store import idle_queues, reaping
+from dtq_gateway.store.client import Client
 
 log = logging.getLogger(__name__)
 
-_DELETE_IDLE_QUEUE = Script("delete_idle_queue")
 #: Most queues checked per tick.
 MAX_PER_TICK = 200
 
@@ -51,7 +47,7 @@ class QueueSweep(PeriodicDuty):
 
     name = "queue-sweep"
 
-    def __init__(self, redis: Redis, settings: Settings, lock: LeaderLock) -> None:
+    def __init__(self, redis: Client, settings: Settings, lock: LeaderLock) -> None:
         super().__init__()
         self._redis = redis
         self._settings = settings
@@ -75,33 +71,18 @@ class QueueSweep(PeriodicDuty):
 
     async def sweep_some(self) -> list[str]:
         """Check the next batch of registry names; returns the queues deleted."""
-        total = await self._redis.zcard(keys.QUEUES)
+        total = await idle_queues.registry_size(self._redis)
         if not total:
             return []
         per_tick = min(MAX_PER_TICK, max(1, math.ceil(
             total * self.interval_s() / self._settings.queue_idle_delete_s)))
-        names = [text(n) for n in await self._redis.zrangebylex(
-            keys.QUEUES, f"({self._cursor}" if self._cursor else "-", "+", start=0,
-            num=per_tick)]
+        names = await reaping.registry_page(self._redis, self._cursor, per_tick)
         self._cursor = names[-1] if len(names) == per_tick else ""
-        names = [n for n in names if keys.QUEUE_RE.match(n)]
-        if not names:
-            return []
-        busy = await self._redis.smismember(keys.BUSY_QUEUES, names)
-        idle = [n for n, b in zip(names, busy) if not b]
+        idle = await idle_queues.not_busy(self._redis, names)
         if not idle:
             return []
-        pipe = self._redis.pipeline(transaction=False)
-        for q in idle:
-            _DELETE_IDLE_QUEUE.queue(pipe, [*keys.queue_streams_desc(q), keys.paused(q),
-                                           keys.busy_marker(q)],
-                                     _DELETE_IDLE_QUEUE.argv(
-                                         keys.GROUP, self._settings.queue_idle_delete_s * 1000))
-        deleted = [q for q, r in zip(idle, await execute(self._redis, pipe)) if r == 1]
-        for q in deleted:
-            await self._redis.zrem(keys.QUEUES, q)
-            if await self._redis.exists(*keys.queue_streams_desc(q)):
-                await self._redis.zadd(keys.QUEUES, {q: 0})  # created again meanwhile
+        deleted = await idle_queues.delete_idle_queues(
+            self._redis, idle, self._settings.queue_idle_delete_s * 1000)
         if deleted:
             self.deleted += len(deleted)
             metrics.QUEUES_DELETED.inc(len(deleted))

@@ -26,23 +26,15 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from typing import Any
-
-from redis.asyncio import Redis
 
 from dtq_gateway import observe
 from dtq_gateway.duties.duty import PeriodicDuty
 from dtq_gateway.duties.leader import LeaderLock
 from dtq_gateway.settings import Settings
-from dtq_gateway.store import groups, keys
-from dtq_gateway.store.replies import text
-from dtq_gateway.store.scripts import Script, execute
+from dtq_gateway.store import groups, reaping
+from dtq_gateway.store.client import Client
 
 log = logging.getLogger(__name__)
-
-_REAP_QUEUE = Script("reap_queue")
-_RECLAIM = Script("reclaim")
-_PRUNE_CONSUMERS = Script("prune_consumers")
 #: How often one busy queue's consumers are pruned (s, or DTQ_CONSUMER_PRUNE_IDLE_S when
 #: shorter); a queue that drains is pruned once more DTQ_CONSUMER_PRUNE_IDLE_S later.
 PRUNE_EVERY_S = 60.0
@@ -74,7 +66,7 @@ class Reaper(PeriodicDuty):
 
     name = "reaper"
 
-    def __init__(self, redis: Redis, settings: Settings, lock: LeaderLock) -> None:
+    def __init__(self, redis: Client, settings: Settings, lock: LeaderLock) -> None:
         super().__init__()
         self._redis = redis
         self._settings = settings
@@ -155,8 +147,7 @@ class Reaper(PeriodicDuty):
 
     async def busy_queues(self) -> list[str]:
         """Members of ``dtq:queues:busy`` (valid queue names only), sorted."""
-        found = {text(m) async for m in self._redis.sscan_iter(keys.BUSY_QUEUES, count=1000)}
-        return sorted(q for q in found if keys.QUEUE_RE.match(q))
+        return await reaping.busy_queues(self._redis)
 
     async def reap_queue(self, queue: str) -> Counts:
         """Reap one queue; returns its outcome counts (see :meth:`reap_queues`)."""
@@ -201,60 +192,45 @@ class Reaper(PeriodicDuty):
         pending entry, no read for DTQ_CONSUMER_PRUNE_IDLE_S."""
         if not queues:
             return
-        pipe = self._redis.pipeline(transaction=False)
-        for q in queues:
-            _PRUNE_CONSUMERS.queue(pipe, keys.queue_streams_desc(q), _PRUNE_CONSUMERS.argv(
-                keys.GROUP, int(self._settings.consumer_prune_idle_s * 1000),
-                keys.REAPER_CONSUMER))
         now = time.monotonic()
-        for q, reply in zip(queues, await execute(self._redis, pipe)):
+        replies = await reaping.prune_consumers(
+            self._redis, queues, int(self._settings.consumer_prune_idle_s * 1000))
+        for q, reply in zip(queues, replies):
             self._pruned_at[q] = now
             if isinstance(reply, Exception):
                 log.warning("reaper: prune_consumers failed: %r", reply, extra={"queue": q})
-            elif int(reply):
-                self.consumers_pruned += int(reply)
-                log.info("reaper: deleted %d consumers of gone workers", int(reply),
+            elif reply:
+                self.consumers_pruned += reply
+                log.info("reaper: deleted %d consumers of gone workers", reply,
                          extra={"queue": q})
 
     async def _claim(self, queues: list[str], per_queue: dict[str, Counts]
-                     ) -> tuple[list[tuple[str, str, Any]], list[str]]:
+                     ) -> tuple[list[reaping.Claimed], list[str]]:
         """One reap_queue.lua call per queue (one pipeline).
 
         Returns:
-            (claimed entries as (queue, stream, entry), queues with unfinished scans).
+            (claimed entries, queues with unfinished scans).
         """
-        s = self._settings
-        pipe = self._redis.pipeline(transaction=False)
-        for q in queues:
-            cursors = self._cursors.get(q, {})
-            _REAP_QUEUE.queue(pipe, [*keys.queue_streams_desc(q), keys.busy_marker(q),
-                                     keys.schedule(q)],
-                              _REAP_QUEUE.argv(keys.GROUP, keys.REAPER_CONSUMER,
-                                               s.visibility_timeout_ms, CLAIM_COUNT, q,
-                                               *(cursors.get(i, "0-0") for i in range(1, 11))))
         self.queue_calls += len(queues)
-        claimed: list[tuple[str, str, Any]] = []
+        replies = await reaping.reap_queues(self._redis, queues, self._cursors,
+                                            self._settings.visibility_timeout_ms,
+                                            CLAIM_COUNT)
+        claimed: list[reaping.Claimed] = []
         again: list[str] = []
         drained: list[str] = []
-        for q, reply in zip(queues, await execute(self._redis, pipe)):
+        for q, reply in zip(queues, replies):
             if isinstance(reply, Exception):
                 log.error("reaper: reap_queue failed: %r", reply, extra={"queue": q})
                 per_queue[q]["error"] += 1
                 continue
-            if int(reply[0]) == 1:
+            if reply.drained:
                 per_queue[q]["drained"] += 1
                 drained.append(q)
-            streams = keys.queue_streams_desc(q)
-            cursors: dict[int, str] = {}
-            for index, cursor, entries, deleted in reply[1:]:
-                stream = streams[int(index) - 1]
-                if deleted:
-                    per_queue[q]["deleted"] += len(deleted)
-                claimed += [(q, stream, e) for e in entries]
-                if text(cursor) != "0-0":
-                    cursors[int(index)] = text(cursor)
-            if cursors:
-                self._cursors[q] = cursors
+            if reply.deleted:
+                per_queue[q]["deleted"] += reply.deleted
+            claimed += reply.claimed
+            if reply.cursors:
+                self._cursors[q] = reply.cursors
                 again.append(q)
             else:
                 self._cursors.pop(q, None)
@@ -262,23 +238,10 @@ class Reaper(PeriodicDuty):
         return claimed, again
 
     async def leave_busy_set(self, queues: list[str]) -> None:
-        """Remove drained queues (their busy markers just deleted) from the busy set.
-
-        The busy set spans queues, so this is a single-key SREM after the queue's
-        script, then a re-read of the markers: a queue that became busy again in
-        between (its enqueue set the marker; the SADD that follows it may have landed
-        before this SREM) is added back. Every interleaving leaves a busy queue in
-        the set: an enqueue that set the marker before the re-read is seen by it, one
-        after it does its own SADD after this SREM."""
-        if not queues:
-            return
-        await self._redis.srem(keys.BUSY_QUEUES, *queues)
-        pipe = self._redis.pipeline(transaction=False)
-        for q in queues:
-            pipe.exists(keys.busy_marker(q))
-        again = [q for q, n in zip(queues, await pipe.execute()) if int(n)]
-        if again:
-            await self._redis.sadd(keys.BUSY_QUEUES, *again)
+        """Remove drained queues (their busy markers just deleted) from the busy set,
+        keeping those that became busy again meanwhile
+        (:func:`dtq_gateway.store.reaping.leave_busy_set`)."""
+        await reaping.leave_busy_set(self._redis, queues)
 
     async def repair_busy_set(self, page: int = 1000) -> int:
         """Add every queue whose busy marker is set to the busy set, and every queue with
@@ -291,55 +254,38 @@ class Reaper(PeriodicDuty):
         reads per queue (EXISTS of the marker and of the dead-letter stream),
         pipelined ``page`` queues at a time.
         """
-        busy = {text(m) async for m in self._redis.sscan_iter(keys.BUSY_QUEUES, count=1000)}
-        listed = {text(m) for m in await self._redis.smembers(keys.DEAD_LETTER_QUEUES)}
-        added, start = 0, "-"
+        busy = await reaping.busy_set(self._redis)
+        listed = await reaping.dead_letter_index(self._redis)
+        added, after = 0, ""
         while True:
-            names = [text(n) for n in await self._redis.zrangebylex(
-                keys.QUEUES, start, "+", start=0, num=page)]
+            names = await reaping.registry_page(self._redis, after, page)
             if not names:
                 return added
-            pipe = self._redis.pipeline(transaction=False)
-            for q in names:
-                pipe.exists(keys.busy_marker(q))
-                pipe.exists(keys.dead_letter(q))
-            replies = [int(r) for r in await pipe.execute()]
-            missing = [q for i, q in enumerate(names) if replies[2 * i] and q not in busy]
-            unlisted = [q for i, q in enumerate(names) if replies[2 * i + 1] and q not in listed]
+            markers = await reaping.queue_markers(self._redis, names)
+            missing = [q for q, (marked, _) in zip(names, markers) if marked and q not in busy]
+            unlisted = [q for q, (_, dead) in zip(names, markers) if dead and q not in listed]
             if unlisted:
-                await self._redis.sadd(keys.DEAD_LETTER_QUEUES, *unlisted)
+                await reaping.add_to_dead_letter_index(self._redis, unlisted)
             if missing:
-                await self._redis.sadd(keys.BUSY_QUEUES, *missing)
+                await reaping.add_to_busy_set(self._redis, missing)
                 added += len(missing)
                 log.warning("busy set repaired: %d busy queues were missing", len(missing),
                             extra={"queues": missing[:20]})
             if len(names) < page:
                 return added
-            start = f"({names[-1]}"
+            after = names[-1]
 
-    async def _reclaim(self, claimed: list[tuple[str, str, Any]],
+    async def _reclaim(self, claimed: list[reaping.Claimed],
                        per_queue: dict[str, Counts]) -> None:
         """Run reclaim.lua for each claimed entry (pipelines of RECLAIM_PER_PIPELINE)."""
         s = self._settings
         for start in range(0, len(claimed), RECLAIM_PER_PIPELINE):
             chunk = claimed[start:start + RECLAIM_PER_PIPELINE]
-            pipe = self._redis.pipeline(transaction=False)
-            # a reclaim may dead-letter: the queue joins the dead-letter index first
-            pipe.sadd(keys.DEAD_LETTER_QUEUES, *{queue for queue, _, _ in chunk})
-            for queue, stream, (entry_id, flat) in chunk:
-                fields = {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
-                keys_ = [stream, keys.task(fields.get("task_id", "")), keys.dead_letter(queue),
-                         keys.cancelled(queue)]
-                raw_idem = fields.get("idempotency_key", "")
-                if raw_idem:
-                    keys_.append(keys.idempotency(queue, keys.idempotency_digest(raw_idem)))
-                _RECLAIM.queue(pipe, keys_, _RECLAIM.argv(
-                    text(entry_id), fields.get("attempt", "0"), s.dlq_maxlen,
-                    s.task_retention_s, keys.GROUP, keys.REAPER_CONSUMER))
-            replies = await execute(self._redis, pipe)
-            for (queue, stream, _), reply in zip(chunk, replies[1:]):
+            replies = await reaping.reclaim(self._redis, chunk, s.dlq_maxlen,
+                                            s.task_retention_s)
+            for (queue, stream, _), reply in zip(chunk, replies):
                 if isinstance(reply, Exception):
                     log.error("reaper: reclaim failed: %r", reply, extra={"stream": stream})
                     per_queue[queue]["error"] += 1
                 else:
-                    per_queue[queue][text(reply)] += 1
+                    per_queue[queue][reply] += 1

@@ -31,34 +31,24 @@ import collections
 import logging
 from typing import Any
 
-from redis.asyncio import Redis
-
 from dtq_gateway import observe
 from dtq_gateway.duties.duty import PeriodicDuty
 from dtq_gateway.duties.leader import LeaderLock, LockKeeper
 from dtq_gateway.duties.queue_sweep import QueueSweep
 from dtq_gateway.duties.reaper import Reaper
 from dtq_gateway.settings import Settings
-from dtq_gateway.store import keys
-from dtq_gateway.store.replies import text
+from dtq_gateway.store import due_tasks, reaping, stale_workers
+from dtq_gateway.store.client import Client
 from dtq_gateway.store.schedules import ScheduleFirer
-from dtq_gateway.store.scripts import Script, execute
 
 log = logging.getLogger(__name__)
-
-_MOVE_DUE = Script("move_due")
-_WORKER_SWEEP = Script("worker_sweep")
 
 #: Due tasks read and moved per batch (one ZRANGEBYSCORE, one pipeline).
 MOVE_BATCH = 200
 #: Batches per mover tick; more due tasks wait for the next tick.
 MAX_BATCHES_PER_TICK = 10
-
-
-async def redis_now_ms(redis: Redis) -> int:
-    """Redis TIME as epoch ms (the one clock of dtq)."""
-    seconds, micros = await redis.time()
-    return int(seconds) * 1000 + int(micros) // 1000
+#: Workers checked per worker_sweep.lua pipeline.
+SWEEP_BATCH = 500
 
 
 class Mover(PeriodicDuty):
@@ -72,7 +62,7 @@ class Mover(PeriodicDuty):
 
     name = "scheduler-mover"
 
-    def __init__(self, redis: Redis, settings: Settings, lock: LeaderLock) -> None:
+    def __init__(self, redis: Client, settings: Settings, lock: LeaderLock) -> None:
         super().__init__()
         self._redis = redis
         self._settings = settings
@@ -106,51 +96,25 @@ class Mover(PeriodicDuty):
         counts: collections.Counter[str] = collections.Counter()
         if self._lock.token is None:
             return counts
-        busy = sorted({text(m) async for m in self._redis.sscan_iter(keys.BUSY_QUEUES,
-                                                                     count=1000)})
-        busy = [q for q in busy if keys.QUEUE_RE.match(q)]
+        busy = await reaping.busy_queues(self._redis)
         if not busy:
             return counts
-        now_ms = await redis_now_ms(self._redis)
-        pipe = self._redis.pipeline(transaction=False)
-        for q in busy:
-            pipe.zrangebyscore(keys.schedule(q), "-inf", now_ms, start=0, num=MOVE_BATCH)
-        due = [(q, text(m)) for q, members in zip(busy, await pipe.execute())
-               for m in members]
+        due = await due_tasks.due_tasks(self._redis, busy, MOVE_BATCH)
         if not due:
             return counts
-        pipe = self._redis.pipeline(transaction=False)
-        for _, task_id in due:
-            pipe.hmget(keys.task(task_id), "queue", "priority", "idem_digest")
-        records = await pipe.execute()
-        pipe = self._redis.pipeline(transaction=False)
-        for (q, task_id), (_, priority, digest) in zip(due, records):
-            _MOVE_DUE.queue(pipe, self._move_keys(q, task_id, priority, digest),
-                            _MOVE_DUE.argv("", task_id, self._settings.task_retention_s))
-        for (q, task_id), reply in zip(due, await execute(self._redis, pipe)):
+        replies = await due_tasks.move_due(self._redis, due, self._settings.task_retention_s)
+        for (q, task_id), reply in zip(due, replies):
             if isinstance(reply, Exception):
                 log.error("mover: move_due failed: %r", reply, extra={"task_id": task_id})
                 counts["error"] += 1
                 continue
-            counts[text(reply)] += 1
-            if text(reply) == "expired":
+            counts[reply] += 1
+            if reply == "expired":
                 observe.expired(q)
         per_queue = collections.Counter(q for q, _ in due)
         self._more = any(n >= MOVE_BATCH for n in per_queue.values())
         self.counts.update(counts)
         return counts
-
-    @staticmethod
-    def _move_keys(queue: str, task_id: str, priority: object, digest: object) -> list[str]:
-        """KEYS of move_due.lua; without a readable hash only the first two."""
-        keys_ = [keys.schedule(queue), keys.task(task_id)]
-        band = text(priority)
-        if len(band) != 1 or band not in "0123456789":
-            return keys_
-        keys_.append(keys.stream(queue, int(band)))
-        if text(digest):
-            keys_.append(keys.idempotency(queue, text(digest)))
-        return keys_
 
 
 class WorkerSweep(PeriodicDuty):
@@ -167,7 +131,7 @@ class WorkerSweep(PeriodicDuty):
 
     name = "worker-sweep"
 
-    def __init__(self, redis: Redis, settings: Settings, lock: LeaderLock) -> None:
+    def __init__(self, redis: Client, settings: Settings, lock: LeaderLock) -> None:
         super().__init__()
         self._redis = redis
         self._settings = settings
@@ -188,15 +152,12 @@ class WorkerSweep(PeriodicDuty):
     async def sweep(self) -> collections.Counter[str]:
         """Check every known worker; returns worker_sweep.lua outcome counts."""
         counts: collections.Counter[str] = collections.Counter()
-        members = [text(m) async for m in self._redis.sscan_iter(keys.WORKERS, count=500)]
+        members = await stale_workers.worker_ids(self._redis)
         stale_after_ms = 2 * self._settings.heartbeat_interval_ms
-        for start in range(0, len(members), 500):
-            pipe = self._redis.pipeline(transaction=False)
-            for worker_id in members[start:start + 500]:
-                _WORKER_SWEEP.queue(pipe, [keys.WORKERS, keys.worker(worker_id)],
-                                    _WORKER_SWEEP.argv(worker_id, stale_after_ms))
-            for reply in await execute(self._redis, pipe):
-                counts["error" if isinstance(reply, Exception) else text(reply)] += 1
+        for start in range(0, len(members), SWEEP_BATCH):
+            for reply in await stale_workers.sweep_workers(
+                    self._redis, members[start:start + SWEEP_BATCH], stale_after_ms):
+                counts["error" if isinstance(reply, Exception) else reply] += 1
         if counts["removed"] or counts["stale"]:
             log.info("worker sweep: %s", dict(counts))
         return counts
@@ -215,7 +176,7 @@ class Scheduler:
             periodic schedule fires on this replica.
     """
 
-    def __init__(self, redis: Redis, settings: Settings, *, lock_ttl_ms: int = 10_000,
+    def __init__(self, redis: Client, settings: Settings, *, lock_ttl_ms: int = 10_000,
                  refresh_interval_s: float = 3.0, acquire_interval_s: float = 1.5,
                  broker: Any = None) -> None:
         self.lock = LeaderLock(redis, settings.gateway_id or "gateway", lock_ttl_ms)

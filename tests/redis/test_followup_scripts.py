@@ -6,8 +6,8 @@ import json
 
 import redis.asyncio as aioredis
 
-from dtq_gateway.duties.followups import CHAIN_CONTINUED
 from dtq_gateway.store import keys
+from dtq_gateway.store.followups import CHAIN_CONTINUED
 from dtq_gateway.store.scripts import Script
 from dtq_gateway.store.task_groups import GROUP_MEMBER
 

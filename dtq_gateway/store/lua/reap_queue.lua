@@ -5,7 +5,7 @@
 -- the queue's busy marker is deleted in this same script, so no entry can slip in
 -- between the check and the delete; the caller then removes the queue from the busy
 -- set (dtq:queues:busy spans queues: a single-key SREM, followed by a re-check of the
--- marker, see reaper.py).
+-- marker, see store/reaping.py).
 --
 -- Empty streams cost one XLEN and nothing else. XLEN counts queued and leased entries
 -- alike: every script that ends a lease acks AND deletes its entry, so XLEN 0 means

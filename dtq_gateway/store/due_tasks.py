@@ -1,0 +1,74 @@
+"""The due-task mover's Redis work: due members of the schedules, move_due.lua.
+
+:class:`~dtq_gateway.duties.scheduler.Mover` picks the busy queues
+(:func:`dtq_gateway.store.reaping.busy_queues`), batches and counts; these functions
+read what is due by Redis TIME and move it. Redis failures of a whole round trip are
+raised as redis-py raises them (see :mod:`dtq_gateway.store.errors`).
+"""
+
+from __future__ import annotations
+
+from dtq_gateway.store import keys
+from dtq_gateway.store.admin import redis_now_ms
+from dtq_gateway.store.client import Client
+from dtq_gateway.store.replies import text
+from dtq_gateway.store.scripts import Script, execute
+
+_MOVE_DUE = Script("move_due")
+
+
+async def due_tasks(redis: Client, queues: list[str], count: int) -> list[tuple[str, str]]:
+    """The members of each queue's schedule ``dtq:retry:{<queue>}:schedule`` due by
+    Redis TIME, at most ``count`` per queue, earliest first.
+
+    Two round trips: TIME, then one ZRANGEBYSCORE ``-inf <now ms>`` per queue in one
+    pipeline.
+
+    Returns:
+        (queue, task id) pairs, queue by queue in the order of ``queues``.
+    """
+    now_ms = await redis_now_ms(redis)
+    pipe = redis.pipeline(transaction=False)
+    for q in queues:
+        pipe.zrangebyscore(keys.schedule(q), "-inf", now_ms, start=0, num=count)
+    return [(q, text(m)) for q, members in zip(queues, await pipe.execute())
+            for m in members]
+
+
+async def move_due(redis: Client, due: list[tuple[str, str]], task_retention_s: int
+                   ) -> list[str | Exception]:
+    """Move due tasks from their schedule into their priority band, one move_due.lua
+    call each (its header lists the checks).
+
+    Two round trips: one pipeline of HMGET (queue, priority, idempotency digest) per
+    task for the script's keys, then one pipeline of the scripts.
+
+    Args:
+        due: (queue, task id) pairs from :func:`due_tasks`.
+        task_retention_s: EXPIRE of the moved task's record (s).
+
+    Returns:
+        Per task, in order, the script's outcome ("moved", "expired", "gone",
+        "skipped", "not_due", "retry") or its error.
+    """
+    pipe = redis.pipeline(transaction=False)
+    for _, task_id in due:
+        pipe.hmget(keys.task(task_id), "queue", "priority", "idem_digest")
+    records = await pipe.execute()
+    pipe = redis.pipeline(transaction=False)
+    for (q, task_id), (_, priority, digest) in zip(due, records):
+        _MOVE_DUE.queue(pipe, _move_keys(q, task_id, priority, digest),
+                        _MOVE_DUE.argv("", task_id, task_retention_s))
+    return [r if isinstance(r, Exception) else text(r) for r in await execute(redis, pipe)]
+
+
+def _move_keys(queue: str, task_id: str, priority: object, digest: object) -> list[str]:
+    """KEYS of move_due.lua; without a readable hash only the first two."""
+    keys_ = [keys.schedule(queue), keys.task(task_id)]
+    band = text(priority)
+    if len(band) != 1 or band not in "0123456789":
+        return keys_
+    keys_.append(keys.stream(queue, int(band)))
+    if text(digest):
+        keys_.append(keys.idempotency(queue, text(digest)))
+    return keys_

@@ -1,0 +1,56 @@
+"""The idle-queue sweep's Redis work: registry size, busy checks, delete_idle_queue.lua.
+
+:class:`~dtq_gateway.duties.queue_sweep.QueueSweep` paces the walk over the registry
+``dtq:queues`` (pages of :func:`dtq_gateway.store.reaping.registry_page`) and picks the
+names; these functions size the registry, read the busy set and delete what is idle.
+Redis failures are raised as redis-py raises them (see :mod:`dtq_gateway.store.errors`).
+"""
+
+from __future__ import annotations
+
+from dtq_gateway.store import keys
+from dtq_gateway.store.client import Client
+from dtq_gateway.store.scripts import Script, execute
+
+_DELETE_IDLE_QUEUE = Script("delete_idle_queue")
+
+
+async def registry_size(redis: Client) -> int:
+    """How many names the queue registry ``dtq:queues`` holds (ZCARD)."""
+    return int(await redis.zcard(keys.QUEUES))
+
+
+async def not_busy(redis: Client, names: list[str]) -> list[str]:
+    """The valid queue names among ``names`` that are not in ``dtq:queues:busy``, in
+    order: one SMISMEMBER, none when no name is valid."""
+    names = [n for n in names if keys.QUEUE_RE.match(n)]
+    if not names:
+        return []
+    busy = await redis.smismember(keys.BUSY_QUEUES, names)
+    return [n for n, b in zip(names, busy) if not b]
+
+
+async def delete_idle_queues(redis: Client, queues: list[str], idle_ms: float) -> list[str]:
+    """Delete the band streams of the queues nothing has used for ``idle_ms`` ms, and
+    their registry names.
+
+    One delete_idle_queue.lua call per queue (one pipeline; it keeps a paused, busy,
+    non-empty or recently used queue, see its header). Then, per deleted queue, a
+    single-key ``ZREM dtq:queues`` and an EXISTS of its streams, which re-adds the name
+    (ZADD, score 0) when a gateway created the queue again in between. A script call
+    that failed keeps its queue.
+
+    Returns:
+        The queues deleted, in the order of ``queues``.
+    """
+    pipe = redis.pipeline(transaction=False)
+    for q in queues:
+        _DELETE_IDLE_QUEUE.queue(pipe, [*keys.queue_streams_desc(q), keys.paused(q),
+                                       keys.busy_marker(q)],
+                                 _DELETE_IDLE_QUEUE.argv(keys.GROUP, idle_ms))
+    deleted = [q for q, r in zip(queues, await execute(redis, pipe)) if r == 1]
+    for q in deleted:
+        await redis.zrem(keys.QUEUES, q)
+        if await redis.exists(*keys.queue_streams_desc(q)):
+            await redis.zadd(keys.QUEUES, {q: 0})  # created again meanwhile
+    return deleted
