@@ -228,6 +228,29 @@ async def test_activate_absorbs_stale_entry(env):
     assert await env.redis.xlen(keys.stream("q", 9)) == 0
 
 
+async def test_activate_run_twice_keeps_the_entry_in_the_pel(env):
+    """A client that re-sends an activate call after losing its reply (a retried
+    pipeline) must not ack the entry away: the task would stay active with nothing left
+    to reclaim it. The same consumer gets the same lease again; another gets nothing."""
+    tid = await env.enqueue()
+    session = Session(worker_id="w1", queues=["q"], max_in_flight=10)
+    stream = keys.stream("q", 5)
+    ((_, entries),) = await env.redis.xreadgroup(keys.GROUP, "w1", {stream: ">"})
+    index = session.streams.index(stream) + 1
+    flat = [x for kv in entries[0][1].items() for x in kv]
+    read = [(index, entries[0][0], flat)]
+    assert await env.dispatcher._activate(session, session.streams, read) == 1
+    first = session.out.get_nowait()
+    assert await env.dispatcher._activate(session, session.streams, read) == 1
+    again = session.out.get_nowait()
+    assert (again.task_id, again.attempt) == (first.task_id, first.attempt) == (tid, 1)
+    other = Session(worker_id="w2", queues=["q"], max_in_flight=10)
+    assert await env.dispatcher._activate(other, other.streams, read) == 0
+    assert await env.status(tid) == "active"
+    assert await env.redis.xlen(stream) == 1
+    assert (await env.redis.xpending(stream, keys.GROUP))["pending"] == 1
+
+
 async def test_activate_expires_a_task_past_its_deadline(env):
     tid = await env.enqueue(expires_at_ms=int(time.time() * 1000) - 1000)  # just past
     assert await env.lease() == []

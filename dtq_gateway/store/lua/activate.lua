@@ -29,7 +29,8 @@ for i = 1, n do
   local id, task_id, attempt, mode = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3]
   if idem_key == task_key then idem_key = nil end
   local h = redis.call('HMGET', task_key, 'status', 'attempt', 'entry_id', 'expires_at_ms',
-    'content_type', 'metadata', 'created_at_ms', 'queue', 'task_type', 'started_at_ms')
+    'content_type', 'metadata', 'created_at_ms', 'queue', 'task_type', 'started_at_ms',
+    'worker_id')
   local status = h[1]
   if not status then
     drop(stream, id)
@@ -43,6 +44,16 @@ for i = 1, n do
     drop(stream, id)
     redis.call('SREM', KEYS[1], task_id)
     out[i] = {'cancelled'}
+  elseif status == 'active' and tonumber(h[2]) == attempt and h[3] == id then
+    -- this very entry is active already: the call ran twice (a client re-sent it after
+    -- losing the reply). The entry stays in the PEL, where the lease's fencing and the
+    -- reaper find it; its consumer gets the same lease again (the first reply never
+    -- reached it), any other consumer nothing.
+    if h[11] == consumer then
+      out[i] = {'ok', h[5], h[6], h[7], tonumber(h[10]) or now}
+    else
+      out[i] = {'absorbed'}
+    end
   elseif status ~= 'queued' or tonumber(h[2]) ~= attempt or h[3] ~= id then
     drop(stream, id)
     publish('TASK_DUPLICATE_ABSORBED', now, task_id, h[8], h[9], attempt, consumer,
