@@ -115,7 +115,9 @@ class Settings:
     scheduler_interval_ms: int = field(default=250, metadata=_meta(
         "Period of the scheduler leader's moves of due tasks (ms)."))
     redis_max_connections: int = field(default=16, metadata=_meta(
-        "Size of the Redis connection pool shared by all RPCs and duties."))
+        "Redis calls in flight at once, all RPCs and duties together: the connection "
+        "pool's size (a call waits up to 5 s for a free connection); in cluster mode "
+        "calls wait for one of this many slots and each node's pool holds as many."))
     events_max_subscribers: int = field(default=256, metadata=_meta(
         "Most open Events.Subscribe streams per gateway; more are refused with "
         "RESOURCE_EXHAUSTED."))

@@ -19,14 +19,19 @@ without them unless ``DTQ_REDIS_SENTINEL_PASSWORD`` is set.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterPipeline, RedisCluster
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.backoff import NoBackoff
+from redis.exceptions import MaxConnectionsError
 
 #: The gateway's Redis client, whichever the mode: the layers above the store hold one
 #: and hand it to store functions, never calling it themselves.
@@ -39,6 +44,13 @@ MODES = ("standalone", "cluster", "sentinel")
 #: Connection timeouts shared by every mode (s). No dtq call blocks on the server side,
 #: so a socket timeout of a few seconds only fires on a dead connection.
 SOCKET_TIMEOUT_S = 5.0
+#: Longest wait for a free connection (s), standalone pool and cluster call slots alike.
+POOL_WAIT_S = 5.0
+#: Connections per node kept beyond the bounded calls in cluster mode: pub/sub
+#: subscriptions hold one of the node's connections for as long as they last.
+PUBSUB_CONNECTIONS = 8
+#: Set while a BoundedRedisCluster call holds its slot (a nested call does not wait).
+_IN_CALL: ContextVar[bool] = ContextVar("dtq_redis_in_call", default=False)
 CONNECT_TIMEOUT_S = 3.0
 
 
@@ -94,7 +106,9 @@ def make_client(mode: str, url: str, *, max_connections: int = 16,
     Args:
         mode: ``standalone`` | ``cluster`` | ``sentinel``.
         url: DTQ_REDIS_URL.
-        max_connections: pool size (standalone, Sentinel); per node in cluster mode.
+        max_connections: pool size (standalone, Sentinel: calls wait up to 5 s for a
+            free connection); in cluster mode the most calls in flight at once (more
+            wait), each node's pool holding as many plus PUBSUB_CONNECTIONS.
         sentinel_master: the Sentinel service name (sentinel mode only).
         sentinel_password: password of the sentinels themselves ("" = none).
 
@@ -111,12 +125,19 @@ def make_client(mode: str, url: str, *, max_connections: int = 16,
         # restart stale pooled connections are replaced instead of failing the next
         # (non-idempotent) command.
         pool = BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=5, health_check_interval=1,
+            url, max_connections=max_connections, timeout=POOL_WAIT_S, health_check_interval=1,
             retry_on_timeout=False, **common)
         return Redis(connection_pool=pool)
     if mode == "cluster":
-        return RedisCluster.from_url(url.split(",")[0], max_connections=max_connections,
-                                     require_full_coverage=True, **common)
+        # No automatic retries: redis-py's cluster client would re-send a whole pipeline
+        # after a connection error (closing every pooled connection of every node under
+        # the other calls first), and a dtq script re-sent after its reply was lost runs
+        # twice. dtq handles the error itself (UNAVAILABLE to the caller, backoff in the
+        # duties); the next call re-reads the topology. MOVED/ASK are still followed.
+        return BoundedRedisCluster.from_url(
+            url.split(",")[0], calls=max_connections,
+            max_connections=max_connections + PUBSUB_CONNECTIONS,
+            require_full_coverage=True, retry=Retry(NoBackoff(), 0), **common)
     if mode == "sentinel":
         if not sentinel_master:
             raise ValueError("sentinel mode needs DTQ_REDIS_SENTINEL_MASTER")
@@ -130,6 +151,62 @@ def make_client(mode: str, url: str, *, max_connections: int = 16,
                                    connection_pool_class=SentinelConnectionPool,
                                    max_connections=max_connections, health_check_interval=1)
     raise ValueError(f"unknown Redis mode {mode!r} (one of {', '.join(MODES)})")
+
+
+class _BoundedPipeline(ClusterPipeline):
+    """A cluster pipeline whose execute() waits for a slot of its client."""
+
+    async def execute(self, raise_on_error: bool = True,
+                      allow_redirections: bool = True) -> list[Any]:
+        async with self.cluster_client.call_slot():
+            return await super().execute(raise_on_error, allow_redirections)
+
+
+class BoundedRedisCluster(RedisCluster):
+    """redis-py's cluster client with at most ``calls`` commands or pipelines in flight.
+
+    A node's pool never waits: when it is exhausted the cluster client fails the call
+    at once (MaxConnectionsError). Standalone mode's pool makes callers wait instead;
+    this does the same for a cluster: a call waits for one of ``calls`` slots, and each
+    node's pool is sized so that every slot finds a connection on any node.
+    """
+
+    def __init__(self, *args: Any, calls: int = 16, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._calls = asyncio.Semaphore(calls)
+
+    @contextlib.asynccontextmanager
+    async def call_slot(self) -> AsyncIterator[None]:
+        """Hold one call slot (a call made while holding one does not wait again).
+
+        Raises:
+            MaxConnectionsError: no slot came free within POOL_WAIT_S (a ConnectionError:
+                UNAVAILABLE to a caller, like standalone mode's exhausted pool).
+        """
+        if _IN_CALL.get():
+            yield
+            return
+        try:
+            async with asyncio.timeout(POOL_WAIT_S):
+                await self._calls.acquire()
+        except TimeoutError:
+            raise MaxConnectionsError(f"no free Redis call slot in {POOL_WAIT_S:g} s") from None
+        token = _IN_CALL.set(True)
+        try:
+            yield
+        finally:
+            _IN_CALL.reset(token)
+            self._calls.release()
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        async with self.call_slot():
+            return await super().execute_command(*args, **kwargs)
+
+    def pipeline(self, transaction: Any | None = None,
+                 shard_hint: Any | None = None) -> ClusterPipeline:
+        if shard_hint:
+            return super().pipeline(transaction, shard_hint)  # raises, as redis-py does
+        return _BoundedPipeline(self, transaction)
 
 
 def is_cluster(client: Any) -> bool:

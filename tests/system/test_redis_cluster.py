@@ -23,6 +23,7 @@ from grpc_health.v1 import health
 from redis.cluster import RedisCluster
 
 from dtq_gateway.server import HealthProbe
+from dtq_gateway.store import client as client_module
 from dtq_gateway.store import keys
 from dtq_gateway.store.client import make_client
 from dtq_gateway.store.redis_policy import EvictionPolicyWatch
@@ -232,4 +233,36 @@ async def test_health_probe_and_eviction_watch_read_every_primary(
         node.config_set("maxmemory-policy", "noeviction")
         node.config_set("maxmemory", 0)
         node.close()
+        await client.aclose()
+
+
+async def test_cluster_client_makes_calls_wait_and_never_resends_them(
+        cluster: RedisClusterSetup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """400 concurrent pipelines (a read and a script) through a client allowed 4 calls
+    in flight: every one completes, none fails for want of a connection (redis-py's
+    cluster pool would fail them at once). A script whose reply times out is not re-sent
+    (redis-py's cluster client would, up to 10 times): it ran once."""
+    client = make_client("cluster", cluster.url, max_connections=4)
+    await client.initialize()
+    try:
+        async def one(i: int) -> list:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.hget(f"h{{cq{i % 12}}}", "f")
+                pipe.eval("return redis.call('INCR', KEYS[1])", 1, f"n{{cq{i % 12}}}")
+                return await pipe.execute()
+
+        await asyncio.gather(*(one(i) for i in range(400)))
+        counts = [int(await client.get(f"n{{cq{q}}}")) for q in range(12)]
+        assert sum(counts) == 400
+
+        await client.aclose()
+        monkeypatch.setattr(client_module, "SOCKET_TIMEOUT_S", 0.3)
+        client = make_client("cluster", cluster.url)
+        slow = ("redis.call('INCR', KEYS[1]); local t = redis.call('TIME'); repeat "
+                "local n = redis.call('TIME') until (n[1] - t[1]) * 1000000 + (n[2] - t[2]) "
+                "> 800000; return 1")
+        with pytest.raises(redis.exceptions.TimeoutError):
+            await client.eval(slow, 1, "once{cq0}")
+        assert await client.get("once{cq0}") == b"1"  # waits for the script to end
+    finally:
         await client.aclose()
