@@ -10,6 +10,7 @@ duties stop and Redis connections close.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -133,6 +134,9 @@ class HealthProbe:
         if ok != self.redis_ok:
             log.log(logging.INFO if ok else logging.WARNING,
                     "redis reachable" if ok else "redis unreachable; health NOT_SERVING")
+            if ok:  # connections pooled before an outage are dead: drop them first
+                with contextlib.suppress(Exception):
+                    await redis_health.drop_idle_connections(self.redis)
         self.redis_ok = ok
         if ok:
             try:

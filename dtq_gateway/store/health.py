@@ -17,7 +17,7 @@ import functools
 from dataclasses import dataclass
 
 from dtq_gateway.store import keys
-from dtq_gateway.store.client import Client, on_primaries
+from dtq_gateway.store.client import Client, is_cluster, on_primaries
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +46,20 @@ async def ping(redis: Client) -> None:
         Any Redis or OS error of an unreachable (or loading...) server or primary.
     """
     await on_primaries(redis, redis.ping)
+
+
+async def drop_idle_connections(redis: Client) -> None:
+    """Close the pooled connections no call holds (on every node of a cluster).
+
+    Called when Redis answers again after an outage: a connection pooled before a
+    restart is dead, and the first call to use it would fail with a ConnectionError
+    (calls are never re-sent, see ``client.make_client``); closed, it reconnects on use.
+    """
+    if is_cluster(redis):
+        for node in redis.get_nodes():
+            await node.disconnect_free_connections()
+    else:
+        await redis.connection_pool.disconnect(inuse_connections=False)
 
 
 async def read_memory(redis: Client) -> Memory:
