@@ -4,8 +4,11 @@ Labels are bounded: ``queue`` (validated names), ``band`` (0..9), ``method``
 (the fixed gRPC method paths) and ``code`` (gRPC status names). Task ids never
 become labels. Counters and histograms are updated by the code paths that cause
 them; the queue gauges are refreshed from Redis every ~5 s by
-:class:`QueueGaugeCollector` (on every replica: gauges are set, not summed, so
+:class:`dtq_gateway.duties.queue_gauges.QueueGaugeCollector` (on every replica: gauges are set, not summed, so
 any replica's scrape shows the cluster-wide Redis state).
+
+Every RPC's duration is observed by
+:class:`dtq_gateway.rpc.metrics_interceptor.MetricsInterceptor`.
 
 Histograms are in seconds: lease wait = enqueue (or due time) to lease, run time
 = lease to Ack/Fail.
@@ -13,21 +16,10 @@ Histograms are in seconds: lease wait = enqueue (or due time) to lease, run time
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import logging
-import time
-from collections.abc import Callable
 from typing import Any
 
-import grpc
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
-
-from dtq_gateway.duties.duty import PeriodicDuty
-from dtq_gateway.rpc.auth import WrappingInterceptor, wrap_handler
-from dtq_gateway.store import admin, admin_lists, admin_waiting
-from dtq_gateway.store.client import Client
-from dtq_gateway.web.queue_rates import RATES
 
 log = logging.getLogger(__name__)
 
@@ -121,164 +113,3 @@ def start_metrics_server(host: str, port: int) -> Any:
     result = start_http_server(port, addr=host)
     log.info("metrics listening", extra={"host": host, "port": port})
     return result
-
-
-class QueueGaugeCollector(PeriodicDuty):
-    """Refreshes the queue and worker gauges from Redis about every ``interval_s``.
-
-    Only busy queues (``dtq:queues:busy``) are read, so idle queues cost nothing,
-    and at most ``max_queues`` of them get series: the deepest ones (one XLEN per
-    band of every busy queue to rank them, then the full band read for those kept).
-    ``dtq_metrics_queues_omitted`` counts the busy queues left out. A queue that
-    leaves the busy set or the top ``max_queues`` loses its series.
-
-    Run with ``task = asyncio.create_task(collector.run())``; end with
-    ``collector.stop(); await task``.
-
-    Args:
-        redis: the gateway's client.
-        heartbeat_interval_ms: worker heartbeat interval (liveness = 3 intervals).
-        interval_s: refresh period before ±20 % jitter (s).
-        max_queues: most queues exported (DTQ_METRICS_MAX_QUEUES).
-    """
-
-    name = "metrics-refresh"
-
-    def __init__(self, redis: Client, heartbeat_interval_ms: int,
-                 interval_s: float = 5.0, max_queues: int = 200) -> None:
-        super().__init__()
-        self.redis = redis
-        self.heartbeat_interval_ms = heartbeat_interval_ms
-        self.max_queues = max_queues
-        self._interval_s = interval_s
-        self._queues: set[str] = set()
-
-    def interval_s(self) -> float:
-        """Refresh period (s)."""
-        return self._interval_s
-
-    async def tick(self) -> None:
-        """Read the deepest busy queues' bands and the workers, and set the gauges."""
-        busy = await admin.busy_queues(self.redis)
-        depths = await admin.queue_depths(self.redis, busy)
-        shown = sorted(busy, key=lambda q: (-depths[q], q))[:self.max_queues]
-        METRICS_QUEUES_OMITTED.set(len(busy) - len(shown))
-        now = await admin.redis_now_ms(self.redis)
-        for queue, bands in (await admin.band_infos_many(self.redis, shown)).items():
-            for b in bands:
-                QUEUE_DEPTH.labels(queue=queue, band=str(b.band)).set(b.depth)
-                QUEUE_PENDING.labels(queue=queue, band=str(b.band)).set(b.pending)
-            oldest = [b.oldest_undelivered_ms for b in bands if b.oldest_undelivered_ms]
-            age_ms = max(0, now - min(oldest)) if oldest else 0
-            QUEUE_BACKLOG_AGE_SECONDS.labels(queue=queue).set(age_ms / 1000.0)
-            stuck = 0
-            if age_ms >= STUCK_CHECK_AGE_MS:
-                waiting, _ = await admin_waiting.waiting_by_type(
-                    self.redis, queue, now, self.heartbeat_interval_ms, STUCK_SCAN_MAX)
-                stuck = sum(t.waiting for t in waiting if not t.taken)
-            QUEUE_STUCK_TASKS.labels(queue=queue).set(stuck)
-        await self._read_counters(shown, now)
-        names = set(shown)
-        for gone in self._queues - names:
-            for band in range(10):
-                for gauge in (QUEUE_DEPTH, QUEUE_PENDING):
-                    _remove(gauge, gone, str(band))
-            _remove(QUEUE_BACKLOG_AGE_SECONDS, gone)
-            _remove(QUEUE_STUCK_TASKS, gone)
-        self._queues = names
-        workers = await admin_lists.list_workers(self.redis, self.heartbeat_interval_ms)
-        WORKERS_LIVE.set(sum(1 for w in workers if w.alive))
-
-
-    async def _read_counters(self, queues: list[str], now_ms: int) -> None:
-        """Read the queues' outcome counters so GetQueueStats has an earlier reading
-        to compute throughput from (queue_rates)."""
-        if not queues:
-            return
-        rows = await admin.outcome_counts_many(self.redis, queues)
-        for queue, (ok, retried, dead) in zip(queues, rows):
-            RATES.observe(queue, now_ms, ok, retried + dead)
-
-
-def _remove(gauge: Gauge, *labels: str) -> None:
-    try:
-        gauge.remove(*labels)
-    except KeyError:
-        pass
-
-
-_INT_CODES = {c.value[0]: c.name for c in grpc.StatusCode}
-
-
-def _code_name(context: Any, exc: BaseException | None) -> str:
-    """Status name of a finished call: the context's code, else from the outcome."""
-    try:
-        code = context.code()
-    except Exception:  # noqa: BLE001 - test doubles without code()
-        code = None
-    if isinstance(code, grpc.StatusCode):
-        return code.name
-    if isinstance(code, int):
-        return _INT_CODES.get(code, "UNKNOWN")
-    if exc is None:
-        return "OK"
-    return "CANCELLED" if isinstance(exc, asyncio.CancelledError) else "UNKNOWN"
-
-
-_RPC_CHILDREN: dict[tuple[str, str], Any] = {}
-
-
-def _rpc_child(method: str, code: str) -> Any:
-    """The (method, code) child of the RPC histogram, cached: ``labels()`` per call
-    costs a tuple, a lock and a dict lookup. Both labels are bounded."""
-    child = _RPC_CHILDREN.get((method, code))
-    if child is None:
-        child = _RPC_CHILDREN[(method, code)] = RPC_DURATION_SECONDS.labels(
-            method=method, code=code)
-    return child
-
-
-def _observed(method: str) -> Callable[[Callable[..., Any]], Any]:
-    def make(behavior: Callable[..., Any]) -> Any:
-        if inspect.isasyncgenfunction(behavior):
-            async def run_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                start, exc = time.perf_counter(), None
-                try:
-                    async for item in behavior(request, context):
-                        yield item
-                except BaseException as e:
-                    exc = e
-                    raise
-                finally:
-                    _rpc_child(method, _code_name(context, exc)).observe(
-                        time.perf_counter() - start)
-
-            return run_stream
-
-        async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            start, exc = time.perf_counter(), None
-            try:
-                result = behavior(request, context)
-                return await result if inspect.isawaitable(result) else result
-            except BaseException as e:
-                exc = e
-                raise
-            finally:
-                _rpc_child(method, _code_name(context, exc)).observe(time.perf_counter() - start)
-
-        return run
-
-    return make
-
-
-class MetricsInterceptor(WrappingInterceptor):
-    """Observes ``dtq_rpc_duration_seconds{method, code}`` for every known method.
-
-    Put it first in the interceptor list so calls refused by authentication are
-    measured too. Unknown methods (UNIMPLEMENTED) are not observed, which keeps
-    the ``method`` label bounded.
-    """
-
-    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        """The method's handler with a timer."""
-        return wrap_handler(handler, _observed(method))

@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 
-from dtq_gateway.rpc.grpc_errors import is_redis_outage
+from dtq_gateway.logconf import RateLimitedLog
+from dtq_gateway.store.errors import is_redis_outage
 
 log = logging.getLogger(__name__)
 
@@ -23,31 +23,6 @@ log = logging.getLogger(__name__)
 def jittered(seconds: float, spread: float = 0.2) -> float:
     """``seconds`` scaled by a random factor in [1 - spread, 1 + spread]."""
     return max(0.0, seconds * random.uniform(1.0 - spread, 1.0 + spread))
-
-
-class RateLimitedLog:
-    """Logs a recurring problem at most once per ``every_s``, counting the rest."""
-
-    def __init__(self, logger: logging.Logger, every_s: float = 30.0) -> None:
-        self._log = logger
-        self._every_s = every_s
-        self._last = float("-inf")
-        self._suppressed = 0
-
-    def log(self, level: int, msg: str, *args: object, exc_info: bool = False,
-            **extra: object) -> None:
-        """Log ``msg`` now, or count it when one was logged less than every_s ago."""
-        now = time.monotonic()
-        if now - self._last < self._every_s:
-            self._suppressed += 1
-            return
-        suffix = f" ({self._suppressed} similar suppressed)" if self._suppressed else ""
-        self._log.log(level, msg + suffix, *args, exc_info=exc_info, extra=extra or None)
-        self._last, self._suppressed = now, 0
-
-    def reset(self) -> None:
-        """Forget the last report (the problem is over)."""
-        self._last, self._suppressed = float("-inf"), 0
 
 
 class PeriodicDuty:

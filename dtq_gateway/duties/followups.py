@@ -31,9 +31,8 @@ from dataclasses import replace
 from typing import Any
 
 from dtq_gateway.duties.duty import PeriodicDuty
-from dtq_gateway.duties.followup_plan import record_fields, step_task_id
 from dtq_gateway.errors import DtqError
-from dtq_gateway.rpc.validation import NewTask, validate_enqueue
+from dtq_gateway.followup_plan import record_fields, step_task_id
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import followups as followup_store
 from dtq_gateway.store.admin import redis_now_ms
@@ -41,6 +40,7 @@ from dtq_gateway.store.broker import Broker, Enqueued
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.keys import idempotency_digest
 from dtq_gateway.store.task_groups import TaskGroups
+from dtq_gateway.validation import NewTask, validate_enqueue
 from dtq_proto import dtq_pb2
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ Every gateway replica runs a :class:`Scheduler`; exactly one of them leads (see
 * :class:`WorkerSweep` marks workers whose heartbeats stopped (WORKER_STALE).
 * :class:`~dtq_gateway.duties.queue_sweep.QueueSweep` deletes queues idle for
   DTQ_QUEUE_IDLE_DELETE_S.
-* :class:`~dtq_gateway.store.schedules.ScheduleFirer` enqueues the due fires of periodic
+* :class:`~dtq_gateway.duties.schedule_firer.ScheduleFirer` enqueues the due fires of periodic
   schedules (when the gateway passes its broker).
 
 Due times come from Redis TIME (read by the scripts themselves), never from this
@@ -36,10 +36,10 @@ from dtq_gateway.duties.duty import PeriodicDuty
 from dtq_gateway.duties.leader import LeaderLock, LockKeeper
 from dtq_gateway.duties.queue_sweep import QueueSweep
 from dtq_gateway.duties.reaper import Reaper
+from dtq_gateway.duties.schedule_firer import ScheduleFirer
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import due_tasks, reaping, stale_workers
 from dtq_gateway.store.client import Client
-from dtq_gateway.store.schedules import ScheduleFirer
 
 log = logging.getLogger(__name__)
 

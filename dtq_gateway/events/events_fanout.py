@@ -36,8 +36,8 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from dtq_gateway.duties.duty import RateLimitedLog
 from dtq_gateway.errors import SubscriberLimit
+from dtq_gateway.logconf import RateLimitedLog
 from dtq_gateway.metrics import EVENTS_DROPPED, EVENTS_SUBSCRIBERS, EVENTS_SUBSCRIPTIONS_REFUSED
 
 log = logging.getLogger(__name__)

@@ -30,9 +30,9 @@ import random
 import time
 from collections.abc import Callable, Collection, Iterable
 
-from dtq_gateway.duties.duty import RateLimitedLog
 from dtq_gateway.events import events_wire
 from dtq_gateway.events.events_fanout import Encoder, FanOut, Subscription
+from dtq_gateway.logconf import RateLimitedLog
 from dtq_gateway.store import events as channel_store
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.errors import OUTAGE_ERRORS

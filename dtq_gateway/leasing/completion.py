@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from dtq_gateway.errors import DtqError, PermissionDenied, StaleLease
 from dtq_gateway.leasing import leaseid
 from dtq_gateway.leasing.leaseid import Keyring, Lease, default_keyring, owner_tag
-from dtq_gateway.rpc.validation import MAX_HOSTNAME_BYTES, cut_utf8
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import completion as store
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.completion import ACK_CHUNK, WorkerBeat, WorkerRegistration
 from dtq_gateway.store.replies import text as _s
+from dtq_gateway.validation import MAX_HOSTNAME_BYTES, cut_utf8
 from dtq_proto import dtq_pb2
 
 __all__ = ["ACK_CHUNK", "Completion", "ItemOutcome", "WorkerRegistration"]

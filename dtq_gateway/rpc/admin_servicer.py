@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 import grpc
 
 from dtq_gateway.errors import InvalidArgument, Unavailable
+from dtq_gateway.queue_rates import RATES
 from dtq_gateway.rpc.auth import actor_of
 from dtq_gateway.rpc.grpc_errors import abort
-from dtq_gateway.rpc.validation import MAX_REASON_BYTES, cut_utf8
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import admin, admin_dlq, admin_lists, keys, ratelimits, schedules
 from dtq_gateway.store.admin import CallInfo, as_int, page_size
@@ -27,7 +27,7 @@ from dtq_gateway.store.audit import append_audit, request_id_of
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.task_record import NAME_BY_STATUS, task_from_hash
-from dtq_gateway.web.queue_rates import RATES
+from dtq_gateway.validation import MAX_REASON_BYTES, cut_utf8
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
 

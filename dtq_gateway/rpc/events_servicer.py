@@ -21,9 +21,9 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from dtq_gateway.duties.duty import RateLimitedLog
 from dtq_gateway.errors import InvalidArgument, SubscriberLimit, Unavailable
 from dtq_gateway.events.events_hub import Event, EventsHub
+from dtq_gateway.logconf import RateLimitedLog
 from dtq_gateway.rpc.grpc_errors import abort
 from dtq_gateway.store import keys
 from dtq_gateway.store.task_record import stringify

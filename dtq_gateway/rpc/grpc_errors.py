@@ -16,19 +16,12 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from dtq_gateway.errors import DtqError, RedisFull, Unavailable
-from dtq_gateway.store.errors import as_dtq_error
+from dtq_gateway.errors import DtqError
+from dtq_gateway.store.errors import as_dtq_error, is_redis_outage
 from dtq_proto import dtq_pb2
 
 log = logging.getLogger(__name__)
 DOMAIN = "dtq.v1"
-
-
-def is_redis_outage(exc: BaseException) -> bool:
-    """True when ``exc`` says Redis cannot serve right now (unreachable, loading, busy
-    with a script, read-only, failing to persist, a cluster slot moving, out of
-    memory): transient, to be retried, never a bug to log at ERROR."""
-    return isinstance(to_dtq_error_quiet(exc), (Unavailable, RedisFull))
 
 
 def to_dtq_error_quiet(exc: BaseException) -> DtqError | None:
@@ -87,4 +80,4 @@ async def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> NoRetu
     raise AssertionError("unreachable")  # abort_with_status raises
 
 
-__all__ = ["abort", "code_pb2", "item_error", "status_of", "to_dtq_error"]
+__all__ = ["abort", "code_pb2", "is_redis_outage", "item_error", "status_of", "to_dtq_error"]

@@ -1,4 +1,4 @@
-"""Per-peer bound on open calls, and cutting client strings in log lines.
+"""Per-peer bound on open calls.
 
 :class:`PeerLimitInterceptor` counts the calls each client IP address has open on this
 gateway (Lease and Subscribe streams stay open; unary calls briefly) and answers
@@ -7,15 +7,12 @@ DTQ_MAX_STREAMS_PER_PEER, so one host cannot hold every slot of the process. The
 connection count itself is bounded by grpc (DTQ_GRPC_MAX_CONNECTIONS, see
 server.grpc_options).
 
-:class:`TruncatingFilter` cuts every string of a log record (message and ``extra``
-values) to a byte bound, so a client-supplied string never makes a log line larger
-than that.
+Client strings in log lines are cut by :class:`dtq_gateway.logconf.TruncatingFilter`.
 """
 
 from __future__ import annotations
 
 import inspect
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -25,9 +22,6 @@ from dtq_gateway import metrics
 from dtq_gateway.errors import DtqError
 from dtq_gateway.rpc import grpc_errors
 from dtq_gateway.rpc.auth import WrappingInterceptor, wrap_handler
-
-#: Longest string of a log record kept whole (bytes of UTF-8, about; cut at a character).
-MAX_LOG_FIELD_BYTES = 2048
 
 
 class TooManyCalls(DtqError):
@@ -113,43 +107,3 @@ class PeerLimitInterceptor(WrappingInterceptor):
                 self._leave(peer)
 
         return run
-
-
-def _cut(value: str, limit: int) -> str:
-    if len(value) <= limit // 4:
-        return value
-    data = value.encode("utf-8", errors="replace")
-    if len(data) <= limit:
-        return value
-    return data[:limit].decode("utf-8", errors="ignore") + f"...[{len(data) - limit} bytes cut]"
-
-
-#: Attributes every LogRecord has: not ``extra`` values.
-_RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
-    "message", "asctime"}
-
-
-class TruncatingFilter(logging.Filter):
-    """Cuts the formatted message and every string ``extra`` value of a record to
-    ``max_bytes`` (default MAX_LOG_FIELD_BYTES), marking the cut. Tracebacks are kept."""
-
-    def __init__(self, max_bytes: int = MAX_LOG_FIELD_BYTES) -> None:
-        super().__init__()
-        self.max_bytes = max_bytes
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        """Cut the record in place; never drops it."""
-        try:
-            message = record.getMessage()
-        except Exception:  # noqa: BLE001 - a bad format string: leave it to the handler
-            return True
-        cut = _cut(message, self.max_bytes)
-        if cut is not message:
-            record.msg, record.args = cut, None
-        for name, value in list(vars(record).items()):
-            if name not in _RECORD_FIELDS:
-                if isinstance(value, str):
-                    setattr(record, name, _cut(value, self.max_bytes))
-                elif isinstance(value, (list, tuple)) and len(repr(value)) > self.max_bytes:
-                    setattr(record, name, _cut(repr(value), self.max_bytes))
-        return True

@@ -21,14 +21,16 @@ from typing import Any
 
 import grpc
 
+from dtq_gateway.duties.queue_gauges import QueueGaugeCollector
 from dtq_gateway.events.events_hub import EventsHub
-from dtq_gateway.metrics import MetricsInterceptor, QueueGaugeCollector, start_metrics_server
+from dtq_gateway.metrics import start_metrics_server
 from dtq_gateway.rpc import events_servicer
 from dtq_gateway.rpc.admin_servicer import AdminServicer
 from dtq_gateway.rpc.auth import AuthInterceptor, parse_tokens
 from dtq_gateway.rpc.decoding import DecodeGuardInterceptor
 from dtq_gateway.rpc.events_servicer import EventsServicer
 from dtq_gateway.rpc.limits import PeerLimitInterceptor
+from dtq_gateway.rpc.metrics_interceptor import MetricsInterceptor
 from dtq_gateway.settings import Settings
 from dtq_gateway.store.client import Client
 from dtq_proto import dtq_pb2_grpc

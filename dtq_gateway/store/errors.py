@@ -67,3 +67,12 @@ def as_dtq_error(exc: BaseException) -> DtqError | None:
             isinstance(exc, ResponseError) and reply_code(exc) in _TRANSIENT_REPLIES):
         return Unavailable(f"redis unavailable: {exc.__class__.__name__}", retry_after_ms=1000)
     return None
+
+
+def is_redis_outage(exc: BaseException) -> bool:
+    """True when ``exc`` says Redis cannot serve right now (unreachable, loading, busy
+    with a script, read-only, failing to persist, a cluster slot moving, out of
+    memory), also as the domain error it maps to: transient, to be retried, never a bug
+    to log at ERROR."""
+    mapped = exc if isinstance(exc, DtqError) else as_dtq_error(exc)
+    return isinstance(mapped, (Unavailable, RedisFull))

@@ -19,7 +19,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from dtq_gateway.duties.duty import RateLimitedLog
+from dtq_gateway.logconf import RateLimitedLog
 from dtq_gateway.store import keys
 
 _log = RateLimitedLog(logging.getLogger(__name__))

@@ -1,4 +1,4 @@
-"""Periodic schedules: storage, the Admin operations and the leader's firer.
+"""Periodic schedules: storage, the Admin operations and the Redis steps of the leader's firer.
 
 Each schedule is one hash ``dtq:schedule:<name>`` (definition and state); the
 registry ``dtq:schedules`` is a sorted set of names scored by their next fire
@@ -10,7 +10,7 @@ order that stays correct if the process dies between steps:
   which the next create of the name overwrites);
 * delete: DEL the hash, then ZREM (a crash leaves a registry member without hash,
   which the firer removes);
-* fire (scheduler leader only, :class:`ScheduleFirer`): read the due names from the
+* fire (scheduler leader only, :class:`dtq_gateway.duties.schedule_firer.ScheduleFirer`): read the due names from the
   registry, enqueue each due fire with the idempotency key
   ``schedule:<name>:<fire epoch ms>``, record the progress in the hash
   (``schedule_advance.lua``: ``done_ms``, last fire, next fire), then ZADD the next
@@ -34,16 +34,13 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from dtq_gateway import metrics
-from dtq_gateway.duties.duty import PeriodicDuty, RateLimitedLog
-from dtq_gateway.duties.leader import LeaderLock
-from dtq_gateway.duties.schedule_plan import plan, policy_of, timetable_of, validate_spec
 from dtq_gateway.errors import AlreadyExists, InvalidArgument, NotFound
-from dtq_gateway.rpc.validation import MAX_METADATA_ENTRIES, NewTask, validate_enqueue
+from dtq_gateway.schedule_plan import timetable_of, validate_spec
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import keys
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import Script
+from dtq_gateway.validation import MAX_METADATA_ENTRIES, NewTask, validate_enqueue
 from dtq_proto import dtq_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -211,98 +208,43 @@ async def delete(redis: Redis, name: str) -> bool:
     return bool(deleted or removed)
 
 
-class ScheduleFirer(PeriodicDuty):
-    """Enqueues the due fires of every schedule (scheduler leader only).
+# -- the scheduler leader's firer (dtq_gateway.duties.schedule_firer) ------------------
+async def due_names(redis: Redis, now_ms: int, limit: int = DUE_BATCH) -> list[str]:
+    """Names of schedules due at ``now_ms`` (epoch ms), at most ``limit``, soonest first."""
+    due = await redis.zrangebyscore(keys.SCHEDULES, "-inf", now_ms, start=0, num=limit)
+    return [text(name) for name in due]
 
-    Args:
-        redis: client.
-        settings: gateway settings (task defaults and limits).
-        lock: leadership; checked before every enqueue.
-        broker: enqueues tasks (:class:`dtq_gateway.store.broker.Broker`).
-        interval_s: tick period (s); a fire is enqueued within about this much.
-    """
 
-    name = "schedule-firer"
+async def load(redis: Redis, name: str) -> dict[bytes, bytes]:
+    """Every field of schedule ``name`` (module docstring); {} when it has no hash."""
+    return await redis.hgetall(keys.periodic_schedule(name))
 
-    def __init__(self, redis: Redis, settings: Settings, lock: LeaderLock, broker: Any,
-                 interval_s: float = 0.5) -> None:
-        super().__init__()
-        self._redis, self._settings, self._lock, self._broker = redis, settings, lock, broker
-        self._interval_s = interval_s
-        self._fail_log = RateLimitedLog(log, every_s=30.0)
 
-    def interval_s(self) -> float:
-        """The tick period (s)."""
-        return self._interval_s
+async def park(redis: Redis, name: str) -> None:
+    """Score a paused schedule +inf in the registry (never due until resumed)."""
+    await redis.zadd(keys.SCHEDULES, {name: math.inf}, xx=True)
 
-    def active(self) -> bool:
-        """Only the scheduler leader fires."""
-        return self._lock.is_leader
 
-    async def tick(self) -> None:
-        """Fire every due schedule (at most DUE_BATCH per tick)."""
-        now = await _now_ms(self._redis)
-        due = await self._redis.zrangebyscore(keys.SCHEDULES, "-inf", now, start=0,
-                                              num=DUE_BATCH)
-        for name in due:
-            if self.stopping or not self._lock.is_leader:
-                return
-            await self.fire(text(name), now)
+async def advance(redis: Redis, name: str, gen: str, done_ms: int, fire_ms: int,
+                  task_id: str, next_ms: int) -> bool:
+    """Record progress on the hash (``schedule_advance.lua``): every fire at or before
+    ``done_ms`` is handled, ``fire_ms``/``task_id`` the last fire (0/"" for none),
+    ``next_ms`` the next one. False when the schedule was replaced (``gen`` changed) or
+    deleted meanwhile. Times are epoch ms."""
+    reply = await ADVANCE(redis, [keys.periodic_schedule(name)],
+                          ADVANCE.argv(gen, done_ms, fire_ms, task_id, next_ms))
+    return text(reply) == "ok"
 
-    async def fire(self, name: str, now: int) -> int:
-        """Enqueue the due fires of one schedule; returns how many were enqueued."""
-        key = keys.periodic_schedule(name)
-        fields = await self._redis.hgetall(key)
-        if not fields:
-            await self._forget(name)
-            return 0
-        if fields.get(b"paused") == b"1":
-            await self._redis.zadd(keys.SCHEDULES, {name: math.inf}, xx=True)
-            return 0
-        spec = pb.Schedule.FromString(fields[b"spec"])
-        table = timetable_of(spec, int(fields[b"anchor_ms"]))
-        gen, next_ms = text(fields[b"gen"]), table.next_after(now)
-        fired = 0
-        for fire_ms in plan(table, policy_of(spec), int(fields[b"done_ms"]), now):
-            if not self._lock.is_leader:
-                return fired
-            task_id = await self._enqueue(spec, fire_ms)
-            if task_id is None:
-                return fired  # retried at the next tick (the registry still says due)
-            fired += 1
-            if text(await ADVANCE(self._redis, [key], ADVANCE.argv(
-                    gen, fire_ms, fire_ms, task_id, next_ms))) != "ok":
-                return fired
-        if text(await ADVANCE(self._redis, [key], ADVANCE.argv(gen, now, 0, "", next_ms))) \
-                == "ok":
-            await self._redis.zadd(keys.SCHEDULES, {name: next_ms}, xx=True)
-        return fired
 
-    async def _enqueue(self, spec: pb.Schedule, fire_ms: int) -> str | None:
-        """Enqueue one fire; its task id, or None when it could not be enqueued now."""
-        try:
-            task = fire_task(spec, self._settings, f"schedule:{spec.name}:{fire_ms}", fire_ms)
-            (out,) = await self._broker.enqueue_many([task])
-            if isinstance(out, Exception):
-                raise out
-        except InvalidArgument as exc:  # e.g. a limit lowered since the schedule was made
-            metrics.SCHEDULE_FIRES_FAILED.inc()
-            self._fail_log.log(logging.WARNING, "schedule %s: task template refused: %s",
-                               spec.name, exc.message, schedule=spec.name)
-            return None
-        except Exception as exc:  # noqa: BLE001 - queue full, Redis refused: retry later
-            metrics.SCHEDULE_FIRES_FAILED.inc()
-            self._fail_log.log(logging.WARNING, "schedule %s: fire not enqueued yet: %r",
-                               spec.name, exc, schedule=spec.name)
-            return None
-        if not out.deduplicated:
-            metrics.SCHEDULE_FIRES.inc()
-        return str(out.task_id)
+async def reschedule(redis: Redis, name: str, next_ms: int) -> None:
+    """Score schedule ``name`` by its next fire (epoch ms) in the registry."""
+    await redis.zadd(keys.SCHEDULES, {name: next_ms}, xx=True)
 
-    async def _forget(self, name: str) -> None:
-        """Drop a registry member whose hash is gone (a delete that died halfway); a
-        create racing this re-adds it from its hash."""
-        await self._redis.zrem(keys.SCHEDULES, name)
-        raw = await self._redis.hget(keys.periodic_schedule(name), "next_fire_ms")
-        if raw is not None:
-            await self._redis.zadd(keys.SCHEDULES, {name: int(raw)}, nx=True)
+
+async def forget(redis: Redis, name: str) -> None:
+    """Drop a registry member whose hash is gone (a delete that died halfway); a
+    create racing this re-adds it from its hash."""
+    await redis.zrem(keys.SCHEDULES, name)
+    raw = await redis.hget(keys.periodic_schedule(name), "next_fire_ms")
+    if raw is not None:
+        await redis.zadd(keys.SCHEDULES, {name: int(raw)}, nx=True)

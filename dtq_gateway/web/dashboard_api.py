@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtq_gateway.errors import InvalidArgument
-from dtq_gateway.rpc.validation import MAX_REASON_BYTES, cut_utf8
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import admin, admin_dlq, admin_lists, keys
 from dtq_gateway.store.admin import CallInfo, as_int
@@ -26,6 +25,7 @@ from dtq_gateway.store.broker import Broker
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.task_record import NAME_BY_STATUS, STATUS_BY_NAME, task_from_hash
+from dtq_gateway.validation import MAX_REASON_BYTES, cut_utf8
 from dtq_gateway.web.dashboard_rates import RateTracker
 from dtq_proto import dtq_pb2 as pb
 

@@ -14,7 +14,7 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from dtq_gateway.rpc.limits import TruncatingFilter
+from dtq_gateway.logconf import TruncatingFilter
 from dtq_gateway.server import Gateway
 from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2 as pb

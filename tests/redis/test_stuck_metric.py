@@ -8,7 +8,7 @@ import json
 import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
-from dtq_gateway import metrics
+from dtq_gateway.duties.queue_gauges import QueueGaugeCollector
 from dtq_gateway.store import admin, admin_waiting, keys
 
 
@@ -27,7 +27,7 @@ async def test_stuck_tasks_gauge_counts_types_no_live_worker_takes(redis_url) ->
             "task_types": "known", "labels": json.dumps({})})
         await r.sadd(keys.WORKERS, "w1")
         await r.sadd(keys.BUSY_QUEUES, "sq")
-        await metrics.QueueGaugeCollector(r, heartbeat_interval_ms=10_000).tick()
+        await QueueGaugeCollector(r, heartbeat_interval_ms=10_000).tick()
         assert REGISTRY.get_sample_value("dtq_queue_stuck_tasks", {"queue": "sq"}) == 2
         age = REGISTRY.get_sample_value("dtq_queue_backlog_age_seconds", {"queue": "sq"})
         assert 59 <= age < 70

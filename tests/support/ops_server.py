@@ -15,11 +15,11 @@ import redis.asyncio as aioredis
 from grpc_health.v1 import health, health_pb2_grpc
 
 from dtq_gateway.events.events_hub import EventsHub
-from dtq_gateway.metrics import MetricsInterceptor
 from dtq_gateway.rpc.admin_servicer import AdminServicer
 from dtq_gateway.rpc.auth import AuthInterceptor, parse_tokens
 from dtq_gateway.rpc.events_servicer import EventsServicer, hub_options
 from dtq_gateway.rpc.events_servicer import add_to_server as add_events_to_server
+from dtq_gateway.rpc.metrics_interceptor import MetricsInterceptor
 from dtq_proto import dtq_pb2_grpc
 
 

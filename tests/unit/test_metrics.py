@@ -10,6 +10,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from dtq_gateway import metrics
+from dtq_gateway.duties.queue_gauges import QueueGaugeCollector
+from dtq_gateway.rpc.metrics_interceptor import MetricsInterceptor
 from dtq_gateway.store import keys
 
 
@@ -49,7 +51,7 @@ async def test_collector_sets_depth_pending_age_and_live_workers(fake) -> None:
     await fake.hset(keys.worker("w2"), mapping={"last_heartbeat": now_ms - 120_000})
     await fake.sadd(keys.WORKERS, "w1", "w2")
     await fake.sadd(keys.BUSY_QUEUES, "mq")
-    collector = metrics.QueueGaugeCollector(fake, heartbeat_interval_ms=10_000)
+    collector = QueueGaugeCollector(fake, heartbeat_interval_ms=10_000)
     await collector.tick()
     assert sample("dtq_queue_depth", queue="mq", band="9") == 2
     assert sample("dtq_queue_pending", queue="mq", band="9") == 1
@@ -75,7 +77,7 @@ async def test_collector_reads_busy_queues_only_and_keeps_the_deepest(fake) -> N
     await fake.sadd(keys.BUSY_QUEUES, "cap0", "cap1", "cap2", "cap3", "cap4")
     for i in range(50):  # drained queues: streams (and groups) left, not busy
         await fake.xgroup_create(keys.stream(f"idle{i}", 5), keys.GROUP, id="0", mkstream=True)
-    collector = metrics.QueueGaugeCollector(fake, heartbeat_interval_ms=10_000, max_queues=2)
+    collector = QueueGaugeCollector(fake, heartbeat_interval_ms=10_000, max_queues=2)
     await collector.tick()
     assert queue_series() == {"cap2", "cap4"}  # depths 5 and 4
     assert sample("dtq_metrics_queues_omitted") == 3
@@ -119,7 +121,7 @@ async def test_interceptor_observes_method_and_code() -> None:
         async def continuation(details: object, h=handler) -> grpc.RpcMethodHandler:
             return h
 
-        wrapped = await metrics.MetricsInterceptor().intercept_service(
+        wrapped = await MetricsInterceptor().intercept_service(
             continuation, SimpleNamespace(method=method, invocation_metadata=()))
         if wrapped.unary_stream:
             assert [x async for x in wrapped.unary_stream(None, Ctx())] == [1, 2]
@@ -135,5 +137,5 @@ async def test_interceptor_passes_unknown_methods_through() -> None:
     async def continuation(details: object) -> None:
         return None
 
-    assert await metrics.MetricsInterceptor().intercept_service(
+    assert await MetricsInterceptor().intercept_service(
         continuation, SimpleNamespace(method="/x.Y/Z", invocation_metadata=())) is None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dtq_gateway.web.queue_rates import KEEP_MS, QueueRates
+from dtq_gateway.queue_rates import KEEP_MS, QueueRates
 
 
 def test_first_reading_has_no_rate_then_rates_per_second():

@@ -7,7 +7,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from dtq_gateway.duties.schedule_plan import (
+from dtq_gateway.errors import InvalidArgument
+from dtq_gateway.schedule_plan import (
     ALL,
     LATEST,
     ON_TIME_MS,
@@ -17,7 +18,6 @@ from dtq_gateway.duties.schedule_plan import (
     plan,
     validate_spec,
 )
-from dtq_gateway.errors import InvalidArgument
 from dtq_proto import dtq_pb2 as pb
 
 H = 3_600_000

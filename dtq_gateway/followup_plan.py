@@ -15,9 +15,9 @@ import uuid
 from dataclasses import replace
 
 from dtq_gateway.errors import InvalidArgument
-from dtq_gateway.rpc.validation import NewTask, validate_enqueue
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import keys
+from dtq_gateway.validation import NewTask, validate_enqueue
 from dtq_proto import dtq_pb2
 
 #: Most steps after the first task of a chain.
