@@ -176,9 +176,11 @@ def extra_fields(msg: Message, shown: Iterable[str]) -> list[tuple[str, Any]]:
     for name, value in to_dict(msg).items():
         if name in skip or value in (None, "", 0, False, [], {}):
             continue
-        if isinstance(value, str) and value.endswith("_UNSPECIFIED"):
+        if isinstance(value, str) and (value == "UNSPECIFIED" or value.endswith("_UNSPECIFIED")):
             continue  # an enum at its zero value is unset too
-        out.append((name.replace("_", " "), value if isinstance(value, str | int | float)
+        if isinstance(value, float):
+            value = f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"  # rates, percents
+        out.append((name.replace("_", " "), value if isinstance(value, str | int)
                     else json.dumps(value, ensure_ascii=False)))
     return out
 

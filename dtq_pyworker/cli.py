@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=env.get("DTQ_GATEWAY"),
                    help="gateway address HOST:PORT (env DTQ_GATEWAY)")
     p.add_argument("--queues", default=env.get("DTQ_QUEUES") or env.get("DTQ_QUEUE"),
-                   help="comma-separated queues (env DTQ_QUEUES, or DTQ_QUEUE for one)")
+                   help="comma-separated queues, 1..32 (a Lease session's limit; env "
+                        "DTQ_QUEUES, or DTQ_QUEUE for one)")
     p.add_argument("--concurrency", type=int, default=_int_env("DTQ_CONCURRENCY"),
                    help="handler slots (env DTQ_CONCURRENCY)")
     p.add_argument("--max-in-flight", type=int, default=_int_env("DTQ_MAX_IN_FLIGHT"),
@@ -78,6 +79,10 @@ def load_worker(spec: str) -> Worker:
     if not isinstance(obj, Worker):
         raise TypeError(f"{spec} is not a dtq_pyworker.Worker")
     return obj
+
+
+#: Most queues one Lease session may name (docs/protocol.md: 1..32).
+MAX_QUEUES = 32
 
 
 def apply_flags(worker: Worker, args: argparse.Namespace) -> None:
@@ -137,6 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("cannot load %s: %s", args.spec, exc)
         return 2
     apply_flags(worker, args)
+    if not 1 <= len(worker.queues) <= MAX_QUEUES:
+        print(f"dtq-pyworker: --queues: 1..{MAX_QUEUES} queue names (a Lease session's "
+              f"limit), got {len(worker.queues)}", file=sys.stderr)
+        return 2
     log.info("starting worker %s on %s, queues=%s, concurrency=%d", worker.worker_id,
              worker.target, ",".join(worker.queues), worker.concurrency)
     try:

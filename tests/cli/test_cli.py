@@ -56,6 +56,13 @@ def test_fields_a_view_does_not_know_are_still_printed():
         ("status", "SUCCEEDED"), ("timeout ms", 1500), ("updated at", "1970-01-01T00:00:01.000Z")]
 
 
+def test_float_fields_are_rounded_for_reading():
+    stats = dtq_pb2.GetQueueStatsResponse(queue="q", succeeded_per_s=0.3709267605111371)
+    task = dtq_pb2.Task(task_id="t1", progress_percent=33.33333)
+    assert extra_fields(stats, {"queue"}) == [("succeeded per s", "0.371")]
+    assert extra_fields(task, {"task_id"}) == [("progress percent", "33.3")]
+
+
 def test_enqueue_wait_and_get_a_succeeding_task(env):
     doc = env.json("enqueue", SERVED, "ok", '{"n": 1}', "--wait", "--wait-timeout", "10s")
     assert doc["status"] == "SUCCEEDED" and doc["result"] == {"echo": {"n": 1}}

@@ -77,6 +77,14 @@ async def test_cli_bad_spec_exits_2():
     assert await asyncio.wait_for(proc.wait(), 20) == 2
 
 
+def test_cli_refuses_more_queues_than_a_lease_session_takes(capsys):
+    from dtq_pyworker.cli import main
+
+    queues = ",".join(f"q{i}" for i in range(33))
+    assert main(["tests.worker.cli_app:worker", "--queues", queues]) == 2
+    assert "1..32 queue names" in capsys.readouterr().err
+
+
 async def test_cli_exits_zero_when_a_sync_handler_ignores_cancellation(fake):
     proc = await _spawn("tests.worker.cli_app:worker", "--target", fake.target,
                         "--queues", "q", "--drain-grace", "0.3")
