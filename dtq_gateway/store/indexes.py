@@ -8,7 +8,7 @@ crash between the two steps harmless or repaired:
   leaves a task out of the listing (GetTask still finds it).
 - ``dtq:queues:busy``: SADD after a script reported that it set the queue's busy marker
   (``dtq:queue:{q}:busy``). A crash in between leaves a busy queue out of the set until
-  the scheduler leader's registry sweep (scheduler.py) finds its marker and adds it.
+  the scheduler leader's registry sweep (duties/reaper.py) finds its marker and adds it.
 """
 
 from __future__ import annotations
