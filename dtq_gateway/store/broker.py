@@ -83,10 +83,11 @@ class Broker:
         The tasks go out as enqueue.lua calls of at most ``CHUNK`` tasks each, pipelined
         (one EVALSHA for a unary Enqueue). Returns one :class:`Enqueued` or exception
         per task, in order: :class:`QueueFull`, or the Redis error of the task's chunk
-        (a chunk is one script call, refused as a whole, e.g. OutOfMemoryError at
-        ``maxmemory``; the other chunks' outcomes stand, so a resend of the failed items
-        stores nothing twice). A single task's Redis error is raised, as are connection
-        errors of a single call (the servicer maps them to a status).
+        (a chunk is one script call: a refusal such as OutOfMemoryError at ``maxmemory``
+        refuses it as a whole; a connection error leaves it unknown, stored or not; on a
+        cluster only the chunks of the failing node's queues get it). The other chunks'
+        outcomes stand. A single task's Redis error is raised, as are connection errors
+        of a single call (the servicer maps them to a status).
         """
         refused = await self.groups.ensure_some(self.redis, {t.queue for t in tasks})
         if refused:  # new queue names beyond DTQ_MAX_QUEUES: those items only

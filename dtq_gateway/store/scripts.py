@@ -14,6 +14,7 @@ message, so a body may ``return`` anywhere.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 import os
@@ -26,6 +27,7 @@ from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
 
 from dtq_gateway.store import keys
+from dtq_gateway.store.client import is_cluster
 
 LUA_DIR = Path(__file__).parent / "lua"
 
@@ -103,6 +105,10 @@ async def execute(client: Redis, pipe: Any) -> list[Any]:
     returned in place (as exceptions) for the caller to map per item.
     """
     calls = getattr(pipe, "_dtq_calls", {})
+    if is_cluster(client) and len(calls) == len(pipe) > 1:
+        groups = _by_node(client, calls)
+        if len(groups) > 1:
+            return await _execute_per_node(client, calls, groups)
     replies = await pipe.execute(raise_on_error=False)
     for i, r in enumerate(replies):
         if i in calls and (isinstance(r, NoScriptError) or (
@@ -112,6 +118,42 @@ async def execute(client: Redis, pipe: Any) -> list[Any]:
                 replies[i] = await client.eval(script.source, len(keys_), *keys_, *args)
             except ResponseError as exc:
                 replies[i] = exc
+    return replies
+
+
+def _by_node(client: Any, calls: dict[int, tuple[Script, Sequence[str], Sequence[Any]]]
+             ) -> dict[str, list[int]]:
+    """Pipeline positions by the cluster node that owns each call's slot."""
+    groups: dict[str, list[int]] = {}
+    for i, (_, keys_, _) in calls.items():
+        groups.setdefault(client.get_node_from_key(keys_[0]).name, []).append(i)
+    return groups
+
+
+async def _execute_per_node(client: Any,
+                            calls: dict[int, tuple[Script, Sequence[str], Sequence[Any]]],
+                            groups: dict[str, list[int]]) -> list[Any]:
+    """Script calls on several cluster nodes: one pipeline per node, concurrently.
+
+    redis-py's cluster pipeline raises one error for the whole pipeline when any node's
+    connection fails, although the other nodes ran their calls; per node, the error
+    lands on that node's calls only and the others keep their replies (a call answered
+    with a connection error may still have run: its caller must treat it as unknown).
+    """
+    async def run(positions: list[int]) -> list[Any]:
+        pipe = client.pipeline(transaction=False)
+        for i in positions:
+            script, keys_, args = calls[i]
+            script.queue(pipe, keys_, args)
+        return await execute(client, pipe)
+
+    results = await asyncio.gather(*(run(g) for g in groups.values()), return_exceptions=True)
+    replies: list[Any] = [None] * len(calls)
+    for positions, result in zip(groups.values(), results):
+        if isinstance(result, BaseException) and not isinstance(result, Exception):
+            raise result  # cancellation
+        for n, i in enumerate(positions):
+            replies[i] = result if isinstance(result, Exception) else result[n]
     return replies
 
 

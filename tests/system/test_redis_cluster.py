@@ -271,3 +271,56 @@ async def test_cluster_client_makes_calls_wait_and_never_resends_them(
             direct.close()
     finally:
         await client.aclose()
+
+
+async def test_a_failing_node_fails_only_its_own_calls_of_a_pipeline(
+        cluster: RedisClusterSetup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Script calls of one pipeline on all three primaries while one primary's connection
+    fails as the calls are sent (a killed node): that primary's calls get the error, the
+    others' replies stand. redis-py's cluster pipeline raises one error for all of them,
+    and EnqueueBatch then reported items stored on healthy primaries as failed."""
+    from dtq_gateway.store.errors import is_redis_outage
+    from dtq_gateway.store.scripts import call_each
+
+    client = make_client("cluster", cluster.url)
+    await client.initialize()
+    keys_ = [f"p{{cq{i}}}" for i in range(12)]
+    nodes = {k: client.get_node_from_key(k).name for k in keys_}
+    assert len(set(nodes.values())) == 3
+    dead = client.get_node_from_key(keys_[0])
+
+    from redis.asyncio.cluster import ClusterNode
+
+    send = ClusterNode.execute_pipeline
+
+    async def refused_by_dead(node, commands):
+        if node.name == dead.name:
+            raise redis.exceptions.ConnectionError(f"Error 111 connecting to {node.name}")
+        return await send(node, commands)
+
+    monkeypatch.setattr(ClusterNode, "execute_pipeline", refused_by_dead)
+    try:
+        replies = await call_each(client, _IncrScript(), [([k], []) for k in keys_])
+        for k, reply in zip(keys_, replies):
+            if nodes[k] == dead.name:
+                assert is_redis_outage(reply), (k, reply)
+            else:
+                assert reply == 1, (k, reply)
+    finally:
+        await client.aclose()
+
+
+class _IncrScript:
+    """A stand-in Script: INCR of its one key (the shape of Script.queue/__call__)."""
+
+    source = "return redis.call('INCR', KEYS[1])"
+
+    def queue(self, pipe, keys_, args):
+        calls = getattr(pipe, "_dtq_calls", None)
+        if calls is None:
+            calls = pipe._dtq_calls = {}
+        calls[len(pipe)] = (self, keys_, args)
+        pipe.execute_command("EVAL", self.source, len(keys_), *keys_, *args)
+
+    async def __call__(self, client, keys_, args):
+        return await client.eval(self.source, len(keys_), *keys_, *args)
