@@ -40,6 +40,7 @@ from dtq_gateway.duties.schedule_firer import ScheduleFirer
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import due_tasks, reaping, stale_workers
 from dtq_gateway.store.client import Client
+from dtq_gateway.store.errors import is_redis_outage
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +105,9 @@ class Mover(PeriodicDuty):
             return counts
         replies = await due_tasks.move_due(self._redis, due, self._settings.task_retention_s)
         for (q, task_id), reply in zip(due, replies):
-            if isinstance(reply, Exception):
-                log.error("mover: move_due failed: %r", reply, extra={"task_id": task_id})
+            if isinstance(reply, Exception):  # retried at the next tick
+                log.log(logging.WARNING if is_redis_outage(reply) else logging.ERROR,
+                        "mover: move_due failed: %r", reply, extra={"task_id": task_id})
                 counts["error"] += 1
                 continue
             counts[reply] += 1

@@ -35,7 +35,7 @@ from dtq_gateway.events.events_fanout import Encoder, FanOut, Subscription
 from dtq_gateway.logconf import RateLimitedLog
 from dtq_gateway.store import events as channel_store
 from dtq_gateway.store.client import Client
-from dtq_gateway.store.errors import OUTAGE_ERRORS
+from dtq_gateway.store.errors import OUTAGE_ERRORS, is_redis_outage
 
 log = logging.getLogger(__name__)
 
@@ -183,13 +183,14 @@ class EventsHub:
                 await self._listen()
             except asyncio.CancelledError:
                 raise
-            except OUTAGE_ERRORS as exc:
+            except Exception as exc:  # noqa: BLE001 - keep the hub alive
                 failures += 1
-                self._outage_log.log(logging.WARNING, "events: subscriber lost Redis, "
-                                     "resubscribing: %r", exc)
-            except Exception:  # noqa: BLE001 - keep the hub alive, log the bug
-                failures += 1
-                self._outage_log.log(logging.ERROR, "events: subscriber failed", exc_info=True)
+                if isinstance(exc, OUTAGE_ERRORS) or is_redis_outage(exc):
+                    self._outage_log.log(logging.WARNING, "events: subscriber lost Redis, "
+                                         "resubscribing: %r", exc)
+                else:  # a bug: logged with its traceback
+                    self._outage_log.log(logging.ERROR, "events: subscriber failed",
+                                         exc_info=True)
             self.connected.clear()
             if self._stopped:
                 return

@@ -8,6 +8,8 @@ loops catch to back off while Redis is unreachable.
 
 from __future__ import annotations
 
+import os
+
 from redis.exceptions import (
     AuthenticationError,
     BusyLoadingError,
@@ -36,6 +38,9 @@ OUTAGE_ERRORS: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTim
 _TRANSIENT_REPLIES = ("BUSY", "MISCONF", "TRYAGAIN", "CLUSTERDOWN", "MOVED", "ASK",
                       "MASTERDOWN", "LOADING", "NOREPLICAS", "READONLY", "UNBLOCKED")
 
+#: redis-py's asyncio connection module, where a connection closed under a call fails.
+_REDIS_CONNECTION = os.path.join("redis", "asyncio", "connection.py")
+
 _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError,
                 BusyLoadingError, ReadOnlyError, MasterDownError, TryAgainError,
                 ClusterError, MaxConnectionsError, AuthenticationError, NoPermissionError)
@@ -50,13 +55,30 @@ def reply_code(exc: BaseException) -> str:
     return message.split(" ", 1)[0]
 
 
+def _broken_connection(exc: BaseException) -> bool:
+    """True for the errors redis-py's asyncio connections raise when another call closed
+    the connection under them (a cluster node died and the client reset its pool):
+    ``AttributeError: 'NoneType' object has no attribute 'writelines'`` or
+    ``RuntimeError: unable to perform operation on <TCPTransport closed=True>``, raised
+    in (or under) redis-py's connection module. A dead connection, not a bug in dtq."""
+    if not isinstance(exc, (AttributeError, RuntimeError)):
+        return False
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith(_REDIS_CONNECTION):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def as_dtq_error(exc: BaseException) -> DtqError | None:
     """The domain error for a Redis failure, or None when ``exc`` is not one.
 
     Redis at ``maxmemory`` (an OOM reply) → :class:`RedisFull` (RESOURCE_EXHAUSTED);
     Redis unreachable, loading, read-only (a replica after a failover), without a
     primary, busy with a script, failing to persist (MISCONF), refusing dtq's own
-    credentials, a cluster slot moving, or the connection pool exhausted →
+    credentials, a cluster slot moving, the connection pool exhausted, or a connection
+    closed under the call (see ``_broken_connection``) →
     :class:`Unavailable` (UNAVAILABLE). Both carry a 1000 ms retry hint.
     """
     if isinstance(exc, OutOfMemoryError) or (
@@ -64,7 +86,8 @@ def as_dtq_error(exc: BaseException) -> DtqError | None:
         return RedisFull("Redis is out of memory (maxmemory reached): the request was not "
                          "stored; retry later", retry_after_ms=1000)
     if isinstance(exc, _UNAVAILABLE) or (
-            isinstance(exc, ResponseError) and reply_code(exc) in _TRANSIENT_REPLIES):
+            isinstance(exc, ResponseError) and reply_code(exc) in _TRANSIENT_REPLIES) or (
+            _broken_connection(exc)):
         return Unavailable(f"redis unavailable: {exc.__class__.__name__}", retry_after_ms=1000)
     return None
 

@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 
 from dtq_gateway.logconf import RateLimitedLog
 from dtq_gateway.store import keys
+from dtq_gateway.store.errors import is_redis_outage
 
 _log = RateLimitedLog(logging.getLogger(__name__))
 
@@ -59,7 +60,9 @@ async def write_indexes_logged(client: Any, recent: Sequence[Any], busy: Iterabl
     because the indexes are repaired (busy set) or only a listing aid (recent tasks)."""
     try:
         await write_indexes(client, recent, busy, recent_max)
-    except RedisError as exc:
+    except Exception as exc:
+        if not (isinstance(exc, RedisError) or is_redis_outage(exc)):
+            raise
         _log.log(logging.WARNING, "index write after an enqueue failed: %s",
                  type(exc).__name__, busy_queues=sorted(set(busy)))
 

@@ -1,0 +1,43 @@
+"""Which Redis failures count as "Redis cannot serve now" (store.errors)."""
+
+from __future__ import annotations
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from dtq_gateway.errors import RedisFull, Unavailable
+from dtq_gateway.store.errors import as_dtq_error, is_redis_outage
+
+
+def _raised_in(filename: str, source: str) -> BaseException:
+    namespace: dict = {}
+    exec(compile(f"def call(t):\n    {source}\n", filename, "exec"), namespace)  # noqa: S102
+    try:
+        namespace["call"](None)
+    except Exception as exc:  # noqa: BLE001 - the exception is the value under test
+        return exc
+    raise AssertionError("did not raise")
+
+
+def test_a_connection_closed_under_a_call_is_an_outage():
+    """redis-py's asyncio connection fails this way when another call closed it (a
+    cluster node died): UNAVAILABLE, not INTERNAL."""
+    exc = _raised_in("/site-packages/redis/asyncio/connection.py", "t.writelines([b'x'])")
+    assert isinstance(exc, AttributeError)
+    assert isinstance(as_dtq_error(exc), Unavailable) and is_redis_outage(exc)
+
+
+def test_the_same_error_elsewhere_stays_a_bug():
+    exc = _raised_in("/work/dtq_gateway/leasing/dispatch.py", "t.writelines([b'x'])")
+    assert as_dtq_error(exc) is None and not is_redis_outage(exc)
+
+
+@pytest.mark.parametrize(("exc", "kind"), [
+    (RedisConnectionError("refused"), Unavailable),
+    (ResponseError("OOM command not allowed when used memory > 'maxmemory'"), RedisFull),
+    (ResponseError("CLUSTERDOWN The cluster is down"), Unavailable),
+    (ResponseError("WRONGTYPE Operation against a key"), type(None)),
+])
+def test_redis_errors_map_to_their_kind(exc, kind):
+    assert isinstance(as_dtq_error(exc), kind)
