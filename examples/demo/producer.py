@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sysconfig
+import uuid
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -124,8 +125,11 @@ def plan(files: Sequence[str], flaky: int = FLAKY_TASKS, poison: int = POISON_TA
 
 
 async def _call_batch(stub: dtq_pb2_grpc.BrokerStub, items: list[dtq_pb2.EnqueueRequest],
-                      attempts: int = 5) -> dtq_pb2.EnqueueBatchResponse:
-    """One EnqueueBatch call, retried on UNAVAILABLE / RESOURCE_EXHAUSTED with backoff."""
+                      attempts: int = 8) -> dtq_pb2.EnqueueBatchResponse:
+    """One EnqueueBatch call, retried on UNAVAILABLE / RESOURCE_EXHAUSTED with backoff
+    (0.2 s doubling to 3.2 s: about 20 s in all, longer than a Redis failover). Every
+    item carries an idempotency key, so a retry of a call that was partly stored stores
+    nothing twice."""
     delay_s = 0.2
     for attempt in range(1, attempts + 1):
         try:
@@ -137,8 +141,39 @@ async def _call_batch(stub: dtq_pb2_grpc.BrokerStub, items: list[dtq_pb2.Enqueue
                 raise
             log.warning("EnqueueBatch %s, retrying in %.1fs", err.code().name, delay_s)
             await asyncio.sleep(delay_s)
-            delay_s *= 2
+            delay_s = min(delay_s * 2, 3.2)
     raise AssertionError("unreachable")
+
+
+#: ItemError codes worth resending: Redis (or one cluster primary) unreachable, full.
+RETRYABLE_ITEM_CODES = frozenset({grpc.StatusCode.UNAVAILABLE.value[0],
+                                  grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]})
+
+
+async def _enqueue_items(stub: dtq_pb2_grpc.BrokerStub, requests: list[dtq_pb2.EnqueueRequest],
+                         attempts: int = 8) -> list[dtq_pb2.EnqueueBatchResult]:
+    """EnqueueBatch ``requests``; items answered UNAVAILABLE or RESOURCE_EXHAUSTED (a
+    primary failing over while the others took their items) are resent, with their
+    idempotency keys, up to ``attempts`` times. One result per request, in order."""
+    results: list[dtq_pb2.EnqueueBatchResult | None] = [None] * len(requests)
+    pending = list(range(len(requests)))
+    delay_s = 0.2
+    for attempt in range(1, attempts + 1):
+        resp = await _call_batch(stub, [requests[i] for i in pending])
+        retry = []
+        for i, res in zip(pending, resp.results):
+            if (res.HasField("error") and res.error.code in RETRYABLE_ITEM_CODES
+                    and attempt < attempts):
+                retry.append(i)
+            else:
+                results[i] = res
+        if not retry:
+            break
+        log.warning("%d item(s) UNAVAILABLE, resending in %.1fs", len(retry), delay_s)
+        await asyncio.sleep(delay_s)
+        delay_s = min(delay_s * 2, 3.2)
+        pending = retry
+    return [r for r in results if r is not None]
 
 
 async def enqueue_all(stub: dtq_pb2_grpc.BrokerStub, specs: Sequence[TaskSpec],
@@ -162,11 +197,17 @@ async def enqueue_all(stub: dtq_pb2_grpc.BrokerStub, specs: Sequence[TaskSpec],
     """
     accepted: list[tuple[str, TaskSpec]] = []
     errors: list[str] = []
+    run_id = uuid.uuid4().hex[:12]  # this run's keys: a retried call dedupes, a new run not
     for start in range(0, len(specs), batch_size):
         chunk = specs[start:start + batch_size]
-        resp = await _call_batch(stub, [s.to_request() for s in chunk])
+        requests = []
+        for n, spec in enumerate(chunk, start):
+            req = spec.to_request()
+            req.idempotency_key = f"demo:{run_id}:{n}"
+            requests.append(req)
+        results = await _enqueue_items(stub, requests)
         batch: list[tuple[str, TaskSpec]] = []
-        for spec, res in zip(chunk, resp.results):
+        for spec, res in zip(chunk, results):
             if res.HasField("error"):
                 errors.append(f"{spec.task_type} {spec.payload.get('path')}: "
                               f"{res.error.reason} {res.error.message}")

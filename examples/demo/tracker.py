@@ -58,20 +58,29 @@ async def get_tasks(stub: dtq_pb2_grpc.BrokerStub, task_ids: Iterable[str],
         task_id -> Task for every id the gateway knows (NOT_FOUND ids are left out).
 
     Raises:
-        grpc.aio.AioRpcError: A call failed with anything but NOT_FOUND.
+        grpc.aio.AioRpcError: A call failed with anything but NOT_FOUND (UNAVAILABLE
+            after about 20 s of retries).
     """
     sem = asyncio.Semaphore(concurrency)
     out: dict[str, dtq_pb2.Task] = {}
 
     async def one(task_id: str) -> None:
         async with sem:
-            try:
-                resp = await stub.GetTask(dtq_pb2.GetTaskRequest(task_id=task_id), timeout=30)
-            except grpc.aio.AioRpcError as err:
-                if err.code() != grpc.StatusCode.NOT_FOUND:
-                    raise
-                log.warning("task %s not found", task_id)
-                return
+            delay_s = 0.2
+            for attempt in range(8):  # UNAVAILABLE (a Redis failover): about 20 s of tries
+                try:
+                    resp = await stub.GetTask(dtq_pb2.GetTaskRequest(task_id=task_id),
+                                              timeout=30)
+                    break
+                except grpc.aio.AioRpcError as err:
+                    if err.code() == grpc.StatusCode.UNAVAILABLE and attempt < 7:
+                        await asyncio.sleep(delay_s)
+                        delay_s = min(delay_s * 2, 3.2)
+                        continue
+                    if err.code() != grpc.StatusCode.NOT_FOUND:
+                        raise
+                    log.warning("task %s not found", task_id)
+                    return
             out[task_id] = resp.task
 
     await asyncio.gather(*(one(t) for t in task_ids))

@@ -199,3 +199,29 @@ def test_readme_and_configuration_doc_carry_the_current_settings_table() -> None
     proc = subprocess.run([sys.executable, "scripts/gen_config_doc.py", "--check"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+async def test_enqueue_resends_unavailable_items_with_the_same_keys() -> None:
+    """A primary failing over answers its items UNAVAILABLE while the others are taken:
+    the demo resends just those, under the same idempotency keys (no second task)."""
+    from examples.demo import producer
+
+    sent: list[list[tuple[str, str]]] = []
+
+    class Stub:
+        async def EnqueueBatch(self, request, timeout):
+            sent.append([(i.task_type, i.idempotency_key) for i in request.items])
+            results = []
+            for n, item in enumerate(request.items):
+                if len(sent) == 1 and n == 0:
+                    results.append(dtq_pb2.EnqueueBatchResult(error=dtq_pb2.ItemError(
+                        code=14, reason="REDIS_UNAVAILABLE")))
+                else:
+                    results.append(dtq_pb2.EnqueueBatchResult(task_id=f"id-{item.idempotency_key}"))
+            return dtq_pb2.EnqueueBatchResponse(results=results)
+
+    specs = [producer.TaskSpec("file.stats", {"path": f"/f{i}"}, 5) for i in range(3)]
+    accepted, errors = await producer.enqueue_all(Stub(), specs, lambda batch: None)
+    assert errors == [] and len(accepted) == 3
+    assert len(sent) == 2 and sent[1] == [sent[0][0]]  # only the refused item, same key
+    assert len({key for _, key in sent[0]}) == 3
