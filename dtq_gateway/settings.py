@@ -147,7 +147,9 @@ class Settings:
         "How often the scheduler leader looks for chain steps and group callbacks that a "
         "gateway did not create right after the Ack/Fail that owed them (s)."))
     embedded_dir: str = field(default=".dtq/redis", metadata=_meta(
-        "Data directory of the embedded redis-server (AOF on)."))
+        "Data directory of the embedded redis-server (AOF on). One gateway per directory: "
+        "a second one on it is refused (run it with DTQ_REDIS_URL=unix://<dir>/redis.sock "
+        "to share the first one's Redis)."))
     tls_cert: str = field(default="", metadata=_meta("Server certificate PEM path (enables TLS)."))
     tls_key: str = field(default="", metadata=_meta("Server private key PEM path.", secret=True))
     tls_client_ca: str = field(default="", metadata=_meta(

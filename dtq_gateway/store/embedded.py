@@ -7,11 +7,17 @@ runs with ``maxmemory-policy noeviction`` and listens on a unix socket inside th
 directory (TCP on a free loopback port when
 the path is too long for a socket), so it never collides with another Redis. It
 is started with PDEATHSIG so it ends with the gateway even on SIGKILL.
+
+One embedded Redis per directory: the gateway holds an exclusive lock on
+``<dir>/gateway.lock`` (flock, shared with its redis-server child so it lasts until that
+server has exited), and a second gateway on the same directory is refused instead of
+starting a second server on the same AOF, which would corrupt it.
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import shutil
 import signal
@@ -68,6 +74,7 @@ class EmbeddedRedis:
         self.dir = Path(directory).resolve()
         self.binary = find_redis_server()
         self.proc: subprocess.Popen[bytes] | None = None
+        self._lock_fd = -1
         sock = self.dir / "redis.sock"
         self.unix_socket = str(sock) if len(str(sock)) <= MAX_SOCKET_PATH else ""
         self.port = 0 if self.unix_socket else _free_port()
@@ -79,13 +86,38 @@ class EmbeddedRedis:
             return f"unix://{self.unix_socket}"
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout_s: float = 15.0) -> None:
-        """Start redis-server and wait until it answers PING (AOF replay included).
+    def _lock(self) -> None:
+        """Take ``<dir>/gateway.lock`` (flock, exclusive) and write this pid into it.
 
         Raises:
-            EmbeddedRedisError: the process exited or did not answer in time.
+            EmbeddedRedisError: another gateway (or its redis-server) holds the lock.
+        """
+        path = self.dir / "gateway.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise EmbeddedRedisError(
+                f"{self.dir} is in use by another gateway's embedded Redis (pid {holder}): "
+                "one embedded Redis per directory. Stop that gateway, give this one "
+                "another DTQ_EMBEDDED_DIR, or share the running Redis with "
+                f"DTQ_REDIS_URL={self.url}") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def start(self, timeout_s: float = 15.0) -> None:
+        """Take the directory's lock, start redis-server and wait until it answers PING
+        (AOF replay included).
+
+        Raises:
+            EmbeddedRedisError: the directory is in use by another gateway, or the
+                process exited or did not answer in time.
         """
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock()
         cmd = [self.binary, "--dir", str(self.dir), "--appendonly", "yes",
                "--appendfsync", "everysec", "--save", "", "--bind", "127.0.0.1",
                "--port", str(self.port), "--logfile", str(self.dir / "redis.log"),
@@ -98,7 +130,7 @@ class EmbeddedRedis:
         if self.unix_socket:
             cmd += ["--unixsocket", self.unix_socket, "--unixsocketperm", "700"]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, pass_fds=(self._lock_fd,),
                                      preexec_fn=_die_with_parent)  # noqa: PLW1509 - set at startup, before threads
         client = redis.Redis.from_url(self.url, socket_timeout=1)
         deadline = time.monotonic() + timeout_s
@@ -130,3 +162,6 @@ class EmbeddedRedis:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # the server has exited: the lock is free now
+            self._lock_fd = -1

@@ -109,3 +109,25 @@ def test_embedded_redis_runs_with_noeviction(tmp_path):
             assert client.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
     finally:
         embedded.stop()
+
+
+def test_one_embedded_redis_per_directory(tmp_path):
+    """A second gateway on the same embedded directory is refused, naming the holder,
+    instead of starting a second redis-server on the same AOF; the directory is free
+    again once the first one stopped."""
+    from dtq_gateway.store.embedded import EmbeddedRedis, EmbeddedRedisError
+
+    first = EmbeddedRedis(str(tmp_path / "redis"))
+    first.start()
+    try:
+        second = EmbeddedRedis(str(tmp_path / "redis"))
+        with pytest.raises(EmbeddedRedisError, match="in use by another gateway"):
+            second.start()
+        assert second.proc is None
+        with redis.Redis.from_url(first.url) as client:
+            assert client.ping()
+    finally:
+        first.stop()
+    again = EmbeddedRedis(str(tmp_path / "redis"))
+    again.start()
+    again.stop()
