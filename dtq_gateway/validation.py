@@ -321,6 +321,11 @@ def validate_enqueue(req: dtq_pb2.EnqueueRequest, settings: Settings,
     cap = req.retry_policy.backoff_cap_ms or settings.backoff_cap_ms
     _range(base, 1, 3_600_000, prefix + "retry_policy.backoff_base_ms")
     _range(cap, 1, 86_400_000, prefix + "retry_policy.backoff_cap_ms")
+    if cap < base:
+        field = prefix + "retry_policy.backoff_cap_ms"
+        given = "" if req.retry_policy.backoff_cap_ms else ", the default"
+        raise InvalidArgument(f"{field}: must be at least backoff_base_ms ({base} ms; got "
+                              f"{cap} ms{given})", field=field)
     idem = req.idempotency_key
     return NewTask(
         task_id=keys.new_task_id(req.queue), queue=req.queue, task_type=req.task_type,

@@ -31,7 +31,7 @@ from dtq_gateway.settings import Settings
 from dtq_gateway.store import leasing as store
 from dtq_gateway.store import ratelimits
 from dtq_gateway.store.client import Client
-from dtq_gateway.store.errors import OUTAGE_ERRORS
+from dtq_gateway.store.errors import OUTAGE_ERRORS, is_redis_outage
 from dtq_gateway.store.groups import Groups
 from dtq_gateway.store.leasing import OWN_EVENT, ReadGroup
 from dtq_gateway.store.replies import text as _s
@@ -246,14 +246,16 @@ class Dispatcher:
             try:
                 await self._round(tick)
                 backoff = 0.05
-            except OUTAGE_ERRORS as exc:
-                self._log_error("redis unavailable for leasing", exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-                self._wake.set()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - keep dispatching; log and back off
+                if isinstance(exc, OUTAGE_ERRORS) or is_redis_outage(exc):
+                    # unreachable, loading, a cluster slot down or moving: no traceback
+                    self._log_error("redis unavailable for leasing", exc)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 2.0)
+                    self._wake.set()
+                    continue
                 self._log_error("dispatch round failed", exc, exc_info=True)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)

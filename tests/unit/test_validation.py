@@ -76,3 +76,15 @@ def test_json_payload_errors_say_what_is_wrong(payload, says):
     with pytest.raises(InvalidArgument) as err:
         validate_enqueue(pb.EnqueueRequest(queue="q", task_type="t", payload=payload), settings)
     assert says in err.value.message and err.value.field == "payload"
+
+
+@pytest.mark.parametrize("policy", [
+    pb.RetryPolicy(backoff_base_ms=100_000, backoff_cap_ms=1),
+    pb.RetryPolicy(backoff_base_ms=600_000),  # above the default cap (300 s)
+])
+def test_a_backoff_cap_below_its_base_is_refused(policy):
+    with pytest.raises(InvalidArgument) as err:
+        validate_enqueue(pb.EnqueueRequest(queue="q", task_type="t", retry_policy=policy),
+                         SETTINGS)
+    assert err.value.field == "retry_policy.backoff_cap_ms"
+    assert "at least backoff_base_ms" in err.value.message
