@@ -31,6 +31,7 @@ from redis.asyncio import Redis
 
 from dtq_gateway.errors import InvalidArgument
 from dtq_gateway.store import keys
+from dtq_gateway.store.admin import redis_now_ms
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import Script, execute
 
@@ -136,8 +137,7 @@ async def list_limits(redis: Redis, queue: str = "") -> list[RateLimit]:
                               field="queue")
     queues = [queue] if queue else sorted(
         text(q) for q in await redis.smembers(keys.RATE_LIMITED_QUEUES))
-    sec, usec = await redis.time()
-    now_ms = int(sec) * 1000 + int(usec) // 1000
+    now_ms = await redis_now_ms(redis)
     pipe = redis.pipeline(transaction=False)
     for q in queues:
         pipe.hgetall(keys.rate_limit(q))

@@ -38,6 +38,7 @@ from dtq_gateway.errors import AlreadyExists, InvalidArgument, NotFound
 from dtq_gateway.schedule_plan import timetable_of, validate_spec
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import keys
+from dtq_gateway.store.admin import redis_now_ms
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import Script
 from dtq_gateway.validation import MAX_METADATA_ENTRIES, NewTask, validate_enqueue
@@ -49,11 +50,6 @@ ADVANCE = Script("schedule_advance")
 UPDATE = Script("schedule_update")
 #: Due schedules handled per firer tick; more wait for the next tick.
 DUE_BATCH = 100
-
-
-async def _now_ms(redis: Redis) -> int:
-    sec, usec = await redis.time()
-    return int(sec) * 1000 + int(usec) // 1000
 
 
 def _check_name(name: str, field: str = "name") -> str:
@@ -119,7 +115,7 @@ async def create(redis: Redis, settings: Settings, spec: pb.Schedule, replace: b
     if exists and not replace:
         raise AlreadyExists(f"schedule {spec.name!r} exists (set replace to overwrite)",
                             field="schedule.name")
-    now = await _now_ms(redis)
+    now = await redis_now_ms(redis)
     next_ms = timetable_of(spec, now).next_after(now)
     stored = pb.Schedule()
     stored.CopyFrom(spec)
@@ -172,7 +168,7 @@ async def set_paused(redis: Redis, name: str, paused: bool) -> pb.ScheduleInfo:
         score = math.inf
     else:
         spec_raw, anchor = await redis.hmget(key, "spec", "anchor_ms")
-        now = await _now_ms(redis)
+        now = await redis_now_ms(redis)
         score = timetable_of(pb.Schedule.FromString(spec_raw or b""),
                              int(anchor or 0)).next_after(now) if spec_raw else 0
         updated = await UPDATE(redis, [key], UPDATE.argv("paused", "0", "done_ms", now,
@@ -192,7 +188,7 @@ async def trigger(redis: Redis, settings: Settings, broker: Any, name: str) -> s
     spec_raw = await redis.hget(keys.periodic_schedule(_check_name(name)), "spec")
     if spec_raw is None:
         raise NotFound(f"schedule {name!r} not found", field="name")
-    now = await _now_ms(redis)
+    now = await redis_now_ms(redis)
     (out,) = await broker.enqueue_many([fire_task(pb.Schedule.FromString(spec_raw), settings,
                                                   "", now)])
     if isinstance(out, Exception):

@@ -24,6 +24,7 @@ from redis.asyncio import Redis
 from dtq_gateway.followup_plan import callback_task_id
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import keys
+from dtq_gateway.store.admin import redis_now_ms
 from dtq_gateway.store.broker import Broker, Enqueued
 from dtq_gateway.store.replies import text as _s
 from dtq_gateway.store.scripts import Script
@@ -94,7 +95,7 @@ class TaskGroups:
         """
         queue = callback.queue
         await self.redis.sadd(keys.FOLLOWUP_QUEUES, queue)  # the sweep must see the group
-        now_ms = await self._now_ms()
+        now_ms = await redis_now_ms(self.redis)
         pipe = self.redis.pipeline(transaction=True)  # one queue's keys: one slot
         pipe.hset(keys.group(queue, group_id), mapping={
             "callback": callback.SerializeToString(), "total": len(members), "done": 0,
@@ -157,7 +158,7 @@ class TaskGroups:
         if g is None or g.state in ("done", "abandoned"):
             await self.redis.zrem(pending, group_id)
             return True
-        now_ms = now_ms or await self._now_ms()
+        now_ms = now_ms or await redis_now_ms(self.redis)
         if g.members is None:
             if now_ms - g.created_at_ms > ABANDON_AFTER_MS:
                 log.warning("group abandoned: its member list was never written",
@@ -231,10 +232,6 @@ class TaskGroups:
         pipe.expire(keys.group(queue, group_id), self.settings.task_retention_s)
         pipe.zrem(keys.groups_pending(queue), group_id)
         await pipe.execute()
-
-    async def _now_ms(self) -> int:
-        sec, usec = await self.redis.time()
-        return int(sec) * 1000 + int(usec) // 1000
 
 
 def _outcome(f: list) -> dict[str, str]:
