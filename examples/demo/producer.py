@@ -124,55 +124,48 @@ def plan(files: Sequence[str], flaky: int = FLAKY_TASKS, poison: int = POISON_TA
     return specs
 
 
-async def _call_batch(stub: dtq_pb2_grpc.BrokerStub, items: list[dtq_pb2.EnqueueRequest],
-                      attempts: int = 8) -> dtq_pb2.EnqueueBatchResponse:
-    """One EnqueueBatch call, retried on UNAVAILABLE / RESOURCE_EXHAUSTED with backoff
-    (0.2 s doubling to 3.2 s: about 20 s in all, longer than a Redis failover). Every
-    item carries an idempotency key, so a retry of a call that was partly stored stores
-    nothing twice."""
-    delay_s = 0.2
-    for attempt in range(1, attempts + 1):
-        try:
-            return await stub.EnqueueBatch(dtq_pb2.EnqueueBatchRequest(items=items), timeout=30)
-        except grpc.aio.AioRpcError as err:
-            retryable = err.code() in (grpc.StatusCode.UNAVAILABLE,
-                                       grpc.StatusCode.RESOURCE_EXHAUSTED)
-            if not retryable or attempt == attempts:
-                raise
-            log.warning("EnqueueBatch %s, retrying in %.1fs", err.code().name, delay_s)
-            await asyncio.sleep(delay_s)
-            delay_s = min(delay_s * 2, 3.2)
-    raise AssertionError("unreachable")
+#: Waits (s) between the tries of a call or an item answered UNAVAILABLE or
+#: RESOURCE_EXHAUSTED: 19 s in all, longer than a Redis failover (7-9 s).
+RETRY_DELAYS_S = (0.2, 0.4, 0.8, 1.6, 3.2, 3.2, 3.2, 3.2, 3.2)
+RETRYABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+#: The same codes as an ItemError carries them (ints).
+RETRYABLE_ITEM_CODES = frozenset(code.value[0] for code in RETRYABLE_CODES)
 
 
-#: ItemError codes worth resending: Redis (or one cluster primary) unreachable, full.
-RETRYABLE_ITEM_CODES = frozenset({grpc.StatusCode.UNAVAILABLE.value[0],
-                                  grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]})
+async def _enqueue_items(stub: dtq_pb2_grpc.BrokerStub, requests: list[dtq_pb2.EnqueueRequest]
+                         ) -> list[dtq_pb2.EnqueueBatchResult]:
+    """EnqueueBatch ``requests``: a call answered UNAVAILABLE or RESOURCE_EXHAUSTED is
+    resent whole, items answered so (a primary failing over while the others took their
+    items) are resent alone, after each of RETRY_DELAYS_S. Every item carries an
+    idempotency key, so a resend of what was stored after all stores nothing twice.
+    One result per request, in order.
 
-
-async def _enqueue_items(stub: dtq_pb2_grpc.BrokerStub, requests: list[dtq_pb2.EnqueueRequest],
-                         attempts: int = 8) -> list[dtq_pb2.EnqueueBatchResult]:
-    """EnqueueBatch ``requests``; items answered UNAVAILABLE or RESOURCE_EXHAUSTED (a
-    primary failing over while the others took their items) are resent, with their
-    idempotency keys, up to ``attempts`` times. One result per request, in order."""
+    Raises:
+        grpc.aio.AioRpcError: the call failed otherwise, or still after the last delay.
+    """
     results: list[dtq_pb2.EnqueueBatchResult | None] = [None] * len(requests)
     pending = list(range(len(requests)))
-    delay_s = 0.2
-    for attempt in range(1, attempts + 1):
-        resp = await _call_batch(stub, [requests[i] for i in pending])
-        retry = []
-        for i, res in zip(pending, resp.results):
-            if (res.HasField("error") and res.error.code in RETRYABLE_ITEM_CODES
-                    and attempt < attempts):
-                retry.append(i)
-            else:
-                results[i] = res
-        if not retry:
-            break
-        log.warning("%d item(s) UNAVAILABLE, resending in %.1fs", len(retry), delay_s)
+    for delay_s in (*RETRY_DELAYS_S, None):
+        try:
+            resp = await stub.EnqueueBatch(dtq_pb2.EnqueueBatchRequest(
+                items=[requests[i] for i in pending]), timeout=30)
+        except grpc.aio.AioRpcError as err:
+            if err.code() not in RETRYABLE_CODES or delay_s is None:
+                raise
+            log.warning("EnqueueBatch %s, retrying in %.1fs", err.code().name, delay_s)
+        else:
+            retry = []
+            for i, res in zip(pending, resp.results):
+                if (res.HasField("error") and res.error.code in RETRYABLE_ITEM_CODES
+                        and delay_s is not None):
+                    retry.append(i)
+                else:
+                    results[i] = res
+            if not retry:
+                break
+            log.warning("%d item(s) UNAVAILABLE, resending in %.1fs", len(retry), delay_s)
+            pending = retry
         await asyncio.sleep(delay_s)
-        delay_s = min(delay_s * 2, 3.2)
-        pending = retry
     return [r for r in results if r is not None]
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 import grpc
 
 from dtq_proto import dtq_pb2, dtq_pb2_grpc
+from examples.demo.producer import RETRY_DELAYS_S
 
 log = logging.getLogger(__name__)
 
@@ -59,23 +60,21 @@ async def get_tasks(stub: dtq_pb2_grpc.BrokerStub, task_ids: Iterable[str],
 
     Raises:
         grpc.aio.AioRpcError: A call failed with anything but NOT_FOUND (UNAVAILABLE
-            after about 20 s of retries).
+            still after RETRY_DELAYS_S).
     """
     sem = asyncio.Semaphore(concurrency)
     out: dict[str, dtq_pb2.Task] = {}
 
     async def one(task_id: str) -> None:
         async with sem:
-            delay_s = 0.2
-            for attempt in range(8):  # UNAVAILABLE (a Redis failover): about 20 s of tries
+            for delay_s in (*RETRY_DELAYS_S, None):  # UNAVAILABLE: a Redis failover
                 try:
                     resp = await stub.GetTask(dtq_pb2.GetTaskRequest(task_id=task_id),
                                               timeout=30)
                     break
                 except grpc.aio.AioRpcError as err:
-                    if err.code() == grpc.StatusCode.UNAVAILABLE and attempt < 7:
+                    if err.code() == grpc.StatusCode.UNAVAILABLE and delay_s is not None:
                         await asyncio.sleep(delay_s)
-                        delay_s = min(delay_s * 2, 3.2)
                         continue
                     if err.code() != grpc.StatusCode.NOT_FOUND:
                         raise
