@@ -12,6 +12,7 @@ The health probe and the eviction-policy watch read every primary, not one node.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -300,7 +301,7 @@ async def test_a_failing_node_fails_only_its_own_calls_of_a_pipeline(
 
     monkeypatch.setattr(ClusterNode, "execute_pipeline", refused_by_dead)
     try:
-        replies = await call_each(client, _IncrScript(), [([k], []) for k in keys_])
+        replies = await call_each(client, _incr_script(), [([k], []) for k in keys_])
         for k, reply in zip(keys_, replies):
             if nodes[k] == dead.name:
                 assert is_redis_outage(reply), (k, reply)
@@ -310,17 +311,12 @@ async def test_a_failing_node_fails_only_its_own_calls_of_a_pipeline(
         await client.aclose()
 
 
-class _IncrScript:
-    """A stand-in Script: INCR of its one key (the shape of Script.queue/__call__)."""
+def _incr_script():
+    """A Script whose body is INCR of its one key, run by Script's own queue/call paths
+    (EVALSHA, then EVAL of the source on NOSCRIPT)."""
+    from dtq_gateway.store.scripts import Script
 
-    source = "return redis.call('INCR', KEYS[1])"
-
-    def queue(self, pipe, keys_, args):
-        calls = getattr(pipe, "_dtq_calls", None)
-        if calls is None:
-            calls = pipe._dtq_calls = {}
-        calls[len(pipe)] = (self, keys_, args)
-        pipe.execute_command("EVAL", self.source, len(keys_), *keys_, *args)
-
-    async def __call__(self, client, keys_, args):
-        return await client.eval(self.source, len(keys_), *keys_, *args)
+    script = Script.__new__(Script)
+    script.name, script.source = "incr", "return redis.call('INCR', KEYS[1])"
+    script.sha = hashlib.sha1(script.source.encode()).hexdigest()
+    return script
