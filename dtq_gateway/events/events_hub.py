@@ -35,7 +35,7 @@ from dtq_gateway.events.events_fanout import Encoder, FanOut, Subscription
 from dtq_gateway.logconf import RateLimitedLog
 from dtq_gateway.store import events as channel_store
 from dtq_gateway.store.client import Client
-from dtq_gateway.store.errors import OUTAGE_ERRORS, is_redis_outage
+from dtq_gateway.store.errors import is_redis_outage
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class EventsHub:
                 raise
             except Exception as exc:  # noqa: BLE001 - keep the hub alive
                 failures += 1
-                if isinstance(exc, OUTAGE_ERRORS) or is_redis_outage(exc):
+                if is_redis_outage(exc):
                     self._outage_log.log(logging.WARNING, "events: subscriber lost Redis, "
                                          "resubscribing: %r", exc)
                 else:  # a bug: logged with its traceback

@@ -31,7 +31,7 @@ from dtq_gateway.settings import Settings
 from dtq_gateway.store import leasing as store
 from dtq_gateway.store import ratelimits
 from dtq_gateway.store.client import Client
-from dtq_gateway.store.errors import OUTAGE_ERRORS, is_redis_outage
+from dtq_gateway.store.errors import is_redis_outage
 from dtq_gateway.store.groups import Groups
 from dtq_gateway.store.leasing import OWN_EVENT, ReadGroup
 from dtq_gateway.store.replies import text as _s
@@ -249,7 +249,7 @@ class Dispatcher:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - keep dispatching; log and back off
-                if isinstance(exc, OUTAGE_ERRORS) or is_redis_outage(exc):
+                if is_redis_outage(exc):
                     # unreachable, loading, a cluster slot down or moving: no traceback
                     self._log_error("redis unavailable for leasing", exc)
                     await asyncio.sleep(backoff)

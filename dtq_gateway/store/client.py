@@ -44,6 +44,7 @@ MODES = ("standalone", "cluster", "sentinel")
 #: Connection timeouts shared by every mode (s). No dtq call blocks on the server side,
 #: so a socket timeout of a few seconds only fires on a dead connection.
 SOCKET_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 3.0
 #: Longest wait for a free connection (s), standalone pool and cluster call slots alike.
 POOL_WAIT_S = 5.0
 #: Connections per node kept beyond the bounded calls in cluster mode: pub/sub
@@ -51,7 +52,6 @@ POOL_WAIT_S = 5.0
 PUBSUB_CONNECTIONS = 8
 #: Set while a BoundedRedisCluster call holds its slot (a nested call does not wait).
 _IN_CALL: ContextVar[bool] = ContextVar("dtq_redis_in_call", default=False)
-CONNECT_TIMEOUT_S = 3.0
 
 
 @dataclass(frozen=True, slots=True)
