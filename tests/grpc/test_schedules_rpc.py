@@ -69,6 +69,18 @@ async def rewind(redis, name: str, done_ms: int) -> None:
     await redis.zadd(keys.SCHEDULES, {name: 0})
 
 
+async def clear_of_the_hour(redis, margin_ms: int = 15_000) -> None:
+    """Return once Redis's clock is at least ``margin_ms`` past a full UTC hour and as
+    far from the next one: the schedule's real on-time fire (every full UTC hour) must
+    not fall inside the test, where it would be told apart from a caught-up fire by
+    nothing but luck. Waits at most ``2 * margin_ms``, by polling Redis's clock."""
+    async def into_hour() -> int:
+        sec, usec = await redis.time()
+        return (int(sec) * 1000 + int(usec) // 1000) % H
+    await poll(into_hour, lambda ms: margin_ms <= ms <= H - margin_ms,
+               timeout_s=2 * margin_ms / 1000 + 5, interval_s=0.2)
+
+
 @pytest.mark.parametrize("catch_up, expected", [
     (pb.SCHEDULE_CATCH_UP_SKIP, []),
     (pb.SCHEDULE_CATCH_UP_LATEST, [0]),
@@ -80,6 +92,7 @@ async def test_cron_with_time_zone_and_missed_fire_policy(admin, redis, catch_up
     hourly fires are missed while "no gateway ran"; the policy decides which are
     enqueued once a leader runs again."""
     name = f"kolkata-{catch_up}"
+    await clear_of_the_hour(redis)
     await admin.CreateSchedule(pb.CreateScheduleRequest(schedule=pb.Schedule(
         name=name, cron="30 * * * *", timezone="Asia/Kolkata", task=task(),
         catch_up=catch_up, catch_up_max_fires=5)))
