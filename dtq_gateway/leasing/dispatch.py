@@ -431,8 +431,9 @@ class Dispatcher:
         """worker_check + lease_read (slot by slot) + activate for a session; see
         :meth:`_after_read`.
 
-        A session whose queues share one hash slot (every single-queue session) costs
-        one round trip for the check and the read. Queues in several slots are read slot
+        A session with one read group (every session on a standalone Redis, and one
+        whose queues share a hash slot on a cluster) costs one round trip for the check
+        and the read. On a cluster, queues in several slots are read slot
         by slot: first the check and every slot's pending count (one pipeline), then the
         non-empty (band, slot) pairs from p9 down, each read with the credit the earlier
         ones left, so strict priority holds across slots too (one round trip per pair).

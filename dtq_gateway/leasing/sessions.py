@@ -60,9 +60,13 @@ class Session:
     #: reads in a row were re-run at once for that (bounded, see Dispatcher._after_read)
     limit_held: int = 0
     limit_rounds: int = 0
+    #: read the queues slot by slot (Redis Cluster: a script's keys share one slot);
+    #: False (standalone or Sentinel Redis) reads every queue in one lease_read call
+    read_by_slot: bool = True
     #: band streams, band-major p9 first, the queues by hash slot (each slot group
-    #: is one lease_read call; a single-queue session has one group), and the queue and
-    #: band of each stream (store.leasing.session_layout)
+    #: is one lease_read call; a single-queue session, or any session when
+    #: ``read_by_slot`` is False, has one group), and the queue and band of each stream
+    #: (store.leasing.session_layout)
     streams: list[str] = field(init=False)
     groups: list[ReadGroup] = field(init=False)
     where: dict[str, tuple[str, int]] = field(init=False)
@@ -78,13 +82,13 @@ class Session:
         return min(most, self.concurrency) if self.concurrency > 0 else most
 
     def __post_init__(self) -> None:
-        layout = session_layout(self.queues)
+        layout = session_layout(self.queues, self.read_by_slot)
         self.streams, self.groups, self.where = layout.streams, layout.groups, layout.where
 
 
 class ReadAhead:
-    """A ``worker_check`` + ``lease_read`` for one idle single-slot session, pipelined
-    behind a unary enqueue.
+    """A ``worker_check`` + ``lease_read`` for one idle session of one read group,
+    pipelined behind a unary enqueue.
 
     A task enqueued through this gateway for a queue with an idle Lease session is
     read for that session in the enqueue's own round trip (the read runs after the

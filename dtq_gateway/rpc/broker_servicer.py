@@ -23,6 +23,7 @@ from dtq_gateway.leasing.sessions import Session
 from dtq_gateway.rpc import grpc_errors
 from dtq_gateway.settings import Settings
 from dtq_gateway.store.broker import Broker, Enqueued
+from dtq_gateway.store.client import is_cluster
 from dtq_gateway.store.groups import queue_limit
 from dtq_gateway.store.task_record import STATUS_BY_NAME, task_from_hash
 from dtq_gateway.validation import (
@@ -202,7 +203,8 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
                        max_in_flight=min(request.max_in_flight, self.settings.max_in_flight_cap),
                        task_types=frozenset(request.task_types),
                        concurrency=request.concurrency, owner=owner_tag(identity),
-                       labels=dict(list(request.labels.items())[:64]))
+                       labels=dict(list(request.labels.items())[:64]),
+                       read_by_slot=is_cluster(self.broker.redis))
 
     async def Lease(self, request, context) -> None:
         try:

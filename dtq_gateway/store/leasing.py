@@ -67,16 +67,24 @@ class Layout:
     where: dict[str, tuple[str, int]]
 
 
-def session_layout(queues: list[str]) -> Layout:
-    """The :class:`Layout` of a session reading ``queues``."""
+def session_layout(queues: list[str], by_slot: bool = True) -> Layout:
+    """The :class:`Layout` of a session reading ``queues``.
+
+    ``by_slot``: one read group per hash slot, as Redis Cluster requires (a script's
+    keys must share a slot). False puts every queue in one group, so one lease_read
+    reads them all: right on a standalone or Sentinel-managed Redis, which never checks
+    slots, and one call instead of a peek per queue and a read per (band, queue) holding
+    entries (``bench.scale --queues 24``: docs/performance.md).
+    """
     streams = [keys.stream(q, b) for b in keys.BANDS_DESC for q in queues]
     where = dict(zip(streams, [(q, b) for b in keys.BANDS_DESC for q in queues]))
-    by_slot: dict[int, list[str]] = {}
+    by_slot_queues: dict[int, list[str]] = {}
     for q in queues:
-        by_slot.setdefault(keys.key_slot(keys.stream(q, 0)), []).append(q)
+        by_slot_queues.setdefault(keys.key_slot(keys.stream(q, 0)) if by_slot else 0,
+                                  []).append(q)
     position = {s: i + 1 for i, s in enumerate(streams)}
     groups = []
-    for qs in by_slot.values():
+    for qs in by_slot_queues.values():
         group_streams = [keys.stream(q, b) for b in keys.BANDS_DESC for q in qs]
         groups.append(ReadGroup(
             qs, [keys.paused(q) for q in qs] + [keys.rate_limit(q) for q in qs] + group_streams,

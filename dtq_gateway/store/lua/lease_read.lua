@@ -1,7 +1,8 @@
 -- lease_read: read new entries for one consumer, strictly p9 -> p0 across the queues of
--- the call, never exceeding the consumer's max_in_flight counted from the PEL. Every
--- queue of one call is in one hash slot (a session's queues are read slot by slot, see
--- store/leasing.py, session_layout); the worker's own state is checked by worker_check.lua.
+-- the call, never exceeding the consumer's max_in_flight counted from the PEL. On Redis
+-- Cluster every queue of one call is in one hash slot (a session's queues are read slot
+-- by slot); on a standalone Redis one call reads all of a session's queues (see
+-- store/leasing.py, session_layout). The worker's own state is checked by worker_check.lua.
 -- KEYS[1..m]           pause flags dtq:queue:{<q>}:paused, one per queue
 -- KEYS[m+1 .. 2m]      rate limits dtq:queue:{<q>}:ratelimit, one per queue (_bucket.lua)
 -- KEYS[2m+1 .. 2m+n]   band streams, band-major: p9 of every queue, then p8, ... (n = 10m,
