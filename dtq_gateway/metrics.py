@@ -104,6 +104,8 @@ SCHEDULE_FIRES_FAILED = Counter("dtq_schedule_fires_failed_total",
 LEASE_SESSIONS = Gauge("dtq_lease_sessions", "Open Lease streams on this gateway replica.")
 REDIS_EVICTION_SAFE = Gauge("dtq_redis_eviction_safe", "1 when Redis maxmemory-policy is "
                             "noeviction, 0 when Redis may evict dtq's keys, -1 when unknown.")
+SCHEDULER_LEADER = Gauge("dtq_scheduler_leader", "1 while this gateway replica holds the "
+                         "scheduler lock (it moves due tasks, reaps leases), else 0.")
 REDIS_MEMORY_FULL = Gauge("dtq_redis_memory_full", "1 while Redis used_memory has reached "
                           "maxmemory (writes are refused), else 0.")
 
