@@ -12,6 +12,11 @@ Every RPC's duration is observed by
 
 Histograms are in seconds: lease wait = enqueue (or due time) to lease, run time
 = lease to Ack/Fail.
+
+A deleted queue's series are removed from every per-queue collector by
+:func:`forget_queue`, so ``/metrics`` does not grow with queue churn: the idle-queue
+sweep calls it for the queues it deletes, and the gauge refresher for queues that
+left the registry otherwise (another replica's sweep, an operator).
 """
 
 from __future__ import annotations
@@ -99,8 +104,59 @@ SCHEDULE_FIRES_FAILED = Counter("dtq_schedule_fires_failed_total",
 LEASE_SESSIONS = Gauge("dtq_lease_sessions", "Open Lease streams on this gateway replica.")
 REDIS_EVICTION_SAFE = Gauge("dtq_redis_eviction_safe", "1 when Redis maxmemory-policy is "
                             "noeviction, 0 when Redis may evict dtq's keys, -1 when unknown.")
+SCHEDULER_LEADER = Gauge("dtq_scheduler_leader", "1 while this gateway replica holds the "
+                         "scheduler lock (it moves due tasks, reaps leases), else 0.")
 REDIS_MEMORY_FULL = Gauge("dtq_redis_memory_full", "1 while Redis used_memory has reached "
                           "maxmemory (writes are refused), else 0.")
+
+
+#: Collectors labelled by ``queue`` alone, and by ``queue`` and ``band`` (0..9): every
+#: per-queue series, removed by :func:`forget_queue`.
+QUEUE_COLLECTORS = (TASKS_ENQUEUED, TASKS_SUCCEEDED, TASKS_FAILED, TASKS_RETRIED,
+                    TASKS_DEAD_LETTERED, TASKS_EXPIRED, TASKS_CANCELLED, LEASE_WAIT_SECONDS,
+                    TASK_RUN_SECONDS, QUEUE_BACKLOG_AGE_SECONDS, QUEUE_STUCK_TASKS,
+                    RATE_LIMITED_READS, RATE_LIMITED_TASKS)
+QUEUE_BAND_COLLECTORS = (QUEUE_DEPTH, QUEUE_PENDING)
+
+#: Labelled children by (collector, queue), for the counters and histograms the data path
+#: updates (:func:`queue_child`): ``labels()`` hashes and locks on every call, which
+#: showed up in the per-task profile. :func:`forget_queue` drops a queue's entries with
+#: its series, so a cached child is always the one the registry exports.
+_CHILDREN: dict[tuple[int, str], Any] = {}
+
+
+def queue_child(collector: Any, queue: str) -> Any:
+    """``collector.labels(queue=queue)``, cached (one of QUEUE_COLLECTORS)."""
+    key = (id(collector), queue)
+    child = _CHILDREN.get(key)
+    if child is None:
+        child = _CHILDREN[key] = collector.labels(queue=queue)
+    return child
+
+
+def counted_queues() -> set[str]:
+    """The queues with a series in a collector updated through :func:`queue_child`."""
+    return {queue for _, queue in _CHILDREN}
+
+
+def forget_queue(queue: str) -> None:
+    """Remove every series labelled ``queue`` (the queue was deleted) from the
+    QUEUE_COLLECTORS and QUEUE_BAND_COLLECTORS. A later use of the name starts new
+    series (counters from 0). Call it from the event loop that updates the metrics."""
+    for collector in QUEUE_COLLECTORS:
+        _CHILDREN.pop((id(collector), queue), None)
+        _remove(collector, queue)
+    for collector in QUEUE_BAND_COLLECTORS:
+        for band in range(10):
+            _remove(collector, queue, str(band))
+
+
+def _remove(collector: Any, *labels: str) -> None:
+    """``collector.remove(*labels)``; a series that does not exist is no error."""
+    try:
+        collector.remove(*labels)
+    except KeyError:  # older prometheus-client versions raise for an absent series
+        pass
 
 
 def start_metrics_server(host: str, port: int) -> Any:

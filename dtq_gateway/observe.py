@@ -7,24 +7,10 @@ outcome. Times are epoch ms from Redis; histograms take seconds.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from dtq_gateway import metrics
+from dtq_gateway.metrics import queue_child as _child
 from dtq_proto import dtq_pb2
-
-#: Labelled children by (collector, queue): ``labels()`` hashes and locks on every
-#: call, which showed up in the per-task profile. Only the queue-labelled counters and
-#: histograms below use this; their series are never removed, so a cached child stays
-#: the one the registry exports.
-_CHILDREN: dict[tuple[int, str], Any] = {}
-
-
-def _child(collector: Any, queue: str) -> Any:
-    key = (id(collector), queue)
-    child = _CHILDREN.get(key)
-    if child is None:
-        child = _CHILDREN[key] = collector.labels(queue=queue)
-    return child
 
 
 def outcome(queue: str, kind: str, started_at_ms: int, finished_at_ms: int) -> None:

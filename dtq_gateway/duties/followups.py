@@ -33,6 +33,7 @@ from typing import Any
 from dtq_gateway.duties.duty import PeriodicDuty
 from dtq_gateway.errors import DtqError
 from dtq_gateway.followup_plan import record_fields, step_task_id
+from dtq_gateway.logconf import RateLimitedLog
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import followups as followup_store
 from dtq_gateway.store.admin import redis_now_ms
@@ -50,6 +51,9 @@ PARENT_KEY = "dtq.parent_task_id"
 SWEEP_GRACE_MS = 5_000
 #: Chain steps and groups handled per queue per sweep tick.
 SWEEP_BATCH = 100
+#: The sweep logs failed chain steps (and failed group checks) at most this often (s):
+#: a cause that lasts, e.g. a queue at its depth limit, fails them again every tick.
+SWEEP_LOG_EVERY_S = 60.0
 
 
 class FollowUps:
@@ -70,6 +74,8 @@ class FollowUps:
         self.sweep_grace_ms = SWEEP_GRACE_MS
         self.groups = TaskGroups(redis, settings, broker)
         self._tasks: set[asyncio.Task] = set()
+        self._step_log = RateLimitedLog(log, every_s=SWEEP_LOG_EVERY_S)
+        self._group_log = RateLimitedLog(log, every_s=SWEEP_LOG_EVERY_S)
 
     # -- producer side --------------------------------------------------------------
     async def register_queue(self, queue: str) -> None:
@@ -167,9 +173,15 @@ class FollowUps:
     # -- sweep ----------------------------------------------------------------------
     async def sweep(self) -> dict[str, int]:
         """One pass over every registered queue: owed chain steps older than
-        ``sweep_grace_ms`` and groups due for a check. Returns counts."""
+        ``sweep_grace_ms`` and groups due for a check. Returns counts.
+
+        A failed step or check stays owed and is retried at the next pass; failures
+        are logged (WARNING) at most once per SWEEP_LOG_EVERY_S for chain steps and
+        once for groups, with the number of failures not logged since, and at once
+        again after a pass where that kind had no failure."""
         now_ms = await redis_now_ms(self.redis)
         counts = {"chain_steps": 0, "groups_finished": 0, "errors": 0}
+        step_errors = group_errors = 0
         for queue in await followup_store.queues(self.redis):
             owed = await followup_store.chain_steps_owed(
                 self.redis, queue, now_ms - self.sweep_grace_ms, SWEEP_BATCH)
@@ -178,18 +190,23 @@ class FollowUps:
                     if await self.continue_chain(queue, task_id):
                         counts["chain_steps"] += 1
                 except Exception as exc:  # noqa: BLE001 - retried next tick
-                    counts["errors"] += 1
-                    log.warning("sweep: chain step failed: %r", exc,
-                                extra={"task_id": task_id})
+                    step_errors += 1
+                    self._step_log.log(logging.WARNING, "sweep: chain step failed: %r", exc,
+                                       task_id=task_id, queue=queue)
             due = await followup_store.groups_due(self.redis, queue, now_ms, SWEEP_BATCH)
             for gid in due:
                 try:
                     if await self.groups.check_group(queue, gid, now_ms):
                         counts["groups_finished"] += 1
                 except Exception as exc:  # noqa: BLE001 - retried next tick
-                    counts["errors"] += 1
-                    log.warning("sweep: group check failed: %r", exc,
-                                extra={"group_id": gid})
+                    group_errors += 1
+                    self._group_log.log(logging.WARNING, "sweep: group check failed: %r",
+                                        exc, group_id=gid, queue=queue)
+        if not step_errors:
+            self._step_log.reset()
+        if not group_errors:
+            self._group_log.reset()
+        counts["errors"] = step_errors + group_errors
         return counts
 
 

@@ -13,6 +13,10 @@ last successful refresh began, i.e. before the lock can expire and pass to someo
 else. A refresh that finds another value stops leadership at once. Every move of a
 due task re-checks the token inside its script anyway, so even two replicas that
 both believe they lead can never move a task twice.
+
+The gauge ``dtq_scheduler_leader`` says whether this replica leads: :class:`LockKeeper`
+sets it after every tick (a failed one too, so a leadership that lapsed during a Redis
+outage reads 0) and to 0 when it stops.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import uuid
 from collections.abc import Callable
 
 from dtq_gateway.duties.duty import PeriodicDuty, jittered
+from dtq_gateway.metrics import SCHEDULER_LEADER
 from dtq_gateway.store import leader_lock
 from dtq_gateway.store.client import Client
 
@@ -151,10 +156,25 @@ class LockKeeper(PeriodicDuty):
             return self._refresh_s
         return jittered(self._acquire_s, 0.33)
 
+    async def run(self) -> None:
+        """:meth:`PeriodicDuty.run`, then ``dtq_scheduler_leader`` 0 (the scheduler
+        releases the lock next)."""
+        try:
+            await super().run()
+        finally:
+            SCHEDULER_LEADER.set(0)
+
     async def tick(self) -> None:
-        """Refresh while leading, else try to acquire."""
-        if self._lock.is_leader:
-            await self._lock.refresh()
-            return
-        if await self._lock.acquire() and self._on_acquired is not None:
-            self._on_acquired()
+        """Refresh while leading, else try to acquire; then set ``dtq_scheduler_leader``.
+
+        Raises:
+            store.errors.OUTAGE_ERRORS: Redis unreachable (the gauge is set all the same).
+        """
+        try:
+            if self._lock.is_leader:
+                await self._lock.refresh()
+                return
+            if await self._lock.acquire() and self._on_acquired is not None:
+                self._on_acquired()
+        finally:
+            SCHEDULER_LEADER.set(1 if self._lock.is_leader else 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Gauge
 
+from dtq_gateway import metrics
 from dtq_gateway.duties.duty import PeriodicDuty
 from dtq_gateway.metrics import (
     METRICS_QUEUES_OMITTED,
@@ -28,6 +29,12 @@ class QueueGaugeCollector(PeriodicDuty):
     band of every busy queue to rank them, then the full band read for those kept).
     ``dtq_metrics_queues_omitted`` counts the busy queues left out. A queue that
     leaves the busy set or the top ``max_queues`` loses its series.
+
+    It also forgets deleted queues (:func:`dtq_gateway.metrics.forget_queue`): every
+    tick, the queues this replica has counted (outcome counters, histograms) that are
+    not busy are looked up in the registry (ZMSCORE), and those it no longer holds
+    lose all their series. That covers deletions this replica did not make itself:
+    the idle-queue sweep of the scheduler leader on another replica, an operator.
 
     Run with ``task = asyncio.create_task(collector.run())``; end with
     ``collector.stop(); await task``.
@@ -57,6 +64,7 @@ class QueueGaugeCollector(PeriodicDuty):
     async def tick(self) -> None:
         """Read the deepest busy queues' bands and the workers, and set the gauges."""
         busy = await admin.busy_queues(self.redis)
+        await self._forget_deleted(set(busy))
         depths = await admin.queue_depths(self.redis, busy)
         shown = sorted(busy, key=lambda q: (-depths[q], q))[:self.max_queues]
         METRICS_QUEUES_OMITTED.set(len(busy) - len(shown))
@@ -86,6 +94,11 @@ class QueueGaugeCollector(PeriodicDuty):
         workers = await admin_lists.list_workers(self.redis, self.heartbeat_interval_ms)
         WORKERS_LIVE.set(sum(1 for w in workers if w.alive))
 
+    async def _forget_deleted(self, busy: set[str]) -> None:
+        """Remove the series of counted queues that are neither busy nor registered."""
+        idle = sorted(metrics.counted_queues() - busy)
+        for queue in await admin.unregistered(self.redis, idle):
+            metrics.forget_queue(queue)
 
     async def _read_counters(self, queues: list[str], now_ms: int) -> None:
         """Read the queues' outcome counters so GetQueueStats has an earlier reading

@@ -70,7 +70,8 @@ class QueueSweep(PeriodicDuty):
         await self.sweep_some()
 
     async def sweep_some(self) -> list[str]:
-        """Check the next batch of registry names; returns the queues deleted."""
+        """Check the next batch of registry names; returns the queues deleted, whose
+        Prometheus series are removed (:func:`dtq_gateway.metrics.forget_queue`)."""
         total = await idle_queues.registry_size(self._redis)
         if not total:
             return []
@@ -83,6 +84,8 @@ class QueueSweep(PeriodicDuty):
             return []
         deleted = await idle_queues.delete_idle_queues(
             self._redis, idle, self._settings.queue_idle_delete_s * 1000)
+        for queue in deleted:
+            metrics.forget_queue(queue)
         if deleted:
             self.deleted += len(deleted)
             metrics.QUEUES_DELETED.inc(len(deleted))

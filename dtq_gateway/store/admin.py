@@ -185,6 +185,17 @@ async def busy_queues(redis: Redis) -> list[str]:
     return sorted(q for q in found if keys.QUEUE_RE.match(q))
 
 
+async def unregistered(redis: Redis, queues: list[str]) -> list[str]:
+    """The names among ``queues`` that the queue registry ``dtq:queues`` does not hold
+    (deleted, or never created), in order: one ZMSCORE per 500 names."""
+    missing: list[str] = []
+    for start in range(0, len(queues), _CHUNK):
+        chunk = queues[start:start + _CHUNK]
+        scores = await redis.zmscore(keys.QUEUES, chunk)
+        missing += [q for q, score in zip(chunk, scores) if score is None]
+    return missing
+
+
 async def queue_depths(redis: Redis, queues: list[str]) -> dict[str, int]:
     """Sum of the band XLENs of each queue (10 XLEN per queue, pipelined in chunks)."""
     depths: dict[str, int] = {}

@@ -29,6 +29,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from dtq_gateway import metrics
 from dtq_gateway.errors import InvalidArgument
 from dtq_gateway.store import keys
 from dtq_gateway.store.admin import redis_now_ms
@@ -182,7 +183,7 @@ class Waker:
         a limit was raised)."""
         loop = asyncio.get_running_loop()
         for queue in queues:
-            counter.labels(queue).inc(count)
+            metrics.queue_child(counter, queue).inc(count)
             at = loop.time() + max(wait_ms, 1) / 1000
             timer = self._timers.get(queue)
             if timer is not None and timer.when() <= at:

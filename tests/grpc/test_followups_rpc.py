@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from dataclasses import replace
 
 import grpc
@@ -220,3 +221,34 @@ async def test_group_callback_payload_leaves_out_results_past_its_budget(broker_
     assert by_id[small.task_id]["result"] == "tiny"
     assert by_id[big.task_id]["result_omitted"] is True and "result" not in by_id[big.task_id]
     lease.close()
+
+
+async def test_sweep_logs_a_lasting_depth_refusal_once(redis_url, caplog):
+    """A chain step whose queue stays at its depth limit fails at every sweep: one
+    warning, not one per sweep (the rest are counted for the next one)."""
+    from dtq_gateway.server import Gateway
+    from tests.conftest import gateway_settings
+
+    gw = Gateway(gateway_settings(redis_url, max_queue_depth=1), redis_url)
+    await gw.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+            stub = dtq_pb2_grpc.BrokerStub(ch)
+            await stub.Enqueue(enq(queue="full"))  # "full" is at its depth limit now
+            r = await stub.Enqueue(enq(chain=[enq(queue="full")]))
+            lease = await LeaseStream(stub, "w1", ["q"]).open()
+            await ack(stub, await lease.next())
+            lease.close()
+            await gw.followups.drain()
+            gw.followups.sweep_grace_ms = 0
+            caplog.set_level(logging.WARNING, logger="dtq_gateway.duties.followups")
+            caplog.clear()
+            for _ in range(5):
+                assert (await gw.followups.sweep())["errors"] == 1
+            warned = [rec for rec in caplog.records
+                      if rec.getMessage().startswith("sweep: chain step failed")]
+            assert len(warned) == 1, [rec.getMessage() for rec in warned]
+            assert "QueueFull" in warned[0].getMessage()
+            assert (await get(stub, r.task_id)).chain_state == pb.CHAIN_STATE_CONTINUING
+    finally:
+        await gw.stop()

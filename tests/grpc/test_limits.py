@@ -240,3 +240,36 @@ async def test_idle_queues_are_deleted_and_come_back_on_use(redis_url):
             listener.close()
     finally:
         await gw.stop()
+
+
+async def test_a_deleted_queue_loses_its_metric_series(redis_url):
+    """The idle-queue sweep deletes a drained queue: every series labelled with it
+    leaves /metrics (queue churn cannot grow it without bound); a live queue's stay."""
+    from prometheus_client import generate_latest
+
+    from tests.support.leasing import LeaseStream, poll
+
+    gw = await _gateway(redis_url, queue_idle_delete_s=0.5)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+            stub = dtq_pb2_grpc.BrokerStub(ch)
+            for q in ("series-gone", "series-live"):
+                await stub.Enqueue(pb.EnqueueRequest(queue=q, task_type="t", payload=b"{}"))
+            lease = await LeaseStream(stub, "w1", ["series-gone"]).open()
+            task = await lease.next()
+            await stub.Ack(pb.AckRequest(items=[pb.AckItem(lease_id=task.lease_id)]))
+            lease.close()
+
+            async def series(queue: str) -> list[str]:
+                text = generate_latest(REGISTRY).decode()
+                return [line for line in text.splitlines() if f'queue="{queue}"' in line]
+
+            assert 'dtq_tasks_succeeded_total{queue="series-gone"} 1.0' in await series(
+                "series-gone")
+            await poll(lambda: series("series-gone"), lambda lines: not lines, timeout_s=15)
+            assert await gw.redis.zscore(keys.QUEUES, "series-gone") is None  # deleted
+            assert 'dtq_tasks_enqueued_total{queue="series-live"} 1.0' in await series(
+                "series-live")
+            assert await gw.redis.zscore(keys.QUEUES, "series-live") is not None
+    finally:
+        await gw.stop()

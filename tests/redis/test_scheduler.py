@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
+from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -120,6 +121,29 @@ async def test_start_and_stop_as_a_gateway_duty(r: Redis) -> None:
     assert time.monotonic() - started < 2.0  # within the gateway's shutdown budget
     assert not s.is_leader and await r.get(keys.SCHEDULER_LOCK) is None
     assert all(t.done() for t in s._tasks)
+
+
+async def test_leader_gauge_follows_the_lock(r: Redis) -> None:
+    """dtq_scheduler_leader: 1 once a lone replica leads, 0 after a refresh finds the
+    lock taken by another, 1 again once it is free, 0 after a graceful stop."""
+    def gauge() -> float | None:
+        return REGISTRY.get_sample_value("dtq_scheduler_leader")
+
+    s = Scheduler(r, settings("gw-a"), lock_ttl_ms=TTL_MS, refresh_interval_s=0.2,
+                  acquire_interval_s=0.2)
+    task = asyncio.create_task(s.run())
+    try:
+        await wait_until(lambda: gauge() == 1)
+        assert s.is_leader
+        await r.set(keys.SCHEDULER_LOCK, "gw-b:x", px=60_000)  # another replica's lock
+        await wait_until(lambda: gauge() == 0)
+        assert not s.is_leader
+        await r.delete(keys.SCHEDULER_LOCK)
+        await wait_until(lambda: gauge() == 1)
+    finally:
+        await s.stop()
+        await asyncio.wait_for(task, 5)
+    assert gauge() == 0 and await r.get(keys.SCHEDULER_LOCK) is None
 
 
 async def test_refresh_refused_ends_leadership(r: Redis) -> None:

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import fakeredis
 import grpc
 import pytest
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, generate_latest
 
-from dtq_gateway import metrics
+from dtq_gateway import metrics, observe
 from dtq_gateway.duties.queue_gauges import QueueGaugeCollector
 from dtq_gateway.rpc.metrics_interceptor import MetricsInterceptor
 from dtq_gateway.store import keys
@@ -89,6 +89,35 @@ async def test_collector_reads_busy_queues_only_and_keeps_the_deepest(fake) -> N
     await fake.delete(keys.BUSY_QUEUES)
     await collector.tick()
     assert queue_series() == set() and sample("dtq_metrics_queues_omitted") == 0
+
+
+def test_every_queue_labelled_collector_is_forgotten_with_its_queue() -> None:
+    labelled = {value._name for value in vars(metrics).values()
+                if hasattr(value, "_labelnames") and "queue" in value._labelnames}
+    forgotten = {c._name for c in metrics.QUEUE_COLLECTORS + metrics.QUEUE_BAND_COLLECTORS}
+    assert labelled == forgotten
+    assert all(c._labelnames == ("queue",) for c in metrics.QUEUE_COLLECTORS)
+    assert all(c._labelnames == ("queue", "band") for c in metrics.QUEUE_BAND_COLLECTORS)
+
+
+async def test_collector_forgets_queues_gone_from_the_registry(fake) -> None:
+    """A queue deleted elsewhere (another replica's idle sweep, an operator) loses every
+    series at this replica's next refresh; a registered or busy one keeps them."""
+    for q in ("reg-gone", "reg-kept", "reg-busy"):
+        observe.enqueued(q)
+        observe.outcome(q, "ok", 1_000, 2_000)
+    metrics.QUEUE_DEPTH.labels(queue="reg-gone", band="3").set(1)  # left by a past tick
+    metrics.RATE_LIMITED_READS.labels("reg-gone").inc()
+    await fake.zadd(keys.QUEUES, {"reg-kept": 0})
+    await fake.sadd(keys.BUSY_QUEUES, "reg-busy")  # e.g. re-created by a stale gateway
+    await QueueGaugeCollector(fake, heartbeat_interval_ms=10_000).tick()
+    text = generate_latest(REGISTRY).decode()
+    assert 'queue="reg-gone"' not in text
+    for q in ("reg-kept", "reg-busy"):
+        assert sample("dtq_tasks_enqueued_total", queue=q) == 1
+        assert sample("dtq_task_run_seconds_count", queue=q) == 1
+    observe.enqueued("reg-gone")  # the name used again: a new series, from 0
+    assert sample("dtq_tasks_enqueued_total", queue="reg-gone") == 1
 
 
 class Ctx:
