@@ -38,7 +38,12 @@ from typing import Any
 
 from dtq_gateway.errors import SubscriberLimit
 from dtq_gateway.logconf import RateLimitedLog
-from dtq_gateway.metrics import EVENTS_DROPPED, EVENTS_SUBSCRIBERS, EVENTS_SUBSCRIPTIONS_REFUSED
+from dtq_gateway.metrics import (
+    EVENTS_DROPPED,
+    EVENTS_SUBSCRIBERS,
+    EVENTS_SUBSCRIPTIONS_REFUSED,
+    LIMIT_REFUSALS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +235,7 @@ class FanOut:
         """
         if self._count >= self.max_subscribers:
             EVENTS_SUBSCRIPTIONS_REFUSED.inc()
+            LIMIT_REFUSALS.labels(limit="events_max_subscribers").inc()
             raise SubscriberLimit(
                 f"events: {self.max_subscribers} subscribers are open on this gateway "
                 "(DTQ_EVENTS_MAX_SUBSCRIBERS); retry later or on another replica",

@@ -137,6 +137,8 @@ def test_full_buffer_drops_newest_and_counts() -> None:
 def test_subscriber_cap() -> None:
     fan = FanOut(max_subscribers=2)
     refused = metric("dtq_events_subscriptions_refused_total")
+    limit = REGISTRY.get_sample_value("dtq_limit_refusals_total",
+                                      {"limit": "events_max_subscribers"}) or 0
     gauge = metric("dtq_events_subscribers")
     a, b = Subscription(), Subscription()
     fan.add(a)
@@ -147,6 +149,8 @@ def test_subscriber_cap() -> None:
     assert exc.value.reason == "TOO_MANY_SUBSCRIBERS"
     assert "DTQ_EVENTS_MAX_SUBSCRIBERS" in exc.value.message
     assert metric("dtq_events_subscriptions_refused_total") - refused == 1
+    assert REGISTRY.get_sample_value("dtq_limit_refusals_total",
+                                     {"limit": "events_max_subscribers"}) - limit == 1
     fan.remove(a)
     fan.remove(a)  # idempotent
     fan.add(Subscription())
