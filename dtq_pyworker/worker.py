@@ -77,6 +77,15 @@ class Worker:
         tls_cert: Client certificate PEM path (mTLS).
         tls_key: Client private key PEM path (mTLS).
 
+    Attributes:
+        stats: Counters by name (:data:`STAT_NAMES`). Each Ack/Fail item counts by
+            the gateway's answer: applied or duplicate (a resend of an item whose
+            reply was lost) as ``processed``, ``failed`` (+ ``retried``),
+            ``released`` or ``cancelled``; STALE_LEASE as ``stale``, another
+            refusal as ``refused``. A result is sent and counted even when a
+            heartbeat reported its lease lost first; ``lost`` counts handlers
+            stopped because their lease was lost before they had a result.
+
     Raises from :meth:`run` / :meth:`run_async`:
         DtqRpcError: The gateway refused the worker for good (UNAUTHENTICATED,
             PERMISSION_DENIED, or INVALID_ARGUMENT on Lease); raised after the drain.
