@@ -6,6 +6,12 @@ queued) and go out as one Ack call and one Fail call. Each item is answered on
 its own in the response. Calls that fail for a transient reason are retried
 with backoff: the leases stay alive meanwhile because the heartbeat lists the
 pending lease ids (see :meth:`ResultReporter.pending_ids`).
+
+An item is retried until it gets an answer even when a heartbeat reports its lease
+lost: an Ack the gateway applied whose reply was lost (a gateway that died right after
+applying it) also makes the lease lost, and only the resend's answer (``duplicate``)
+says it succeeded. A result of a lease that really ended is refused (STALE_LEASE) and
+changes nothing, so the answer alone decides how each item counts.
 """
 
 from __future__ import annotations
@@ -92,16 +98,6 @@ class ResultReporter:
         ids = {i.lease_id for i in self._acks}
         ids.update(i.lease_id for i in self._fails)
         return ids | self._sending
-
-    def discard(self, lease_ids) -> int:
-        """Drop queued (not yet sent) items of lost leases; return how many."""
-        lost = set(lease_ids)
-        if not lost:
-            return 0
-        before = len(self._acks) + len(self._fails)
-        self._acks = deque(i for i in self._acks if i.lease_id not in lost)
-        self._fails = deque(i for i in self._fails if i.lease_id not in lost)
-        return before - len(self._acks) - len(self._fails)
 
     def __len__(self) -> int:
         return len(self._acks) + len(self._fails) + len(self._sending)

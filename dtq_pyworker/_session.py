@@ -147,7 +147,8 @@ async def heartbeat_loop(worker: Worker, stub, runtime: Runtime,
     The first heartbeat goes out one interval after the first session opened;
     each next one an interval after the previous answer, using the interval of
     the latest SessionInfo or HeartbeatResponse. Lost leases are stopped
-    silently, cancelled ones stopped and reported.
+    silently (a result already handed to the reporter is still sent: see
+    :func:`_heartbeat_once`), cancelled ones stopped and reported.
     """
     await session_ready.wait()
     failures = 0
@@ -234,7 +235,11 @@ async def _heartbeat_once(worker: Worker, stub, runtime: Runtime, interval_ms: i
                           progress_only: bool = False) -> dtq_pb2.HeartbeatResponse:
     """One Heartbeat: every held lease (or, with ``progress_only``, just the leases
     with an unsent progress report), the counters and the progress reports; stops
-    what the answer says is lost or cancelled."""
+    what the answer says is lost or cancelled.
+
+    Results already queued in the reporter are not dropped for a lost lease: they are
+    sent and counted by the gateway's answer (a duplicate success when an earlier send
+    was applied but its reply lost, STALE_LEASE when the lease really ended)."""
     progress = runtime.progress_reports()
     if progress_only:
         if not progress:
@@ -248,9 +253,13 @@ async def _heartbeat_once(worker: Worker, stub, runtime: Runtime, interval_ms: i
         hostname=worker.hostname, draining=worker._draining, progress=progress)
     response = await stub.Heartbeat(request, timeout=max(1.0, interval_ms / 1000.0))
     lost = runtime.stop(response.lost_lease_ids, STOP_LOST)
-    dropped = runtime.reporter.discard(response.lost_lease_ids)
+    # A result the reporter still holds stays queued: its lease may be lost only
+    # because an earlier send was applied and its reply never came (then the resend is
+    # answered as a duplicate success); else the gateway fences it (STALE_LEASE,
+    # nothing changes). Either way the answer, not this list, decides how it counts.
+    unsent = len(set(response.lost_lease_ids) & runtime.reporter.pending_ids())
     cancelled = runtime.stop(response.cancelled_lease_ids, STOP_CANCELLED)
-    if lost or cancelled or dropped:
+    if lost or cancelled or unsent:
         log.info("heartbeat stopped tasks", extra={
-            "lost": lost, "cancelled": cancelled, "unsent_results_dropped": dropped})
+            "lost": lost, "cancelled": cancelled, "lost_with_result_unanswered": unsent})
     return response

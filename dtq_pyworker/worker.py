@@ -32,6 +32,13 @@ STAT_NAMES = ("processed", "failed", "retried", "released", "cancelled", "lost",
               "timeouts", "reconnects", "refused")
 
 
+#: Task statuses after a failure that mean it is retried. A duplicate answer (a resend
+#: of a Fail the gateway had applied) gives the task's status now, so a retry already
+#: leased again (ACTIVE) counts too.
+_LIVE_AGAIN = frozenset({dtq_pb2.TASK_STATUS_SCHEDULED, dtq_pb2.TASK_STATUS_QUEUED})
+_LIVE_AGAIN_DUPLICATE = _LIVE_AGAIN | {dtq_pb2.TASK_STATUS_ACTIVE}
+
+
 def default_worker_id() -> str:
     """``<hostname>-<pid>-<6 hex>``, restricted to the characters worker ids allow."""
     host = re.sub(r"[^A-Za-z0-9_.:@-]", "_", socket.gethostname())[:96] or "host"
@@ -69,6 +76,15 @@ class Worker:
         tls_ca: CA bundle PEM path; default env ``DTQ_TLS_CA``.
         tls_cert: Client certificate PEM path (mTLS).
         tls_key: Client private key PEM path (mTLS).
+
+    Attributes:
+        stats: Counters by name (:data:`STAT_NAMES`). Each Ack/Fail item counts by
+            the gateway's answer: applied or duplicate (a resend of an item whose
+            reply was lost) as ``processed``, ``failed`` (+ ``retried``),
+            ``released`` or ``cancelled``; STALE_LEASE as ``stale``, another
+            refusal as ``refused``. A result is sent and counted even when a
+            heartbeat reported its lease lost first; ``lost`` counts handlers
+            stopped because their lease was lost before they had a result.
 
     Raises from :meth:`run` / :meth:`run_async`:
         DtqRpcError: The gateway refused the worker for good (UNAUTHENTICATED,
@@ -350,6 +366,8 @@ class Worker:
         self.stats[name] = self.stats.get(name, 0) + n
 
     def _on_result(self, item, result, err) -> None:
+        """Count one answered Ack/Fail item by the gateway's answer: STALE_LEASE is
+        ``stale``, another error ``refused``; an applied or duplicate item by its kind."""
         if err is not None:
             self._count("stale" if err.reason == "STALE_LEASE" else "refused")
             return
@@ -361,8 +379,8 @@ class Worker:
             self._count("cancelled")
         else:
             self._count("failed")
-            if result is not None and result.status in (dtq_pb2.TASK_STATUS_SCHEDULED,
-                                                         dtq_pb2.TASK_STATUS_QUEUED):
+            if result is not None and result.status in (
+                    _LIVE_AGAIN_DUPLICATE if result.duplicate else _LIVE_AGAIN):
                 self._count("retried")
 
     def counters(self) -> dtq_pb2.WorkerCounters:

@@ -4,7 +4,8 @@ It behaves like the gateway where the worker can tell: a Lease stream starts
 with SessionInfo and then delivers pushed tasks while the worker holds fewer
 than max_in_flight unfinished leases; Heartbeat reports leases marked lost or
 cancelled; Ack/Fail answer per item (STALE_LEASE for leases marked stale, and
-FAILED_PRECONDITION as the call status when the request has one item). It
+FAILED_PRECONDITION as the call status when the request has one item; duplicate=true
+for leases marked so). It
 records every call so tests can assert on them, and tests wait on
 :meth:`FakeBroker.wait_for` (a condition notified on every change).
 """
@@ -62,6 +63,9 @@ class FakeBroker(dtq_pb2_grpc.BrokerServicer):
         self.lost: set[str] = set()
         self.cancelled: set[str] = set()
         self.stale: set[str] = set()
+        #: Leases whose Ack/Fail is answered duplicate=true with this task status (as the
+        #: gateway answers the resend of an item it applied, whose reply was lost).
+        self.duplicates: dict[str, int] = {}
         self.unavailable_results = 0  # fail this many Ack/Fail calls with UNAVAILABLE
         self.unavailable_heartbeats = 0  # fail this many Heartbeat calls with UNAVAILABLE
         self.failed_heartbeats = 0
@@ -213,6 +217,10 @@ class FakeBroker(dtq_pb2_grpc.BrokerServicer):
                     code=FAILED_PRECONDITION, reason="STALE_LEASE", message="stale lease")))
                 continue
             self.outstanding.discard(item.lease_id)
+            if item.lease_id in self.duplicates:
+                results.append(dtq_pb2.LeaseResult(lease_id=item.lease_id, duplicate=True,
+                                                   status=self.duplicates[item.lease_id]))
+                continue
             results.append(dtq_pb2.LeaseResult(lease_id=item.lease_id, status=status_of(item)))
         await self.notify()
         if len(items) == 1 and results[0].HasField("error"):

@@ -123,7 +123,7 @@ async def test_failed_heartbeats_are_retried_and_leases_kept(fake):
     assert state["cancelled"] == []
 
 
-async def test_unsent_result_of_a_lost_lease_is_discarded(fake):
+async def test_unsent_result_of_a_lost_lease_is_sent_and_counted_by_the_answer(fake):
     worker, state = _blocking_worker(fake, concurrency=2, ack_flush_ms=60_000)
     worker.register("quick", lambda p, c: "late")
     async with running(worker):
@@ -134,12 +134,45 @@ async def test_unsent_result_of_a_lost_lease_is_discarded(fake):
         await fake.wait_for(lambda: any(quick in h.lease_ids for h in fake.heartbeats)
                             and quick not in worker._runtime.held)
         fake.lost.add(quick)
+        fake.stale.add(quick)  # really lost: the gateway fences its result
         seen = len(fake.heartbeats)
         await fake.wait_for(lambda: len(fake.heartbeats) >= seen + 2)
-        assert quick not in fake.heartbeats[-1].lease_ids
+        assert quick in fake.heartbeats[-1].lease_ids  # kept until answered
+        assert quick not in _sent_acks(fake)
         state["release"].set()
-        await fake.wait_for(lambda: blocker in fake.acked())
-    assert quick not in fake.reported()
+        await fake.wait_for(lambda: {blocker, quick} <= _sent_acks(fake))
+    assert quick not in fake.acked()  # answered STALE_LEASE
+    assert (worker.stats["processed"], worker.stats["stale"]) == (1, 1)
+
+
+async def test_fail_applied_before_its_lease_was_reported_lost_counts_by_the_answer(fake):
+    worker, state = _blocking_worker(fake, concurrency=2, ack_flush_ms=60_000)
+
+    @worker.task("broken")
+    def broken(payload, ctx):
+        raise ValueError("boom")
+
+    async with running(worker):
+        blocker = await fake.push("block")
+        await wait_event(state["any_started"])
+        failing = await fake.push("broken")
+        await fake.wait_for(lambda: any(failing in h.lease_ids for h in fake.heartbeats)
+                            and failing not in worker._runtime.held)
+        # the gateway had applied this Fail (its reply was lost): the lease is lost and
+        # the resend is a duplicate; the retry it scheduled is already leased again
+        fake.lost.add(failing)
+        fake.duplicates[failing] = dtq_pb2.TASK_STATUS_ACTIVE
+        seen = len(fake.heartbeats)
+        await fake.wait_for(lambda: len(fake.heartbeats) >= seen + 2)
+        state["release"].set()
+        await fake.wait_for(lambda: failing in fake.failed() and blocker in fake.acked())
+    assert fake.failed()[failing].error_class == "ValueError"
+    assert (worker.stats["failed"], worker.stats["retried"], worker.stats["stale"]) == (1, 1, 0)
+
+
+def _sent_acks(fake) -> set[str]:
+    """Lease ids of every Ack item the fake received, whatever its answer."""
+    return {i.lease_id for call in fake.ack_calls for i in call}
 
 
 async def test_progress_rides_on_heartbeats_latest_once(fake):

@@ -6,9 +6,10 @@ import asyncio
 import json
 import time
 
+import grpc
 import pytest
 
-from dtq_proto import dtq_pb2
+from dtq_proto import dtq_pb2, dtq_pb2_grpc
 from dtq_pyworker import AsyncClient, PermanentError, Retry, TaskFailed, TaskStatus, Worker
 from tests.worker.helpers import poll_until, running, wait_event
 
@@ -184,3 +185,120 @@ async def test_hung_sync_handler_keeps_its_slot_and_times_out_once(gateway, capl
     assert [t.status for t in done] == [dtq_pb2.TASK_STATUS_SUCCEEDED] * 4
     assert sorted(ran) == [0, 1, 2, 3] and worker.stats["timeouts"] == 1
     assert any("slot stays taken" in r.getMessage() for r in caplog.records)
+
+
+def _unavailable(details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(),
+                                grpc.aio.Metadata(), details=details)
+
+
+class _AcksCutOff(grpc.aio.UnaryUnaryClientInterceptor):
+    """Sits in the worker's channel and plays a gateway that stops answering Ack calls.
+
+    Every Ack call fails with UNAVAILABLE (without reaching the gateway) until the
+    worker has handled a Heartbeat answer that reported a lease lost: the gate opens
+    when the Heartbeat call after that one begins, so the worker's resend can only come
+    after it acted on the lost lease (the order a gateway killed under load produced).
+
+    Args:
+        apply_first: The first Ack call does reach the gateway, which applies it; only
+            its reply is lost (the client sees UNAVAILABLE). ``applied`` keeps it.
+        cut_beats: From the first Ack call on, Heartbeat calls fail with UNAVAILABLE
+            too, until the test sets ``beats_pass`` (the leases then expire).
+    """
+
+    def __init__(self, *, apply_first: bool = False, cut_beats: bool = False) -> None:
+        self.apply_first = apply_first
+        self.cut_beats = cut_beats
+        self.applied: list[dtq_pb2.AckResponse] = []  # answers the worker never saw
+        self.refused_acks = 0
+        self.beats_pass = True
+        self.lost_reported = False
+        self.acks_pass = False
+
+    async def intercept_unary_unary(self, continuation, client_call_details, request):
+        method = client_call_details.method
+        method = method.decode() if isinstance(method, bytes) else method
+        if method == "/dtq.v1.Broker/Heartbeat":
+            if not self.beats_pass:
+                raise _unavailable("gateway unreachable (test)")
+            if self.lost_reported:  # the worker handled that answer before this call
+                self.acks_pass = True
+            response = await (await continuation(client_call_details, request))
+            self.lost_reported = self.lost_reported or bool(response.lost_lease_ids)
+            return response
+        if method == "/dtq.v1.Broker/Ack" and not self.acks_pass:
+            if self.cut_beats and self.refused_acks == 0:
+                self.beats_pass = False
+            if self.apply_first and not self.applied:
+                self.applied.append(await (await continuation(client_call_details, request)))
+            self.refused_acks += 1
+            raise _unavailable("reply lost (test)")
+        return await continuation(client_call_details, request)
+
+
+def _cut_acks(monkeypatch, interceptor: _AcksCutOff) -> None:
+    """Put ``interceptor`` into every grpc.aio channel made from now on (the worker's;
+    the test's clients make no Ack or Heartbeat calls)."""
+    plain = grpc.aio.insecure_channel
+
+    def channel(target, options=None, compression=None, interceptors=None):
+        return plain(target, options=options, compression=compression,
+                     interceptors=[*(interceptors or []), interceptor])
+
+    monkeypatch.setattr(grpc.aio, "insecure_channel", channel)
+
+
+async def test_ack_applied_but_reply_lost_is_counted_once(gateway, channel, monkeypatch):
+    cut = _AcksCutOff(apply_first=True)
+    _cut_acks(monkeypatch, cut)
+    worker = _worker(gateway)
+
+    @worker.task("ok")
+    def ok(payload, ctx):
+        return payload["n"] + 1
+
+    async with AsyncClient(f"127.0.0.1:{gateway.port}") as client, running(worker):
+        task_id = (await client.enqueue("e2e", "ok", {"n": 41})).task_id
+        # the gateway applied the first Ack; the worker saw UNAVAILABLE, then a heartbeat
+        # reported the lease lost (its task had ended) while the result was still unsent
+        await poll_until(lambda: cut.acks_pass, 15)
+        await poll_until(lambda: worker.stats["processed"] == 1, 15)
+        task = await client.get_task(task_id)
+        stats = await dtq_pb2_grpc.AdminStub(channel).GetQueueStats(
+            dtq_pb2.GetQueueStatsRequest(queue="e2e"))
+    [applied] = cut.applied
+    assert not applied.results[0].HasField("error") and not applied.results[0].duplicate
+    assert cut.refused_acks >= 1
+    assert (task.status, task.result) == (TaskStatus.SUCCEEDED, 42)
+    assert [a.outcome for a in task.attempts] == ["succeeded"]
+    assert stats.succeeded == 1  # applied once: the resend was answered as a duplicate
+    assert (worker.stats["processed"], worker.stats["stale"], worker.stats["lost"]) == (1, 0, 0)
+
+
+async def test_result_of_a_reclaimed_lease_is_counted_stale_and_changes_nothing(
+        gateway, monkeypatch):
+    cut = _AcksCutOff(cut_beats=True)
+    _cut_acks(monkeypatch, cut)
+    worker = _worker(gateway)
+    runs: list[int] = []
+
+    @worker.task("ok")
+    def ok(payload, ctx):
+        runs.append(ctx.attempt)
+        return f"attempt {ctx.attempt}"
+
+    async with AsyncClient(f"127.0.0.1:{gateway.port}") as client, running(worker):
+        task_id = (await client.enqueue("e2e", "ok", {}, max_attempts=3)).task_id
+        # no Ack and no Heartbeat gets through: the lease expires and the reaper
+        # hands the task out again as attempt 2 while the first result is unsent
+        await _poll_task(client, task_id, lambda t: t.attempt >= 2, 15)
+        cut.beats_pass = True
+        await poll_until(lambda: worker.stats["stale"] == 1, 15)
+        task = await client.wait(task_id, 15)
+    assert runs[0] == 1 and cut.refused_acks >= 1
+    assert task.status == dtq_pb2.TASK_STATUS_SUCCEEDED and task.result == "attempt 2"
+    assert [a.outcome for a in task.attempts] == ["lease_expired", "succeeded"]
+    # attempt 1's result was answered STALE_LEASE; this worker counts as processed only
+    # the later attempts it ran itself (the re-leased task may have come back to it)
+    assert worker.stats["processed"] == len([a for a in runs if a >= 2])

@@ -11,6 +11,9 @@
  * A call-level transient error (gateway restarting) re-sends the whole batch
  * after a jittered backoff; a single-item call carries that item's own error as
  * the call status, which is handled like the per-item error above.
+ * An item is sent until answered even when a heartbeat reports its lease lost:
+ * an item the gateway applied whose reply was lost also makes the lease lost, and
+ * only the resend's answer (duplicate=true) says it was applied.
  */
 const log = require('./log');
 const { Backoff, sleep } = require('./backoff');
@@ -34,7 +37,7 @@ class Reporter {
     this.queues = { Ack: [], Fail: [] };
     this.timers = { Ack: null, Fail: null };
     this.backoff = new Backoff(100, 5000);
-    this.pending = new Map(); // lease_id -> entry, for forget()
+    this.pending = new Map(); // lease_id -> entry
     this.stopSignal = new AbortController();
   }
 
@@ -51,19 +54,6 @@ class Reporter {
   /** Items queued or in flight. */
   get size() {
     return this.pending.size;
-  }
-
-  /**
-   * Stop retrying a lease the gateway declared lost: its pending report
-   * resolves as {lost: true} unless already sent.
-   */
-  forget(leaseId) {
-    const entry = this.pending.get(leaseId);
-    if (!entry || entry.sent) return;
-    for (const kind of ['Ack', 'Fail']) {
-      this.queues[kind] = this.queues[kind].filter((e) => e !== entry);
-    }
-    this.settle(entry, { lost: true });
   }
 
   /** Resolve every unsettled report as abandoned (shutdown deadline passed). */

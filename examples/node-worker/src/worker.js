@@ -5,8 +5,8 @@
  * drains on stop().
  *
  * A lease is "held" from the moment its LeasedTask arrives until the gateway
- * answered its Ack/Fail (or declared it lost). Every held lease, buffered,
- * running or being reported, is listed in each Heartbeat.
+ * answered its Ack/Fail (or declared it lost before a result existed). Every held
+ * lease, buffered, running or being reported, is listed in each Heartbeat.
  */
 const log = require('./log');
 const { LeaseSession } = require('./session');
@@ -23,6 +23,16 @@ const PROGRESS_DELAY_MS = 1000;
 const REPORT_DRAIN_MS = 15000;
 /** Shortest wait for the Lease stream to end after the draining heartbeat, in ms. */
 const DRAIN_STREAM_MIN_MS = 2000;
+
+/**
+ * Whether a failure's answer means the task is retried: SCHEDULED or QUEUED after it,
+ * or, for a duplicate answer (a resend of a Fail the gateway had applied, which gives
+ * the task's status now), ACTIVE too: the retry was already leased again.
+ */
+function retriedAfter(res) {
+  return res.status === 'TASK_STATUS_SCHEDULED' || res.status === 'TASK_STATUS_QUEUED'
+    || (res.duplicate === true && res.status === 'TASK_STATUS_ACTIVE');
+}
 
 class Worker {
   /**
@@ -173,9 +183,7 @@ class Worker {
     this.held.delete(lease.id);
     if (res.ok) {
       this.stats.failed += 1;
-      if (res.status === 'TASK_STATUS_SCHEDULED' || res.status === 'TASK_STATUS_QUEUED') {
-        this.stats.retried += 1;
-      }
+      if (retriedAfter(res)) this.stats.retried += 1;
     } else if (res.stale) this.stats.stale += 1;
   }
 
@@ -291,9 +299,11 @@ class Worker {
       this.drop(lease);
     } else if (lease.phase === 'running') {
       lease.controller.abort(ABORT.LOST);
-    } else {
-      this.reporter.forget(id);
     }
+    // A result already with the reporter is still sent: the lease may be lost only
+    // because an earlier send was applied and its reply never came (the resend is then
+    // answered duplicate = true), else the gateway fences it (STALE_LEASE, nothing
+    // changes). The answer, not this list, decides how it counts.
   }
 
   onCancelled(id) {

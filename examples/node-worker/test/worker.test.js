@@ -58,8 +58,8 @@ async function fakeBroker(script) {
     },
     Fail(call, cb) {
       seen.fails.push(...call.request.items);
-      cb(null, { results: call.request.items.map((i) => ({ lease_id: i.lease_id,
-        status: 'TASK_STATUS_QUEUED' })) });
+      cb(null, { results: call.request.items.map((i) => script.failResult?.(i) || {
+        lease_id: i.lease_id, status: 'TASK_STATUS_QUEUED' }) });
     },
   });
   const port = await new Promise((resolve, reject) => {
@@ -100,6 +100,45 @@ test('a lost lease is stopped and never reported', async () => {
   assert.equal(worker.stop() instanceof Promise, true);
   assert.equal(await done, 0);
   assert.deepEqual([fake.seen.acks.length, fake.seen.fails.length], [0, 0]);
+  fake.close();
+});
+
+/** A heartbeat script reporting lease-1 lost once its result waits in the reporter. */
+function lostWhileReporting(ref) {
+  return (ids) => ids.filter((id) => id === 'lease-1' && ref.worker?.held.get(id)?.phase === 'reporting');
+}
+
+test('an unsent result of a lost lease is still sent and counted by the answer', async () => {
+  const ref = {};
+  const fake = await fakeBroker({ tasks: [task(1, 'conf.echo', { a: 1 })],
+    lost: lostWhileReporting(ref), ackError: grpc.status.FAILED_PRECONDITION });
+  // the result waits a second for companions; heartbeats every 50 ms report it lost
+  const { worker, done } = startWorker(fake.port, { DTQ_ACK_FLUSH_MS: '1000' });
+  ref.worker = worker;
+  await until(() => worker.stats.stale === 1);
+  assert.ok(fake.seen.heartbeats.some((ids) => ids.includes('lease-1')));
+  assert.deepEqual(fake.seen.acks.map((a) => a.lease_id), ['lease-1']); // fenced: STALE_LEASE
+  assert.equal(worker.stats.processed, 0);
+  assert.equal(worker.held.size, 0);
+  worker.stop();
+  assert.equal(await done, 0);
+  fake.close();
+});
+
+test('a Fail of a lost lease answered as a duplicate counts the failure and its retry', async () => {
+  const ref = {};
+  // the gateway had applied this Fail (a reply lost): the resend is a duplicate, and
+  // the retry it scheduled is already leased again
+  const fake = await fakeBroker({ tasks: [task(1, 'conf.fail', { message: 'boom' })],
+    lost: lostWhileReporting(ref),
+    failResult: (i) => ({ lease_id: i.lease_id, duplicate: true, status: 'TASK_STATUS_ACTIVE' }) });
+  const { worker, done } = startWorker(fake.port, { DTQ_ACK_FLUSH_MS: '1000' });
+  ref.worker = worker;
+  await until(() => worker.stats.failed === 1);
+  assert.ok(fake.seen.heartbeats.some((ids) => ids.includes('lease-1')));
+  assert.deepEqual([worker.stats.retried, worker.stats.stale], [1, 0]);
+  worker.stop();
+  assert.equal(await done, 0);
   fake.close();
 });
 
