@@ -48,6 +48,10 @@ def main() -> int:
         if check:
             stale = [n for n in GENERATED if not (OUT / n).exists()
                      or not filecmp.cmp(fresh / n, OUT / n, shallow=False)]
+            # the packaged copy of the proto (comments included: they are the docs
+            # reflection and packaged users read) must equal the source
+            if not filecmp.cmp(ROOT / "proto" / "dtq.proto", OUT / "dtq.proto", shallow=False):
+                stale.append("dtq.proto")
             if stale:
                 print(f"generated stubs are stale: {', '.join(stale)}; run make proto")
                 return 1
