@@ -366,12 +366,16 @@ async def test_list_workers_shows_whether_a_worker_has_a_lease_stream(broker_stu
         await r.aclose()
 
 
-async def test_a_queued_cancel_emits_one_task_cancelled(broker_stub, channel):
+async def test_a_queued_cancel_emits_one_task_cancelled(broker_stub, channel, gateway):
     """CancelTask of a queued task emits TASK_CANCELLED once (the lease path used to emit
     a second one, stage=dispatch, when it acked the entry away)."""
     from dtq_proto import dtq_pb2_grpc
 
     events = dtq_pb2_grpc.EventsStub(channel).Subscribe(pb.SubscribeRequest(queues=["q"]))
+    # pub/sub keeps no history: the hub listens and the Subscribe call is registered
+    # before the first event is published
+    await asyncio.wait_for(gateway.ops.hub.connected.wait(), 5)
+    await poll(lambda: asyncio.sleep(0, gateway.ops.hub.subscriber_count), lambda n: n >= 1)
     cancelled = await broker_stub.Enqueue(enq())
     await broker_stub.CancelTask(pb.CancelTaskRequest(task_id=cancelled.task_id))
     marker = await broker_stub.Enqueue(enq())  # leased after the cancelled one's entry
