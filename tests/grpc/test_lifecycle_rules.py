@@ -18,13 +18,13 @@ async def test_expiry_does_not_cancel_the_retry_of_a_started_task(broker_stub):
     """Expiry means "not started by": a task that started before its deadline follows its
     retry policy even when the retry comes due after the deadline (it used to expire in
     the scheduler's move, and attempt 2 never ran)."""
-    r = await broker_stub.Enqueue(enq(ttl_ms=1000, max_attempts=3))
-    lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
+    lease = await LeaseStream(broker_stub, "w1", ["q"]).open()  # waiting: leased at once
+    r = await broker_stub.Enqueue(enq(ttl_ms=2000, max_attempts=3))
     first = await lease.next()
     failed = await broker_stub.Fail(pb.FailRequest(items=[pb.FailItem(
-        lease_id=first.lease_id, error_message="flaky", retry_after_ms=1500)]))
+        lease_id=first.lease_id, error_message="flaky", retry_after_ms=2500)]))
     assert failed.results[0].status == pb.TASK_STATUS_SCHEDULED
-    second = await lease.next(timeout_s=5)  # due 1.5 s later, 0.5 s past the deadline
+    second = await lease.next(timeout_s=8)  # due 2.5 s later, 0.5 s past the deadline
     assert (second.task_id, second.attempt) == (r.task_id, 2)
     await broker_stub.Ack(pb.AckRequest(items=[pb.AckItem(lease_id=second.lease_id)]))
     task = (await broker_stub.GetTask(pb.GetTaskRequest(task_id=r.task_id))).task
