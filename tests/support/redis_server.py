@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import redis
@@ -19,6 +21,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def port_held(port: int) -> Iterator[None]:
+    """Keep 127.0.0.1:``port`` bound while a test's server on it is down, so that no
+    other process (another test's server binding port 0) takes it before the server
+    comes back. Bound but not listening: connections are refused, as with nothing
+    there. Enter right after the server stopped; the block ends just before it restarts.
+    """
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT left behind
+        s.bind(("127.0.0.1", port))
+        yield
 
 
 def redis_server_binary() -> str:
