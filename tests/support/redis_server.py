@@ -16,11 +16,20 @@ import redis
 POLL_S = 0.02  # interval of the PING-until-ready poll (bounded by its deadline)
 
 
+#: Ports free_port gave out in this process: never given twice, since callers often ask
+#: for several before binding any (the kernel may pick a port again once it is closed)
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that is free right now and was not given out before."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 @contextlib.contextmanager
