@@ -34,10 +34,10 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def port_held(port: int) -> Iterator[None]:
-    """Keep 127.0.0.1:``port`` bound while a test's server on it is down, so that no
-    other process (another test's server binding port 0) takes it before the server
-    comes back. Bound but not listening: connections are refused, as with nothing
-    there. Enter right after the server stopped; the block ends just before it restarts.
+    """Keep 127.0.0.1:``port`` bound but not listening: connections are refused, as with
+    nothing there, and no other process (another test's server binding port 0) can take
+    it. For a port where nothing may answer, and for the port of a test's own server
+    while it is down (enter right after it stopped, leave just before it restarts).
     """
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT left behind
