@@ -185,6 +185,8 @@ async def test_tokens_on_every_api_call_needs_an_admin_token(redis_url):
 
 async def test_live_feed_streams_events_and_ends_on_stop(redis_url):
     async with dashboard_gateway(redis_url) as dg, aiohttp.ClientSession() as http:
+        # pub/sub keeps no history: the hub listens before the first event is published
+        await asyncio.wait_for(dg.gateway.ops.hub.connected.wait(), 5)
         async with http.get(dg.url + "/api/events?queue=feed") as resp:
             assert resp.status == 200
             assert resp.headers["Content-Type"].startswith("text/event-stream")

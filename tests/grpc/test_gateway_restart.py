@@ -10,7 +10,7 @@ from dtq_gateway.server import Gateway
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
 from tests.conftest import gateway_settings
-from tests.support.redis_server import free_port
+from tests.support.redis_server import free_port, port_held
 
 #: fast reconnects, as the reference workers' bounded reconnect does
 CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
@@ -48,7 +48,8 @@ async def test_a_live_lease_survives_a_gateway_restart_longer_than_the_timeout(r
     stop, lost = asyncio.Event(), []
     beats = asyncio.create_task(_heartbeat(stub, task.lease_id, stop, lost))
     await first.stop()
-    await asyncio.sleep(2.5)  # the scenario: down longer than the visibility timeout
+    with port_held(port):  # no other test's server takes the port meanwhile
+        await asyncio.sleep(2.5)  # the scenario: down longer than the visibility timeout
     second = Gateway(settings, redis_url)
     await second.start()
     try:

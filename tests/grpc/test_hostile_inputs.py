@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
-from tests.support.leasing import error_field, error_reason
+from tests.support.leasing import error_field, error_reason, poll
 
 U64 = (1 << 64) - 1
 
@@ -113,7 +113,14 @@ async def test_a_busy_redis_is_unavailable_not_internal(broker_stub, redis_url):
     spin = asyncio.create_task(blocker.eval(
         "local t = redis.call('TIME') while true do end", 0))
     try:
-        await asyncio.sleep(0.2)  # past the threshold: every command now answers BUSY
+        async def busy() -> bool:
+            try:
+                await control.ping()
+            except redis.exceptions.ResponseError as exc:
+                return str(exc).startswith("BUSY")
+            return False
+
+        await poll(busy, bool)  # past the threshold: every command now answers BUSY
         with pytest.raises(grpc.aio.AioRpcError) as exc:
             await broker_stub.GetTask(pb.GetTaskRequest(task_id="a" * 32), timeout=5)
         assert (exc.value.code(), error_reason(exc.value)) == (

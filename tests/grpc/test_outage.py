@@ -11,6 +11,7 @@ from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
 from tests.conftest import gateway_settings
 from tests.support.leasing import LeaseStream, error_reason, poll
+from tests.support.redis_server import port_held
 
 
 async def test_outage_is_unavailable_and_not_serving_then_recovers(own_redis):
@@ -27,11 +28,12 @@ async def test_outage_is_unavailable_and_not_serving_then_recovers(own_redis):
         assert await status() == health_pb2.HealthCheckResponse.SERVING
         done = await broker.Enqueue(pb.EnqueueRequest(queue="q", task_type="t"))
         own_redis.kill()
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await broker.Enqueue(pb.EnqueueRequest(queue="q", task_type="t"))
-        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert error_reason(err.value) == "REDIS_UNAVAILABLE"
-        await poll(status, lambda s: s == health_pb2.HealthCheckResponse.NOT_SERVING)
+        with port_held(own_redis.port):  # no other test's server takes it meanwhile
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await broker.Enqueue(pb.EnqueueRequest(queue="q", task_type="t"))
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert error_reason(err.value) == "REDIS_UNAVAILABLE"
+            await poll(status, lambda s: s == health_pb2.HealthCheckResponse.NOT_SERVING)
         own_redis.start()  # same port and directory: the AOF brings the task back
         await poll(status, lambda s: s == health_pb2.HealthCheckResponse.SERVING)
         lease = await LeaseStream(broker, "w1", ["q"]).open()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from dtq_gateway.schedule_plan import ON_TIME_MS
 from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
@@ -50,7 +51,7 @@ async def test_interval_schedule_fires_once_per_period(admin, redis) -> None:
     assert created.created and created.schedule.next_fire_ms == \
         created.schedule.created_at_ms + 1000
     info = await poll(lambda: admin.GetSchedule(pb.GetScheduleRequest(name="every-second")),
-                      lambda r: r.schedule.fires_total >= 3, timeout_s=6)
+                      lambda r: r.schedule.fires_total >= 3, timeout_s=15)  # ~3.5 s
     fires = await fires_of(redis, "every-second")
     anchor = info.schedule.created_at_ms
     assert sorted(fires)[:3] == [anchor + 1000, anchor + 2000, anchor + 3000]
@@ -69,16 +70,19 @@ async def rewind(redis, name: str, done_ms: int) -> None:
     await redis.zadd(keys.SCHEDULES, {name: 0})
 
 
-async def clear_of_the_hour(redis, margin_ms: int = 15_000) -> None:
-    """Return once Redis's clock is at least ``margin_ms`` past a full UTC hour and as
-    far from the next one: the schedule's real on-time fire (every full UTC hour) must
-    not fall inside the test, where it would be told apart from a caught-up fire by
-    nothing but luck. Waits at most ``2 * margin_ms``, by polling Redis's clock."""
+async def clear_of_the_hour(redis, after_ms: int = ON_TIME_MS + 5_000,
+                            before_ms: int = 15_000) -> None:
+    """Return once Redis's clock is at least ``after_ms`` past a full UTC hour and
+    ``before_ms`` before the next one. The fire at the full hour is then a missed one:
+    up to ON_TIME_MS after it, it is on time and enqueued whatever the policy (SKIP
+    too). And the next hour's real fire cannot fall inside the test, where it would be
+    told apart from a caught-up fire by nothing but luck. Waits at most
+    ``after_ms + before_ms`` ms, by polling Redis's clock."""
     async def into_hour() -> int:
         sec, usec = await redis.time()
         return (int(sec) * 1000 + int(usec) // 1000) % H
-    await poll(into_hour, lambda ms: margin_ms <= ms <= H - margin_ms,
-               timeout_s=2 * margin_ms / 1000 + 5, interval_s=0.2)
+    await poll(into_hour, lambda ms: after_ms <= ms <= H - before_ms,
+               timeout_s=(after_ms + before_ms) / 1000 + 5, interval_s=0.2)
 
 
 @pytest.mark.parametrize("catch_up, expected", [
@@ -122,7 +126,7 @@ async def test_pause_trigger_resume_delete(admin, redis) -> None:
     resumed = (await admin.ResumeSchedule(pb.ResumeScheduleRequest(name="manual"))).schedule
     assert not resumed.schedule.paused and resumed.next_fire_ms > 0
     await poll(lambda: admin.GetSchedule(pb.GetScheduleRequest(name="manual")),
-               lambda r: r.schedule.fires_total >= 1, timeout_s=4)
+               lambda r: r.schedule.fires_total >= 1, timeout_s=10)  # ~1.5 s
     paused = (await admin.PauseSchedule(pb.PauseScheduleRequest(name="manual"))).schedule
     assert paused.schedule.paused
 

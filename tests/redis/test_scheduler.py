@@ -25,7 +25,7 @@ from tests.redis.sched_support import (
     task_fields,
     wait_until,
 )
-from tests.support.redis_server import free_port
+from tests.support.redis_server import free_port, port_held
 
 __all__ = ["r"]
 
@@ -242,14 +242,16 @@ async def test_stale_worker_sweep_emits_worker_stale_once(r: Redis) -> None:
 async def test_redis_outage_backs_off_instead_of_spinning() -> None:
     # No client-side retries: every command fails at once, so only the duty's own
     # backoff stands between an outage and a hot loop.
-    dead = Redis(port=free_port(), socket_connect_timeout=0.2, socket_timeout=0.2,
-                 retry=Retry(NoBackoff(), 0))
-    s = Scheduler(dead, settings("gw-a"))
-    task = asyncio.create_task(s.run())
-    await asyncio.sleep(1.5)  # measuring window: how many attempts in 1.5 s
-    failures = s.keeper.failures
-    await s.stop()
-    await asyncio.wait_for(task, 5)
-    await dead.aclose()
+    port = free_port()
+    with port_held(port):  # refused throughout: no other test's server can start there
+        dead = Redis(port=port, socket_connect_timeout=0.2, socket_timeout=0.2,
+                     retry=Retry(NoBackoff(), 0))
+        s = Scheduler(dead, settings("gw-a"))
+        task = asyncio.create_task(s.run())
+        await asyncio.sleep(1.5)  # measuring window: how many attempts in 1.5 s
+        failures = s.keeper.failures
+        await s.stop()
+        await asyncio.wait_for(task, 5)
+        await dead.aclose()
     assert not s.is_leader
     assert 2 <= failures <= 10  # exponential backoff (0.1 s doubling), not a hot loop

@@ -14,7 +14,7 @@ from dtq_gateway.server import Gateway, grpc_options
 from dtq_proto import dtq_pb2
 from dtq_pyworker import AsyncClient, Worker, _channel
 from tests.conftest import gateway_settings
-from tests.support.redis_server import free_port
+from tests.support.redis_server import free_port, port_held
 from tests.support.tcp_proxy import TcpProxy
 from tests.worker.helpers import poll_until, running
 
@@ -95,7 +95,8 @@ async def test_worker_is_back_within_its_cap_after_a_gateway_outage(redis_url):
     async with running(worker):
         await poll_until(lambda: worker.session is not None and _sessions() == 1, 5)
         await gw.stop()
-        await asyncio.sleep(OUTAGE_S)  # the outage itself: the gateway is down this long
+        with port_held(port):  # no other test's server takes the port meanwhile
+            await asyncio.sleep(OUTAGE_S)  # the outage itself: the gateway is down this long
         gw = Gateway(settings, redis_url)
         await gw.start()
         back_at = time.monotonic()

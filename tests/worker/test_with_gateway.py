@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+import threading
 
 import grpc
 import pytest
@@ -155,10 +155,11 @@ async def test_worker_survives_gateway_restart(redis_url):
 async def test_hung_sync_handler_keeps_its_slot_and_times_out_once(gateway, caplog):
     worker = _worker(gateway, concurrency=1)
     ran: list[int] = []
+    unhang = threading.Event()
 
     @worker.task("hang")
-    def hang(payload, ctx):  # ignores its 1 s time limit and ctx.cancelled: runs 2.5 s
-        time.sleep(2.5)
+    def hang(payload, ctx):  # ignores its 1 s time limit and ctx.cancelled until let go
+        unhang.wait(30)
         return "late"
 
     @worker.task("quick")
@@ -167,18 +168,22 @@ async def test_hung_sync_handler_keeps_its_slot_and_times_out_once(gateway, capl
         return payload["n"]
 
     async with AsyncClient(f"127.0.0.1:{gateway.port}") as client, running(worker):
-        hung = (await client.enqueue("e2e", "hang", {}, timeout_ms=1000, max_attempts=1,
-                                     priority=9)).task_id
-        await poll_until(lambda: worker.threads_busy == 1, 10)
-        quick_ids = [(await client.enqueue("e2e", "quick", {"n": n}, timeout_ms=1000,
-                                           max_attempts=1)).task_id for n in range(4)]
-        dead = await client.wait(hung, 10, raise_on_failure=False)
-        # past its limit the hung thread still holds the only slot: nothing starts,
-        # and the heartbeat reports the slot as taken
-        await poll_until(lambda: worker._runtime.stuck_threads() == 1, 5)
-        assert ran == [] and worker._runtime.busy_slots() == 1
-        done = [await client.wait(t, 10) for t in quick_ids]
-        await poll_until(lambda: worker.threads_busy == 0, 5)
+        try:
+            hung = (await client.enqueue("e2e", "hang", {}, timeout_ms=1000, max_attempts=1,
+                                         priority=9)).task_id
+            await poll_until(lambda: worker.threads_busy == 1, 10)
+            quick_ids = [(await client.enqueue("e2e", "quick", {"n": n}, timeout_ms=1000,
+                                               max_attempts=1)).task_id for n in range(4)]
+            dead = await client.wait(hung, 10, raise_on_failure=False)
+            # past its limit the hung thread still holds the only slot: nothing starts,
+            # and the heartbeat reports the slot as taken
+            await poll_until(lambda: worker._runtime.stuck_threads() == 1, 5)
+            assert ran == [] and worker._runtime.busy_slots() == 1
+            unhang.set()  # the thread ends at last: its slot is free again
+            done = [await client.wait(t, 10) for t in quick_ids]
+            await poll_until(lambda: worker.threads_busy == 0, 5)
+        finally:
+            unhang.set()  # a failed check must not leave the thread hanging
     assert (dead.status, dead.last_error_class) == (dtq_pb2.TASK_STATUS_DEAD_LETTERED,
                                                     "Timeout")
     assert [a.outcome for a in dead.attempts] == ["failed"]  # reported once
