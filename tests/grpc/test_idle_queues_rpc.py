@@ -19,7 +19,7 @@ from tests.support.leasing import LeaseStream
 IDLE_QUEUES = 2000
 
 
-async def test_lost_lease_among_drained_queues_is_leased_again_within_vt_plus_1s(
+async def test_lost_lease_among_drained_queues_is_leased_again_within_vt_plus_2s(
         gateway, broker_stub, channel, redis_url) -> None:
     r = aioredis.Redis.from_url(redis_url)
     try:
@@ -36,7 +36,10 @@ async def test_lost_lease_among_drained_queues_is_leased_again_within_vt_plus_1s
         again = await waiting.next(timeout_s=vt_s + 3)
         took_s = time.monotonic() - leased_at
         assert (again.task_id, again.attempt) == (done.task_id, 2) and first.attempt == 1
-        assert took_s < vt_s + 1.0, took_s
+        # the reaper looked at the one busy queue, not the 2,000 drained ones (the
+        # bound on time is loose: a loaded 2-core machine adds its own delays)
+        assert gateway.scheduler.reaper.queue_calls < 100
+        assert took_s < vt_s + 2.0, took_s
         silent.close()
         waiting.close()
 
