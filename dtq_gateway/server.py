@@ -62,8 +62,10 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
     workers can detect the same black hole from their side.
 
     Bounds: at most DTQ_GRPC_MAX_CONNECTIONS connections, DTQ_GRPC_MAX_CONCURRENT_STREAMS
-    calls per connection, 16 KiB of metadata per call, and a connection with no call
-    open is closed after DTQ_GRPC_MAX_CONNECTION_IDLE_MS.
+    calls per connection (further calls wait in the client), DTQ_GRPC_MAX_PENDING_CALLS
+    calls arrived but not yet handled (further ones are cancelled by grpc: CANCELLED),
+    16 KiB of metadata per call, and a connection with no call open is closed after
+    DTQ_GRPC_MAX_CONNECTION_IDLE_MS.
     """
     return [*GRPC_OPTIONS,
             ("grpc.keepalive_time_ms", settings.grpc_keepalive_time_ms),
@@ -77,6 +79,17 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
             # bounds on what clients can make the server hold (docs/security.md)
             ("grpc.max_allowed_incoming_connections", settings.grpc_max_connections),
             ("grpc.max_concurrent_streams", settings.grpc_max_concurrent_streams),
+            # grpc counts a finished call against max_concurrent_streams until Python has
+            # released it, so with this on (grpc's default) a client that keeps its calls
+            # within the advertised limit still got RST_STREAM REFUSED_STREAM (UNAVAILABLE)
+            # once it ran near 1000 calls on one connection: off, further calls wait in
+            # the client as the limit says
+            ("grpc.http.overload_protection", 0),
+            # calls that arrived but that grpc.aio has not picked up yet: grpc's default
+            # (1000, then random rejection up to 3000) cancelled calls (CANCELLED) of a
+            # burst of 1600 over two connections; soft = hard: no random rejection
+            ("grpc.server.max_pending_requests", settings.grpc_max_pending_calls),
+            ("grpc.server.max_pending_requests_hard_limit", settings.grpc_max_pending_calls),
             ("grpc.max_connection_idle_ms", settings.grpc_max_connection_idle_ms or 2**31 - 1),
             ("grpc.max_metadata_size", 16 << 10)]
 

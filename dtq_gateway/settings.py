@@ -73,7 +73,13 @@ class Settings:
         "keep it below the process's open-file limit."))
     grpc_max_concurrent_streams: int = field(default=1000, metadata=_meta(
         "Most calls open at once on one client connection (HTTP/2 "
-        "SETTINGS_MAX_CONCURRENT_STREAMS); further calls wait in the client."))
+        "SETTINGS_MAX_CONCURRENT_STREAMS); grpc clients queue further calls until one ends "
+        "(checked with grpc Python and grpc-js). Raise it, or open more connections, for "
+        "more calls in flight from one client."))
+    grpc_max_pending_calls: int = field(default=10000, metadata=_meta(
+        "Most calls that have arrived (all connections together) but that the gateway has "
+        "not started handling yet; beyond it grpc cancels new calls at once: the client "
+        "sees CANCELLED, the call never reached a handler, and it is safe to retry."))
     grpc_max_connection_idle_ms: int = field(default=300000, metadata=_meta(
         "A connection with no open call for this long is closed (ms); clients reconnect "
         "on their next call. 0 = never."))
@@ -202,7 +208,7 @@ _POSITIVE = {
     "metrics_max_queues", "consumer_prune_idle_s",
     "grpc_keepalive_time_ms", "grpc_keepalive_timeout_ms", "grpc_min_ping_interval_ms",
     "eviction_check_interval_s", "max_queues", "max_streams_per_peer", "grpc_max_connections",
-    "grpc_max_concurrent_streams", "lease_buffer_max_bytes",
+    "grpc_max_concurrent_streams", "grpc_max_pending_calls", "lease_buffer_max_bytes",
     "followup_sweep_interval_s",
 }
 _NON_NEGATIVE = {"queue_idle_delete_s", "grpc_max_connection_idle_ms", "metrics_port",

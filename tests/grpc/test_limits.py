@@ -273,3 +273,63 @@ async def test_a_deleted_queue_loses_its_metric_series(redis_url):
             assert await gw.redis.zscore(keys.QUEUES, "series-live") is not None
     finally:
         await gw.stop()
+
+
+async def _flood(port: int, connections: int, calls: int) -> tuple[dict[str, int], int]:
+    """Start ``calls`` Enqueue calls at once into queue ``flood`` over ``connections``
+    separate connections; return ({status code name: count}, tasks enqueued)."""
+    opts = [("grpc.use_local_subchannel_pool", 1)]  # one connection per channel
+    channels = [grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=opts)
+                for _ in range(connections)]
+    try:
+        for ch in channels:
+            await asyncio.wait_for(ch.channel_ready(), 10)
+        stubs = [dtq_pb2_grpc.BrokerStub(ch) for ch in channels]
+
+        async def one(i: int) -> str:
+            try:
+                await stubs[i % connections].Enqueue(
+                    pb.EnqueueRequest(queue="flood", task_type="t", payload=b"{}"), timeout=60)
+            except grpc.aio.AioRpcError as exc:
+                return exc.code().name
+            return "OK"
+
+        codes: dict[str, int] = {}
+        for code in await asyncio.gather(*(one(i) for i in range(calls))):
+            codes[code] = codes.get(code, 0) + 1
+        admin = dtq_pb2_grpc.AdminStub(channels[0])
+        depth = (await admin.GetQueueStats(pb.GetQueueStatsRequest(queue="flood"))).depth
+        return codes, depth
+    finally:
+        for ch in channels:
+            await ch.close()
+
+
+async def test_calls_beyond_the_stream_limit_wait_in_the_client(redis_url):
+    # grpc's default overload protection counted finished calls until Python released
+    # them and answered RST_STREAM REFUSED_STREAM (UNAVAILABLE) within the limit
+    gw = await _gateway(redis_url, grpc_max_concurrent_streams=10)
+    try:
+        assert await _flood(gw.port, connections=1, calls=300) == ({"OK": 300}, 300)
+    finally:
+        await gw.stop()
+
+
+async def test_a_burst_within_the_pending_limit_is_not_cancelled(redis_url):
+    # grpc's default pending-call limit (1000, random rejection up to 3000) cancelled
+    # calls of such a burst over two connections
+    gw = await _gateway(redis_url)
+    try:
+        assert await _flood(gw.port, connections=2, calls=1600) == ({"OK": 1600}, 1600)
+    finally:
+        await gw.stop()
+
+
+async def test_calls_beyond_the_pending_limit_are_cancelled_before_any_handler(redis_url):
+    gw = await _gateway(redis_url, grpc_max_pending_calls=20)
+    try:
+        codes, depth = await _flood(gw.port, connections=4, calls=800)
+    finally:
+        await gw.stop()
+    assert set(codes) == {"OK", "CANCELLED"}
+    assert depth == codes["OK"]  # a cancelled call enqueued nothing
