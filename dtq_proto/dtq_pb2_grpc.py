@@ -605,8 +605,7 @@ class AdminServicer:
         and its dead letters when discard_dead_letters is set), or with dry_run only
         reports what it would delete. NOT_FOUND (QUEUE_NOT_FOUND) for an unknown
         queue; FAILED_PRECONDITION with reason QUEUE_NOT_EMPTY (tasks queued,
-        leased, scheduled or owing a chain/group step), HAS_DEAD_LETTERS or
-        QUEUE_IN_USE (a worker read from it within the last 5 s).
+        leased, scheduled or owing a chain/group step) or HAS_DEAD_LETTERS.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
