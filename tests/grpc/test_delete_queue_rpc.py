@@ -6,6 +6,7 @@ from __future__ import annotations
 import grpc
 import pytest
 import redis.asyncio as aioredis
+from prometheus_client import REGISTRY
 
 from dtq_gateway.store import keys, queue_delete
 from dtq_proto import dtq_pb2 as pb
@@ -55,7 +56,10 @@ async def test_deletes_a_drained_paused_queue_with_everything_and_the_name_works
     assert await _existing(r, "old") == before  # a dry run changes nothing
     assert [q.name for q in (await admin.ListQueues(pb.ListQueuesRequest())).queues] == ["old"]
 
+    enqueued = ("dtq_tasks_enqueued_total", {"queue": "old"})
+    assert REGISTRY.get_sample_value(*enqueued) is not None
     done = await admin.DeleteQueue(pb.DeleteQueueRequest(queue="old", reason="retired"))
+    assert REGISTRY.get_sample_value(*enqueued) is None  # its series left at once
     assert done.deleted and sorted(done.keys) == before and done.request_id
     assert await _existing(r, "old") == []
     assert await r.zscore(keys.QUEUES, "old") is None
