@@ -1,4 +1,5 @@
-"""Operator commands of ``dtq``: queues, stats, pause, resume, workers, audit, dlq."""
+"""Operator commands of ``dtq``: queues, stats, pause, resume, delete-queue, workers, audit,
+dlq."""
 
 from __future__ import annotations
 
@@ -95,6 +96,43 @@ def pause(state: State, queue: str, reason: str, create: bool) -> None:
 def resume(state: State, queue: str, reason: str) -> None:
     """Let workers lease from QUEUE again."""
     _toggle(state, queue, reason, False)
+
+
+@cli.command("delete-queue")
+@click.argument("queue")
+@click.option("--dry-run", is_flag=True, help="Only list what would be deleted.")
+@click.option("--discard-dead-letters", is_flag=True,
+              help="Delete the queue's dead letters with it (else they stop the delete).")
+@click.option("--reason", default="", help="Reason recorded in the audit stream.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+@pass_state
+def delete_queue(state: State, queue: str, dry_run: bool, discard_dead_letters: bool,
+                 reason: str, yes: bool) -> None:
+    """Delete a drained QUEUE and its keys (asks first unless --yes or --dry-run).
+
+    Refused (exit 1) while the queue holds queued, leased or scheduled tasks, or dead
+    letters unless --discard-dead-letters; an unknown queue exits 3.
+    """
+    if not (yes or dry_run):  # "no" (or no answer on stdin) aborts with exit 1
+        what = " and its dead letters" if discard_dead_letters else ""
+        click.confirm(f"Delete queue {queue}{what}?", abort=True, err=True)
+    res = state.client.delete_queue(queue, dry_run=dry_run,
+                                    discard_dead_letters=discard_dead_letters, reason=reason)
+    if state.json:
+        emit_json({"queue": queue, "deleted": res.deleted, "dry_run": dry_run,
+                   "keys": list(res.keys), "dead_letters_discarded": res.dead_letters_discarded,
+                   "request_id": res.request_id})
+        return
+    dead = (f", {res.dead_letters_discarded} dead letters"
+            if res.dead_letters_discarded else "")
+    if dry_run:
+        click.echo(f"dry run: would delete {queue} ({len(res.keys)} keys{dead}); "
+                   "nothing changed")
+        for key in res.keys:
+            click.echo(f"  {key}")
+    else:
+        click.echo(f"{queue} deleted ({len(res.keys)} keys{dead})")
 
 
 @cli.command()

@@ -664,6 +664,32 @@ class ResumeQueueResponse(_message.Message):
     request_id: str
     def __init__(self, changed: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
 
+class DeleteQueueRequest(_message.Message):
+    __slots__ = ("queue", "dry_run", "discard_dead_letters", "reason")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    DISCARD_DEAD_LETTERS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    dry_run: bool
+    discard_dead_letters: bool
+    reason: str
+    def __init__(self, queue: _Optional[str] = ..., dry_run: _Optional[bool] = ..., discard_dead_letters: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DeleteQueueResponse(_message.Message):
+    __slots__ = ("deleted", "dry_run", "keys", "dead_letters_discarded", "request_id")
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTERS_DISCARDED_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    dry_run: bool
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    dead_letters_discarded: int
+    request_id: str
+    def __init__(self, deleted: _Optional[bool] = ..., dry_run: _Optional[bool] = ..., keys: _Optional[_Iterable[str]] = ..., dead_letters_discarded: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
 class ListDeadLettersRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "queue")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]

@@ -464,6 +464,11 @@ class AdminStub:
                 request_serializer=dtq__proto_dot_dtq__pb2.ResumeQueueRequest.SerializeToString,
                 response_deserializer=dtq__proto_dot_dtq__pb2.ResumeQueueResponse.FromString,
                 _registered_method=True)
+        self.DeleteQueue = channel.unary_unary(
+                '/dtq.v1.Admin/DeleteQueue',
+                request_serializer=dtq__proto_dot_dtq__pb2.DeleteQueueRequest.SerializeToString,
+                response_deserializer=dtq__proto_dot_dtq__pb2.DeleteQueueResponse.FromString,
+                _registered_method=True)
         self.ListDeadLetters = channel.unary_unary(
                 '/dtq.v1.Admin/ListDeadLetters',
                 request_serializer=dtq__proto_dot_dtq__pb2.ListDeadLettersRequest.SerializeToString,
@@ -589,6 +594,18 @@ class AdminServicer:
 
     def ResumeQueue(self, request, context):
         """ResumeQueue resumes leasing from a paused queue. NOT_FOUND for an unknown queue.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteQueue(self, request, context):
+        """DeleteQueue removes a drained queue and everything that belongs to it (band
+        streams with their group, pause flag, busy marker, counters, rate limits,
+        and its dead letters when discard_dead_letters is set), or with dry_run only
+        reports what it would delete. NOT_FOUND (QUEUE_NOT_FOUND) for an unknown
+        queue; FAILED_PRECONDITION with reason QUEUE_NOT_EMPTY (tasks queued,
+        leased, scheduled or owing a chain/group step) or HAS_DEAD_LETTERS.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -751,6 +768,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ResumeQueue,
                     request_deserializer=dtq__proto_dot_dtq__pb2.ResumeQueueRequest.FromString,
                     response_serializer=dtq__proto_dot_dtq__pb2.ResumeQueueResponse.SerializeToString,
+            ),
+            'DeleteQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteQueue,
+                    request_deserializer=dtq__proto_dot_dtq__pb2.DeleteQueueRequest.FromString,
+                    response_serializer=dtq__proto_dot_dtq__pb2.DeleteQueueResponse.SerializeToString,
             ),
             'ListDeadLetters': grpc.unary_unary_rpc_method_handler(
                     servicer.ListDeadLetters,
@@ -955,6 +977,33 @@ class Admin:
             '/dtq.v1.Admin/ResumeQueue',
             dtq__proto_dot_dtq__pb2.ResumeQueueRequest.SerializeToString,
             dtq__proto_dot_dtq__pb2.ResumeQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dtq.v1.Admin/DeleteQueue',
+            dtq__proto_dot_dtq__pb2.DeleteQueueRequest.SerializeToString,
+            dtq__proto_dot_dtq__pb2.DeleteQueueResponse.FromString,
             options,
             channel_credentials,
             insecure,

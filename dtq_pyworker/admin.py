@@ -130,6 +130,19 @@ class AdminClient(Client):
         return self._admin_call("ResumeQueue", dtq_pb2.ResumeQueueRequest(queue=queue,
                                                                            reason=reason))
 
+    def delete_queue(self, queue: str, dry_run: bool = False, discard_dead_letters: bool = False,
+                     reason: str = "") -> dtq_pb2.DeleteQueueResponse:
+        """Delete a drained queue and its keys, or with ``dry_run`` list what would go.
+
+        Raises:
+            DtqRpcError: NOT_FOUND for an unknown queue; FAILED_PRECONDITION with
+                reason QUEUE_NOT_EMPTY (tasks queued, leased or scheduled) or
+                HAS_DEAD_LETTERS (unless ``discard_dead_letters``).
+        """
+        return self._admin_call("DeleteQueue", dtq_pb2.DeleteQueueRequest(
+            queue=queue, dry_run=dry_run, discard_dead_letters=discard_dead_letters,
+            reason=reason))
+
     # -- dead letters -------------------------------------------------------------
     def dead_letters(self, queue: str = "", limit: int = 50) -> list[dtq_pb2.DeadLetter]:
         """Up to ``limit`` dead-letter entries, newest first (``queue`` "" = all)."""

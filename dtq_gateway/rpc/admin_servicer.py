@@ -16,12 +16,21 @@ from typing import Any, TypeVar
 
 import grpc
 
+from dtq_gateway import metrics
 from dtq_gateway.errors import InvalidArgument, Unavailable
 from dtq_gateway.queue_rates import RATES
 from dtq_gateway.rpc.auth import actor_of
 from dtq_gateway.rpc.grpc_errors import abort
 from dtq_gateway.settings import Settings
-from dtq_gateway.store import admin, admin_dlq, admin_lists, keys, ratelimits, schedules
+from dtq_gateway.store import (
+    admin,
+    admin_dlq,
+    admin_lists,
+    keys,
+    queue_delete,
+    ratelimits,
+    schedules,
+)
 from dtq_gateway.store.admin import CallInfo, as_int, page_size
 from dtq_gateway.store.audit import append_audit, request_id_of
 from dtq_gateway.store.client import Client
@@ -174,6 +183,30 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
                                          audit_maxlen=self.settings.audit_maxlen,
                                          create=paused and request.create)
         return changed, call.request_id
+
+    @_rpc
+    async def DeleteQueue(self, request: pb.DeleteQueueRequest, context: Any
+                          ) -> pb.DeleteQueueResponse:
+        """Delete a drained queue and its keys, or report them with dry_run (audited).
+
+        After a delete, this replica forgets the queue's consumer groups (the next
+        enqueue or lease creates them again) and its metric series; other replicas
+        recover from NOGROUP and drop the series within a gauge refresh.
+        """
+        call = _call(context)
+        done = await queue_delete.delete_queue(
+            self.redis, request.queue, call, dry_run=request.dry_run,
+            discard_dead_letters=request.discard_dead_letters,
+            reason=cut_utf8(request.reason, MAX_REASON_BYTES),
+            audit_maxlen=self.settings.audit_maxlen)
+        if done.deleted:
+            if self.broker is not None:
+                self.broker.groups.discard([request.queue])
+            metrics.forget_queue(request.queue)
+        return pb.DeleteQueueResponse(deleted=done.deleted, dry_run=request.dry_run,
+                                      keys=done.keys,
+                                      dead_letters_discarded=done.dead_letters,
+                                      request_id=call.request_id)
 
     @_rpc
     async def ListDeadLetters(self, request: pb.ListDeadLettersRequest, context: Any

@@ -94,6 +94,11 @@ class Groups:
         """True when every queue is known to have its groups (no round trip needed)."""
         return all(q in self._ready for q in queues)
 
+    def discard(self, queues: list[str] | set[str]) -> None:
+        """Forget queues this replica deleted (Admin.DeleteQueue), quietly: the next
+        enqueue or lease of the name creates its groups again in one round trip."""
+        self._ready.difference_update(queues)
+
     def forget(self, queues: list[str] | set[str]) -> None:
         """Forget queues whose streams answered NOGROUP (Redis restarted empty or flushed)."""
         now = time.monotonic()

@@ -50,7 +50,14 @@ async def delete_idle_queues(redis: Client, queues: list[str], idle_ms: float) -
                                  _DELETE_IDLE_QUEUE.argv(keys.GROUP, idle_ms))
     deleted = [q for q, r in zip(queues, await execute(redis, pipe)) if r == 1]
     for q in deleted:
-        await redis.zrem(keys.QUEUES, q)
-        if await redis.exists(*keys.queue_streams_desc(q)):
-            await redis.zadd(keys.QUEUES, {q: 0})  # created again meanwhile
+        await leave_registry(redis, q)
     return deleted
+
+
+async def leave_registry(redis: Client, queue: str) -> None:
+    """Remove a queue whose streams a script just deleted from the registry: a
+    single-key ``ZREM dtq:queues``, then an EXISTS of its streams, which re-adds the
+    name (ZADD, score 0) when a gateway created the queue again in between."""
+    await redis.zrem(keys.QUEUES, queue)
+    if await redis.exists(*keys.queue_streams_desc(queue)):
+        await redis.zadd(keys.QUEUES, {queue: 0})  # created again meanwhile

@@ -183,6 +183,29 @@ def test_queues_stats_pause_and_resume(env):
     assert env.json("resume", "stats-q")["changed"] is False
 
 
+def test_delete_queue(env):
+    task_id = env.json("enqueue", "gone-q", "t", "{}")["task_id"]
+    busy = env.run("delete-queue", "gone-q", "--yes")
+    assert busy.exit_code == ExitCode.ERROR and "QUEUE_NOT_EMPTY" in busy.stderr
+    assert "depth=1" in busy.stderr
+    env.json("cancel", task_id)  # a queued task's entry goes at once: the queue is drained
+    dry = env.json("delete-queue", "gone-q", "--dry-run")
+    assert (dry["deleted"], dry["dry_run"]) == (False, True)
+    assert keys.stream("gone-q", 5) in dry["keys"]
+    assert "nothing changed" in env.run("delete-queue", "gone-q", "--dry-run").stdout
+    refused = env.run("delete-queue", "gone-q", input="n\n")
+    assert refused.exit_code == 1 and "gone-q" in {q["name"] for q in env.json("queues")}
+    done = env.run("delete-queue", "gone-q", "--reason", "retired", input="y\n")
+    assert done.exit_code == 0, done.output
+    assert done.stdout.strip() == f"gone-q deleted ({len(dry['keys'])} keys)"
+    assert "gone-q" not in {q["name"] for q in env.json("queues")}
+    assert env.json("audit", "-n", "1")[0]["action"] == "delete_queue"
+    again = env.run("delete-queue", "gone-q", "--yes")
+    assert again.exit_code == ExitCode.NOT_FOUND and "QUEUE_NOT_FOUND" in again.stderr
+    bad = env.run("delete-queue", "bad queue!", "--yes")
+    assert bad.exit_code == ExitCode.ERROR and "(field queue)" in bad.stderr
+
+
 def test_dead_letter_commands(env):
     ids = [env.json("enqueue", SERVED, "boom", json.dumps({"i": i}))["task_id"]
            for i in range(3)]

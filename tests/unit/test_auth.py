@@ -46,6 +46,7 @@ def test_parse_tokens_rejects_bad_input_clearly(spec: str, message: str) -> None
     ("/dtq.v1.Broker/Ack", {"worker", "admin"}),
     ("/dtq.v1.Broker/Fail", {"worker", "admin"}),
     ("/dtq.v1.Admin/PurgeDeadLetters", {"admin"}),
+    ("/dtq.v1.Admin/DeleteQueue", {"admin"}),
     ("/dtq.v1.Events/Subscribe", {"admin"}),
     ("/dtq.v1.Broker/SomethingNew", {"admin"}),
 ])

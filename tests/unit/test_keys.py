@@ -94,3 +94,11 @@ def test_queue_name_alphabet(name, ok):
 def test_names_ending_in_a_newline_are_refused(pattern):
     assert pattern.match("name") and not pattern.match("name\n")
     assert not keys.TASK_ID_RE.match("a" * 32 + "\n")
+
+
+def test_delete_queue_touches_one_slot_only() -> None:
+    from dtq_gateway.store.queue_delete import queue_keys
+
+    names = queue_keys("emails")
+    assert len(set(names)) == 19
+    assert {keys.key_slot(k) for k in names} == {keys.key_slot("{emails}")}
