@@ -4,10 +4,12 @@ A queue name costs ten (empty) streams, their group and consumers, and a registr
 entry for as long as it exists (docs/redis-layout.md, "Idle queues"). Runs on the
 scheduler leader: it walks the registry ``dtq:queues`` by name, a few names per tick,
 paced so that one pass over the registry takes about DTQ_QUEUE_IDLE_DELETE_S; skips
-busy queues (``dtq:queues:busy``); and runs ``delete_idle_queue.lua`` on the rest,
-which deletes a queue's ten streams only when none holds an entry, none was written
-or read for the idle time, nothing is pending and the queue is not paused. A queue
-is therefore deleted between one and two idle times after its last use.
+busy queues (``dtq:queues:busy``) and queues a live worker leases from (its record's
+``queues``: a worker waiting on an empty queue never reads its streams); and runs
+``delete_idle_queue.lua`` on the rest, which deletes a queue's ten streams only when
+none holds an entry, none was written or read for the idle time, nothing is pending
+and the queue is not paused. A queue is therefore deleted between one and two idle
+times after its last use.
 
 Steps and crashes: the script deletes the streams (one queue's keys, atomically),
 then ``ZREM dtq:queues <queue>`` (a single-key command), then an EXISTS of the
@@ -56,6 +58,8 @@ class QueueSweep(PeriodicDuty):
         self._cursor = ""
         #: queues deleted since start
         self.deleted = 0
+        #: batches of registry names checked since start
+        self.batches = 0
 
     def interval_s(self) -> float:
         """A sixth of the idle time, within [0.25, 60] s."""
@@ -72,6 +76,7 @@ class QueueSweep(PeriodicDuty):
     async def sweep_some(self) -> list[str]:
         """Check the next batch of registry names; returns the queues deleted, whose
         Prometheus series are removed (:func:`dtq_gateway.metrics.forget_queue`)."""
+        self.batches += 1
         total = await idle_queues.registry_size(self._redis)
         if not total:
             return []
@@ -80,6 +85,11 @@ class QueueSweep(PeriodicDuty):
         names = await reaping.registry_page(self._redis, self._cursor, per_tick)
         self._cursor = names[-1] if len(names) == per_tick else ""
         idle = await idle_queues.not_busy(self._redis, names)
+        if idle:
+            # a worker waiting on an empty queue leaves no trace in its streams (an idle
+            # session only probes them with XLEN): its record says it listens
+            listened = await idle_queues.listened_queues(self._redis)
+            idle = [q for q in idle if q not in listened]
         if not idle:
             return []
         deleted = await idle_queues.delete_idle_queues(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dtq_gateway.store import keys
 from dtq_gateway.store.client import Client
+from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import Script, execute
 
 _DELETE_IDLE_QUEUE = Script("delete_idle_queue")
@@ -28,6 +29,24 @@ async def not_busy(redis: Client, names: list[str]) -> list[str]:
         return []
     busy = await redis.smismember(keys.BUSY_QUEUES, names)
     return [n for n, b in zip(names, busy) if not b]
+
+
+async def listened_queues(redis: Client) -> set[str]:
+    """The queues that workers with a live record lease from: the ``queues`` field of
+    every ``dtq:workers`` member whose record still exists (a record expires three
+    heartbeat intervals after its worker's last heartbeat) and whose status is not
+    ``stopped`` or ``draining``. One SMEMBERS and one pipeline of HMGET (one round trip
+    per 1,000 workers, in the ``{workers}`` slot)."""
+    ids = [text(m) for m in await redis.smembers(keys.WORKERS)]
+    out: set[str] = set()
+    for start in range(0, len(ids), 1000):
+        pipe = redis.pipeline(transaction=False)
+        for worker_id in ids[start:start + 1000]:
+            pipe.hmget(keys.worker(worker_id), "queues", "status")
+        for queues, status in await pipe.execute():
+            if queues and text(status) not in ("stopped", "draining"):
+                out.update(n for n in text(queues).split(",") if n)
+    return out
 
 
 async def delete_idle_queues(redis: Client, queues: list[str], idle_ms: float) -> list[str]:

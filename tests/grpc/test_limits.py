@@ -205,11 +205,11 @@ async def test_new_queue_names_beyond_the_cap_are_refused(redis_url):
 
 
 async def test_idle_queues_are_deleted_and_come_back_on_use(redis_url):
-    """A drained queue nothing writes to is deleted (streams and registry entry), a
-    paused one is kept; a deleted name works again at once, also for a worker that
-    kept listening on it through a gateway whose group cache is stale."""
+    """A drained queue nothing writes to is deleted (streams and registry entry) once no
+    live worker leases from it; a paused one is kept, and so is an empty queue a worker
+    waits on though it never wrote or read it; a deleted name works again at once."""
     from dtq_gateway.store import keys
-    from tests.support.leasing import LeaseStream
+    from tests.support.leasing import LeaseStream, poll
 
     gw = await _gateway(redis_url, queue_idle_delete_s=0.5)
     try:
@@ -223,21 +223,33 @@ async def test_idle_queues_are_deleted_and_come_back_on_use(redis_url):
             await stub.Ack(pb.AckRequest(items=[pb.AckItem(lease_id=t.lease_id)
                                                 for t in done]))
             await admin.PauseQueue(pb.PauseQueueRequest(queue="paused"))
+            waiting = await LeaseStream(stub, "w2", ["empty"]).open()  # never written
 
             async def registry() -> set[str]:
                 return {m.decode() for m in await gw.redis.zrange(keys.QUEUES, 0, -1)}
 
-            deadline = time.monotonic() + 15
-            while "gone" in await registry() and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            assert await registry() == {"paused"}
+            # once "gone" is drained and out of the busy set (after the new leader's
+            # reclaim hold), sweeps pass over it while w1 and w2 listen: all stay
+            sweep = gw.scheduler.queue_sweep
+            await poll(lambda: gw.redis.sismember(keys.BUSY_QUEUES, "gone"),
+                       lambda busy: not busy, timeout_s=15)
+            batches = sweep.batches
+            await poll(lambda: asyncio.sleep(0, sweep.batches),
+                       lambda n: n >= batches + 6, timeout_s=15)  # 3 passes of 3 names
+            assert await registry() == {"gone", "paused", "empty"}
+            assert sweep.deleted == 0
+            listener.close()  # its session ends: its record says "stopped"
+            await poll(registry, lambda r: r == {"paused", "empty"}, timeout_s=15)
             assert not await gw.redis.exists(*keys.queue_streams_desc("gone"))
             assert await gw.redis.exists(keys.stream("paused", 5))
+            waiting.close()
+            await poll(registry, lambda r: r == {"paused"}, timeout_s=15)
             again = await stub.Enqueue(pb.EnqueueRequest(queue="gone", task_type="t",
                                                          payload=b"{}"))
-            assert (await listener.next(10)).task_id == again.task_id
+            back = await LeaseStream(stub, "w3", ["gone"]).open()
+            assert (await back.next(10)).task_id == again.task_id
             assert "gone" in await registry()
-            listener.close()
+            back.close()
     finally:
         await gw.stop()
 
