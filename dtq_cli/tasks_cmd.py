@@ -102,14 +102,27 @@ def finish_wait(state: State, task_id: str, timeout_ms: int) -> None:
 
 
 def _payload(payload: str | None, content_type: str | None) -> Any:
-    """The enqueue payload from the argument ("-" = stdin, "@path" = a file)."""
+    """The enqueue payload from the argument ("-" = stdin, "@path" = a file).
+
+    Raises:
+        click.BadParameter: naming PAYLOAD: a file that cannot be read or is not UTF-8,
+            or (for a JSON content type) text that is not JSON.
+    """
     if payload is None:
         return None if content_type is None or is_json(content_type) else b""
     if payload == "-":
         payload = sys.stdin.read()
     elif payload.startswith("@"):
-        with open(payload[1:], encoding="utf-8") as f:
-            payload = f.read()
+        path = payload[1:]
+        try:
+            with open(path, encoding="utf-8") as f:
+                payload = f.read()
+        except OSError as exc:  # missing, a directory, permission denied...
+            raise click.BadParameter(f"cannot read {path!r}: {exc.strerror or exc}",
+                                     param_hint="PAYLOAD") from None
+        except UnicodeDecodeError:
+            raise click.BadParameter(f"{path!r} is not UTF-8 text", param_hint="PAYLOAD"
+                                     ) from None
     if content_type is not None and not is_json(content_type):
         return payload.encode("utf-8")
     try:

@@ -335,3 +335,23 @@ def test_deep_json_payload_is_a_usage_error(env):
     deep = "[" * 5000 + "]" * 5000
     res = env.run("enqueue", SERVED, "ok", "-", input=deep)
     assert res.exit_code == ExitCode.USAGE and "nested too deeply" in res.output
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory", "no permission", "not UTF-8"])
+def test_an_unreadable_payload_file_is_a_usage_error(env, tmp_path, kind):
+    path = tmp_path / "payload.json"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "no permission":
+        if os.geteuid() == 0:
+            pytest.skip("root reads files whatever their mode")
+        path.write_text("{}")
+        path.chmod(0)
+    elif kind == "not UTF-8":
+        path.write_bytes(b'"\xff"')
+    before = len(env.client.recent_tasks(limit=1000))
+    res = env.run("enqueue", SERVED, "ok", f"@{path}")
+    assert res.exit_code == ExitCode.USAGE, res.output
+    assert "Invalid value for PAYLOAD" in res.stderr and str(path) in res.stderr
+    assert "Traceback" not in res.output
+    assert len(env.client.recent_tasks(limit=1000)) == before
