@@ -148,6 +148,32 @@ def test_usage_errors_exit_2_and_send_nothing(env, args):
     assert len(env.client.recent_tasks(limit=1000)) == before
 
 
+@pytest.mark.parametrize("args", [
+    ("limits", "set", SERVED, "999999999999"), ("limits", "set", SERVED, "1000001"),
+    ("limits", "set", SERVED, "10", "--burst", "99999999999"),
+    ("limits", "set", SERVED, "10", "--per", "99999999999999999999d"),
+    ("limits", "set", SERVED, "10", "--per", "2d"),
+    ("enqueue", SERVED, "ok", "{}", "--delay", "99999999999999999999d"),
+    ("enqueue", SERVED, "ok", "{}", "--task-timeout", "99999999d"),
+    ("enqueue", SERVED, "ok", "{}", "--ttl", "99999999999999999999d"),
+    ("dlq", "redrive", "--older-than", "999999999999999999999d"),
+    ("dlq", "redrive", "--rate", "10001"),
+    ("schedules", "create", "cli-huge", SERVED, "ok", "--every", "99999999999999999999d"),
+    ("schedules", "create", "cli-huge", SERVED, "ok", "--every", "999ms"),
+    ("wait", MISSING, "--timeout", "99999999999999999999d"),
+])
+def test_values_out_of_the_fields_range_are_usage_errors(env, args):
+    """Numbers beyond what the protocol field takes are refused before anything is sent
+    (not a protobuf overflow traceback, not a call the gateway refuses)."""
+    before = (len(env.client.recent_tasks(limit=1000)), env.client.rate_limits(),
+              env.client.schedules(), env.client.audit(1000))
+    res = env.run(*args)
+    assert res.exit_code == ExitCode.USAGE, res.output
+    assert "not in the range" in res.stderr
+    assert (len(env.client.recent_tasks(limit=1000)), env.client.rate_limits(),
+            env.client.schedules(), env.client.audit(1000)) == before
+
+
 def test_gateway_refusals_map_to_exit_codes(env):
     refused = env.run("enqueue", "bad queue!", "t", "{}")
     assert refused.exit_code == ExitCode.ERROR and "(field queue)" in refused.stderr
