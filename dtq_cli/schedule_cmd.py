@@ -14,7 +14,8 @@ from dtq_pyworker._requests import enqueue_request
 #: Schedule.interval_ms: 1000..31622400000 (366 days).
 MIN_INTERVAL_MS, MAX_INTERVAL_MS = 1000, 366 * 86_400_000
 #: RateLimit ranges (proto/dtq.proto, docs/rate-limits.md): limit and burst
-#: 1..1000000 (burst 0 = limit), period_ms 1..86400000.
+#: 1..1000000 (burst 0 = limit), period_ms 1..86400000 (the gateway reads 0 as 1000, so
+#: --per 0 is refused rather than sent).
 MAX_RATE_LIMIT = 1_000_000
 MAX_RATE_PERIOD_MS = 86_400_000
 _CATCH_UP = {"skip": dtq_pb2.SCHEDULE_CATCH_UP_SKIP,
@@ -136,7 +137,7 @@ def limits_ls(state: State, queue: str) -> None:
 @limits.command("set")
 @click.argument("queue")
 @click.argument("limit", type=click.IntRange(1, MAX_RATE_LIMIT))
-@click.option("--per", "period_ms", type=Duration(max_ms=MAX_RATE_PERIOD_MS), default="1s", show_default=True,
+@click.option("--per", "period_ms", type=Duration(min_ms=1, max_ms=MAX_RATE_PERIOD_MS), default="1s", show_default=True,
               help="Period the limit counts over.")
 @click.option("--type", "task_type", default="", help="Only tasks of this type.")
 @click.option("--burst", type=click.IntRange(0, MAX_RATE_LIMIT), default=0,

@@ -34,6 +34,8 @@ _OUTCOME_EXIT = {TaskStatus.SUCCEEDED: ExitCode.OK, TaskStatus.DEAD_LETTERED: Ex
 MAX_DELAY_MS = 365 * 86_400_000
 #: Longest --task-timeout (EnqueueRequest.timeout_ms: 1..86400000).
 MAX_TASK_TIMEOUT_MS = 86_400_000
+#: --task-timeout and --ttl start at 1 ms: the gateway reads a 0 timeout_ms as its
+#: default (60 s) and a 0 ttl_ms as none, not as what "0" says.
 _STATUS_NAMES = [s.name for s in TaskStatus if s is not TaskStatus.UNSPECIFIED]
 _EVENT_NAMES = [v.name.removeprefix("EVENT_TYPE_")
                 for v in dtq_pb2.EventType.DESCRIPTOR.values if v.number != 0]
@@ -157,9 +159,9 @@ def _metadata(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--key", "idempotency_key", help="Idempotency key: a live task with it is "
               "returned instead of a new one.")
 @click.option("--max-attempts", type=click.IntRange(1, 100), help="Attempts in total [3].")
-@click.option("--task-timeout", type=Duration(max_ms=MAX_TASK_TIMEOUT_MS),
+@click.option("--task-timeout", type=Duration(min_ms=1, max_ms=MAX_TASK_TIMEOUT_MS),
               help="Handler time limit (e.g. 2m) [60s].")
-@click.option("--ttl", type=Duration(max_ms=MAX_DELAY_MS), help="Expire if not started within this.")
+@click.option("--ttl", type=Duration(min_ms=1, max_ms=MAX_DELAY_MS), help="Expire if not started within this.")
 @click.option("--content-type", help="Media type; non-JSON payloads are sent as UTF-8 text "
               "[application/json].")
 @click.option("--meta", multiple=True, metavar="KEY=VALUE", help="Metadata (repeatable).")

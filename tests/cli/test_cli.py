@@ -153,6 +153,11 @@ def test_usage_errors_exit_2_and_send_nothing(env, args):
     ("limits", "set", SERVED, "10", "--burst", "99999999999"),
     ("limits", "set", SERVED, "10", "--per", "99999999999999999999d"),
     ("limits", "set", SERVED, "10", "--per", "2d"),
+    # a zero the gateway would read as its default (1 s, 60 s, no TTL)
+    ("limits", "set", SERVED, "10", "--per", "0s"),
+    ("limits", "set", SERVED, "10", "--per", "0.4ms"),
+    ("enqueue", SERVED, "ok", "{}", "--task-timeout", "0"),
+    ("enqueue", SERVED, "ok", "{}", "--ttl", "0s"),
     ("enqueue", SERVED, "ok", "{}", "--delay", "99999999999999999999d"),
     ("enqueue", SERVED, "ok", "{}", "--task-timeout", "99999999d"),
     ("enqueue", SERVED, "ok", "{}", "--ttl", "99999999999999999999d"),
@@ -165,13 +170,17 @@ def test_usage_errors_exit_2_and_send_nothing(env, args):
 def test_values_out_of_the_fields_range_are_usage_errors(env, args):
     """Numbers beyond what the protocol field takes are refused before anything is sent
     (not a protobuf overflow traceback, not a call the gateway refuses)."""
-    before = (len(env.client.recent_tasks(limit=1000)), env.client.rate_limits(),
-              env.client.schedules(), env.client.audit(1000))
+    def state():
+        limits = [(r.queue, r.task_type, r.limit, r.period_ms, r.burst)  # not the tokens
+                  for r in env.client.rate_limits()]
+        return (len(env.client.recent_tasks(limit=1000)), limits,
+                [s.schedule.name for s in env.client.schedules()], len(env.client.audit(1000)))
+
+    before = state()
     res = env.run(*args)
     assert res.exit_code == ExitCode.USAGE, res.output
     assert "not in the range" in res.stderr
-    assert (len(env.client.recent_tasks(limit=1000)), env.client.rate_limits(),
-            env.client.schedules(), env.client.audit(1000)) == before
+    assert state() == before
 
 
 def test_gateway_refusals_map_to_exit_codes(env):
