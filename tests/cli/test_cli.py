@@ -140,6 +140,9 @@ def test_unknown_things_exit_3(env, args):
     ("enqueue", "q", "t", "{not json"), ("enqueue", "q", "t", "{}", "--priority", "12"),
     ("enqueue", "q", "t", "{}", "--delay", "soon"), ("enqueue", "q", "t", "{}", "--meta", "x"),
     ("recent", "--status", "HAPPY"), ("frobnicate",), ("dlq", "requeue"),
+    # a call deadline that is not > 0 (or too far for gRPC) would be DEADLINE_EXCEEDED
+    ("--timeout", "0", "queues"), ("--timeout", "-1", "queues"),
+    ("--timeout", "nan", "queues"), ("--timeout", "inf", "queues"),
 ])
 def test_usage_errors_exit_2_and_send_nothing(env, args):
     before = len(env.client.recent_tasks(limit=1000))
