@@ -180,8 +180,13 @@ def cli(ctx: click.Context, gateway: str | None, token: str | None, tls: bool | 
     ctx.call_on_close(state.close)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point."""
-    import dtq_cli  # noqa: F401 - registers the commands
+def register_commands() -> None:
+    """Add every command to ``cli`` (importing a command module registers its commands)."""
+    from dtq_cli import admin_cmd, schedule_cmd, tasks_cmd  # noqa: F401
 
+
+def main(argv: list[str] | None = None) -> None:
+    """Run ``dtq`` with ``argv`` (default ``sys.argv[1:]``) and exit; the console script
+    is :func:`dtq_cli.console.main`, which sets gRPC's log level first."""
+    register_commands()
     cli.main(args=argv if argv is not None else sys.argv[1:], prog_name="dtq")
