@@ -1,10 +1,25 @@
 """dtq_cli: the ``dtq`` command line, built on :class:`dtq_pyworker.admin.AdminClient`.
 
-``cli`` is the click group with every command registered; ``main`` is the console
-script. See docs/cli.md.
+``cli`` is the click group with every command registered; ``dtq_cli.console.main`` is
+the console script. See docs/cli.md. ``cli`` and ``ExitCode`` are imported on first use,
+so that importing the package does not import grpc before the console script has set
+gRPC's log level.
 """
 
-from dtq_cli import admin_cmd, schedule_cmd, tasks_cmd  # noqa: F401 - registers the commands
-from dtq_cli.main import ExitCode, cli, main
+from __future__ import annotations
 
-__all__ = ["ExitCode", "cli", "main"]
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dtq_cli.main import ExitCode, cli
+
+__all__ = ["ExitCode", "cli"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module 'dtq_cli' has no attribute {name!r}")
+    from dtq_cli import main
+
+    main.register_commands()
+    return getattr(main, name)

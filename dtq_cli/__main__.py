@@ -1,5 +1,5 @@
 """``python -m dtq_cli``: the same as the ``dtq`` console script."""
 
-from dtq_cli.main import main
+from dtq_cli.console import main
 
 main()

@@ -18,6 +18,13 @@ from dtq_cli.render import (
 )
 from dtq_pyworker.errors import DtqRpcError
 
+#: Oldest --older-than / --newer-than (the dashboard's bound of the same filter).
+MAX_DEAD_LETTER_AGE_MS = 365 * 86_400_000
+#: Most --rate and --limit of a redrive (RedriveDeadLettersRequest: the gateway refuses
+#: more requeues per second, or more matches, than these).
+MAX_REDRIVE_RATE = 10_000
+MAX_REDRIVE_LIMIT = 100_000
+
 
 @cli.command()
 @json_option
@@ -244,12 +251,13 @@ def dlq_discard(state: State, task_ids: tuple[str, ...]) -> None:
 @click.option("--queue", default="", help="Only this queue.")
 @click.option("--type", "task_type", default="", help="Only this task type.")
 @click.option("--error-class", default="", help="Only this error class (e.g. Timeout).")
-@click.option("--older-than", "min_age", type=Duration(), help="Dead-lettered at least "
+@click.option("--older-than", "min_age", type=Duration(max_ms=MAX_DEAD_LETTER_AGE_MS), help="Dead-lettered at least "
               "this long ago.")
-@click.option("--newer-than", "max_age", type=Duration(), help="Dead-lettered at most "
+@click.option("--newer-than", "max_age", type=Duration(max_ms=MAX_DEAD_LETTER_AGE_MS), help="Dead-lettered at most "
               "this long ago.")
-@click.option("--rate", type=click.IntRange(1, 100000), help="Requeues per second [100].")
-@click.option("--limit", type=click.IntRange(1, 100000), help="Stop after this many [1000].")
+@click.option("--rate", type=click.IntRange(1, MAX_REDRIVE_RATE),
+              help="Requeues per second [100].")
+@click.option("--limit", type=click.IntRange(1, MAX_REDRIVE_LIMIT), help="Stop after this many [1000].")
 @click.option("--dry-run", is_flag=True, help="Only count and list the matches.")
 @json_option
 @pass_state

@@ -8,6 +8,7 @@ Every failure ends with one line on stderr and an exit code of :class:`ExitCode`
 from __future__ import annotations
 
 import enum
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -129,6 +130,17 @@ def json_option(fn: Callable) -> Callable:
 
 pass_state = click.make_pass_decorator(State, ensure=True)
 
+#: Longest --timeout, in s (365 days; gRPC turns a much larger deadline into one already
+#: passed, as it does 0 or a negative one: DEADLINE_EXCEEDED before anything is sent).
+MAX_TIMEOUT_S = 365 * 86_400
+
+
+def _not_nan(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """Refuse "nan", which passes FloatRange (every comparison with it is false)."""
+    if math.isnan(value):
+        raise click.BadParameter("nan is not a number of seconds", ctx, param)
+    return value
+
 
 @click.group(name="dtq", cls=DtqGroup, context_settings={"help_option_names": ["-h", "--help"],
                                              "max_content_width": 100})
@@ -144,8 +156,9 @@ pass_state = click.make_pass_decorator(State, ensure=True)
               help="Client certificate PEM (mTLS).")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False),
               help="Client private key PEM (mTLS).")
-@click.option("--timeout", "timeout_s", default=10.0, show_default=True, type=float,
-              metavar="SECONDS", help="Deadline of each call.")
+@click.option("--timeout", "timeout_s", default=10.0, show_default=True,
+              type=click.FloatRange(0, MAX_TIMEOUT_S, min_open=True), callback=_not_nan,
+              metavar="SECONDS", help="Deadline of each call (> 0).")
 @click.option("--json", "json_out", is_flag=True,
               help="Print one JSON document (JSON lines for tail) instead of tables.")
 @click.version_option(package_name="dtq", prog_name="dtq")
@@ -167,8 +180,13 @@ def cli(ctx: click.Context, gateway: str | None, token: str | None, tls: bool | 
     ctx.call_on_close(state.close)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point."""
-    import dtq_cli  # noqa: F401 - registers the commands
+def register_commands() -> None:
+    """Add every command to ``cli`` (importing a command module registers its commands)."""
+    from dtq_cli import admin_cmd, schedule_cmd, tasks_cmd  # noqa: F401
 
+
+def main(argv: list[str] | None = None) -> None:
+    """Run ``dtq`` with ``argv`` (default ``sys.argv[1:]``) and exit; the console script
+    is :func:`dtq_cli.console.main`, which sets gRPC's log level first."""
+    register_commands()
     cli.main(args=argv if argv is not None else sys.argv[1:], prog_name="dtq")

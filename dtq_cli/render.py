@@ -56,17 +56,24 @@ def parse_duration_ms(text: str) -> int:
 
 
 class Duration(click.ParamType):
-    """Click type of a human duration; the value is in milliseconds."""
+    """Click type of a human duration; the value is in milliseconds, ``min_ms..max_ms``
+    (the range the gateway takes for the field it fills, so that a value out of it is a
+    usage error rather than a refused call, or a number its protobuf field cannot hold)."""
 
     name = "duration"
 
+    def __init__(self, *, min_ms: int = 0, max_ms: int) -> None:
+        self.min_ms, self.max_ms = min_ms, max_ms
+
     def convert(self, value: Any, param: Any, ctx: Any) -> int:
-        if isinstance(value, int):
-            return value
         try:
-            return parse_duration_ms(str(value))
+            ms = value if isinstance(value, int) else parse_duration_ms(str(value))
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
+        if not self.min_ms <= ms <= self.max_ms:
+            self.fail(f"{value} is not in the range {human_duration(self.min_ms)}.."
+                      f"{human_duration(self.max_ms)}", param, ctx)
+        return ms
 
 
 def iso(when: datetime | None) -> str | None:

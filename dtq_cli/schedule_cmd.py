@@ -11,6 +11,13 @@ from dtq_cli.tasks_cmd import _payload
 from dtq_proto import dtq_pb2
 from dtq_pyworker._requests import enqueue_request
 
+#: Schedule.interval_ms: 1000..31622400000 (366 days).
+MIN_INTERVAL_MS, MAX_INTERVAL_MS = 1000, 366 * 86_400_000
+#: RateLimit ranges (proto/dtq.proto, docs/rate-limits.md): limit and burst
+#: 1..1000000 (burst 0 = limit), period_ms 1..86400000 (the gateway reads 0 as 1000, so
+#: --per 0 is refused rather than sent).
+MAX_RATE_LIMIT = 1_000_000
+MAX_RATE_PERIOD_MS = 86_400_000
 _CATCH_UP = {"skip": dtq_pb2.SCHEDULE_CATCH_UP_SKIP,
              "latest": dtq_pb2.SCHEDULE_CATCH_UP_LATEST, "all": dtq_pb2.SCHEDULE_CATCH_UP_ALL}
 
@@ -46,7 +53,8 @@ def schedules_ls(state: State) -> None:
 @click.argument("payload", required=False)
 @click.option("--cron", default="", help="Cron expression, e.g. '*/5 * * * *' or @daily.")
 @click.option("--tz", "timezone", default="", help="IANA time zone of --cron [UTC].")
-@click.option("--every", "interval_ms", type=Duration(), help="Fixed interval (e.g. 30s, 1h).")
+@click.option("--every", "interval_ms",
+              type=Duration(min_ms=MIN_INTERVAL_MS, max_ms=MAX_INTERVAL_MS), help="Fixed interval (e.g. 30s, 1h).")
 @click.option("--catch-up", type=click.Choice(sorted(_CATCH_UP)), default="skip",
               show_default=True, help="Fires missed while no gateway ran.")
 @click.option("--priority", type=click.IntRange(0, 9), help="Priority of each fire's task.")
@@ -128,11 +136,11 @@ def limits_ls(state: State, queue: str) -> None:
 
 @limits.command("set")
 @click.argument("queue")
-@click.argument("limit", type=click.IntRange(min=1))
-@click.option("--per", "period_ms", type=Duration(), default="1s", show_default=True,
+@click.argument("limit", type=click.IntRange(1, MAX_RATE_LIMIT))
+@click.option("--per", "period_ms", type=Duration(min_ms=1, max_ms=MAX_RATE_PERIOD_MS), default="1s", show_default=True,
               help="Period the limit counts over.")
 @click.option("--type", "task_type", default="", help="Only tasks of this type.")
-@click.option("--burst", type=click.IntRange(min=0), default=0,
+@click.option("--burst", type=click.IntRange(0, MAX_RATE_LIMIT), default=0,
               help="Bucket size (tasks leased at once after a quiet spell) [limit].")
 @json_option
 @pass_state

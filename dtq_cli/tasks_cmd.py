@@ -30,6 +30,12 @@ from dtq_pyworker.tasks import Task, TaskStatus, TaskWaitTimeout
 _OUTCOME_EXIT = {TaskStatus.SUCCEEDED: ExitCode.OK, TaskStatus.DEAD_LETTERED: ExitCode.TASK_FAILED,
                  TaskStatus.CANCELLED: ExitCode.TASK_CANCELLED,
                  TaskStatus.EXPIRED: ExitCode.TASK_EXPIRED}
+#: Longest --delay and --ttl (the gateway's limit of delay_ms and ttl_ms), and of a wait.
+MAX_DELAY_MS = 365 * 86_400_000
+#: Longest --task-timeout (EnqueueRequest.timeout_ms: 1..86400000).
+MAX_TASK_TIMEOUT_MS = 86_400_000
+#: --task-timeout and --ttl start at 1 ms: the gateway reads a 0 timeout_ms as its
+#: default (60 s) and a 0 ttl_ms as none, not as what "0" says.
 _STATUS_NAMES = [s.name for s in TaskStatus if s is not TaskStatus.UNSPECIFIED]
 _EVENT_NAMES = [v.name.removeprefix("EVENT_TYPE_")
                 for v in dtq_pb2.EventType.DESCRIPTOR.values if v.number != 0]
@@ -102,14 +108,27 @@ def finish_wait(state: State, task_id: str, timeout_ms: int) -> None:
 
 
 def _payload(payload: str | None, content_type: str | None) -> Any:
-    """The enqueue payload from the argument ("-" = stdin, "@path" = a file)."""
+    """The enqueue payload from the argument ("-" = stdin, "@path" = a file).
+
+    Raises:
+        click.BadParameter: naming PAYLOAD: a file that cannot be read or is not UTF-8,
+            or (for a JSON content type) text that is not JSON.
+    """
     if payload is None:
         return None if content_type is None or is_json(content_type) else b""
     if payload == "-":
         payload = sys.stdin.read()
     elif payload.startswith("@"):
-        with open(payload[1:], encoding="utf-8") as f:
-            payload = f.read()
+        path = payload[1:]
+        try:
+            with open(path, encoding="utf-8") as f:
+                payload = f.read()
+        except OSError as exc:  # missing, a directory, permission denied...
+            raise click.BadParameter(f"cannot read {path!r}: {exc.strerror or exc}",
+                                     param_hint="PAYLOAD") from None
+        except UnicodeDecodeError:
+            raise click.BadParameter(f"{path!r} is not UTF-8 text", param_hint="PAYLOAD"
+                                     ) from None
     if content_type is not None and not is_json(content_type):
         return payload.encode("utf-8")
     try:
@@ -136,17 +155,18 @@ def _metadata(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.argument("task_type", metavar="TYPE")
 @click.argument("payload", required=False)
 @click.option("-p", "--priority", type=click.IntRange(0, 9), help="Band 0 (low)..9 (high) [5].")
-@click.option("--delay", type=Duration(), help="Run no earlier than this from now (30s, 5m).")
+@click.option("--delay", type=Duration(max_ms=MAX_DELAY_MS), help="Run no earlier than this from now (30s, 5m).")
 @click.option("--key", "idempotency_key", help="Idempotency key: a live task with it is "
               "returned instead of a new one.")
 @click.option("--max-attempts", type=click.IntRange(1, 100), help="Attempts in total [3].")
-@click.option("--task-timeout", type=Duration(), help="Handler time limit (e.g. 2m) [60s].")
-@click.option("--ttl", type=Duration(), help="Expire if not started within this.")
+@click.option("--task-timeout", type=Duration(min_ms=1, max_ms=MAX_TASK_TIMEOUT_MS),
+              help="Handler time limit (e.g. 2m) [60s].")
+@click.option("--ttl", type=Duration(min_ms=1, max_ms=MAX_DELAY_MS), help="Expire if not started within this.")
 @click.option("--content-type", help="Media type; non-JSON payloads are sent as UTF-8 text "
               "[application/json].")
 @click.option("--meta", multiple=True, metavar="KEY=VALUE", help="Metadata (repeatable).")
 @click.option("--wait", "wait_", is_flag=True, help="Wait for the outcome; exit code tells it.")
-@click.option("--wait-timeout", type=Duration(), default="30s", show_default=True,
+@click.option("--wait-timeout", type=Duration(max_ms=MAX_DELAY_MS), default="30s", show_default=True,
               help="How long --wait waits.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the task id "
               "(for id=$(dtq enqueue -q ...)).")
@@ -193,7 +213,7 @@ def get(state: State, task_id: str) -> None:
 
 @cli.command()
 @click.argument("task_id", metavar="ID")
-@click.option("--timeout", "timeout_ms", type=Duration(), default="30s", show_default=True,
+@click.option("--timeout", "timeout_ms", type=Duration(max_ms=MAX_DELAY_MS), default="30s", show_default=True,
               help="Give up after this long (exit 7).")
 @json_option
 @pass_state

@@ -178,6 +178,8 @@ def check_json(payload: bytes, field: str) -> None:
     Refused: bytes that are not UTF-8 (UTF-16/32 included), a byte-order mark, the
     non-standard constants ``NaN``, ``Infinity`` and ``-Infinity``, and nesting deeper
     than the parser's recursion limit (about 1,000 levels of arrays and objects).
+    Integers of any length pass: they are checked, not converted (Python refuses to make
+    an int of more than 4,300 digits, which RFC 8259 allows).
 
     Raises:
         InvalidArgument: naming ``field``.
@@ -187,7 +189,7 @@ def check_json(payload: bytes, field: str) -> None:
     except UnicodeDecodeError:
         raise InvalidArgument(f"{field}: JSON must be UTF-8 (RFC 8259)", field=field) from None
     try:
-        json.loads(text, parse_constant=_refuse_constant)
+        json.loads(text, parse_constant=_refuse_constant, parse_int=str)
     except RecursionError:
         raise InvalidArgument(f"{field}: JSON nested too deeply (at most about 1,000 levels "
                               "of arrays and objects)", field=field) from None

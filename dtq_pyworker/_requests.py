@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from google.protobuf.descriptor import FieldDescriptor
 
 from dtq_proto import dtq_pb2
 from dtq_pyworker.codec import encode_payload
@@ -15,6 +18,12 @@ TERMINAL_STATUSES = frozenset({
     dtq_pb2.TASK_STATUS_SUCCEEDED, dtq_pb2.TASK_STATUS_DEAD_LETTERED,
     dtq_pb2.TASK_STATUS_CANCELLED, dtq_pb2.TASK_STATUS_EXPIRED,
 })
+
+#: What a field of each protobuf integer type can hold (a value outside fails to encode).
+_INT_RANGES = {FieldDescriptor.CPPTYPE_INT32: (-(1 << 31), (1 << 31) - 1),
+               FieldDescriptor.CPPTYPE_UINT32: (0, (1 << 32) - 1),
+               FieldDescriptor.CPPTYPE_INT64: (-(1 << 63), (1 << 63) - 1),
+               FieldDescriptor.CPPTYPE_UINT64: (0, (1 << 64) - 1)}
 
 _ENQUEUE_OPTIONS = ("content_type", "priority", "max_attempts", "timeout_ms",
                     "idempotency_key", "delay_ms", "not_before_ms", "expires_at_ms", "ttl_ms",
@@ -55,6 +64,40 @@ class GroupResult:
     results: list
 
 
+def check_ints(message_type: Any, fields: Mapping[str, Any], prefix: str = "") -> None:
+    """Refuse a value an integer field of ``message_type`` cannot hold, naming the field
+    (protobuf's own errors, "Value out of range: N", name none). The gateway checks the
+    ranges each field documents; this only keeps a value from failing to encode.
+
+    Args:
+        message_type: A generated message class, e.g. ``dtq_pb2.RateLimit``.
+        fields: Field name to value; names that are not integer fields are skipped.
+        prefix: Prepended to the field name in the message (e.g. ``"rate_limit."``).
+
+    Raises:
+        ValueError: ``<prefix><field>: must be LO..HI, got N``.
+        TypeError: ``<prefix><field>: expected an integer, got TYPE``.
+    """
+    for name, value in fields.items():
+        field = message_type.DESCRIPTOR.fields_by_name.get(name)
+        bounds = _INT_RANGES.get(field.cpp_type) if field is not None else None
+        if bounds is None or value is None:
+            continue
+        try:
+            number = operator.index(value)
+        except TypeError:
+            raise TypeError(f"{prefix}{name}: expected an integer, got "
+                            f"{type(value).__name__}") from None
+        if not bounds[0] <= number <= bounds[1]:
+            raise ValueError(f"{prefix}{name}: must be {bounds[0]}..{bounds[1]}, got {number}")
+
+
+def new_message(message_type: Any, prefix: str = "", **fields: Any) -> Any:
+    """``message_type(**fields)`` after :func:`check_ints` (same errors)."""
+    check_ints(message_type, fields, prefix)
+    return message_type(**fields)
+
+
 def enqueue_request(queue: str, task_type: str, payload: Any = None, *,
                     content_type: str | None = None, priority: int | None = None,
                     max_attempts: int | None = None, timeout_ms: int | None = None,
@@ -74,6 +117,10 @@ def enqueue_request(queue: str, task_type: str, payload: Any = None, *,
     list of steps (dicts of these arguments with queue and task_type, or
     EnqueueRequest messages); a step without a payload receives the previous step's
     result as its payload.
+
+    Raises:
+        ValueError, TypeError: An integer option its field cannot hold, or not an
+            integer (:func:`check_ints`); the gateway checks the documented ranges.
     """
     if _step and payload is None:
         data, ctype = b"", content_type or ""
@@ -81,19 +128,20 @@ def enqueue_request(queue: str, task_type: str, payload: Any = None, *,
         data, ctype = encode_payload(payload, content_type)
     req = dtq_pb2.EnqueueRequest(queue=queue, task_type=task_type, payload=data,
                                  content_type=ctype)
-    if priority is not None:
-        req.priority = priority
-    for name, value in (("max_attempts", max_attempts), ("timeout_ms", timeout_ms),
-                        ("idempotency_key", idempotency_key), ("delay_ms", delay_ms),
-                        ("not_before_ms", not_before_ms), ("expires_at_ms", expires_at_ms),
-                        ("ttl_ms", ttl_ms)):
+    options = {"priority": priority, "max_attempts": max_attempts, "timeout_ms": timeout_ms,
+               "idempotency_key": idempotency_key, "delay_ms": delay_ms,
+               "not_before_ms": not_before_ms, "expires_at_ms": expires_at_ms,
+               "ttl_ms": ttl_ms}
+    check_ints(dtq_pb2.EnqueueRequest, options)
+    for name, value in options.items():
         if value is not None:
             setattr(req, name, value)
     if retry_policy is not None:
         if isinstance(retry_policy, dtq_pb2.RetryPolicy):
             req.retry_policy.CopyFrom(retry_policy)
         else:
-            req.retry_policy.CopyFrom(dtq_pb2.RetryPolicy(**retry_policy))
+            req.retry_policy.CopyFrom(new_message(dtq_pb2.RetryPolicy, "retry_policy.",
+                                                  **retry_policy))
     if metadata:
         req.metadata.update({str(k): str(v) for k, v in metadata.items()})
     if traceparent:

@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from dtq_proto import dtq_pb2
+from dtq_pyworker._requests import new_message
 from dtq_pyworker.client import Client
 from dtq_pyworker.errors import DtqRpcError
 from dtq_pyworker.tasks import Task, TaskStatus
@@ -31,7 +32,9 @@ class AdminClient(Client):
 
     Takes the arguments of :class:`Client`. Every method raises
     :class:`DtqRpcError` when the gateway refuses the call (PERMISSION_DENIED
-    without an admin token, NOT_FOUND for an unknown queue or task, ...).
+    without an admin token, NOT_FOUND for an unknown queue or task, ...), and
+    ValueError (TypeError) naming the field for an integer argument its protobuf field
+    cannot hold (not an integer), before sending anything.
     """
 
     def __init__(self, target: str | None = None, **kwargs: Any) -> None:
@@ -87,10 +90,17 @@ class AdminClient(Client):
 
     def set_rate_limit(self, queue: str, limit: int, period_ms: int, task_type: str = "",
                        burst: int = 0) -> dtq_pb2.SetRateLimitResponse:
-        """Set or change a rate limit: ``limit`` tasks per ``period_ms`` (ms)."""
+        """Set or change a rate limit: ``limit`` tasks per ``period_ms`` (ms).
+
+        Raises:
+            ValueError: ``rate_limit.limit`` or ``burst`` outside 0..2**32-1,
+                ``rate_limit.period_ms`` outside 0..2**64-1 (the gateway refuses what
+                is outside the documented 1..1000000 and 1..86400000 ms).
+        """
         return self._admin_call("SetRateLimit", dtq_pb2.SetRateLimitRequest(
-            rate_limit=dtq_pb2.RateLimit(queue=queue, task_type=task_type, limit=limit,
-                                         period_ms=period_ms, burst=burst)))
+            rate_limit=new_message(dtq_pb2.RateLimit, "rate_limit.", queue=queue,
+                                   task_type=task_type, limit=limit, period_ms=period_ms,
+                                   burst=burst)))
 
     def delete_rate_limit(self, queue: str, task_type: str = "") -> dtq_pb2.DeleteRateLimitResponse:
         """Remove a rate limit; ``deleted`` is False when there was none."""
@@ -178,7 +188,7 @@ class AdminClient(Client):
         ``RedriveDeadLettersRequest``: queue, task_type, error_class, min_age_ms,
         max_age_ms, dry_run, max_per_second, limit)."""
         return self._admin_call("RedriveDeadLetters",
-                                dtq_pb2.RedriveDeadLettersRequest(**filters))
+                                new_message(dtq_pb2.RedriveDeadLettersRequest, **filters))
 
     # -- workers, recent tasks, audit ------------------------------------------------
     def workers(self) -> list[dtq_pb2.WorkerInfo]:
@@ -188,8 +198,8 @@ class AdminClient(Client):
     def recent_tasks(self, limit: int = 50, queue: str = "",
                      status: TaskStatus | int = TaskStatus.UNSPECIFIED) -> list[Task]:
         """Most recently created tasks, newest first (payloads omitted), 1..1000."""
-        resp = self._admin_call("ListRecentTasks", dtq_pb2.ListRecentTasksRequest(
-            limit=limit, queue=queue, status=int(status)))
+        resp = self._admin_call("ListRecentTasks", new_message(
+            dtq_pb2.ListRecentTasksRequest, limit=limit, queue=queue, status=int(status)))
         return [Task.from_proto(t) for t in resp.tasks]
 
     def audit(self, limit: int = 50) -> list[dtq_pb2.AuditEntry]:

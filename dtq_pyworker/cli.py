@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from dtq_pyworker.errors import DtqRpcError
-from dtq_pyworker.worker import Worker
+from dtq_pyworker.worker import MAX_QUEUES, Worker, check_queues
 
 log = logging.getLogger("dtq_pyworker.cli")
 
@@ -34,8 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=env.get("DTQ_GATEWAY"),
                    help="gateway address HOST:PORT (env DTQ_GATEWAY)")
     p.add_argument("--queues", default=env.get("DTQ_QUEUES") or env.get("DTQ_QUEUE"),
-                   help="comma-separated queues, 1..32 (a Lease session's limit; env "
-                        "DTQ_QUEUES, or DTQ_QUEUE for one)")
+                   help=f"comma-separated queues, 1..{MAX_QUEUES} (a Lease session's limit; "
+                        "env DTQ_QUEUES, or DTQ_QUEUE for one)")
     p.add_argument("--concurrency", type=int, default=_int_env("DTQ_CONCURRENCY"),
                    help="handler slots (env DTQ_CONCURRENCY)")
     p.add_argument("--max-in-flight", type=int, default=_int_env("DTQ_MAX_IN_FLIGHT"),
@@ -81,8 +81,13 @@ def load_worker(spec: str) -> Worker:
     return obj
 
 
-#: Most queues one Lease session may name (docs/protocol.md: 1..32).
-MAX_QUEUES = 32
+def flag_queues(text: str) -> list[str]:
+    """The queues of ``--queues`` (comma-separated; blanks around names ignored).
+
+    Raises:
+        ValueError: Naming ``--queues`` (see :func:`~dtq_pyworker.worker.check_queues`).
+    """
+    return check_queues([q.strip() for q in text.split(",") if q.strip()], "--queues")
 
 
 def apply_flags(worker: Worker, args: argparse.Namespace) -> None:
@@ -90,7 +95,7 @@ def apply_flags(worker: Worker, args: argparse.Namespace) -> None:
     if args.target:
         worker.target = args.target
     if args.queues:
-        worker.queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+        worker.queues = flag_queues(args.queues)
     if args.concurrency:
         had_default = worker.max_in_flight == 2 * worker.concurrency
         worker.concurrency = args.concurrency
@@ -136,16 +141,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:
         print(f"dtq-pyworker: unknown log level {args.log_level!r}", file=sys.stderr)
         return 2
+    if args.queues:  # before importing the module, whose own errors would hide this one
+        try:
+            flag_queues(args.queues)
+        except ValueError as exc:
+            print(f"dtq-pyworker: {exc}", file=sys.stderr)
+            return 2
     try:
         worker = load_worker(args.spec)
     except (ImportError, AttributeError, ValueError, TypeError) as exc:
         log.error("cannot load %s: %s", args.spec, exc)
         return 2
     apply_flags(worker, args)
-    if not 1 <= len(worker.queues) <= MAX_QUEUES:
-        print(f"dtq-pyworker: --queues: 1..{MAX_QUEUES} queue names (a Lease session's "
-              f"limit), got {len(worker.queues)}", file=sys.stderr)
-        return 2
     log.info("starting worker %s on %s, queues=%s, concurrency=%d", worker.worker_id,
              worker.target, ",".join(worker.queues), worker.concurrency)
     try:

@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 DRAIN_STREAM_MIN_S = 2.0
 STAT_NAMES = ("processed", "failed", "retried", "released", "cancelled", "lost", "stale",
               "timeouts", "reconnects", "refused")
+#: Most queues one Lease session may name (LeaseRequest.queues: 1..32 names).
+MAX_QUEUES = 32
+#: A queue name (proto/dtq.proto, docs/protocol.md); the gateway refuses any other.
+QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 #: Task statuses after a failure that mean it is retried. A duplicate answer (a resend
@@ -45,11 +49,31 @@ def default_worker_id() -> str:
     return f"{host}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
+def check_queues(queues: Iterable[str] | str, field: str = "queues") -> list[str]:
+    """The queues of a Lease session as a list (a str is one queue).
+
+    Raises:
+        ValueError: Naming ``field``: not 1..:data:`MAX_QUEUES` names, or a name that
+            does not match ``[A-Za-z0-9_.-]{1,64}`` (what the gateway would refuse when
+            the worker starts).
+    """
+    names = [queues] if isinstance(queues, str) else list(queues)
+    if not 1 <= len(names) <= MAX_QUEUES:
+        raise ValueError(f"{field}: 1..{MAX_QUEUES} queue names (a Lease session's limit), "
+                         f"got {len(names)}")
+    for name in names:
+        if not isinstance(name, str) or not QUEUE_NAME_RE.fullmatch(name):
+            raise ValueError(f"{field}: {name!r} is not a queue name "
+                             "(1..64 of A-Z a-z 0-9 _ . -)")
+    return names
+
+
 class Worker:
     """Leases tasks from a dtq gateway and runs registered handlers.
 
     Args:
-        queues: Queues to lease from (strict priority across them).
+        queues: Queues to lease from (strict priority across them): 1..32 names of
+            ``[A-Za-z0-9_.-]{1,64}``, else ValueError naming ``queues``.
         target: Gateway address; default env ``DTQ_GATEWAY`` or 127.0.0.1:50051.
         concurrency: Handler slots (sync handlers run in a thread pool this size).
             A handler's ``timeout_ms`` counts from its start (for a sync handler,
@@ -100,9 +124,7 @@ class Worker:
                  channel_options: list[tuple[str, Any]] | None = None,
                  token: str | None = None, tls: bool | None = None, tls_ca: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None) -> None:
-        self.queues = [queues] if isinstance(queues, str) else list(queues)
-        if not self.queues:
-            raise ValueError("queues must name at least one queue")
+        self.queues = check_queues(queues)
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
         self.target = target or os.environ.get("DTQ_GATEWAY") or DEFAULT_TARGET

@@ -140,12 +140,50 @@ def test_unknown_things_exit_3(env, args):
     ("enqueue", "q", "t", "{not json"), ("enqueue", "q", "t", "{}", "--priority", "12"),
     ("enqueue", "q", "t", "{}", "--delay", "soon"), ("enqueue", "q", "t", "{}", "--meta", "x"),
     ("recent", "--status", "HAPPY"), ("frobnicate",), ("dlq", "requeue"),
+    # a call deadline that is not > 0 (or too far for gRPC) would be DEADLINE_EXCEEDED
+    ("--timeout", "0", "queues"), ("--timeout", "-1", "queues"),
+    ("--timeout", "nan", "queues"), ("--timeout", "inf", "queues"),
 ])
 def test_usage_errors_exit_2_and_send_nothing(env, args):
     before = len(env.client.recent_tasks(limit=1000))
     res = env.run(*args)
     assert res.exit_code == ExitCode.USAGE == 2, res.output
     assert len(env.client.recent_tasks(limit=1000)) == before
+
+
+@pytest.mark.parametrize("args", [
+    ("limits", "set", SERVED, "999999999999"), ("limits", "set", SERVED, "1000001"),
+    ("limits", "set", SERVED, "10", "--burst", "99999999999"),
+    ("limits", "set", SERVED, "10", "--per", "99999999999999999999d"),
+    ("limits", "set", SERVED, "10", "--per", "2d"),
+    # a zero the gateway would read as its default (1 s, 60 s, no TTL)
+    ("limits", "set", SERVED, "10", "--per", "0s"),
+    ("limits", "set", SERVED, "10", "--per", "0.4ms"),
+    ("enqueue", SERVED, "ok", "{}", "--task-timeout", "0"),
+    ("enqueue", SERVED, "ok", "{}", "--ttl", "0s"),
+    ("enqueue", SERVED, "ok", "{}", "--delay", "99999999999999999999d"),
+    ("enqueue", SERVED, "ok", "{}", "--task-timeout", "99999999d"),
+    ("enqueue", SERVED, "ok", "{}", "--ttl", "99999999999999999999d"),
+    ("dlq", "redrive", "--older-than", "999999999999999999999d"),
+    ("dlq", "redrive", "--rate", "10001"),
+    ("schedules", "create", "cli-huge", SERVED, "ok", "--every", "99999999999999999999d"),
+    ("schedules", "create", "cli-huge", SERVED, "ok", "--every", "999ms"),
+    ("wait", MISSING, "--timeout", "99999999999999999999d"),
+])
+def test_values_out_of_the_fields_range_are_usage_errors(env, args):
+    """Numbers beyond what the protocol field takes are refused before anything is sent
+    (not a protobuf overflow traceback, not a call the gateway refuses)."""
+    def state():
+        limits = [(r.queue, r.task_type, r.limit, r.period_ms, r.burst)  # not the tokens
+                  for r in env.client.rate_limits()]
+        return (len(env.client.recent_tasks(limit=1000)), limits,
+                [s.schedule.name for s in env.client.schedules()], len(env.client.audit(1000)))
+
+    before = state()
+    res = env.run(*args)
+    assert res.exit_code == ExitCode.USAGE, res.output
+    assert "not in the range" in res.stderr
+    assert state() == before
 
 
 def test_gateway_refusals_map_to_exit_codes(env):
@@ -335,3 +373,23 @@ def test_deep_json_payload_is_a_usage_error(env):
     deep = "[" * 5000 + "]" * 5000
     res = env.run("enqueue", SERVED, "ok", "-", input=deep)
     assert res.exit_code == ExitCode.USAGE and "nested too deeply" in res.output
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory", "no permission", "not UTF-8"])
+def test_an_unreadable_payload_file_is_a_usage_error(env, tmp_path, kind):
+    path = tmp_path / "payload.json"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "no permission":
+        if os.geteuid() == 0:
+            pytest.skip("root reads files whatever their mode")
+        path.write_text("{}")
+        path.chmod(0)
+    elif kind == "not UTF-8":
+        path.write_bytes(b'"\xff"')
+    before = len(env.client.recent_tasks(limit=1000))
+    res = env.run("enqueue", SERVED, "ok", f"@{path}")
+    assert res.exit_code == ExitCode.USAGE, res.output
+    assert "Invalid value for PAYLOAD" in res.stderr and str(path) in res.stderr
+    assert "Traceback" not in res.output
+    assert len(env.client.recent_tasks(limit=1000)) == before

@@ -78,6 +78,27 @@ def test_json_payload_errors_say_what_is_wrong(payload, says):
     assert says in err.value.message and err.value.field == "payload"
 
 
+@pytest.mark.parametrize("payload", [
+    b"1" * 5000, b"-" + b"9" * 10_000, b'{"n": ' + b"7" * 5000 + b', "f": 1e400}',
+    b"[" + b"1" * 4301 + b", 0.5, -0]",
+])
+def test_json_integers_of_any_length_are_valid_json(payload):
+    """RFC 8259 puts no bound on a number's digits; Python's int() refuses more than 4,300
+    (sys.get_int_max_str_digits), which must not make the payload "not valid JSON"."""
+    settings = load([], environ={"DTQ_MAX_PAYLOAD_BYTES": str(1 << 20)})
+    t = validate_enqueue(pb.EnqueueRequest(queue="q", task_type="t", payload=payload), settings)
+    assert t.payload == payload
+
+
+@pytest.mark.parametrize("payload", [b"NaN", b"[1, Infinity]", b'{"x": -Infinity}',
+                                     b"[" + b"1" * 5000 + b", NaN]"])
+def test_json_nan_and_infinity_are_still_refused(payload):
+    settings = load([], environ={"DTQ_MAX_PAYLOAD_BYTES": str(1 << 20)})
+    with pytest.raises(InvalidArgument) as err:
+        validate_enqueue(pb.EnqueueRequest(queue="q", task_type="t", payload=payload), settings)
+    assert "not valid JSON" in err.value.message and err.value.field == "payload"
+
+
 @pytest.mark.parametrize("policy", [
     pb.RetryPolicy(backoff_base_ms=100_000, backoff_cap_ms=1),
     pb.RetryPolicy(backoff_base_ms=600_000),  # above the default cap (300 s)

@@ -85,6 +85,20 @@ def test_cli_refuses_more_queues_than_a_lease_session_takes(capsys):
     assert "1..32 queue names" in capsys.readouterr().err
 
 
+def test_cli_checks_the_queues_before_importing_the_module(capsys):
+    """A module that cannot be imported must not hide a bad --queues (both exit 2, but
+    only the queues error says what to fix in the flags)."""
+    from dtq_pyworker.cli import main
+
+    queues = ",".join(f"q{i}" for i in range(33))
+    assert main(["no_such_module_anywhere:worker", "--queues", queues]) == 2
+    err = capsys.readouterr().err
+    assert "--queues: 1..32 queue names" in err and "cannot load" not in err
+    assert "no_such_module_anywhere" not in sys.modules
+    assert main(["no_such_module_anywhere:worker", "--queues", "ok,bad queue!"]) == 2
+    assert "--queues: 'bad queue!' is not a queue name" in capsys.readouterr().err
+
+
 async def test_cli_exits_zero_when_a_sync_handler_ignores_cancellation(fake):
     proc = await _spawn("tests.worker.cli_app:worker", "--target", fake.target,
                         "--queues", "q", "--drain-grace", "0.3")

@@ -10,6 +10,7 @@ import pytest
 
 from dtq_proto import dtq_pb2
 from dtq_pyworker import (
+    AdminClient,
     AsyncClient,
     Client,
     DtqRpcError,
@@ -75,6 +76,33 @@ def test_sync_batch_answers_per_item(threaded):
 def test_sync_batch_rejects_unknown_options(threaded):
     with Client(threaded.target) as client, pytest.raises(TypeError):
         client.enqueue_batch([{"queue": "q", "task_type": "t", "colour": "red"}])
+
+
+def test_enqueue_refuses_integers_a_field_cannot_hold_naming_the_field(threaded):
+    with Client(threaded.target) as client:
+        with pytest.raises(ValueError, match=r"^delay_ms: must be 0\.\.18446744073709551615, "
+                                             r"got -1$"):
+            client.enqueue("q", "t", {}, delay_ms=-1)
+        with pytest.raises(ValueError, match=r"^retry_policy\.backoff_base_ms: must be "):
+            client.enqueue("q", "t", {}, retry_policy={"backoff_base_ms": 1 << 32})
+        with pytest.raises(TypeError, match=r"^max_attempts: expected an integer, got str$"):
+            client.enqueue("q", "t", {}, max_attempts="3")
+        with pytest.raises(ValueError, match=r"^timeout_ms: must be "):
+            client.enqueue_batch([{"queue": "q", "task_type": "t", "timeout_ms": 1 << 40}])
+    assert threaded.broker.tasks == {}
+
+
+def test_admin_client_refuses_integers_a_field_cannot_hold_naming_the_field():
+    with AdminClient("127.0.0.1:1") as admin:  # refused before sending: no gateway needed
+        with pytest.raises(ValueError, match=r"^rate_limit\.limit: must be 0\.\.4294967295, "
+                                             r"got 999999999999$"):
+            admin.set_rate_limit("q", 999_999_999_999, 1000)
+        with pytest.raises(ValueError, match=r"^rate_limit\.period_ms: must be 0\.\."):
+            admin.set_rate_limit("q", 10, -1)
+        with pytest.raises(ValueError, match=r"^limit: must be 0\.\.4294967295"):
+            admin.recent_tasks(limit=1 << 32)
+        with pytest.raises(ValueError, match=r"^min_age_ms: must be -9223372036854775808\.\."):
+            admin.redrive_dead_letters(min_age_ms=1 << 63)
 
 
 def test_sync_wait_polls_until_terminal_and_cancel(threaded):

@@ -157,6 +157,27 @@ def test_worker_requires_queues_and_handlers():
         asyncio.run(Worker(["q"]).run_async(install_signal_handlers=False))
 
 
+@pytest.mark.parametrize(("queues", "says"), [
+    ([], "queues: 1..32 queue names (a Lease session's limit), got 0"),
+    ([f"q{i}" for i in range(100)], "1..32 queue names (a Lease session's limit), got 100"),
+    (["ok", "bad queue!"], "queues: 'bad queue!' is not a queue name"),
+    (["x" * 65], "is not a queue name"),
+    ("", "queues: '' is not a queue name"),
+])
+def test_worker_checks_its_queues_when_made(queues, says):
+    """What the gateway would refuse at the first Lease (INVALID_ARGUMENT "queues: 1..32")
+    is refused by the constructor, naming the parameter."""
+    with pytest.raises(ValueError) as err:
+        Worker(queues)
+    assert says in str(err.value)
+
+
+def test_worker_takes_one_queue_name_or_up_to_32():
+    assert Worker("emails").queues == ["emails"]
+    names = [f"q-{i}.v2_x" for i in range(32)]
+    assert Worker(iter(names)).queues == names
+
+
 async def test_cancelling_the_run_tears_down_without_reports(fake):
     worker = make_worker(fake)
     started = asyncio.Event()
