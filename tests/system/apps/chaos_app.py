@@ -45,7 +45,7 @@ def record(event: str, ctx: TaskContext) -> None:
 
 def build_worker() -> Worker:
     """The chaos Worker; queues, target, ids and concurrency come from the CLI flags."""
-    worker = Worker(queues=[os.environ.get("DTQ_QUEUES", "chaos")], drain_grace_s=1.0)
+    worker = Worker(queues=os.environ.get("DTQ_QUEUES", "chaos").split(","), drain_grace_s=1.0)
 
     @worker.task("chaos.sleep")
     async def sleep(payload: Any, ctx: TaskContext) -> dict[str, str]:
