@@ -89,7 +89,8 @@ class Client:
     Read-only calls (GetTask, so also :meth:`wait`) are sent again when they fail
     with UNAVAILABLE (gateway restarting or unreachable, Redis down): up to 5
     attempts about 0.2, 0.4, 0.8 and 1.6 s apart, within ``timeout_s``; the error
-    of the last attempt is raised. Enqueue, EnqueueBatch and CancelTask are sent once.
+    of the last attempt is raised, or DEADLINE_EXCEEDED when ``timeout_s`` passes
+    first. Enqueue, EnqueueBatch and CancelTask are sent once.
     """
 
     def __init__(self, target: str | None = None, *, timeout_s: float = 10.0,
