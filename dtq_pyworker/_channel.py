@@ -162,7 +162,7 @@ def retry_service_config() -> str:
 
     grpc resends a call only until it has received the response headers, and the
     call's deadline (the client's ``timeout_s``) covers every attempt and the waits
-    between them. Calls of methods not listed are not resent on any status.
+    between them. Methods not listed get no retry policy.
     """
     return json.dumps({"methodConfig": [{
         "name": [{"service": service, "method": method}
