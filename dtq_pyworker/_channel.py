@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,26 @@ KEEPALIVE_TIME_MS = 10_000
 KEEPALIVE_TIMEOUT_MS = 5_000
 BROKER_METHODS = ("Enqueue", "EnqueueBatch", "Lease", "Heartbeat", "Ack", "Fail", "GetTask",
                   "CancelTask")
+#: Calls the producer clients (Client, AsyncClient, AdminClient) send again when they
+#: fail with UNAVAILABLE, by service: the read-only ones. Enqueue/EnqueueBatch are
+#: left out (a resend after a first attempt that ran creates a second task unless the
+#: request has an idempotency key), CancelTask too (a second cancel of a queued task
+#: answers FAILED_PRECONDITION TASK_TERMINAL and appends a second audit entry), and
+#: so are Admin calls that change state (each appends to the audit stream) and the
+#: worker's Lease/Heartbeat/Ack/Fail, which it resends itself.
+RETRIED_METHODS: dict[str, tuple[str, ...]] = {
+    "dtq.v1.Broker": ("GetTask",),
+    "dtq.v1.Admin": ("ListQueues", "GetQueueStats", "ListDeadLetters", "ListWorkers",
+                     "ListRecentTasks", "ListAudit", "GetSchedule", "ListSchedules",
+                     "ListRateLimits"),
+}
+#: grpc retry policy of :data:`RETRIED_METHODS`: up to 5 attempts (grpc's cap), the
+#: n-th retry after about initial × multiplierⁿ⁻¹ seconds (capped at the max, ±20 %
+#: jitter): 0.2 + 0.4 + 0.8 + 1.6 s, so a gateway back within about 3 s answers the call.
+RETRY_MAX_ATTEMPTS = 5
+RETRY_INITIAL_BACKOFF_S = 0.2
+RETRY_MAX_BACKOFF_S = 2.0
+RETRY_BACKOFF_MULTIPLIER = 2
 _TRUE = {"1", "true", "yes", "on"}
 
 
@@ -82,16 +103,21 @@ class Connection:
                                             certificate_chain=cert)
 
     def channel(self, *, aio: bool, options: list[tuple[str, Any]] | None = None,
-                reconnect_max_s: float = RECONNECT_MAX_S):
+                reconnect_max_s: float = RECONNECT_MAX_S, retries: bool = False):
         """A new grpc (``aio=False``) or grpc.aio (``aio=True``) channel.
 
         Args:
             aio: Build a grpc.aio channel.
             options: Extra grpc channel options; one named like a default
-                (:func:`default_options`) replaces it.
+                (:func:`default_options`) replaces it, and a ``grpc.service_config``
+                replaces the retry policy.
             reconnect_max_s: Cap of the channel's connection backoff, in seconds.
+            retries: Send :data:`RETRIED_METHODS` again on UNAVAILABLE
+                (:func:`retry_service_config`); the producer clients' channels.
         """
         merged = dict(default_options(reconnect_max_s))
+        if retries:
+            merged["grpc.service_config"] = retry_service_config()
         merged.update(options or [])
         opts = list(merged.items())
         module = grpc.aio if aio else grpc
@@ -128,6 +154,27 @@ def default_options(reconnect_max_s: float = RECONNECT_MAX_S) -> list[tuple[str,
             # the least time one connection attempt may take (grpc: 20 s); a black-holed
             # SYN then also gives up after the cap
             ("grpc.min_reconnect_backoff_ms", cap_ms)]
+
+
+def retry_service_config() -> str:
+    """grpc service config (JSON) retrying :data:`RETRIED_METHODS` on UNAVAILABLE only,
+    with the backoff of :data:`RETRY_MAX_ATTEMPTS` and ``RETRY_*_S``.
+
+    grpc resends a call only until it has received the response headers, and the
+    call's deadline (the client's ``timeout_s``) covers every attempt and the waits
+    between them. Methods not listed get no retry policy.
+    """
+    return json.dumps({"methodConfig": [{
+        "name": [{"service": service, "method": method}
+                 for service, methods in RETRIED_METHODS.items() for method in methods],
+        "retryPolicy": {
+            "maxAttempts": RETRY_MAX_ATTEMPTS,
+            "initialBackoff": f"{RETRY_INITIAL_BACKOFF_S}s",
+            "maxBackoff": f"{RETRY_MAX_BACKOFF_S}s",
+            "backoffMultiplier": RETRY_BACKOFF_MULTIPLIER,
+            "retryableStatusCodes": ["UNAVAILABLE"],
+        },
+    }]})
 
 
 class _AuthStub:

@@ -35,6 +35,10 @@ class AdminClient(Client):
     without an admin token, NOT_FOUND for an unknown queue or task, ...), and
     ValueError (TypeError) naming the field for an integer argument its protobuf field
     cannot hold (not an integer), before sending anything.
+
+    Read-only Admin calls (the listings, GetQueueStats, GetSchedule) are sent again
+    on UNAVAILABLE like :class:`Client`'s GetTask; calls that change state are sent
+    once (each appends to the audit stream).
     """
 
     def __init__(self, target: str | None = None, **kwargs: Any) -> None:

@@ -154,7 +154,8 @@ async def test_async_client_roundtrip(fake):
 
 
 async def test_async_unreachable_gateway_is_unavailable(fake):
-    async with AsyncClient("127.0.0.1:1", timeout_s=2) as client:
+    # a deadline past the retries of GetTask (about 3 s): the last attempt's status
+    async with AsyncClient("127.0.0.1:1", timeout_s=10) as client:
         with pytest.raises(DtqRpcError) as info:
             await client.get_task("x")
     assert info.value.code == grpc.StatusCode.UNAVAILABLE
