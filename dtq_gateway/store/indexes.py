@@ -9,6 +9,8 @@ crash between the two steps harmless or repaired:
 - ``dtq:queues:busy``: SADD after a script reported that it set the queue's busy marker
   (``dtq:queue:{q}:busy``). A crash in between leaves a busy queue out of the set until
   the scheduler leader's registry sweep (duties/reaper.py) finds its marker and adds it.
+  The same step ZADDs (NX) such a queue to the registry ``dtq:queues``, where it is
+  missing only when the queue was deleted while this replica's cache said it existed.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ def queue_index_writes(pipe: Any, recent: Sequence[Any], busy: Iterable[str],
     busy = sorted(set(busy))
     if busy:
         pipe.sadd(keys.BUSY_QUEUES, *busy)
+        # a queue that became busy is listed again if it had been deleted meanwhile
+        # (DeleteQueue or the idle sweep on another replica, whose deletion this
+        # replica's group cache missed): ZADD NX leaves a listed name as it is
+        pipe.zadd(keys.QUEUES, dict.fromkeys(busy, 0), nx=True)
         wrote = True
     return wrote
 

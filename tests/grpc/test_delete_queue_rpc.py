@@ -199,3 +199,30 @@ async def test_unknown_and_bad_names(gateway, admin, r, queue, code, reason, fie
                                                                      dry_run=dry_run)))
         assert (err.code(), error_reason(err), error_field(err)) == (code, reason, field)
     assert await r.xlen(keys.AUDIT) == 0  # a refused call is not audited
+
+
+async def test_a_replica_with_a_stale_group_cache_lists_and_serves_the_name_again(
+        gateway, broker_stub, admin, redis_url, r) -> None:
+    """Deleted through another replica (here a bare Admin server): this gateway's cache
+    still says the queue's groups exist. Its next enqueue must recreate the band stream
+    with its consumer group and list the name again, not leave a task in a bare,
+    unlisted stream."""
+    first = await broker_stub.Enqueue(pb.EnqueueRequest(queue="hy", task_type="t",
+                                                        payload=b"{}"))
+    await broker_stub.CancelTask(pb.CancelTaskRequest(task_id=first.task_id))
+    async with ops_server(redis_url) as other:
+        done = await other.admin.DeleteQueue(pb.DeleteQueueRequest(queue="hy"))
+    assert done.deleted and await _existing(r, "hy") == []
+
+    again = await broker_stub.Enqueue(pb.EnqueueRequest(queue="hy", task_type="t",
+                                                        payload=b"{}", priority=5))
+    groups = await r.xinfo_groups(keys.stream("hy", 5))
+    assert [g["name"] for g in groups] == [keys.GROUP.encode()]
+    assert await r.zscore(keys.QUEUES, "hy") == 0
+    listed = await admin.ListQueues(pb.ListQueuesRequest())
+    assert [(q.name, q.depth) for q in listed.queues] == [("hy", 1)]
+    worker = await LeaseStream(broker_stub, "w-hy", ["hy"]).open()
+    try:
+        assert (await worker.next()).task_id == again.task_id
+    finally:
+        worker.close()

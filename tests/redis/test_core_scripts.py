@@ -340,12 +340,24 @@ async def test_scripts_reload_after_script_flush(env):
     assert await env.status(tid) == "succeeded"
 
 
-async def test_lease_recreates_groups_after_flushall(env):
+async def test_enqueue_recreates_a_vanished_stream_with_its_group(env):
     await env.enqueue()
     await env.redis.flushall()
-    await env.enqueue()  # the groups are cached as present, the stream is new
-    assert await env.lease() == []  # NOGROUP answered, groups forgotten
+    await env.enqueue()  # the groups are cached as present; the stream is gone
+    groups = await env.redis.xinfo_groups(keys.stream("q", 5))
+    assert [g["name"] for g in groups] == [keys.GROUP.encode()]
     assert len(await env.lease()) == 1
+
+
+async def test_lease_recreates_groups_of_a_bare_stream(env):
+    tid = await env.enqueue()
+    ((_, fields),) = await env.redis.xrange(keys.stream("q", 5))
+    await env.redis.delete(*keys.queue_streams_desc("q"))
+    # a stream recreated without its group (e.g. a retry moved back after FLUSHALL)
+    entry_id = await env.redis.xadd(keys.stream("q", 5), fields)
+    await env.redis.hset(keys.task(tid), "entry_id", entry_id)
+    assert await env.lease() == []  # NOGROUP answered, groups forgotten
+    assert [t.task_id for t in await env.lease()] == [tid]
 
 
 async def test_worker_without_recent_heartbeat_gets_no_lease(env):
