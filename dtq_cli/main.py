@@ -142,10 +142,25 @@ def _not_nan(ctx: click.Context, param: click.Parameter, value: float) -> float:
     return value
 
 
+def _gateway_address(ctx: click.Context, param: click.Parameter, value: str | None
+                     ) -> str | None:
+    """``--gateway``: a port after the last ``:`` must be 1..65535 (grpc would wrap 99999
+    round to another port). Other grpc target forms (``dns:///host:port``,
+    ``unix:/path``) pass unchanged; unset or empty means the default."""
+    if not value:
+        return None
+    _, sep, port = value.rpartition(":")
+    if sep and (port == "" or (port.isascii() and port.isdigit()
+                               and not 1 <= int(port) <= 65535)):
+        raise click.BadParameter(f"{value!r} is not HOST:PORT with a port of 1..65535",
+                                 ctx, param)
+    return value
+
+
 @click.group(name="dtq", cls=DtqGroup, context_settings={"help_option_names": ["-h", "--help"],
                                              "max_content_width": 100})
 @click.option("--gateway", envvar="DTQ_GATEWAY", show_envvar=True, metavar="HOST:PORT",
-              help="Gateway address [default: 127.0.0.1:50051].")
+              callback=_gateway_address, help="Gateway address [default: 127.0.0.1:50051].")
 @click.option("--token", envvar="DTQ_TOKEN", show_envvar=True,
               help="Bearer token (admin role for Admin and Events calls when tokens are on).")
 @click.option("--tls/--no-tls", default=None, envvar="DTQ_TLS", show_envvar=True,

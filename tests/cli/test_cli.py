@@ -143,6 +143,9 @@ def test_unknown_things_exit_3(env, args):
     # a call deadline that is not > 0 (or too far for gRPC) would be DEADLINE_EXCEEDED
     ("--timeout", "0", "queues"), ("--timeout", "-1", "queues"),
     ("--timeout", "nan", "queues"), ("--timeout", "inf", "queues"),
+    # a port out of range would be wrapped round by grpc to some other port
+    ("--gateway", "127.0.0.1:99999", "queues"), ("--gateway", "127.0.0.1:0", "queues"),
+    ("--gateway", "127.0.0.1:", "queues"),
 ])
 def test_usage_errors_exit_2_and_send_nothing(env, args):
     before = len(env.client.recent_tasks(limit=1000))
