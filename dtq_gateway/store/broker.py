@@ -63,7 +63,7 @@ class Broker:
         gate = s.max_queue_depth > 0
         queue = tasks[0].queue
         keys_ = [keys.schedule(queue), keys.busy_marker(queue), keys.task(tasks[0].task_id)]
-        args = Script.argv_notified(len(tasks), keys.GROUP, s.idem_ttl_s,
+        args = Script.argv_notified(len(tasks), 0, s.idem_ttl_s,
                                     s.recent_max, s.max_queue_depth)
         for t in tasks:
             task_key = keys.task(t.task_id)

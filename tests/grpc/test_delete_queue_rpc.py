@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 from dtq_gateway.store import keys, queue_delete
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
-from tests.support.leasing import LeaseStream, error_field, error_reason
+from tests.support.leasing import LeaseStream, error_field, error_reason, poll
 from tests.support.ops_server import ops_server
 
 
@@ -224,5 +224,27 @@ async def test_a_replica_with_a_stale_group_cache_lists_and_serves_the_name_agai
     worker = await LeaseStream(broker_stub, "w-hy", ["hy"]).open()
     try:
         assert (await worker.next()).task_id == again.task_id
+    finally:
+        worker.close()
+
+
+async def test_a_delayed_task_into_a_queue_deleted_elsewhere_comes_due_with_its_group(
+        gateway, broker_stub, redis_url, r) -> None:
+    """The same stale replica enqueues a delayed task: when it comes due, the scheduler
+    moves it into a band stream that is gone; the stream comes back with its group."""
+    first = await broker_stub.Enqueue(pb.EnqueueRequest(queue="hd", task_type="t",
+                                                        payload=b"{}"))
+    await broker_stub.CancelTask(pb.CancelTaskRequest(task_id=first.task_id))
+    async with ops_server(redis_url) as other:
+        assert (await other.admin.DeleteQueue(pb.DeleteQueueRequest(queue="hd"))).deleted
+    later = await broker_stub.Enqueue(pb.EnqueueRequest(queue="hd", task_type="t",
+                                                        payload=b"{}", priority=2,
+                                                        delay_ms=200))
+    await poll(lambda: r.xlen(keys.stream("hd", 2)), lambda n: n == 1, timeout_s=10)
+    groups = await r.xinfo_groups(keys.stream("hd", 2))
+    assert [g["name"] for g in groups] == [keys.GROUP.encode()]
+    worker = await LeaseStream(broker_stub, "w-hd", ["hd"]).open()
+    try:
+        assert (await worker.next()).task_id == later.task_id
     finally:
         worker.close()

@@ -102,3 +102,15 @@ def test_delete_queue_touches_one_slot_only() -> None:
     names = queue_keys("emails")
     assert len(set(names)) == 19
     assert {keys.key_slot(k) for k in names} == {keys.key_slot("{emails}")}
+
+
+def test_the_scripts_consumer_group_is_the_layouts() -> None:
+    """_lib.lua creates a vanished band stream with this group (xadd_band); the rest of
+    the gateway reads and creates keys.GROUP."""
+    import re
+
+    from dtq_gateway.store.scripts import LUA_DIR
+
+    lib = (LUA_DIR / "_lib.lua").read_text()
+    found = re.search(r"^local CONSUMER_GROUP = '([^']*)'$", lib, re.MULTILINE)
+    assert found and found.group(1) == keys.GROUP

@@ -66,24 +66,39 @@ local function keep_live(task_key, ms)
   redis.call('PERSIST', task_key)
 end
 
+-- The consumer group of every band stream (keys.GROUP; tests/unit/test_keys.py checks
+-- that they agree).
+local CONSUMER_GROUP = 'workers'
+
+-- XADD `fields` (a flat name, value list) to the band stream `stream_key`; returns the
+-- entry id. NOMKSTREAM: a band stream that does not exist (its queue was deleted, maybe
+-- by another replica whose deletion this gateway's group cache has not seen) is created
+-- with its consumer group first, so no entry lands in a stream no group reads. No extra
+-- command when the stream exists.
+local function xadd_band(stream_key, fields)
+  local id = redis.call('XADD', stream_key, 'NOMKSTREAM', '*', unpack(fields))
+  if not id then
+    redis.call('XGROUP', 'CREATE', stream_key, CONSUMER_GROUP, '0', 'MKSTREAM')
+    id = redis.call('XADD', stream_key, '*', unpack(fields))
+  end
+  return id
+end
+
 -- XADD a dispatch entry (the seed's entry fields) for the task into stream_key,
 -- executing attempt `attempt`. Records the entry id on the hash; returns it.
 local function add_entry(stream_key, task_key, attempt, queued_at)
   local f = redis.call('HMGET', task_key, 'task_id', 'queue', 'task_type', 'payload',
     'max_attempts', 'priority', 'timeout_ms', 'idem_key')
-  local id
+  local fields = {'task_id', f[1], 'queue', f[2], 'task_type', f[3], 'payload', f[4] or '',
+    'attempt', attempt, 'max_attempts', f[5], 'priority', f[6], 'timeout_ms', f[7],
+    'idempotency_key', f[8] or ''}
   if queued_at then
     -- an entry put back unleased keeps the time its task began to wait (epoch ms), so
     -- the backlog age of a task no session takes keeps growing
-    id = redis.call('XADD', stream_key, '*', 'task_id', f[1], 'queue', f[2],
-      'task_type', f[3], 'payload', f[4] or '', 'attempt', attempt, 'max_attempts', f[5],
-      'priority', f[6], 'timeout_ms', f[7], 'idempotency_key', f[8] or '',
-      'queued_at', queued_at)
-  else
-    id = redis.call('XADD', stream_key, '*', 'task_id', f[1], 'queue', f[2],
-      'task_type', f[3], 'payload', f[4] or '', 'attempt', attempt, 'max_attempts', f[5],
-      'priority', f[6], 'timeout_ms', f[7], 'idempotency_key', f[8] or '')
+    fields[#fields + 1] = 'queued_at'
+    fields[#fields + 1] = queued_at
   end
+  local id = xadd_band(stream_key, fields)
   redis.call('HSET', task_key, 'entry_id', id, 'attempt', attempt)
   return id
 end

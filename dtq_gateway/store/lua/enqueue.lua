@@ -14,7 +14,7 @@
 --   KEYS[k+3] idempotency record dtq:idempotency:{<queue>}:<sha256> (the task hash again
 --             when the task has no idempotency key)
 --   KEYS[k+4 .. k+13] the queue's ten band streams (depth gate; only with a depth limit)
--- ARGV[3] n tasks  [4] consumer group of the band streams ("workers")
+-- ARGV[3] n tasks  [4] unused (kept for the argument layout)
 -- [5] idempotency TTL s  [6] recent max entries  [7] max queue depth (0 = none)
 -- then per task i, 19 values from a = 7 + (i-1)*19:
 --   [a+1] task_id  [a+2] queue  [a+3] task_type  [a+4] payload  [a+5] content_type
@@ -85,18 +85,11 @@ local function enqueue_one(k, a)
   local entry_id = ''
   if status == 'queued' then
     -- the seed's entry fields, from the arguments (no read-back of the hash just written)
-    -- NOMKSTREAM: a band stream that does not exist (the queue was deleted, maybe by
-    -- another replica whose deletion this gateway's group cache has not seen) is
-    -- created here with its consumer group, so no entry ever lands in a stream that
-    -- no worker's group reads
-    local fields = {'task_id', task_id, 'queue', queue, 'task_type', task_type,
-      'payload', payload, 'attempt', 1, 'max_attempts', ARGV[a + 7],
-      'priority', ARGV[a + 6], 'timeout_ms', ARGV[a + 8], 'idempotency_key', idem}
-    entry_id = redis.call('XADD', stream_key, 'NOMKSTREAM', '*', unpack(fields))
-    if not entry_id then
-      redis.call('XGROUP', 'CREATE', stream_key, ARGV[4], '0', 'MKSTREAM')
-      entry_id = redis.call('XADD', stream_key, '*', unpack(fields))
-    end
+    -- xadd_band (_lib.lua): a band stream that is gone comes back with its group
+    entry_id = xadd_band(stream_key, {'task_id', task_id, 'queue', queue,
+      'task_type', task_type, 'payload', payload, 'attempt', 1,
+      'max_attempts', ARGV[a + 7], 'priority', ARGV[a + 6], 'timeout_ms', ARGV[a + 8],
+      'idempotency_key', idem})
   else
     redis.call('ZADD', schedule_key, due, task_id)
   end
