@@ -17,6 +17,7 @@ from typing import Any
 import click
 import grpc
 
+from dtq_pyworker._channel import check_target
 from dtq_pyworker.admin import AdminClient
 from dtq_pyworker.errors import DtqRpcError
 
@@ -144,17 +145,15 @@ def _not_nan(ctx: click.Context, param: click.Parameter, value: float) -> float:
 
 def _gateway_address(ctx: click.Context, param: click.Parameter, value: str | None
                      ) -> str | None:
-    """``--gateway``: a port after the last ``:`` must be 1..65535 (grpc would wrap 99999
-    round to another port). Other grpc target forms (``dns:///host:port``,
-    ``unix:/path``) pass unchanged; unset or empty means the default."""
+    """``--gateway``: an address :func:`dtq_pyworker._channel.check_target` accepts
+    (HOST:PORT with a port of 1..65535, a grpc URI, ``unix:``); unset or empty means
+    the default."""
     if not value:
         return None
-    _, sep, port = value.rpartition(":")
-    if sep and (port == "" or (port.isascii() and port.isdigit()
-                               and not 1 <= int(port) <= 65535)):
-        raise click.BadParameter(f"{value!r} is not HOST:PORT with a port of 1..65535",
-                                 ctx, param)
-    return value
+    try:
+        return check_target(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc).split(": ", 1)[1], ctx, param) from None
 
 
 @click.group(name="dtq", cls=DtqGroup, context_settings={"help_option_names": ["-h", "--help"],

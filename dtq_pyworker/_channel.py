@@ -56,6 +56,30 @@ RETRY_BACKOFF_MULTIPLIER = 2
 _TRUE = {"1", "true", "yes", "on"}
 
 
+#: grpc target schemes whose address is a path or id, not HOST:PORT
+_PATH_SCHEMES = ("unix:", "unix-abstract:", "vsock:")
+
+
+def check_target(target: str, field: str = "target") -> str:
+    """``target`` if it is a gateway address grpc reads as meant: ``HOST:PORT`` (or a
+    grpc URI such as ``dns:///host:port``, ``ipv4:...``) ending in a port of 1..65535,
+    or a ``unix:``/``unix-abstract:``/``vsock:`` address. grpc itself wraps a port
+    above 65535 round (88697 reaches 23161) and sends a target without port to 443.
+
+    Raises:
+        ValueError: naming ``field``: empty, whitespace, or no valid port at the end.
+    """
+    if not target or any(c.isspace() for c in target):
+        raise ValueError(f"{field}: {target!r} is not a gateway address (HOST:PORT)")
+    if target.startswith(_PATH_SCHEMES):
+        return target
+    _, sep, port = target.rpartition(":")
+    if not (sep and port.isascii() and port.isdigit() and len(port) <= 5
+            and 1 <= int(port) <= 65535):
+        raise ValueError(f"{field}: {target!r} is not HOST:PORT with a port of 1..65535")
+    return target
+
+
 @dataclass(frozen=True)
 class Connection:
     """How to reach a gateway.
@@ -84,12 +108,17 @@ class Connection:
 
         TLS is on when asked for, when ``DTQ_TLS`` is true, or when a CA or a
         client certificate is given.
+
+        Raises:
+            ValueError: the address is not one grpc reads as meant (:func:`check_target`).
         """
         env = os.environ
         ca = tls_ca if tls_ca is not None else env.get("DTQ_TLS_CA", "").strip()
         if tls is None:
             tls = env.get("DTQ_TLS", "").strip().lower() in _TRUE or bool(ca or tls_cert)
-        return cls(target=target or env.get("DTQ_GATEWAY", "").strip() or DEFAULT_TARGET,
+        address = check_target(target or env.get("DTQ_GATEWAY", "").strip() or DEFAULT_TARGET,
+                               "target" if target else "DTQ_GATEWAY")
+        return cls(target=address,
                    token=token if token is not None else env.get("DTQ_TOKEN", "").strip(),
                    tls=tls, tls_ca=ca, tls_cert=tls_cert or "", tls_key=tls_key or "")
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from dtq_proto import dtq_pb2
 from dtq_pyworker import _session
-from dtq_pyworker._channel import DEFAULT_TARGET, RECONNECT_MAX_S, Connection
+from dtq_pyworker._channel import DEFAULT_TARGET, RECONNECT_MAX_S, Connection, check_target
 from dtq_pyworker._execute import Handler
 from dtq_pyworker._reporter import ResultReporter
 from dtq_pyworker._runtime import STOP_DRAIN, Runtime
@@ -127,7 +127,8 @@ class Worker:
         self.queues = check_queues(queues)
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
-        self.target = target or os.environ.get("DTQ_GATEWAY") or DEFAULT_TARGET
+        self.target = check_target(target or os.environ.get("DTQ_GATEWAY") or DEFAULT_TARGET,
+                                   "target" if target else "DTQ_GATEWAY")
         self._tls_args = {"token": token, "tls": tls, "tls_ca": tls_ca, "tls_cert": tls_cert,
                           "tls_key": tls_key}
         self.concurrency = concurrency

@@ -9,7 +9,7 @@ import subprocess
 import grpc
 import pytest
 
-from dtq_pyworker import AsyncClient, DtqRpcError
+from dtq_pyworker import AsyncClient, DtqRpcError, Worker
 from dtq_pyworker._channel import MAX_MESSAGE_BYTES, Connection
 from tests.worker.fake_broker import FakeBroker, start_server
 from tests.worker.helpers import make_worker, running
@@ -61,6 +61,30 @@ def test_connection_resolves_env(monkeypatch):
     explicit = Connection.resolve("h:1", token="", tls=False, tls_ca="")
     assert (explicit.target, explicit.token, explicit.tls) == ("h:1", "", False)
     assert MAX_MESSAGE_BYTES > 4 * 1024 * 1024
+
+
+@pytest.mark.parametrize("target", ["127.0.0.1:99999", "127.0.0.1:+88697", "127.0.0.1:0",
+                                    "127.0.0.1:", "127.0.0.1:88697 ", "localhost",
+                                    "127.0.0.1:0x5a99", "127.0.0.1:23161/x", "h:-1"])
+def test_an_address_grpc_would_misread_is_refused(target, monkeypatch):
+    """grpc wraps a port above 65535 round to another port (88697 reaches 23161) and
+    sends a target without port to 443: refused before any channel is made."""
+    with pytest.raises(ValueError, match="target"):
+        Connection.resolve(target)
+    with pytest.raises(ValueError, match="target"):
+        AsyncClient(target)
+    with pytest.raises(ValueError, match="target"):
+        Worker(["q"], target)
+    monkeypatch.setenv("DTQ_GATEWAY", target)
+    with pytest.raises(ValueError, match="DTQ_GATEWAY"):
+        Connection.resolve()
+
+
+@pytest.mark.parametrize("target", ["127.0.0.1:1", "gw:65535", "[::1]:50051",
+                                    "dns:///gw.internal:50051", "ipv4:10.0.0.1:50051",
+                                    "unix:///run/dtq.sock", "unix-abstract:dtq"])
+def test_addresses_grpc_reads_as_meant_pass(target):
+    assert Connection.resolve(target).target == target
 
 
 async def test_client_sends_token(fake):
