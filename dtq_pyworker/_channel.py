@@ -48,11 +48,16 @@ RETRIED_METHODS: dict[str, tuple[str, ...]] = {
 }
 #: grpc retry policy of :data:`RETRIED_METHODS`: up to 5 attempts (grpc's cap), the
 #: n-th retry after about initial × multiplierⁿ⁻¹ seconds (capped at the max, ±20 %
-#: jitter): 0.2 + 0.4 + 0.8 + 1.6 s, so a gateway back within about 3 s answers the call.
+#: jitter): 0.25 + 0.5 + 1 + 2 s, at least 3 s in all. An attempt made while the
+#: channel waits out its reconnect backoff fails at once, so the clients' channels
+#: reconnect at least every :data:`CLIENT_RECONNECT_MAX_S` (+20 %): a gateway back
+#: within about 1.8 s of the first failure answers the call.
 RETRY_MAX_ATTEMPTS = 5
-RETRY_INITIAL_BACKOFF_S = 0.2
+RETRY_INITIAL_BACKOFF_S = 0.25
 RETRY_MAX_BACKOFF_S = 2.0
 RETRY_BACKOFF_MULTIPLIER = 2
+#: Cap of the connection backoff of a channel with retries (s): see the retry policy.
+CLIENT_RECONNECT_MAX_S = 1.0
 _TRUE = {"1", "true", "yes", "on"}
 
 
@@ -140,10 +145,13 @@ class Connection:
             options: Extra grpc channel options; one named like a default
                 (:func:`default_options`) replaces it, and a ``grpc.service_config``
                 replaces the retry policy.
-            reconnect_max_s: Cap of the channel's connection backoff, in seconds.
+            reconnect_max_s: Cap of the channel's connection backoff, in seconds (at
+                most :data:`CLIENT_RECONNECT_MAX_S` with ``retries``).
             retries: Send :data:`RETRIED_METHODS` again on UNAVAILABLE
                 (:func:`retry_service_config`); the producer clients' channels.
         """
+        if retries:
+            reconnect_max_s = min(reconnect_max_s, CLIENT_RECONNECT_MAX_S)
         merged = dict(default_options(reconnect_max_s))
         if retries:
             merged["grpc.service_config"] = retry_service_config()

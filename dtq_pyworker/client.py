@@ -88,7 +88,7 @@ class Client:
     Every method raises :class:`DtqRpcError` when the gateway refuses the call.
     Read-only calls (GetTask, so also :meth:`wait`) are sent again when they fail
     with UNAVAILABLE (gateway restarting or unreachable, Redis down): up to 5
-    attempts about 0.2, 0.4, 0.8 and 1.6 s apart, within ``timeout_s``; the error
+    attempts about 0.25, 0.5, 1 and 2 s apart, within ``timeout_s``; the error
     of the last attempt is raised, or DEADLINE_EXCEEDED when ``timeout_s`` passes
     first. Enqueue, EnqueueBatch and CancelTask are sent once.
     """

@@ -154,7 +154,7 @@ async def test_async_client_roundtrip(fake):
 
 
 async def test_async_unreachable_gateway_is_unavailable(fake):
-    # a deadline past the retries of GetTask (about 3 s): the last attempt's status
+    # a deadline past the retries of GetTask (about 4 s): the last attempt's status
     async with AsyncClient("127.0.0.1:1", timeout_s=10) as client:
         with pytest.raises(DtqRpcError) as info:
             await client.get_task("x")

@@ -25,7 +25,7 @@ from tests.support.redis_server import free_port, port_held
 from tests.worker.helpers import poll_until
 
 #: Test-scale reconnect of the client's channel (ms): it reconnects within this long
-#: once the gateway listens again, well inside the retry policy's window (about 3 s).
+#: once the gateway listens again, well inside the retry policy's window (3-4.5 s).
 FAST_RECONNECT = [("grpc.use_local_subchannel_pool", 1),
                   ("grpc.initial_reconnect_backoff_ms", 100),
                   ("grpc.max_reconnect_backoff_ms", 200),
@@ -149,3 +149,23 @@ async def test_admin_client_lists_through_a_gateway_restart_and_pauses_once(redi
         admin._channel.unsubscribe(on_state)
         admin.close()
         await gw.stop()
+
+
+
+def test_client_channels_reconnect_at_least_once_a_second(monkeypatch):
+    """A retried attempt made while the channel waits out its reconnect backoff fails
+    at once: the clients' channels cap that backoff at 1 s so the policy's 3-4.5 s
+    window spans several reconnects; the worker's channel keeps its 5 s cap."""
+    seen: list[dict] = []
+
+    def capture(target, options=None):
+        seen.append(dict(options or []))
+        return object()
+    monkeypatch.setattr(_channel.grpc.aio, "insecure_channel", capture)
+    conn = _channel.Connection("127.0.0.1:1")
+    conn.channel(aio=True, retries=True)
+    conn.channel(aio=True)
+    client, worker = seen
+    assert client["grpc.max_reconnect_backoff_ms"] == 1000 and "grpc.service_config" in client
+    assert worker["grpc.max_reconnect_backoff_ms"] == 5000
+    assert "grpc.service_config" not in worker
