@@ -19,6 +19,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from dtq_pyworker._channel import check_target
 from dtq_pyworker.errors import DtqRpcError
 from dtq_pyworker.worker import MAX_QUEUES, Worker, check_queues
 
@@ -141,12 +142,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:
         print(f"dtq-pyworker: unknown log level {args.log_level!r}", file=sys.stderr)
         return 2
-    if args.queues:  # before importing the module, whose own errors would hide this one
-        try:
+    # the flags first: the module's own errors would hide these
+    try:
+        if args.queues:
             flag_queues(args.queues)
-        except ValueError as exc:
-            print(f"dtq-pyworker: {exc}", file=sys.stderr)
-            return 2
+        if args.target:
+            check_target(args.target, "--target")
+    except ValueError as exc:
+        print(f"dtq-pyworker: {exc}", file=sys.stderr)
+        return 2
     try:
         worker = load_worker(args.spec)
     except (ImportError, AttributeError, ValueError, TypeError) as exc:

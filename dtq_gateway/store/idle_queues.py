@@ -75,8 +75,11 @@ async def delete_idle_queues(redis: Client, queues: list[str], idle_ms: float) -
 
 async def leave_registry(redis: Client, queue: str) -> None:
     """Remove a queue whose streams a script just deleted from the registry: a
-    single-key ``ZREM dtq:queues``, then an EXISTS of its streams, which re-adds the
-    name (ZADD, score 0) when a gateway created the queue again in between."""
+    single-key ``ZREM dtq:queues``, then an EXISTS of its streams, its retry schedule
+    and its busy marker, which re-adds the name (ZADD, score 0) when a gateway used the
+    queue again in between (a delayed task only writes the schedule and the marker,
+    and its enqueue's ZADD NX came before this ZREM)."""
     await redis.zrem(keys.QUEUES, queue)
-    if await redis.exists(*keys.queue_streams_desc(queue)):
+    if await redis.exists(*keys.queue_streams_desc(queue), keys.schedule(queue),
+                          keys.busy_marker(queue)):
         await redis.zadd(keys.QUEUES, {queue: 0})  # created again meanwhile

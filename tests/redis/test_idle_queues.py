@@ -168,3 +168,22 @@ async def test_each_leadership_checks_the_backfill_marker_once(r: Redis) -> None
     await reaper.tick()
     assert await r.smembers(keys.BUSY_QUEUES) == {b"old"}
     assert await r.zrange(keys.QUEUES, 0, -1) == [b"old"]
+
+
+@pytest.mark.parametrize("used_again", ["schedule", "busy", "stream", None])
+async def test_leaving_the_registry_keeps_a_queue_used_again_meanwhile(r: Redis,
+                                                                       used_again) -> None:
+    """Between a delete script and its ZREM, an enqueue through another replica may use
+    the name again: a delayed task writes only the schedule and the busy marker (its
+    ZADD NX to the registry found the name still there), so those count as a use too."""
+    from dtq_gateway.store import idle_queues
+
+    await r.zadd(keys.QUEUES, {"again": 0})
+    if used_again == "schedule":
+        await r.zadd(keys.schedule("again"), {"t-1": 1})
+    elif used_again == "busy":
+        await r.set(keys.busy_marker("again"), "1")
+    elif used_again == "stream":
+        await r.xadd(keys.stream("again", 5), {"task_id": "t-1"})
+    await idle_queues.leave_registry(r, "again")
+    assert (await r.zscore(keys.QUEUES, "again") is not None) == (used_again is not None)

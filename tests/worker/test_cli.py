@@ -9,6 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
+
 from dtq_proto import dtq_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,6 +99,16 @@ def test_cli_checks_the_queues_before_importing_the_module(capsys):
     assert "no_such_module_anywhere" not in sys.modules
     assert main(["no_such_module_anywhere:worker", "--queues", "ok,bad queue!"]) == 2
     assert "--queues: 'bad queue!' is not a queue name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target", ["127.0.0.1:88697", "localhost", "127.0.0.1:+1"])
+def test_cli_refuses_a_target_grpc_would_misread(capsys, target):
+    """--target (or DTQ_GATEWAY) is checked like --queues, before the module is loaded:
+    exit 2 with the flag named, not a traceback from Worker.run()."""
+    from dtq_pyworker.cli import main
+
+    assert main(["tests.worker.cli_app:worker", "--target", target]) == 2
+    assert f"--target: '{target}' is not HOST:PORT" in capsys.readouterr().err
 
 
 async def test_cli_exits_zero_when_a_sync_handler_ignores_cancellation(fake):
