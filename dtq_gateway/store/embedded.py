@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -54,11 +55,22 @@ def find_redis_server() -> str:
                              "installed; install one or set DTQ_REDIS_URL")
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+def _load_prctl() -> Callable[..., int] | None:
+    """libc's prctl, looked up in the parent: a dlopen in the forked child of a process
+    with threads (grpc's) can find the loader or malloc lock held at the fork and abort
+    (the child then dies with SIGABRT before redis-server runs)."""
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
     except OSError:
-        pass
+        return None
+
+
+_PRCTL = _load_prctl()
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _free_port() -> int:
