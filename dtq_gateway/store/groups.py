@@ -105,7 +105,7 @@ class Groups:
         if now - self._last_recreate_log > 10:
             log.warning("consumer groups missing, recreating", extra={"queues": sorted(queues)})
             self._last_recreate_log = now
-        self._ready.difference_update(queues)
+        self.discard(queues)
 
 
 def queue_limit(queue: str, max_queues: int, field: str = "queue") -> QueueLimit:
