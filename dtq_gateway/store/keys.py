@@ -205,6 +205,22 @@ def idempotency_digest(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
+#: First byte hashed before an internal deduplication key. 0xFF never occurs in UTF-8,
+#: and a client's key is always UTF-8 (a protobuf string), so no client key hashes to
+#: the digest of an internal one (short of a SHA-256 collision).
+_INTERNAL_DOMAIN = b"\xff"
+
+
+def internal_idempotency_digest(key: str) -> str:
+    """Digest of a key dtq itself deduplicates with (``schedule:<name>:<fire ms>``,
+    ``chain:<task id>``, ``group:<group id>``): 64 hex like :func:`idempotency_digest`,
+    but of ``0xFF`` + the key's UTF-8, a byte string no client key can be. The record
+    (:func:`idempotency`) therefore lives in a key space that a client's idempotency
+    key, whatever its text, can never reach: a producer sending ``chain:<id>`` gets
+    a record of its own and neither hijacks nor blocks the internal one."""
+    return hashlib.sha256(_INTERNAL_DOMAIN + key.encode("utf-8")).hexdigest()
+
+
 def idempotency(queue: str, digest: str) -> str:
     """Idempotency record: ``dtq:idempotency:{<queue>}:<sha256 hex of the key>``.
 
