@@ -4,6 +4,7 @@ signed with the deployment's secret (real gateways, real Redis)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 from pathlib import Path
 
@@ -162,7 +163,8 @@ def rotation_steps() -> list[str]:
     with the placeholders ``<old>`` and ``<new>`` left in."""
     text = (Path(__file__).parents[2] / "docs" / "security.md").read_text()
     section = text.split("**Rotation without downtime.**", 1)[1].split("\n\n", 2)[1]
-    steps = re.findall(r"^\d+\. .*?`DTQ_LEASE_SECRET=([^`]*)`", section, re.M | re.S)
+    steps = re.findall(r"^\d+\. .*?`DTQ_LEASE_SECRET=([^`]*)`", section,
+                       re.MULTILINE | re.DOTALL)
     assert len(steps) >= 2 and steps[-1] == "<new>", section
     return steps
 
@@ -184,7 +186,7 @@ async def test_rotation_procedure_never_refuses_a_valid_lease(redis_url, start):
     for gw in gateways:
         await gw.start()
     try:
-        for i, (before, after) in enumerate(zip(gateways, gateways[1:])):
+        for i, (before, after) in enumerate(itertools.pairwise(gateways)):
             for n, (issuer, acker) in enumerate(((before, after), (after, before))):
                 task = await _lease_one(issuer, f"q{i}-{n}")
                 reply = await _ack_at(acker, task.lease_id)
