@@ -16,8 +16,11 @@ dead-letter queue index) are written only by single-key commands.
 
 User-supplied strings that end up inside a key are either validated against a
 restricted alphabet (queue names, worker ids, task ids) or hashed (idempotency
-keys), so two different inputs can never build the same key. Queue names cannot hold
-``{``, ``}`` or ``:``, so the hash tag of a queue key is exactly the queue name.
+keys), so two different inputs can never build the same key. dtq's own deduplication
+keys (schedule fires, chain steps, group callbacks) are hashed in a domain of their
+own (:func:`internal_idempotency_digest`), so no client key reaches their records.
+Queue names cannot hold ``{``, ``}`` or ``:``, so the hash tag of a queue key is
+exactly the queue name.
 """
 
 from __future__ import annotations

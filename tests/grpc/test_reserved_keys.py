@@ -82,3 +82,29 @@ async def test_a_planted_group_key_does_not_drop_the_callback(broker_stub) -> No
     assert set(seen) == {cb_id, planted.task_id}, "the callback was dropped"
     assert seen[cb_id].task_type == "summary"
     assert seen[cb_id].metadata["dtq.group_id"] == resp.group_id
+
+
+async def test_a_lease_naming_the_text_digest_of_an_internal_key_is_stale(broker_stub, gateway):
+    """What an older gateway (before internal keys were hashed apart) makes of a chain
+    step: it names the record by the plain digest of ``chain:<A id>``. That lease does
+    not match the step's record, so its Ack is refused as stale (redis-layout.md,
+    "Changing the layout"), and the lease the gateway issued is still good."""
+    import grpc
+
+    from dtq_gateway.store import keys
+    from tests.support.leasing import error_reason, resign
+
+    r = await broker_stub.Enqueue(enq(chain=[enq(task_type="step-b")]))
+    lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
+    await ack_all(broker_stub, [await lease.next()])
+    step = await lease.next(timeout_s=10)
+    assert step.task_id == step_task_id(r.task_id, "q")
+    old_style = resign(step.lease_id, gateway.keyring,
+                       idem_digest=keys.idempotency_digest(f"chain:{r.task_id}"))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await broker_stub.Ack(pb.AckRequest(items=[pb.AckItem(lease_id=old_style)]))
+    assert (err.value.code(), error_reason(err.value)) == \
+        (grpc.StatusCode.FAILED_PRECONDITION, "STALE_LEASE")
+    await ack_all(broker_stub, [step])
+    assert (await get(broker_stub, step.task_id)).status == pb.TASK_STATUS_SUCCEEDED
+    lease.close()

@@ -193,6 +193,16 @@ async def test_rotation_procedure_never_refuses_a_valid_lease(redis_url, start):
                 assert not isinstance(reply, grpc.aio.AioRpcError), (
                     f"step {i} -> {i + 1}: {configs[i]!r} / {configs[i + 1]!r}: {reply}")
                 assert reply.results[0].status == pb.TASK_STATUS_SUCCEEDED
+        # the shortcut security.md warns against: a replica still on the old secret alone
+        # refuses what a replica already signing with the new one issued
+        signing_new = Gateway(gateway_settings(redis_url, lease_secret=f"{new},{old}"),
+                              redis_url)
+        await signing_new.start()
+        gateways.append(signing_new)
+        err = await _ack_at(gateways[0], (await _lease_one(signing_new, "q-skip")).lease_id)
+        assert isinstance(err, grpc.aio.AioRpcError)
+        assert (err.code(), error_reason(err)) == (grpc.StatusCode.PERMISSION_DENIED,
+                                                   "LEASE_SIGNATURE")
     finally:
         for gw in gateways:
             await gw.stop()
