@@ -164,9 +164,10 @@ class Settings:
         "Bearer tokens 'token=role:identity,...' (roles producer, worker, admin); "
         "empty = no auth.", secret=True))
     lease_secret: str = field(default="", metadata=_meta(
-        "Lease-id signing secrets, comma-separated, newest first (16+ bytes each): ids are "
-        "signed with the first and accepted under any, so a new secret is added in front, "
-        "rolled out, and the old one dropped after the visibility timeout. Empty = a random "
+        "Lease-id secrets, comma-separated (16+ bytes each): ids are signed with the first "
+        "and accepted under any. Rotate in three rolling steps: 'old,new' (accept the "
+        "new), 'new,old' (sign with it), then 'new' after the visibility timeout "
+        "(docs/security.md). Empty = a random "
         "secret created once in Redis (dtq:secret:lease) and shared by every replica.",
         secret=True))
     gateway_id: str = field(default="", metadata=_meta(

@@ -95,24 +95,18 @@ def check_task_types(task_types, field: str = "task_types") -> None:
                                   field=field)
 
 
-#: Most LeaseRequest.labels entries; keys up to 128 bytes, values up to 1024 bytes.
-MAX_LABELS = 64
 #: Longest LeaseRequest.sdk (bytes of UTF-8).
 MAX_SDK_BYTES = 128
 
 
 def check_worker_strings(request) -> None:
-    """Bounds of the free-text fields of a LeaseRequest: ``labels`` (MAX_LABELS entries,
-    keys 1..128 bytes, values up to 1024 bytes) and ``sdk`` (MAX_SDK_BYTES).
+    """Bound of the free-text ``sdk`` of a LeaseRequest (MAX_SDK_BYTES). Its ``labels``
+    are checked by ``broker_servicer.check_labels`` (32 entries, keys 1..64 bytes,
+    values up to 256 bytes; the docs' tables are tested against those constants).
 
     Raises:
-        InvalidArgument: naming ``labels`` or ``sdk``.
+        InvalidArgument: naming ``sdk``.
     """
-    if len(request.labels) > MAX_LABELS or any(
-            not k or len(k.encode()) > 128 or len(v.encode()) > 1024
-            for k, v in request.labels.items()):
-        raise InvalidArgument(f"labels: at most {MAX_LABELS} entries, keys 1..128 bytes, "
-                              "values up to 1024 bytes", field="labels")
     if len(request.sdk.encode()) > MAX_SDK_BYTES:
         raise InvalidArgument(f"sdk: at most {MAX_SDK_BYTES} bytes", field="sdk")
 

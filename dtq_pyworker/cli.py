@@ -19,6 +19,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+import grpc
+
 from dtq_pyworker._channel import check_target
 from dtq_pyworker.errors import DtqRpcError
 from dtq_pyworker.worker import MAX_QUEUES, Worker, check_queues
@@ -162,7 +164,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         worker.run()
     except DtqRpcError as exc:
-        log.error("worker %s stopped: the gateway refused it: %s", worker.worker_id, exc)
+        if exc.code == grpc.StatusCode.INVALID_ARGUMENT:
+            # a field of the worker's own configuration: reconnecting cannot help
+            log.error("worker %s stopped: the gateway refused its Lease request as invalid "
+                      "(field %s): %s. This is a configuration error (worker id, queues, "
+                      "task types, labels, hostname); fix it and restart the worker, it "
+                      "does not retry", worker.worker_id, exc.field or "not named",
+                      exc.message)
+        else:
+            log.error("worker %s stopped: the gateway refused it: %s", worker.worker_id, exc)
         return 1
     log.info("worker %s drained: %s", worker.worker_id, worker.stats)
     if worker.threads_busy:

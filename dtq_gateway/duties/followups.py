@@ -39,7 +39,7 @@ from dtq_gateway.store import followups as followup_store
 from dtq_gateway.store.admin import redis_now_ms
 from dtq_gateway.store.broker import Broker, Enqueued
 from dtq_gateway.store.client import Client
-from dtq_gateway.store.keys import idempotency_digest
+from dtq_gateway.store.keys import internal_idempotency_digest
 from dtq_gateway.store.task_groups import TaskGroups
 from dtq_gateway.validation import NewTask, validate_enqueue
 from dtq_proto import dtq_pb2
@@ -165,7 +165,7 @@ class FollowUps:
             pairs = ["follow", "c", *pairs,
                      "chain_next", json.dumps(templates[1:], separators=(",", ":"))]
         return replace(step, task_id=next_id, idem_key=idem,
-                       idem_digest=idempotency_digest(idem), extra_json=record_fields(*pairs))
+                       idem_digest=internal_idempotency_digest(idem), extra_json=record_fields(*pairs))
 
     async def _continued(self, queue: str, task_id: str, next_id: str, error: str) -> None:
         await followup_store.mark_continued(self.redis, queue, task_id, next_id, error)

@@ -17,7 +17,8 @@ only a caller with that identity may Ack, Fail or extend the lease. ``mac`` is t
 first 128 bits of HMAC-SHA256 over everything before it, keyed with the deployment's
 lease secret (:class:`Keyring`), in unpadded base64url (22 characters): an edited or
 invented id does not verify, whoever sends it. Secrets rotate without downtime: ids
-are signed with the first secret and accepted under any listed one.
+are signed with the first secret and accepted under any listed one, so a new secret is
+first listed second (accepted everywhere) and only then first (docs/security.md).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class Keyring:
     """The lease-id secrets of a deployment: signs with the first, accepts any.
 
     Args:
-        secrets: one or more secrets (bytes), newest first. Every replica of a
+        secrets: one or more secrets (bytes), the signing one first. Every replica of a
             deployment must hold the same list (DTQ_LEASE_SECRET, or the one stored in
             Redis when that is unset).
     """
@@ -85,7 +86,7 @@ class Keyring:
         return bool(self._secrets)
 
     def set(self, secrets: list[bytes]) -> None:
-        """Replace the secrets (newest first)."""
+        """Replace the secrets (the signing one first)."""
         self._secrets = list(secrets)
 
     def _mac(self, secret: bytes, body: str) -> str:
@@ -111,7 +112,8 @@ class Keyring:
 
 
 def parse_secrets(spec: str) -> list[bytes]:
-    """``DTQ_LEASE_SECRET``: comma-separated secrets, newest first (blank items ignored).
+    """``DTQ_LEASE_SECRET``: comma-separated secrets, the signing one first (blank items
+    ignored).
 
     Raises:
         ValueError: a secret shorter than MIN_SECRET_BYTES (message never quotes it).

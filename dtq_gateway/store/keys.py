@@ -16,8 +16,11 @@ dead-letter queue index) are written only by single-key commands.
 
 User-supplied strings that end up inside a key are either validated against a
 restricted alphabet (queue names, worker ids, task ids) or hashed (idempotency
-keys), so two different inputs can never build the same key. Queue names cannot hold
-``{``, ``}`` or ``:``, so the hash tag of a queue key is exactly the queue name.
+keys), so two different inputs can never build the same key. dtq's own deduplication
+keys (schedule fires, chain steps, group callbacks) are hashed in a domain of their
+own (:func:`internal_idempotency_digest`), so no client key reaches their records.
+Queue names cannot hold ``{``, ``}`` or ``:``, so the hash tag of a queue key is
+exactly the queue name.
 """
 
 from __future__ import annotations
@@ -203,6 +206,22 @@ def result(task_id: str) -> str:
 def idempotency_digest(key: str) -> str:
     """SHA-256 hex of a user idempotency key (so any bytes map to a safe name)."""
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+#: First byte hashed before an internal deduplication key. 0xFF never occurs in UTF-8,
+#: and a client's key is always UTF-8 (a protobuf string), so no client key hashes to
+#: the digest of an internal one (short of a SHA-256 collision).
+_INTERNAL_DOMAIN = b"\xff"
+
+
+def internal_idempotency_digest(key: str) -> str:
+    """Digest of a key dtq itself deduplicates with (``schedule:<name>:<fire ms>``,
+    ``chain:<task id>``, ``group:<group id>``): 64 hex like :func:`idempotency_digest`,
+    but of ``0xFF`` + the key's UTF-8, a byte string no client key can be. The record
+    (:func:`idempotency`) therefore lives in a key space that a client's idempotency
+    key, whatever its text, can never reach: a producer sending ``chain:<id>`` gets
+    a record of its own and neither hijacks nor blocks the internal one."""
+    return hashlib.sha256(_INTERNAL_DOMAIN + key.encode("utf-8")).hexdigest()
 
 
 def idempotency(queue: str, digest: str) -> str:

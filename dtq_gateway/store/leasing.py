@@ -170,8 +170,7 @@ async def activate(redis: Client, worker_id: str, task_retention_s: int,
     where: list[tuple[str, int]] = []
     for (stream, entry_id, f), mode in zip(entries, modes):
         task_id, queue = _s(f["task_id"]), _s(f["queue"])
-        idem = _s(f.get("idempotency_key", b""))
-        digest = keys.idempotency_digest(idem) if idem else ""
+        digest = entry_idem_digest(f)
         keys_, args = calls.setdefault(queue, ([keys.cancelled(queue)], []))
         keys_ += [stream, keys.task(task_id),
                   keys.idempotency(queue, digest) if digest else keys.task(task_id)]
@@ -190,6 +189,22 @@ async def activate(redis: Client, worker_id: str, task_retention_s: int,
             raise rep
         by_queue[q] = rep
     return [by_queue[queue][i] for queue, i in where], digests
+
+
+def entry_idem_digest(fields: dict) -> str:
+    """The idempotency digest of a band stream entry's task ("" without a key): the
+    entry's ``idem_digest`` field (written since internal keys are hashed apart:
+    :func:`keys.internal_idempotency_digest`), else, for an entry written before, the
+    client digest of its ``idempotency_key`` text. ``fields`` maps str names to str or
+    bytes values."""
+    def get(name: str) -> str:
+        raw = fields.get(name) or fields.get(name.encode()) or ""
+        return raw.decode() if isinstance(raw, bytes) else raw
+
+    idem = get("idempotency_key")
+    if not idem:
+        return ""
+    return get("idem_digest") or keys.idempotency_digest(idem)
 
 
 def queued_at_ms(entry_id: str, fields: dict) -> int:

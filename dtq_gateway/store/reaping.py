@@ -20,6 +20,7 @@ from typing import Any
 
 from dtq_gateway.store import keys
 from dtq_gateway.store.client import Client
+from dtq_gateway.store.leasing import entry_idem_digest
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import Script, execute
 
@@ -144,9 +145,9 @@ async def reclaim(redis: Client, claimed: list[Claimed], dlq_maxlen: int,
         fields = {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
         keys_ = [stream, keys.task(fields.get("task_id", "")), keys.dead_letter(queue),
                  keys.cancelled(queue)]
-        raw_idem = fields.get("idempotency_key", "")
-        if raw_idem:
-            keys_.append(keys.idempotency(queue, keys.idempotency_digest(raw_idem)))
+        digest = entry_idem_digest(fields)
+        if digest:
+            keys_.append(keys.idempotency(queue, digest))
         _RECLAIM.queue(pipe, keys_, _RECLAIM.argv(
             text(entry_id), fields.get("attempt", "0"), dlq_maxlen, task_retention_s,
             keys.GROUP, keys.REAPER_CONSUMER))

@@ -11,8 +11,9 @@ order that stays correct if the process dies between steps:
 * delete: DEL the hash, then ZREM (a crash leaves a registry member without hash,
   which the firer removes);
 * fire (scheduler leader only, :class:`dtq_gateway.duties.schedule_firer.ScheduleFirer`): read the due names from the
-  registry, enqueue each due fire with the idempotency key
-  ``schedule:<name>:<fire epoch ms>``, record the progress in the hash
+  registry, enqueue each due fire with the internal deduplication key
+  ``schedule:<name>:<fire epoch ms>`` (its record is out of any client key's reach:
+  :func:`keys.internal_idempotency_digest`), record the progress in the hash
   (``schedule_advance.lua``: ``done_ms``, last fire, next fire), then ZADD the next
   fire. A leader that dies after the enqueue makes the next leader enqueue the same
   fire again, which the idempotency record deduplicates; two replicas that both
@@ -30,6 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from redis.asyncio import Redis
@@ -62,6 +64,10 @@ def fire_task(spec: pb.Schedule, settings: Settings, idem_key: str, fire_ms: int
               now_ms: int | None = None, prefix: str = "schedule.task.") -> NewTask:
     """The task of one fire: the template plus idempotency key and metadata.
 
+    ``idem_key`` ("" for none) is an internal deduplication key: its record is named by
+    :func:`keys.internal_idempotency_digest`, out of reach of any client's key (a
+    producer enqueuing with ``schedule:<name>:<fire ms>`` cannot take the fire over).
+
     Raises:
         InvalidArgument: the template is invalid (field named with ``prefix``).
     """
@@ -71,7 +77,10 @@ def fire_task(spec: pb.Schedule, settings: Settings, idem_key: str, fire_ms: int
     if len(req.metadata) <= MAX_METADATA_ENTRIES - 2:
         req.metadata["dtq.schedule"] = spec.name
         req.metadata["dtq.fire_ms"] = str(fire_ms)
-    return validate_enqueue(req, settings, prefix, now_ms)
+    task = validate_enqueue(req, settings, prefix, now_ms)
+    if not idem_key:
+        return task
+    return replace(task, idem_digest=keys.internal_idempotency_digest(idem_key))
 
 
 def validate(spec: pb.Schedule, settings: Settings) -> None:

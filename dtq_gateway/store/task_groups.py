@@ -199,7 +199,7 @@ class TaskGroups:
             task = validate_enqueue(tmpl, self.settings)
             idem = f"group:{group_id}"
             (out,) = await self.broker.enqueue_many([replace(
-                task, task_id=cb_id, idem_key=idem, idem_digest=keys.idempotency_digest(idem))])
+                task, task_id=cb_id, idem_key=idem, idem_digest=keys.internal_idempotency_digest(idem))])
             if isinstance(out, Exception):
                 raise out
         await self._finish_group(queue, group_id, "done", cb_id)

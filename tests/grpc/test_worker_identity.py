@@ -4,6 +4,9 @@ signed with the deployment's secret (real gateways, real Redis)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import re
+from pathlib import Path
 
 import grpc
 import pytest
@@ -152,4 +155,54 @@ async def test_configured_secrets_rotate_without_downtime(redis_url):
                                                    "LEASE_SIGNATURE")
     finally:
         for gw in (before, after, only_new):
+            await gw.stop()
+
+
+def rotation_steps() -> list[str]:
+    """The DTQ_LEASE_SECRET of each numbered step of security.md's rotation, in order,
+    with the placeholders ``<old>`` and ``<new>`` left in."""
+    text = (Path(__file__).parents[2] / "docs" / "security.md").read_text()
+    section = text.split("**Rotation without downtime.**", 1)[1].split("\n\n", 2)[1]
+    steps = re.findall(r"^\d+\. .*?`DTQ_LEASE_SECRET=([^`]*)`", section,
+                       re.MULTILINE | re.DOTALL)
+    assert len(steps) >= 2 and steps[-1] == "<new>", section
+    return steps
+
+
+@pytest.mark.parametrize("start", ["configured", "stored"])
+async def test_rotation_procedure_never_refuses_a_valid_lease(redis_url, start):
+    """security.md's steps, starting from a configured secret or from the one stored in
+    Redis (DTQ_LEASE_SECRET empty): during every rolling restart a replica at one step
+    and a replica at the next ack each other's leases; none is LEASE_SIGNATURE."""
+    old, new = "old-secret-0123456789", "new-secret-0123456789"
+    if start == "stored":
+        gw = Gateway(gateway_settings(redis_url), redis_url)  # creates the stored secret
+        await gw.start()
+        old = (await gw.redis.get(keys.LEASE_SECRET)).decode()
+        await gw.stop()
+    configs = ["" if start == "stored" else old] + [
+        step.replace("<old>", old).replace("<new>", new) for step in rotation_steps()]
+    gateways = [Gateway(gateway_settings(redis_url, lease_secret=c), redis_url) for c in configs]
+    for gw in gateways:
+        await gw.start()
+    try:
+        for i, (before, after) in enumerate(itertools.pairwise(gateways)):
+            for n, (issuer, acker) in enumerate(((before, after), (after, before))):
+                task = await _lease_one(issuer, f"q{i}-{n}")
+                reply = await _ack_at(acker, task.lease_id)
+                assert not isinstance(reply, grpc.aio.AioRpcError), (
+                    f"step {i} -> {i + 1}: {configs[i]!r} / {configs[i + 1]!r}: {reply}")
+                assert reply.results[0].status == pb.TASK_STATUS_SUCCEEDED
+        # the shortcut security.md warns against: a replica still on the old secret alone
+        # refuses what a replica already signing with the new one issued
+        signing_new = Gateway(gateway_settings(redis_url, lease_secret=f"{new},{old}"),
+                              redis_url)
+        await signing_new.start()
+        gateways.append(signing_new)
+        err = await _ack_at(gateways[0], (await _lease_one(signing_new, "q-skip")).lease_id)
+        assert isinstance(err, grpc.aio.AioRpcError)
+        assert (err.code(), error_reason(err)) == (grpc.StatusCode.PERMISSION_DENIED,
+                                                   "LEASE_SIGNATURE")
+    finally:
+        for gw in gateways:
             await gw.stop()

@@ -74,7 +74,9 @@ async def test_enqueue_writes_live_hash_without_ttl_and_entry(env):
     entries = await env.redis.xrange(keys.stream("q", 3))
     fields = entries[0][1]
     assert set(fields) == {b"task_id", b"queue", b"task_type", b"payload", b"attempt",
-                           b"max_attempts", b"priority", b"timeout_ms", b"idempotency_key"}
+                           b"max_attempts", b"priority", b"timeout_ms", b"idempotency_key",
+                           b"idem_digest"}
+    assert fields[b"idem_digest"] == keys.idempotency_digest("k").encode()
     idem = keys.idempotency("q", keys.idempotency_digest("k"))
     assert json.loads(await env.redis.get(idem))["state"] == "processing"
     assert await env.redis.ttl(idem) == -1, "a live task's idempotency record must not expire"

@@ -326,7 +326,7 @@ async def inventory(r: aioredis.Redis, families: dict[str, Family]) -> dict[str,
 
 
 #: Entry fields only some band-stream entries carry (docs/design.md, "Stream entry").
-OPTIONAL_ENTRY_FIELDS = frozenset({"queued_at"})
+OPTIONAL_ENTRY_FIELDS = frozenset({"queued_at", "idem_digest"})
 
 
 async def field_problems(r: aioredis.Redis, stream: str, expected: frozenset[str],

@@ -114,3 +114,23 @@ def test_the_scripts_consumer_group_is_the_layouts() -> None:
     lib = (LUA_DIR / "_lib.lua").read_text()
     found = re.search(r"^local CONSUMER_GROUP = '([^']*)'$", lib, re.MULTILINE)
     assert found and found.group(1) == keys.GROUP
+
+
+def test_internal_digests_are_out_of_reach_of_client_keys():
+    for text in ("schedule:s:1000", "chain:abc", "group:g", ""):
+        inner = keys.internal_idempotency_digest(text)
+        assert len(inner) == 64 and int(inner, 16) >= 0
+        assert inner != keys.idempotency_digest(text)
+    # the hashed domain byte 0xFF is never part of a UTF-8 string, so no client text
+    # (a protobuf string is UTF-8) can reproduce the internal input
+    assert all(0xFF not in chr(c).encode("utf-8") for c in range(0x110000)
+               if not 0xD800 <= c < 0xE000)
+
+
+def test_entry_digest_prefers_the_entry_field_and_falls_back_for_old_entries():
+    from dtq_gateway.store.leasing import entry_idem_digest
+    inner = keys.internal_idempotency_digest("chain:a")
+    assert entry_idem_digest({b"idempotency_key": b"chain:a", b"idem_digest": inner.encode()}) \
+        == inner
+    assert entry_idem_digest({"idempotency_key": "k"}) == keys.idempotency_digest("k")
+    assert entry_idem_digest({"idempotency_key": ""}) == ""

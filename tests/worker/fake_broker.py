@@ -71,7 +71,8 @@ class FakeBroker(dtq_pb2_grpc.BrokerServicer):
         self.failed_heartbeats = 0
         self.tasks: dict[str, dtq_pb2.Task] = {}
         self.get_task_calls = 0
-        self.lease_error: tuple[grpc.StatusCode, str] | None = None  # refuse Lease with it
+        #: refuse Lease with it: (code, reason) or (code, reason, message, field)
+        self.lease_error: tuple | None = None
         self.metadata: list[dict[str, str]] = []  # call metadata of Lease and Enqueue calls
         self._abort_epoch = 0
         #: Answer draining heartbeats like the gateway: deliver nothing more to that
@@ -141,7 +142,8 @@ class FakeBroker(dtq_pb2_grpc.BrokerServicer):
         self.metadata.append(dict(context.invocation_metadata() or ()))
         if self.lease_error is not None:
             await self.notify()
-            await context.abort_with_status(_status(*self.lease_error, "refused"))
+            code, reason, *rest = self.lease_error
+            await context.abort_with_status(_status(code, reason, *(rest or ["refused"])))
         granted = request.max_in_flight
         if self.grant_max_in_flight:
             granted = min(granted, self.grant_max_in_flight)

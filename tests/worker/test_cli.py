@@ -141,6 +141,22 @@ async def test_cli_exits_1_when_the_gateway_refuses_the_worker(fake):
     assert "refused" in output and len(fake.lease_requests) == 1
 
 
+async def test_cli_exits_1_with_a_clear_message_on_an_invalid_lease_request(fake):
+    """INVALID_ARGUMENT at Lease is the worker's configuration (e.g. labels past the
+    gateway's bounds): exit 1 at once, no reconnect, naming the field and saying so."""
+    import grpc
+
+    fake.lease_error = (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT",
+                        "labels: at most 32 entries", "labels")
+    proc = await _spawn("tests.worker.cli_app:worker", "--target", fake.target)
+    rc = await asyncio.wait_for(proc.wait(), 20)
+    output = (await proc.stdout.read()).decode()
+    assert rc == 1, output
+    assert len(fake.lease_requests) == 1, "it reconnected"
+    assert "refused its Lease request as invalid (field labels)" in output, output
+    assert "labels: at most 32 entries" in output and "configuration error" in output
+
+
 def test_cli_flags_from_env(monkeypatch):
     from dtq_pyworker.cli import apply_flags, build_parser
     from dtq_pyworker.worker import Worker

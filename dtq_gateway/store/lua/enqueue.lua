@@ -86,10 +86,17 @@ local function enqueue_one(k, a)
   if status == 'queued' then
     -- the seed's entry fields, from the arguments (no read-back of the hash just written)
     -- xadd_band (_lib.lua): a band stream that is gone comes back with its group
-    entry_id = xadd_band(stream_key, {'task_id', task_id, 'queue', queue,
+    local fields = {'task_id', task_id, 'queue', queue,
       'task_type', task_type, 'payload', payload, 'attempt', 1,
       'max_attempts', ARGV[a + 7], 'priority', ARGV[a + 6], 'timeout_ms', ARGV[a + 8],
-      'idempotency_key', idem})
+      'idempotency_key', idem}
+    if idem ~= '' then
+      -- the record's digest: an internal key (schedule fire, chain step, group
+      -- callback) is hashed apart from a client's, so it cannot be derived from the text
+      fields[#fields + 1] = 'idem_digest'
+      fields[#fields + 1] = ARGV[a + 10]
+    end
+    entry_id = xadd_band(stream_key, fields)
   else
     redis.call('ZADD', schedule_key, due, task_id)
   end
