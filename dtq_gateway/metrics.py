@@ -101,6 +101,11 @@ SCHEDULE_FIRES = Counter("dtq_schedule_fires_total",
 SCHEDULE_FIRES_FAILED = Counter("dtq_schedule_fires_failed_total",
                                 "Schedule fires not enqueued yet (queue full, Redis refused, "
                                 "template refused): retried at the next tick.")
+PROGRESS_DROPPED = Counter(
+    "dtq_progress_reports_dropped_total",
+    "Progress reports not applied (reason: rate = over the per-lease bound of 2 reports "
+    "per second; unlisted = a second report for one lease in a heartbeat, or a report for "
+    "a lease the heartbeat does not list).", ["reason"])
 LEASE_SESSIONS = Gauge("dtq_lease_sessions", "Open Lease streams on this gateway replica.")
 REDIS_EVICTION_SAFE = Gauge("dtq_redis_eviction_safe", "1 when Redis maxmemory-policy is "
                             "noeviction, 0 when Redis may evict dtq's keys, -1 when unknown.")
