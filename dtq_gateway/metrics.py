@@ -106,6 +106,10 @@ PROGRESS_DROPPED = Counter(
     "Progress reports not applied (reason: rate = over the per-lease bound of 2 reports "
     "per second; unlisted = a second report for one lease in a heartbeat, or a report for "
     "a lease the heartbeat does not list).", ["reason"])
+DASHBOARD_MALFORMED_REQUESTS = Counter(
+    "dtq_dashboard_malformed_requests_total",
+    "HTTP requests to the dashboard port that could not be parsed (answered 400, logged at "
+    "DEBUG).")
 LEASE_SESSIONS = Gauge("dtq_lease_sessions", "Open Lease streams on this gateway replica.")
 REDIS_EVICTION_SAFE = Gauge("dtq_redis_eviction_safe", "1 when Redis maxmemory-policy is "
                             "noeviction, 0 when Redis may evict dtq's keys, -1 when unknown.")
