@@ -68,7 +68,13 @@ async def test_a_busy_connection_pool_is_not_a_redis_outage(redis_url, caplog):
             assert gw.probe.redis_ok
             reply = await health.Check(health_pb2.HealthCheckRequest(service=""))
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        pool.timeout = 0.5  # a call that finds no free connection in time: busy, not down
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await dtq_pb2_grpc.AdminStub(ch).ListQueues(pb.ListQueuesRequest())
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert error_reason(err.value) == "GATEWAY_BUSY"
     finally:
+        pool.timeout = wait_s
         for conn in held:
             await pool.release(conn)
     assert "redis unreachable" not in caplog.text
