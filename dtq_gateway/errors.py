@@ -75,6 +75,20 @@ class QueueLimit(DtqError):
     reason = "TOO_MANY_QUEUES"
 
 
+class ScheduleLimit(DtqError):
+    """A new schedule while DTQ_MAX_SCHEDULES schedules exist."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "TOO_MANY_SCHEDULES"
+
+
+class RateLimitLimit(DtqError):
+    """A new rate limit while DTQ_MAX_RATE_LIMITS limits exist."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "TOO_MANY_RATE_LIMITS"
+
+
 class TooLarge(DtqError):
     """A payload or request exceeds a size limit."""
 

@@ -83,7 +83,8 @@ METRICS_QUEUES_OMITTED = Gauge("dtq_metrics_queues_omitted",
                                "(more than DTQ_METRICS_MAX_QUEUES).")
 LIMIT_REFUSALS = Counter("dtq_limit_refusals_total", "Requests refused, or leases released, "
                          "because a configured bound was reached (limit: max_queues, "
-                         "max_streams_per_peer, lease_buffer_max_bytes, events_max_subscribers).",
+                         "max_schedules, max_rate_limits, max_streams_per_peer, "
+                         "lease_buffer_max_bytes, events_max_subscribers).",
                          ["limit"])
 QUEUES_DELETED = Counter("dtq_queues_deleted_total", "Idle queues deleted by the idle-queue "
                          "sweep (DTQ_QUEUE_IDLE_DELETE_S).")
@@ -101,6 +102,23 @@ SCHEDULE_FIRES = Counter("dtq_schedule_fires_total",
 SCHEDULE_FIRES_FAILED = Counter("dtq_schedule_fires_failed_total",
                                 "Schedule fires not enqueued yet (queue full, Redis refused, "
                                 "template refused): retried at the next tick.")
+PROGRESS_DROPPED = Counter(
+    "dtq_progress_reports_dropped_total",
+    "Progress reports not applied (reason: rate = over the per-lease bound of 2 reports "
+    "per second; unlisted = a second report for one lease in a heartbeat, or a report for "
+    "a lease the heartbeat does not list).", ["reason"])
+DASHBOARD_MALFORMED_REQUESTS = Counter(
+    "dtq_dashboard_malformed_requests_total",
+    "HTTP requests to the dashboard port that could not be parsed (answered 400, logged at "
+    "DEBUG).")
+SCHEDULE_FIRES_LATE = Counter(
+    "dtq_schedule_fires_late_total",
+    "Schedule fires enqueued more than 1 s after their fire time (a busy or failed-over "
+    "leader, a fire retried after a failure).")
+SCHEDULE_FIRES_MISSED = Counter(
+    "dtq_schedule_fires_missed_total",
+    "Schedule fires the missed-fire policy dropped (older than 30 s and not caught up), "
+    "by policy (skip, latest, all).", ["policy"])
 LEASE_SESSIONS = Gauge("dtq_lease_sessions", "Open Lease streams on this gateway replica.")
 REDIS_EVICTION_SAFE = Gauge("dtq_redis_eviction_safe", "1 when Redis maxmemory-policy is "
                             "noeviction, 0 when Redis may evict dtq's keys, -1 when unknown.")

@@ -34,6 +34,12 @@ from dtq_proto import dtq_pb2 as pb
 
 #: A fire at most this late is on time whatever the policy (ms).
 ON_TIME_MS = 30_000
+#: A fire enqueued more than this after its fire time is counted late (ms): two firer
+#: ticks (dtq_schedule_fires_late_total).
+LATE_MS = 1000
+#: Most missed fires of a cron schedule counted per round (an interval schedule's are
+#: computed, not counted one by one).
+MAX_MISSED_COUNTED = 1000
 #: Most on-time fires enqueued in one round (an interval of 1 s after a 30 s stall).
 MAX_ON_TIME = 32
 MIN_INTERVAL_MS = 1000
@@ -124,6 +130,24 @@ def plan(table: Timetable, policy: Policy, done_ms: int, now_ms: int) -> list[in
     if policy.catch_up == LATEST and on_time:
         missed = []
     return sorted(missed + on_time)
+
+
+def due_count(table: Timetable, done_ms: int, now_ms: int) -> int:
+    """How many fires fall after ``done_ms`` and at or before ``now_ms`` (epoch ms):
+    computed for an interval schedule, counted (at most MAX_MISSED_COUNTED +
+    MAX_ON_TIME) for a cron schedule. Minus the fires :func:`plan` returned, this is
+    the number of missed fires the policy dropped."""
+    if table.interval_ms:
+        first = max(done_ms + 1, table.anchor_ms)
+        if now_ms < first:
+            return 0
+        # fires anchor + k*interval with first <= fire <= now
+        k_lo = -(-(first - table.anchor_ms) // table.interval_ms)
+        k_hi = (now_ms - table.anchor_ms) // table.interval_ms
+        return max(0, k_hi - k_lo + 1)
+    cap = MAX_MISSED_COUNTED + MAX_ON_TIME
+    return sum(1 for _ in itertools.islice(
+        itertools.takewhile(lambda f: f > done_ms, table.before(now_ms)), cap))
 
 
 def timetable_of(spec: pb.Schedule, anchor_ms: int) -> Timetable:

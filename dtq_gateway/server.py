@@ -94,11 +94,17 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
             ("grpc.max_metadata_size", 16 << 10)]
 
 
-def redis_client(settings: Settings, url: str) -> Client:
+#: Connections of the health probe's own client (PING, INFO, CONFIG GET, the liveness
+#: key): never shared with calls, so a busy pool is not mistaken for Redis being down.
+PROBE_CONNECTIONS = 2
+
+
+def redis_client(settings: Settings, url: str, max_connections: int = 0) -> Client:
     """The gateway's async Redis client for ``settings.redis_mode`` (standalone, cluster
-    or Sentinel; built by :func:`dtq_gateway.store.client.make_client`)."""
+    or Sentinel; built by :func:`dtq_gateway.store.client.make_client`), with
+    ``max_connections`` (0 = DTQ_REDIS_MAX_CONNECTIONS)."""
     return make_client(settings.redis_mode, url,
-                       max_connections=settings.redis_max_connections,
+                       max_connections=max_connections or settings.redis_max_connections,
                        sentinel_master=settings.redis_sentinel_master,
                        sentinel_password=settings.redis_sentinel_password)
 
@@ -109,13 +115,22 @@ class HealthProbe:
     ``maxmemory``: every write would be refused) and (with DTQ_REQUIRE_NOEVICTION) Redis
     may not evict keys. Memory is read every ``memory_check_s`` (INFO memory), the
     eviction policy every ``policy.interval_s``. In cluster mode each of these covers
-    every primary (:mod:`dtq_gateway.store.health`)."""
+    every primary (:mod:`dtq_gateway.store.health`).
+
+    The probe reads through ``probe_redis``, a client of its own: through the calls'
+    pool, a burst of calls holding every connection made the PING wait past its
+    deadline and a busy gateway reported Redis down (NOT_SERVING) while Redis answered.
+    ``redis`` (the calls' client) only has its idle connections dropped when Redis
+    answers again after an outage."""
 
     def __init__(self, redis: Client, servicer: health.aio.HealthServicer,
                  draining: asyncio.Event, policy: EvictionPolicyWatch,
                  interval_s: float = 1.0, memory_check_s: float = 2.0,
-                 liveness_key: str = "", liveness_ttl_ms: int = 30_000) -> None:
+                 liveness_key: str = "", liveness_ttl_ms: int = 30_000,
+                 probe_redis: Client | None = None) -> None:
         self.redis = redis
+        #: the probe's own client (None: the calls' client, as in unit tests)
+        self.probe_redis = probe_redis or redis
         self.servicer = servicer
         self.draining = draining
         self.policy = policy
@@ -140,7 +155,8 @@ class HealthProbe:
     async def check_once(self) -> None:
         """Probe Redis once and publish the resulting status."""
         try:
-            await asyncio.wait_for(redis_health.ping(self.redis), timeout=self.interval_s * 2)
+            await asyncio.wait_for(redis_health.ping(self.probe_redis),
+                                   timeout=self.interval_s * 2)
             ok = True
         except Exception:  # noqa: BLE001 - any failure means not serving
             ok = False
@@ -148,8 +164,9 @@ class HealthProbe:
             log.log(logging.INFO if ok else logging.WARNING,
                     "redis reachable" if ok else "redis unreachable; health NOT_SERVING")
             if ok:  # connections pooled before an outage are dead: drop them first
-                with contextlib.suppress(Exception):
-                    await redis_health.drop_idle_connections(self.redis)
+                for client in {id(c): c for c in (self.redis, self.probe_redis)}.values():
+                    with contextlib.suppress(Exception):
+                        await redis_health.drop_idle_connections(client)
         self.redis_ok = ok
         if ok:
             try:
@@ -160,7 +177,7 @@ class HealthProbe:
             if self.liveness_key:
                 try:  # refused while Redis is full: the key then expires by its TTL
                     await asyncio.wait_for(redis_health.refresh_liveness(
-                        self.redis, self.liveness_key, self.liveness_ttl_ms),
+                        self.probe_redis, self.liveness_key, self.liveness_ttl_ms),
                         timeout=self.interval_s * 2)
                 except Exception:
                     log.debug("refreshing the gateway liveness key failed", exc_info=True)
@@ -173,7 +190,7 @@ class HealthProbe:
         if now - self._memory_at < self.memory_check_s:
             return
         self._memory_at = now
-        memory = await redis_health.read_memory(self.redis)
+        memory = await redis_health.read_memory(self.probe_redis)
         full = memory.full
         if full != self.memory_full:
             if full:
@@ -210,7 +227,8 @@ class HealthProbe:
         await self._set(False)
         if self.liveness_key:
             try:  # a crashed replica's key expires by its TTL instead
-                await asyncio.wait_for(redis_health.delete_liveness(self.redis, self.liveness_key),
+                await asyncio.wait_for(redis_health.delete_liveness(self.probe_redis,
+                                                                    self.liveness_key),
                                        timeout=1.0)
             except Exception:
                 log.debug("could not delete the gateway liveness key", exc_info=True)
@@ -222,6 +240,8 @@ class Gateway:
     def __init__(self, settings: Settings, redis_url: str) -> None:
         self.settings = settings
         self.redis = redis_client(settings, redis_url)
+        #: the health probe's own connections (HealthProbe)
+        self.probe_redis = redis_client(settings, redis_url, max_connections=PROBE_CONNECTIONS)
         self.draining = asyncio.Event()
         self.groups = Groups(max_queues=settings.max_queues)
         #: the server's interceptors (ops.server_interceptors), in order
@@ -237,12 +257,12 @@ class Gateway:
         self.broker = Broker(self.redis, settings, self.groups, on_queued=self.dispatcher.notify,
                              read_ahead=self.dispatcher.read_ahead)
         self.health = health.aio.HealthServicer()
-        self.policy = EvictionPolicyWatch(self.redis, require=settings.require_noeviction,
+        self.policy = EvictionPolicyWatch(self.probe_redis, require=settings.require_noeviction,
                                           interval_s=settings.eviction_check_interval_s)
         self.probe = HealthProbe(
             self.redis, self.health, self.draining, self.policy,
             liveness_key=redis_health.liveness_key(settings.gateway_id),
-            liveness_ttl_ms=settings.worker_ttl_ms)
+            liveness_ttl_ms=settings.worker_ttl_ms, probe_redis=self.probe_redis)
         self.ops = Operations(self.redis, settings, broker=self.broker)
         self.ops.hub.add_listener(self.dispatcher.on_event, self.dispatcher.wants_raw_event)
         self.scheduler = Scheduler(self.redis, settings, broker=self.broker)
@@ -318,6 +338,7 @@ class Gateway:
         refused = self.policy.startup_error()
         if refused is not None:
             await redis_health.close(self.redis)
+            await redis_health.close(self.probe_redis)
             raise refused
         self._add_services()
         try:
@@ -350,4 +371,5 @@ class Gateway:
         await self.followups.drain()
         await self.scheduler.stop()
         await redis_health.close(self.redis)
+        await redis_health.close(self.probe_redis)
         log.info("stopped", extra={"drain_s": round(time.monotonic() - started, 3)})

@@ -61,6 +61,14 @@ class Settings:
         "Most queue names in the registry (dtq:queues); Enqueue or Lease naming a new queue "
         "beyond it answers RESOURCE_EXHAUSTED (TOO_MANY_QUEUES). Replicas check it "
         "independently, so a burst of new names may pass it by a few."))
+    max_schedules: int = field(default=10000, metadata=_meta(
+        "Most periodic schedules (all queues together); CreateSchedule of a new name "
+        "beyond it answers RESOURCE_EXHAUSTED (TOO_MANY_SCHEDULES). Replicas check it "
+        "independently, so concurrent creates may pass it by a few."))
+    max_rate_limits: int = field(default=10000, metadata=_meta(
+        "Most rate limits (queue-wide and per task type, all queues together); "
+        "SetRateLimit of a new limit beyond it answers RESOURCE_EXHAUSTED "
+        "(TOO_MANY_RATE_LIMITS); changing an existing one is always accepted."))
     queue_idle_delete_s: float = field(default=86400.0, metadata=_meta(
         "A drained queue nothing has written, read or listened on for this long is deleted "
         "(its ten empty streams and registry entry), between one and two such periods "
@@ -208,7 +216,8 @@ _POSITIVE = {
     "events_max_subscribers", "events_max_deliveries_per_s",
     "metrics_max_queues", "consumer_prune_idle_s",
     "grpc_keepalive_time_ms", "grpc_keepalive_timeout_ms", "grpc_min_ping_interval_ms",
-    "eviction_check_interval_s", "max_queues", "max_streams_per_peer", "grpc_max_connections",
+    "eviction_check_interval_s", "max_queues", "max_schedules", "max_rate_limits",
+    "max_streams_per_peer", "grpc_max_connections",
     "grpc_max_concurrent_streams", "grpc_max_pending_calls", "lease_buffer_max_bytes",
     "followup_sweep_interval_s",
 }

@@ -1119,16 +1119,22 @@ class DeleteRateLimitResponse(_message.Message):
     def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
 
 class ListRateLimitsRequest(_message.Message):
-    __slots__ = ("queue",)
+    __slots__ = ("queue", "page_size", "page_token")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     queue: str
-    def __init__(self, queue: _Optional[str] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, queue: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListRateLimitsResponse(_message.Message):
-    __slots__ = ("rate_limits",)
+    __slots__ = ("rate_limits", "next_page_token")
     RATE_LIMITS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     rate_limits: _containers.RepeatedCompositeFieldContainer[RateLimit]
-    def __init__(self, rate_limits: _Optional[_Iterable[_Union[RateLimit, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, rate_limits: _Optional[_Iterable[_Union[RateLimit, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class TaskProgress(_message.Message):
     __slots__ = ("lease_id", "percent", "message")

@@ -675,7 +675,9 @@ class AdminServicer:
     def CreateSchedule(self, request, context):
         """CreateSchedule stores a periodic schedule (cron with a time zone, or a fixed
         interval) whose fires the scheduler leader enqueues, each exactly once.
-        ALREADY_EXISTS unless replace is set; INVALID_ARGUMENT names a bad field.
+        ALREADY_EXISTS unless replace is set; INVALID_ARGUMENT names a bad field;
+        RESOURCE_EXHAUSTED (TOO_MANY_SCHEDULES) for a new name while DTQ_MAX_SCHEDULES
+        schedules exist.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -727,6 +729,8 @@ class AdminServicer:
     def SetRateLimit(self, request, context):
         """SetRateLimit sets or changes a rate limit of a queue, or of one task type
         in a queue, shared by every gateway; it applies to leases from then on.
+        RESOURCE_EXHAUSTED (TOO_MANY_RATE_LIMITS) for a new limit while
+        DTQ_MAX_RATE_LIMITS limits exist.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -740,7 +744,7 @@ class AdminServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListRateLimits(self, request, context):
-        """ListRateLimits lists the rate limits of one queue, or of every queue.
+        """ListRateLimits pages through the rate limits of one queue, or of every queue.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -88,9 +88,16 @@ class AdminClient(Client):
         return self._admin_call("DeleteSchedule", dtq_pb2.DeleteScheduleRequest(name=name))
 
     def rate_limits(self, queue: str = "") -> list[dtq_pb2.RateLimit]:
-        """Rate limits of one queue, or of every queue."""
-        return list(self._admin_call("ListRateLimits", dtq_pb2.ListRateLimitsRequest(
-            queue=queue)).rate_limits)
+        """Rate limits of one queue, or of every queue (pages through ListRateLimits)."""
+        out: list[dtq_pb2.RateLimit] = []
+        token = ""
+        while True:
+            resp = self._admin_call("ListRateLimits", dtq_pb2.ListRateLimitsRequest(
+                queue=queue, page_size=1000, page_token=token))
+            out.extend(resp.rate_limits)
+            token = resp.next_page_token
+            if not token:
+                return out
 
     def set_rate_limit(self, queue: str, limit: int, period_ms: int, task_type: str = "",
                        burst: int = 0) -> dtq_pb2.SetRateLimitResponse:

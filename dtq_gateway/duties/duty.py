@@ -15,7 +15,7 @@ import logging
 import random
 
 from dtq_gateway.logconf import RateLimitedLog
-from dtq_gateway.store.errors import is_redis_outage
+from dtq_gateway.store.errors import is_pool_busy, is_redis_outage
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +94,12 @@ class PeriodicDuty:
                                     exc_info=True, duty=self.name)
                 return max(delay, self._backoff_s())
             self._failures += 1
-            self._outage_log.log(logging.WARNING, "%s: Redis unavailable, backing off: %r",
-                                 self.name, exc, duty=self.name)
+            if is_pool_busy(exc):  # every pooled connection in use: busy, not an outage
+                self._outage_log.log(logging.INFO, "%s: no free Redis connection (pool "
+                                     "busy), backing off", self.name, duty=self.name)
+            else:
+                self._outage_log.log(logging.WARNING, "%s: Redis unavailable, backing off: "
+                                     "%r", self.name, exc, duty=self.name)
             return self._backoff_s()
         if self._failures:
             log.info("%s: recovered after %d failed ticks", self.name, self._failures,

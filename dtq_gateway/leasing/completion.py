@@ -12,9 +12,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from dtq_gateway import metrics
 from dtq_gateway.errors import DtqError, PermissionDenied, StaleLease
 from dtq_gateway.leasing import leaseid
 from dtq_gateway.leasing.leaseid import Keyring, Lease, default_keyring, owner_tag
+from dtq_gateway.leasing.progress_limit import ProgressLimiter
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import completion as store
 from dtq_gateway.store.client import Client
@@ -75,6 +77,8 @@ class Completion:
         #: Called with each finished outcome whose ``follow`` is set (chain step owed,
         #: group member ended); the gateway wires followups.FollowUps.after_outcome.
         self.on_follow: Callable[[ItemOutcome], None] = lambda o: None
+        #: the per-lease bound on applied progress reports (progress_limit.py)
+        self.progress_limiter = ProgressLimiter()
 
     async def _decode(self, lease_ids: Sequence[str], caller: str | None) -> list[ItemOutcome]:
         await self.keyring.ensure()
@@ -169,18 +173,21 @@ class Completion:
         """Extend the worker's leases; returns (lost lease ids, cancelled lease ids).
 
         Malformed, unverifiable and other identities' lease ids, and leases of another
-        worker, are reported lost.
+        worker, are reported lost. Only the latest progress report per listed lease is
+        applied, and at most 2 per lease per second (:mod:`.progress_limit`); the others
+        are dropped and counted in ``dtq_progress_reports_dropped_total``.
 
         Raises:
             PermissionDenied: ``req.worker_id`` is bound to another identity than
                 ``caller`` (nothing was changed).
         """
         await self.keyring.ensure()
-        progress = {p.lease_id: p for p in req.progress}
+        progress = {p.lease_id: p for p in req.progress}  # the latest report per lease
         beat = self._beat(req.worker_id, req.hostname, "draining" if req.draining else "",
                           req.active_tasks, req.concurrency,
                           req.counters if req.HasField("counters") else None, caller=caller)
         lost, checked, leases = [], [], []
+        considered = 0
         for lid in req.lease_ids:
             try:
                 le = leaseid.decode(lid, self.keyring, caller=caller)
@@ -190,8 +197,16 @@ class Completion:
             if le.worker_id != req.worker_id:
                 lost.append(lid)
                 continue
-            leases.append((le, *_progress(progress.get(lid))))
+            report = progress.pop(lid, None)
+            if report is not None:
+                considered += 1
+                if not self.progress_limiter.allow(lid):
+                    metrics.PROGRESS_DROPPED.labels(reason="rate").inc()
+                    report = None
+            leases.append((le, *_progress(report)))
             checked.append(lid)
+        if len(req.progress) > considered:
+            metrics.PROGRESS_DROPPED.labels(reason="unlisted").inc(len(req.progress) - considered)
         states = await store.heartbeat(self.redis, beat, leases, self.settings.lease_grace_ms)
         if states is None:
             # bound to another identity: the lease scripts behind it in the pipeline

@@ -364,7 +364,8 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
         """Set or change a rate limit (audited as set_rate_limit)."""
         r = request.rate_limit
         rl = ratelimits.validate(r.queue, r.task_type, r.limit, r.period_ms, r.burst)
-        created = await ratelimits.set_limit(self.redis, rl, actor_of(context))
+        created = await ratelimits.set_limit(self.redis, rl, actor_of(context),
+                                             max_limits=self.settings.max_rate_limits)
         await self._audit(context, "set_rate_limit", rl.queue,
                           f"task_type={rl.task_type or '*'} limit={rl.limit} "
                           f"period_ms={rl.period_ms} burst={rl.burst}")
@@ -383,8 +384,11 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
     @_rpc
     async def ListRateLimits(self, request: pb.ListRateLimitsRequest, context: Any
                              ) -> pb.ListRateLimitsResponse:
-        """The limits of one queue, or of every queue."""
-        limits = await ratelimits.list_limits(self.redis, request.queue)
+        """One page of the limits of one queue, or of every queue."""
+        size = page_size(request.page_size, "page_size", LIST_QUEUES_PAGE_MAX,
+                         LIST_QUEUES_PAGE_MAX)
+        limits, token = await ratelimits.list_page(self.redis, size, request.page_token,
+                                                   request.queue)
         return pb.ListRateLimitsResponse(rate_limits=[pb.RateLimit(
             queue=r.queue, task_type=r.task_type, limit=r.limit, period_ms=r.period_ms,
-            burst=r.burst, tokens=r.tokens) for r in limits])
+            burst=r.burst, tokens=r.tokens) for r in limits], next_page_token=token)

@@ -71,20 +71,40 @@ def _broken_connection(exc: BaseException) -> bool:
     return False
 
 
+#: The message of redis-py's BlockingConnectionPool when its wait for a free connection
+#: timed out (a redis ConnectionError, but Redis itself may answer fine).
+_POOL_WAIT_MESSAGE = "No connection available."
+
+
+def is_pool_busy(exc: BaseException) -> bool:
+    """True when ``exc`` says every connection of the gateway's own pool stayed in use
+    for the whole wait (POOL_WAIT_S): the gateway is busy, not Redis down.
+    BlockingConnectionPool raises a plain ConnectionError with this message; the cluster
+    client's slot wait raises MaxConnectionsError."""
+    return isinstance(exc, MaxConnectionsError) or (
+        isinstance(exc, RedisConnectionError) and str(exc) == _POOL_WAIT_MESSAGE)
+
+
 def as_dtq_error(exc: BaseException) -> DtqError | None:
     """The domain error for a Redis failure, or None when ``exc`` is not one.
 
     Redis at ``maxmemory`` (an OOM reply) → :class:`RedisFull` (RESOURCE_EXHAUSTED);
     Redis unreachable, loading, read-only (a replica after a failover), without a
     primary, busy with a script, failing to persist (MISCONF), refusing dtq's own
-    credentials, a cluster slot moving, the connection pool exhausted, or a connection
-    closed under the call (see ``_broken_connection``) →
-    :class:`Unavailable` (UNAVAILABLE). Both carry a 1000 ms retry hint.
+    credentials, a cluster slot moving, or a connection closed under the call (see
+    ``_broken_connection``) → :class:`Unavailable` (UNAVAILABLE, reason
+    REDIS_UNAVAILABLE); this gateway's connection pool busy for the whole wait
+    (:func:`is_pool_busy`) → UNAVAILABLE with reason GATEWAY_BUSY (Redis is not down).
+    All carry a 1000 ms retry hint.
     """
     if isinstance(exc, OutOfMemoryError) or (
             isinstance(exc, ResponseError) and reply_code(exc) == "OOM"):
         return RedisFull("Redis is out of memory (maxmemory reached): the request was not "
                          "stored; retry later", retry_after_ms=1000)
+    if is_pool_busy(exc):
+        return Unavailable("gateway busy: no free Redis connection of this gateway's pool "
+                           "(DTQ_REDIS_MAX_CONNECTIONS) within 5 s; retry",
+                           reason="GATEWAY_BUSY", retry_after_ms=1000)
     if isinstance(exc, _UNAVAILABLE) or (
             isinstance(exc, ResponseError) and reply_code(exc) in _TRANSIENT_REPLIES) or (
             _broken_connection(exc)):

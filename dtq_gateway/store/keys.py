@@ -83,6 +83,19 @@ SCHEDULES = PREFIX + "schedules"
 #: Set of queue names that have (or had) rate limits: ListRateLimits without a queue
 #: reads it. Touched only by single-key commands (see ratelimits.py).
 RATE_LIMITED_QUEUES = PREFIX + "ratelimits"
+#: Index of schedule names for ListSchedules: sorted set, every score 0, so
+#: ZRANGEBYLEX pages through it by name (the registry above is scored by next fire).
+#: Single-key commands only, written after the registry; see schedules.py.
+SCHEDULE_NAMES = PREFIX + "schedules:names"
+#: "1" once SCHEDULE_NAMES was built from the registry (schedules made before it existed).
+SCHEDULE_NAMES_BUILT = PREFIX + "schedules:names:built"
+#: Index of every rate limit for ListRateLimits and DTQ_MAX_RATE_LIMITS: sorted set,
+#: every score 0, member ``<queue> <scope>`` (scope ``*`` = queue-wide, else the task
+#: type; a space sorts before every character of both alphabets, so ZRANGEBYLEX pages
+#: by queue, then scope, the queue-wide limit first). See ratelimits.py.
+RATE_LIMIT_INDEX = PREFIX + "ratelimits:index"
+#: "1" once RATE_LIMIT_INDEX was built from the limits stored before it existed.
+RATE_LIMIT_INDEX_BUILT = PREFIX + "ratelimits:index:built"
 #: Schedule names follow the queue-name alphabet (no ':', so keys never collide).
 SCHEDULE_RE = QUEUE_RE
 #: Set of queue names that may hold chain or group follow-up work (the keys of

@@ -12,7 +12,9 @@ step correct if the process dies after it, in the idle sweep's order (idle_queue
    (:func:`~dtq_gateway.store.reaping.leave_busy_set`; a crash before it leaves a
    member the reaper removes);
 3. ``SREM dtq:ratelimits <queue>`` when the queue had rate limits, then an EXISTS of
-   its limits hash re-adds it when SetRateLimit wrote one meanwhile;
+   its limits hash re-adds it when SetRateLimit wrote one meanwhile; the same for the
+   queue's members of the limit index ``dtq:ratelimits:index``
+   (:func:`~dtq_gateway.store.ratelimits.forget_queue`);
 4. the audit entry (action ``delete_queue``).
 
 Left to expire on their own: the records and results of the queue's finished tasks
@@ -27,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dtq_gateway.errors import NotFound, WrongState
-from dtq_gateway.store import keys, reaping
+from dtq_gateway.store import keys, ratelimits, reaping
 from dtq_gateway.store.admin import CallInfo, validate_queue
 from dtq_gateway.store.audit import append_audit
 from dtq_gateway.store.client import Client
@@ -101,6 +103,7 @@ async def delete_queue(redis: Client, queue: str, call: CallInfo, *, dry_run: bo
             await redis.srem(keys.RATE_LIMITED_QUEUES, queue)
             if await redis.exists(keys.rate_limit(queue)):  # SetRateLimit meanwhile
                 await redis.sadd(keys.RATE_LIMITED_QUEUES, queue)
+            await ratelimits.forget_queue(redis, queue)
     detail = f"dry_run={str(dry_run).lower()} keys={len(found)} dead_letters={dead}"
     if reason:
         detail += f"; {reason}"

@@ -15,8 +15,14 @@ task is never lost nor counted as an attempt, docs/rate-limits.md):
 
 Tokens taken for entries that were then not delivered (absorbed, cancelled, put back)
 are given back by :func:`give_back`. The Admin side (:func:`set_limit`,
-:func:`delete_limit`, :func:`list_limits`) validates and stores the limits; the
-registry ``dtq:ratelimits`` (queue names) is touched with single-key commands only.
+:func:`delete_limit`, :func:`list_page`) validates and stores the limits; the
+registry ``dtq:ratelimits`` (queue names) and the index ``dtq:ratelimits:index`` (one
+member ``<queue> <scope>`` per limit, every score 0) are touched with single-key
+commands only. The index is written before the limit and removed after it, so a
+crash leaves at most an index member without a limit, which listings skip.
+ListRateLimits pages through the index with ZRANGEBYLEX and reads only the page's
+limits (one HMGET each); DTQ_MAX_RATE_LIMITS bounds its ZCARD (checked before the
+write, so replicas adding limits at the same instant may pass it by a few).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from dtq_gateway import metrics
-from dtq_gateway.errors import InvalidArgument
+from dtq_gateway.errors import InvalidArgument, RateLimitLimit
 from dtq_gateway.store import keys
 from dtq_gateway.store.admin import redis_now_ms
 from dtq_gateway.store.replies import text
@@ -43,6 +49,8 @@ QUEUE_SCOPE = "*"
 MAX_LIMIT = 1_000_000
 MAX_PERIOD_MS = 86_400_000
 DEFAULT_PERIOD_MS = 1000
+#: Index members added per ZADD when the index is built for older data.
+_INDEX_CHUNK = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,13 +87,38 @@ def validate(queue: str, task_type: str, limit: int, period_ms: int, burst: int)
     return RateLimit(queue, task_type, limit, period_ms, burst)
 
 
-async def set_limit(redis: Redis, rl: RateLimit, actor: str) -> bool:
+def _member(queue: str, scope: str) -> str:
+    """The index member of one limit (keys.RATE_LIMIT_INDEX)."""
+    return f"{queue} {scope}"
+
+
+async def set_limit(redis: Redis, rl: RateLimit, actor: str, max_limits: int = 0) -> bool:
     """Store a validated limit; True when it is new (False: an existing one changed).
 
-    The registry entry is written first: a crash after it leaves a registry member
-    without limits, which listings skip.
+    The registry and index entries are written first: a crash after them leaves
+    members without a limit, which listings skip.
+
+    Args:
+        max_limits: DTQ_MAX_RATE_LIMITS (0 = no bound); changing a limit always passes.
+
+    Raises:
+        RateLimitLimit: the limit would be new and ``max_limits`` limits exist.
     """
+    member = _member(rl.queue, rl.task_type or QUEUE_SCOPE)
+    if max_limits:
+        await _ensure_index(redis)
+        async with redis.pipeline(transaction=False) as check:
+            check.zscore(keys.RATE_LIMIT_INDEX, member)
+            check.zcard(keys.RATE_LIMIT_INDEX)
+            score, count = await check.execute()
+        if score is None and count >= max_limits:
+            metrics.LIMIT_REFUSALS.labels(limit="max_rate_limits").inc()
+            raise RateLimitLimit(
+                f"rate_limit: a new limit of queue {rl.queue!r} and {count} limits exist "
+                f"(DTQ_MAX_RATE_LIMITS={max_limits}); change or delete one",
+                field="rate_limit")
     await redis.sadd(keys.RATE_LIMITED_QUEUES, rl.queue)
+    await redis.zadd(keys.RATE_LIMIT_INDEX, {member: 0})
     outcome, _ = await RATE_LIMIT_SET(redis, [keys.rate_limit(rl.queue)], RATE_LIMIT_SET.argv(
         rl.task_type or QUEUE_SCOPE, f"{rl.limit} {rl.period_ms} {rl.burst}", rl.queue, actor))
     return text(outcome) == "created"
@@ -105,9 +138,21 @@ async def delete_limit(redis: Redis, queue: str, task_type: str, actor: str) -> 
                               field="task_type")
     outcome, gone = await RATE_LIMIT_SET(redis, [keys.rate_limit(queue)], RATE_LIMIT_SET.argv(
         task_type or QUEUE_SCOPE, "", queue, actor))
+    await redis.zrem(keys.RATE_LIMIT_INDEX, _member(queue, task_type or QUEUE_SCOPE))
     if int(gone):
         await redis.srem(keys.RATE_LIMITED_QUEUES, queue)
     return text(outcome) == "deleted"
+
+
+async def forget_queue(redis: Redis, queue: str) -> None:
+    """Drop the index members of a deleted queue's limits (DeleteQueue, after the
+    queue's limits hash is gone), then re-add those of limits a SetRateLimit wrote
+    meanwhile (read back from the hash)."""
+    await redis.zremrangebylex(keys.RATE_LIMIT_INDEX, f"[{queue} ", f"({queue}!")
+    fields = [text(f) for f in await redis.hkeys(keys.rate_limit(queue))]
+    members = {_member(queue, f[4:]): 0 for f in fields if f.startswith("cfg|")}
+    if members:
+        await redis.zadd(keys.RATE_LIMIT_INDEX, members)
 
 
 def _parse(queue: str, fields: dict[bytes, bytes], now_ms: int) -> list[RateLimit]:
@@ -115,37 +160,83 @@ def _parse(queue: str, fields: dict[bytes, bytes], now_ms: int) -> list[RateLimi
     out = []
     for raw_field, raw_cfg in fields.items():
         name = text(raw_field)
-        if not name.startswith("cfg|"):
+        if not name.startswith("cfg|") or not raw_cfg:
             continue
         scope = name[4:]
         limit, period, burst = (int(x) for x in text(raw_cfg).split())
-        tok = float(fields.get(f"tok|{scope}".encode(), burst))
-        ts = int(fields.get(f"ts|{scope}".encode(), now_ms))
+        tok = float(fields.get(f"tok|{scope}".encode()) or burst)
+        ts = int(fields.get(f"ts|{scope}".encode()) or now_ms)
         tok = min(burst, tok + max(0, now_ms - ts) * limit / period)
         out.append(RateLimit(queue, "" if scope == QUEUE_SCOPE else scope, limit, period,
                              burst, round(tok, 3)))
     return sorted(out, key=lambda r: (r.task_type != "", r.task_type))
 
 
-async def list_limits(redis: Redis, queue: str = "") -> list[RateLimit]:
-    """The limits of ``queue`` ("" = every queue in the registry), sorted.
+def _check_token(token: str, queue: str) -> str:
+    """A ListRateLimits page token: ``<queue> <scope>`` of the previous page's last limit
+    (of ``queue`` when one is named)."""
+    q, sep, scope = token.partition(" ")
+    if not sep or not keys.QUEUE_RE.match(q) or (queue and q != queue) or not (
+            scope == QUEUE_SCOPE or keys.TASK_TYPE_RE.match(scope)):
+        raise InvalidArgument("page_token: malformed page token (use next_page_token)",
+                              field="page_token")
+    return token
+
+
+async def list_page(redis: Redis, size: int, token: str = "", queue: str = ""
+                    ) -> tuple[list[RateLimit], str]:
+    """One page of limits sorted by queue, the queue-wide limit first, then by task
+    type: one ZRANGEBYLEX of the index and one HMGET per limit of the page.
+
+    Args:
+        size: most limits returned.
+        token: the previous page's next_page_token ("" = first page).
+        queue: only this queue's limits ("" = every queue's).
+
+    Returns:
+        The limits and the next page token ("" after the last page).
 
     Raises:
-        InvalidArgument: malformed queue.
+        InvalidArgument: malformed ``queue`` or ``page_token``.
     """
     if queue and not keys.QUEUE_RE.match(queue):
         raise InvalidArgument("queue: queue name must match [A-Za-z0-9_.-]{1,64}",
                               field="queue")
-    queues = [queue] if queue else sorted(
-        text(q) for q in await redis.smembers(keys.RATE_LIMITED_QUEUES))
+    if token:
+        _check_token(token, queue)
+    await _ensure_index(redis)
+    low = f"({token}" if token else (f"[{queue} " if queue else "-")
+    high = f"({queue}!" if queue else "+"
+    members = [text(m) for m in await redis.zrangebylex(keys.RATE_LIMIT_INDEX, low, high,
+                                                        start=0, num=size + 1)]
+    page = [m.partition(" ")[::2] for m in members[:size]]
     now_ms = await redis_now_ms(redis)
     pipe = redis.pipeline(transaction=False)
-    for q in queues:
-        pipe.hgetall(keys.rate_limit(q))
+    for q, scope in page:
+        pipe.hmget(keys.rate_limit(q), f"cfg|{scope}", f"tok|{scope}", f"ts|{scope}")
     out: list[RateLimit] = []
-    for q, fields in zip(queues, await pipe.execute()):
-        out += _parse(q, fields, now_ms)
-    return out
+    for (q, scope), (cfg, tok, ts) in zip(page, await pipe.execute()):
+        out += _parse(q, {f"cfg|{scope}".encode(): cfg, f"tok|{scope}".encode(): tok,
+                          f"ts|{scope}".encode(): ts}, now_ms)
+    return out, (members[size - 1] if len(members) > size else "")
+
+
+async def _ensure_index(redis: Redis) -> None:
+    """Build the index once from the limits stored before it existed (the registry's
+    queues' hashes); afterwards one GET."""
+    if await redis.get(keys.RATE_LIMIT_INDEX_BUILT):
+        return
+    queues = sorted(text(q) for q in await redis.smembers(keys.RATE_LIMITED_QUEUES))
+    for i in range(0, len(queues), _INDEX_CHUNK):
+        chunk = queues[i:i + _INDEX_CHUNK]
+        pipe = redis.pipeline(transaction=False)
+        for q in chunk:
+            pipe.hkeys(keys.rate_limit(q))
+        members = {_member(q, text(f)[4:]): 0 for q, fields in zip(chunk, await pipe.execute())
+                   for f in fields if text(f).startswith("cfg|")}
+        if members:
+            await redis.zadd(keys.RATE_LIMIT_INDEX, members)
+    await redis.set(keys.RATE_LIMIT_INDEX_BUILT, "1")
 
 
 # -- the dispatcher's side ------------------------------------------------------------

@@ -6,10 +6,12 @@ registry ``dtq:schedules`` is a sorted set of names scored by their next fire
 two in one command: every step is a single-key command or a one-key script, in an
 order that stays correct if the process dies between steps:
 
-* create: HSET the hash, then ZADD the registry (a crash leaves an unlisted hash,
-  which the next create of the name overwrites);
-* delete: DEL the hash, then ZREM (a crash leaves a registry member without hash,
-  which the firer removes);
+* create: HSET the hash, then ZADD the registry, then ZADD the name index (a crash
+  leaves an unlisted hash, which the next create of the name overwrites, or a
+  schedule missing from the index, which the next create or the firer's forget adds);
+* delete: DEL the hash, then ZREM the registry, then the index (a crash leaves a
+  registry member without hash, which the firer removes, or an index member without
+  hash, which ListSchedules skips);
 * fire (scheduler leader only, :class:`dtq_gateway.duties.schedule_firer.ScheduleFirer`): read the due names from the
   registry, enqueue each due fire with the internal deduplication key
   ``schedule:<name>:<fire epoch ms>`` (its record is out of any client key's reach:
@@ -19,6 +21,12 @@ order that stays correct if the process dies between steps:
   fire again, which the idempotency record deduplicates; two replicas that both
   believe they lead do the same. Each fire therefore becomes exactly one task (as
   long as the idempotency record lives: DTQ_IDEM_TTL_S after the task ends).
+
+ListSchedules pages through the name index ``dtq:schedules:names`` (every score 0)
+with ZRANGEBYLEX, reading only the page's hashes; schedules stored before the index
+existed are added to it once (``dtq:schedules:names:built``). DTQ_MAX_SCHEDULES caps
+the registry: a create of a new name beyond it is refused (ZCARD before the write, so
+replicas creating at the same instant may pass it by a few).
 
 Hash fields: ``spec`` (the serialized dtq.v1.Schedule), ``gen`` (changes on
 replace), ``anchor_ms``, ``created_at_ms``, ``done_ms`` (every fire at or before it is
@@ -36,13 +44,14 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from dtq_gateway.errors import AlreadyExists, InvalidArgument, NotFound
+from dtq_gateway import metrics
+from dtq_gateway.errors import AlreadyExists, InvalidArgument, NotFound, ScheduleLimit
 from dtq_gateway.schedule_plan import timetable_of, validate_spec
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import keys
 from dtq_gateway.store.admin import redis_now_ms
 from dtq_gateway.store.replies import text
-from dtq_gateway.store.scripts import Script
+from dtq_gateway.store.scripts import Script, execute
 from dtq_gateway.validation import MAX_METADATA_ENTRIES, NewTask, validate_enqueue
 from dtq_proto import dtq_pb2 as pb
 
@@ -50,8 +59,11 @@ log = logging.getLogger(__name__)
 
 ADVANCE = Script("schedule_advance")
 UPDATE = Script("schedule_update")
-#: Due schedules handled per firer tick; more wait for the next tick.
-DUE_BATCH = 100
+#: Due schedules read per batch of the firer; a tick takes batch after batch until
+#: nothing is due (dtq_gateway.duties.schedule_firer).
+DUE_BATCH = 500
+#: Names added per ZADD when the name index is built for older data.
+_INDEX_CHUNK = 1000
 
 
 def _check_name(name: str, field: str = "name") -> str:
@@ -120,10 +132,19 @@ async def create(redis: Redis, settings: Settings, spec: pb.Schedule, replace: b
         InvalidArgument: a bad field. AlreadyExists: the name is taken and not ``replace``.
     """
     validate(spec, settings)
-    exists = await redis.zscore(keys.SCHEDULES, spec.name) is not None
+    async with redis.pipeline(transaction=False) as check:
+        check.zscore(keys.SCHEDULES, spec.name)
+        check.zcard(keys.SCHEDULES)
+        score, count = await check.execute()
+    exists = score is not None
     if exists and not replace:
         raise AlreadyExists(f"schedule {spec.name!r} exists (set replace to overwrite)",
                             field="schedule.name")
+    if not exists and count >= settings.max_schedules:
+        metrics.LIMIT_REFUSALS.labels(limit="max_schedules").inc()
+        raise ScheduleLimit(f"schedule.name: schedule {spec.name!r} would be new and "
+                            f"{count} schedules exist (DTQ_MAX_SCHEDULES="
+                            f"{settings.max_schedules})", field="schedule.name")
     now = await redis_now_ms(redis)
     next_ms = timetable_of(spec, now).next_after(now)
     stored = pb.Schedule()
@@ -138,6 +159,7 @@ async def create(redis: Redis, settings: Settings, spec: pb.Schedule, replace: b
     pipe.hset(keys.periodic_schedule(spec.name), mapping=fields)
     await pipe.execute()
     await redis.zadd(keys.SCHEDULES, {spec.name: math.inf if spec.paused else next_ms})
+    await redis.zadd(keys.SCHEDULE_NAMES, {spec.name: 0})
     log.info("schedule stored", extra={"schedule": spec.name, "replaced": exists})
     return info_of({k.encode(): v if isinstance(v, bytes) else str(v).encode()
                     for k, v in fields.items()}), not exists
@@ -152,17 +174,41 @@ async def get(redis: Redis, name: str) -> pb.ScheduleInfo:
 
 
 async def list_page(redis: Redis, size: int, token: str) -> tuple[list[pb.ScheduleInfo], str]:
-    """Schedules sorted by name after ``token`` (the last name of the previous page)."""
+    """Schedules sorted by name after ``token`` (the last name of the previous page).
+
+    One ZRANGEBYLEX of the name index and one HGETALL per schedule of the page: the
+    cost does not grow with the number of schedules. Index members whose hash is gone
+    (a delete that died halfway) are skipped.
+
+    Returns:
+        Up to ``size`` schedules, and the next page token ("" after the last page).
+
+    Raises:
+        InvalidArgument: ``page_token`` is not a schedule name.
+    """
     if token:
         _check_name(token, "page_token")
-    names = sorted(n for n in (text(m) for m in await redis.zrange(keys.SCHEDULES, 0, -1))
-                   if n > token)
+    await _ensure_names_index(redis)
+    names = [text(n) for n in await redis.zrangebylex(
+        keys.SCHEDULE_NAMES, f"({token}" if token else "-", "+", start=0, num=size + 1)]
     page = names[:size]
     pipe = redis.pipeline(transaction=False)
     for name in page:
         pipe.hgetall(keys.periodic_schedule(name))
     infos = [info_of(f) for f in await pipe.execute() if f]
     return infos, (page[-1] if len(names) > size else "")
+
+
+async def _ensure_names_index(redis: Redis) -> None:
+    """Build the name index from the registry once (schedules stored before the index
+    existed); afterwards one GET per listing."""
+    if await redis.get(keys.SCHEDULE_NAMES_BUILT):
+        return
+    names = [text(n) for n in await redis.zrange(keys.SCHEDULES, 0, -1)]
+    for i in range(0, len(names), _INDEX_CHUNK):
+        await redis.zadd(keys.SCHEDULE_NAMES, dict.fromkeys(names[i:i + _INDEX_CHUNK], 0))
+    await redis.set(keys.SCHEDULE_NAMES_BUILT, "1")
+    log.info("schedule name index built", extra={"schedules": len(names)})
 
 
 async def set_paused(redis: Redis, name: str, paused: bool) -> pb.ScheduleInfo:
@@ -210,6 +256,7 @@ async def delete(redis: Redis, name: str) -> bool:
     """Remove a schedule; True when there was one."""
     deleted = await redis.delete(keys.periodic_schedule(_check_name(name)))
     removed = await redis.zrem(keys.SCHEDULES, name)
+    await redis.zrem(keys.SCHEDULE_NAMES, name)
     return bool(deleted or removed)
 
 
@@ -218,6 +265,44 @@ async def due_names(redis: Redis, now_ms: int, limit: int = DUE_BATCH) -> list[s
     """Names of schedules due at ``now_ms`` (epoch ms), at most ``limit``, soonest first."""
     due = await redis.zrangebyscore(keys.SCHEDULES, "-inf", now_ms, start=0, num=limit)
     return [text(name) for name in due]
+
+
+async def load_many(redis: Redis, names: list[str]) -> list[dict[bytes, bytes]]:
+    """Every field of each schedule of ``names`` (module docstring), in order ({} for
+    one without hash): one pipeline."""
+    pipe = redis.pipeline(transaction=False)
+    for name in names:
+        pipe.hgetall(keys.periodic_schedule(name))
+    return list(await pipe.execute())
+
+
+async def advance_many(redis: Redis, steps: list[tuple[str, str, int, int, str, int]]
+                       ) -> list[bool]:
+    """:func:`advance` for many steps, in order, in one pipeline: each step is (name, gen,
+    done_ms, fire_ms, task_id, next_ms). Steps of one schedule run in the order given.
+
+    Returns:
+        Per step, True when recorded (False: replaced, deleted or paused meanwhile).
+
+    Raises:
+        A Redis error of any step.
+    """
+    pipe = redis.pipeline(transaction=False)
+    for name, gen, done_ms, fire_ms, task_id, next_ms in steps:
+        ADVANCE.queue(pipe, [keys.periodic_schedule(name)],
+                      ADVANCE.argv(gen, done_ms, fire_ms, task_id, next_ms))
+    out = []
+    for reply in await execute(redis, pipe):
+        if isinstance(reply, Exception):
+            raise reply
+        out.append(text(reply) == "ok")
+    return out
+
+
+async def reschedule_many(redis: Redis, next_ms: dict[str, int]) -> None:
+    """:func:`reschedule` for many schedules (name -> next fire, epoch ms) in one ZADD."""
+    if next_ms:
+        await redis.zadd(keys.SCHEDULES, next_ms, xx=True)
 
 
 async def load(redis: Redis, name: str) -> dict[bytes, bytes]:
@@ -250,6 +335,8 @@ async def forget(redis: Redis, name: str) -> None:
     """Drop a registry member whose hash is gone (a delete that died halfway); a
     create racing this re-adds it from its hash."""
     await redis.zrem(keys.SCHEDULES, name)
+    await redis.zrem(keys.SCHEDULE_NAMES, name)
     raw = await redis.hget(keys.periodic_schedule(name), "next_fire_ms")
     if raw is not None:
         await redis.zadd(keys.SCHEDULES, {name: int(raw)}, nx=True)
+        await redis.zadd(keys.SCHEDULE_NAMES, {name: 0})

@@ -54,6 +54,7 @@ from dtq_gateway.store import keys
 from dtq_gateway.store.admin import CallInfo, validate_page_token, validate_queue_page_token
 from dtq_gateway.web import dashboard_api as api
 from dtq_gateway.web.dashboard_events import event_stream
+from dtq_gateway.web.http_log import SERVER_LOG
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +180,7 @@ class Dashboard:
             OSError: the address cannot be bound.
         """
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False,
-                                    shutdown_timeout=2.0)
+                                    shutdown_timeout=2.0, logger=SERVER_LOG)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.requested_port)
         try:

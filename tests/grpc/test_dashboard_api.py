@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 import aiohttp
 import grpc
@@ -299,3 +300,54 @@ async def test_deep_json_is_a_400_and_a_deep_payload_still_shows(redis_url):
                 continue
         status, task = await _json(http, "GET", dg.url + f"/api/tasks/{r.task_id}")
         assert status == 200 and task["payload"]["bytes"] == len(nested)
+
+
+#: Requests aiohttp cannot parse: garbage, bad request lines, bad or oversized headers.
+MALFORMED = [
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03garbage\r\n\r\n",
+    b"GET\r\n\r\n",
+    b"GET / HTTP/9.9\r\nHost: localhost\r\n\r\n",
+    b"GET /a\x00b HTTP/1.1\r\nHost: localhost\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: localhost\r\nno colon here\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: localhost\r\nBad Name: x\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n",
+    b"POST /api/queues/q/pause HTTP/1.1\r\nHost: localhost\r\nContent-Length: abc\r\n\r\n",
+    b"POST / HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+    b"POST / HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+]
+
+
+async def _send_raw(port: int, data: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), 30)
+    except ConnectionError:
+        return b""
+    finally:
+        writer.close()
+
+
+async def test_malformed_http_is_never_an_error_log(redis_url, caplog):
+    """50 requests the HTTP parser refuses: each is answered (400 or a closed
+    connection), counted, logged below ERROR without a traceback, and the dashboard
+    still serves afterwards."""
+    from prometheus_client import REGISTRY
+
+    def counted() -> float:
+        return REGISTRY.get_sample_value("dtq_dashboard_malformed_requests_total") or 0.0
+
+    caplog.set_level(logging.DEBUG)
+    async with dashboard_gateway(redis_url) as dg, aiohttp.ClientSession() as http:
+        before = counted()
+        answers = [await _send_raw(dg.gateway.dashboard.port, MALFORMED[i % len(MALFORMED)])
+                   for i in range(50)]
+        assert all(a == b"" or a.split(b" ", 2)[1] == b"400" for a in answers), answers
+        async with http.get(dg.url + "/api/info") as resp:
+            assert resp.status == 200
+        refused = counted() - before
+    bad = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert not bad, [(r.name, r.levelname, r.getMessage()) for r in bad]
+    assert "Traceback" not in caplog.text
+    assert refused == 50

@@ -263,3 +263,41 @@ async def test_sweep_logs_a_lasting_depth_refusal_once(redis_url, caplog):
             assert (await get(stub, r.task_id)).chain_state == pb.CHAIN_STATE_CONTINUING
     finally:
         await gw.stop()
+
+
+def _dropped(reason: str) -> float:
+    from prometheus_client import REGISTRY
+    return REGISTRY.get_sample_value("dtq_progress_reports_dropped_total",
+                                     {"reason": reason}) or 0.0
+
+
+async def test_progress_reports_beyond_the_rate_are_dropped_and_counted(broker_stub, gateway):
+    """A worker flooding progress reports gets 2 per lease per second applied (the
+    documented rate); the rest are dropped, counted, and the lease is still extended."""
+    from dtq_gateway.leasing.progress_limit import ProgressLimiter
+    now = [1000.0]  # a frozen clock: the whole flood falls in one instant
+    gateway.completion.progress_limiter = ProgressLimiter(clock=lambda: now[0])
+    r = await broker_stub.Enqueue(enq())
+    lease = await LeaseStream(broker_stub, "w1", ["q"]).open()
+    task = await lease.next()
+    rate_before, unlisted_before = _dropped("rate"), _dropped("unlisted")
+
+    async def flood(first: int, count: int) -> None:
+        # each heartbeat: 4 reports of the lease (the last one counts) + 1 of an unlisted one
+        for i in range(first, first + count):
+            reply = await broker_stub.Heartbeat(pb.HeartbeatRequest(
+                worker_id="w1", lease_ids=[task.lease_id],
+                progress=[pb.TaskProgress(lease_id=task.lease_id, percent=i, message=f"r{i}.{k}")
+                          for k in range(4)] + [pb.TaskProgress(lease_id="other", percent=1)]))
+            assert task.lease_id not in reply.lost_lease_ids
+
+    await flood(1, 50)
+    assert (await get(broker_stub, r.task_id)).progress_message == "r2.3"  # the burst of 2
+    assert _dropped("rate") - rate_before == 48
+    assert _dropped("unlisted") - unlisted_before == 50 * 4
+    now[0] += 1.0  # a second later: 2 more tokens
+    await flood(51, 5)
+    assert (await get(broker_stub, r.task_id)).progress_message == "r52.3"
+    assert _dropped("rate") - rate_before == 48 + 3
+    await ack(broker_stub, task)
+    lease.close()

@@ -146,3 +146,92 @@ async def test_a_limit_changed_at_run_time_applies_at_once(admin, broker_stub) -
         assert len(await drain(broker_stub, stream, 4, timeout_s=10)) == 4  # not in minutes
     finally:
         stream.close()
+
+
+async def _set(admin, queue: str, task_type: str = "", limit: int = 5) -> bool:
+    reply = await admin.SetRateLimit(pb.SetRateLimitRequest(rate_limit=pb.RateLimit(
+        queue=queue, task_type=task_type, limit=limit)))
+    return reply.created
+
+
+async def test_rate_limits_are_capped_by_max_rate_limits(redis_url) -> None:
+    """DTQ_MAX_RATE_LIMITS: a new limit beyond it is RESOURCE_EXHAUSTED
+    (TOO_MANY_RATE_LIMITS), stores nothing and is counted; changing one still works."""
+    from prometheus_client import REGISTRY
+
+    from dtq_gateway.server import Gateway
+    from tests.conftest import gateway_settings
+    from tests.support.leasing import error_reason
+
+    def refused() -> float:
+        return REGISTRY.get_sample_value("dtq_limit_refusals_total",
+                                         {"limit": "max_rate_limits"}) or 0.0
+
+    gw = Gateway(gateway_settings(redis_url, max_rate_limits=2), redis_url)
+    await gw.start()
+    ch = grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}")
+    admin = dtq_pb2_grpc.AdminStub(ch)
+    try:
+        assert await _set(admin, "a") and await _set(admin, "a", "t1")
+        before = refused()
+        for queue, task_type in (("a", "t2"), ("b", "")):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await _set(admin, queue, task_type)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert error_reason(err.value) == "TOO_MANY_RATE_LIMITS"
+            assert error_field(err.value) == "rate_limit"
+        assert refused() == before + 2
+        assert not await gw.redis.exists(keys.rate_limit("b"))
+        assert not await gw.redis.hexists(keys.rate_limit("a"), "cfg|t2")
+        assert not await _set(admin, "a", "t1", limit=9)  # a change is not a new limit
+        listed = (await admin.ListRateLimits(pb.ListRateLimitsRequest())).rate_limits
+        assert [(r.queue, r.task_type, r.limit) for r in listed] == [("a", "", 5), ("a", "t1", 9)]
+    finally:
+        await ch.close()
+        await gw.stop()
+
+
+async def test_list_rate_limits_pages(admin, gateway) -> None:
+    """ListRateLimits pages by (queue, queue-wide first, task type), also within one
+    queue, reading only the page; a malformed token names page_token."""
+    redis = gateway.redis
+    for queue, task_type in (("q2", "x"), ("q1", "b"), ("q1", ""), ("q2", ""), ("q1", "a"),
+                             ("q10", "")):
+        await _set(admin, queue, task_type)
+
+    async def pages(size: int, queue: str = "") -> list[list[tuple[str, str]]]:
+        out, token = [], ""
+        while True:
+            reply = await admin.ListRateLimits(pb.ListRateLimitsRequest(
+                queue=queue, page_size=size, page_token=token))
+            out.append([(r.queue, r.task_type) for r in reply.rate_limits])
+            token = reply.next_page_token
+            if not token:
+                return out
+
+    assert await pages(2) == [[("q1", ""), ("q1", "a")], [("q1", "b"), ("q10", "")],
+                              [("q2", ""), ("q2", "x")]]
+    assert await pages(2, "q1") == [[("q1", ""), ("q1", "a")], [("q1", "b")]]
+    assert await pages(1000) == [[("q1", ""), ("q1", "a"), ("q1", "b"), ("q10", ""),
+                                  ("q2", ""), ("q2", "x")]]
+    hmget, hgetall = await _calls(redis, "hmget"), await _calls(redis, "hgetall")
+    assert await pages(1, "q2") == [[("q2", "")], [("q2", "x")]]
+    assert await _calls(redis, "hmget") == hmget + 2  # one read per listed limit
+    assert await _calls(redis, "hgetall") == hgetall
+    for token in ("q1", "bad token!", "q1 *"):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await admin.ListRateLimits(pb.ListRateLimitsRequest(
+                queue="q2" if token == "q1 *" else "", page_token=token))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_field(err.value) == "page_token"
+    # limits stored before the index existed are indexed once, then listed
+    await redis.delete(keys.RATE_LIMIT_INDEX, keys.RATE_LIMIT_INDEX_BUILT)
+    assert sum(len(p) for p in await pages(4)) == 6
+    # deleting a queue takes its limits out of the index
+    await admin.DeleteQueue(pb.DeleteQueueRequest(queue="q1"))
+    assert await pages(1000) == [[("q10", ""), ("q2", ""), ("q2", "x")]]
+    assert await redis.zcard(keys.RATE_LIMIT_INDEX) == 3
+
+
+async def _calls(redis, command: str) -> int:
+    return int((await redis.info("commandstats")).get(f"cmdstat_{command}", {}).get("calls", 0))

@@ -182,3 +182,74 @@ async def test_a_name_is_taken_until_replaced(admin) -> None:
     req.schedule.cron = "@daily"
     replaced = await admin.CreateSchedule(req)
     assert not replaced.created and replaced.schedule.schedule.cron == "@daily"
+
+
+async def test_schedules_are_capped_by_max_schedules(redis_url) -> None:
+    """DTQ_MAX_SCHEDULES: a new name beyond it is RESOURCE_EXHAUSTED (TOO_MANY_SCHEDULES),
+    stores nothing and is counted; replacing an existing schedule still works."""
+    from prometheus_client import REGISTRY
+
+    from dtq_gateway.server import Gateway
+    from tests.conftest import gateway_settings
+
+    def refused() -> float:
+        return REGISTRY.get_sample_value("dtq_limit_refusals_total",
+                                         {"limit": "max_schedules"}) or 0.0
+
+    gw = Gateway(gateway_settings(redis_url, max_schedules=3), redis_url)
+    await gw.start()
+    ch = grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}")
+    admin = dtq_pb2_grpc.AdminStub(ch)
+    try:
+        for i in range(3):
+            await admin.CreateSchedule(pb.CreateScheduleRequest(schedule=pb.Schedule(
+                name=f"s{i}", cron="@yearly", task=task())))
+        before = refused()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await admin.CreateSchedule(pb.CreateScheduleRequest(schedule=pb.Schedule(
+                name="s3", cron="@yearly", task=task())))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert error_reason(err.value) == "TOO_MANY_SCHEDULES"
+        assert error_field(err.value) == "schedule.name"
+        assert refused() == before + 1
+        assert not await gw.redis.exists(keys.periodic_schedule("s3"))
+        assert await gw.redis.zcard(keys.SCHEDULES) == 3
+        replaced = await admin.CreateSchedule(pb.CreateScheduleRequest(schedule=pb.Schedule(
+            name="s0", cron="@monthly", task=task()), replace=True))
+        assert not replaced.created and replaced.schedule.schedule.cron == "@monthly"
+    finally:
+        await ch.close()
+        await gw.stop()
+
+
+async def _command_calls(redis, command: str) -> int:
+    return int((await redis.info("commandstats")).get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+async def test_list_schedules_reads_only_the_page(admin, redis) -> None:
+    """A page of 1 reads one schedule hash and never the whole registry, and schedules
+    stored before the name index existed are listed all the same."""
+    names = [f"s{i:03d}" for i in range(200)]
+    for name in names:
+        await admin.CreateSchedule(pb.CreateScheduleRequest(schedule=pb.Schedule(
+            name=name, cron="@yearly", task=task())))
+    await admin.ListSchedules(pb.ListSchedulesRequest(page_size=1))  # index checked once
+    zrange, hgetall = await _command_calls(redis, "zrange"), await _command_calls(redis, "hgetall")
+    page = await admin.ListSchedules(pb.ListSchedulesRequest(page_size=1, page_token="s099"))
+    assert [s.schedule.name for s in page.schedules] == ["s100"]
+    assert page.next_page_token == "s100"
+    assert await _command_calls(redis, "zrange") == zrange  # the registry was not read
+    assert await _command_calls(redis, "hgetall") == hgetall + 1
+    # data from before the index: it is built once, then pages as before
+    await redis.delete(keys.SCHEDULE_NAMES, keys.SCHEDULE_NAMES_BUILT)
+    listed, token = [], ""
+    while True:
+        reply = await admin.ListSchedules(pb.ListSchedulesRequest(page_size=64,
+                                                                  page_token=token))
+        listed += [s.schedule.name for s in reply.schedules]
+        token = reply.next_page_token
+        if not token:
+            break
+    assert listed == names
+    await admin.DeleteSchedule(pb.DeleteScheduleRequest(name="s000"))
+    assert await redis.zscore(keys.SCHEDULE_NAMES, "s000") is None

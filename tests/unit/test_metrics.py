@@ -20,7 +20,7 @@ def sample(name: str, **labels: str) -> float | None:
 
 
 def test_every_collector_has_dtq_prefix_and_bounded_labels() -> None:
-    allowed = {"queue", "band", "method", "code", "limit"}  # limit: a fixed set of names
+    allowed = {"queue", "band", "method", "code", "limit", "reason", "policy"}  # fixed sets
     found = 0
     for value in vars(metrics).values():
         if hasattr(value, "_labelnames") and hasattr(value, "_name"):

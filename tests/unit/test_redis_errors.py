@@ -41,3 +41,19 @@ def test_the_same_error_elsewhere_stays_a_bug():
 ])
 def test_redis_errors_map_to_their_kind(exc, kind):
     assert isinstance(as_dtq_error(exc), kind)
+
+
+def test_a_busy_connection_pool_is_gateway_busy_not_redis_down():
+    """The pool's wait for a free connection timing out is this gateway being busy:
+    UNAVAILABLE with reason GATEWAY_BUSY, not REDIS_UNAVAILABLE."""
+    from redis.exceptions import MaxConnectionsError
+
+    from dtq_gateway.store.errors import is_pool_busy
+
+    for exc in (RedisConnectionError("No connection available."), MaxConnectionsError("x")):
+        mapped = as_dtq_error(exc)
+        assert is_pool_busy(exc) and isinstance(mapped, Unavailable)
+        assert mapped.reason == "GATEWAY_BUSY" and mapped.retry_after_ms == 1000
+    down = as_dtq_error(RedisConnectionError("Connection refused"))
+    assert not is_pool_busy(RedisConnectionError("Connection refused"))
+    assert down.reason == "REDIS_UNAVAILABLE"

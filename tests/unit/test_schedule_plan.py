@@ -89,3 +89,19 @@ def test_bad_specs_name_their_field(spec: pb.Schedule, field: str) -> None:
     with pytest.raises(InvalidArgument) as err:
         validate_spec(spec)
     assert err.value.field == field
+
+
+def test_due_count_counts_the_fires_between_done_and_now() -> None:
+    """due_count is what plan() chooses from: computed for intervals, counted (with a
+    cap) for cron, so the firer can count the missed fires the policy drops."""
+    from dtq_gateway.schedule_plan import MAX_MISSED_COUNTED, MAX_ON_TIME, Timetable, due_count
+
+    every_s = Timetable(interval_ms=1000, anchor_ms=10_000)
+    assert due_count(every_s, 10_000, 15_000) == 5  # 11..15 s: the anchor is handled
+    assert due_count(every_s, 0, 15_000) == 6  # the anchor itself fires
+    assert due_count(every_s, 12_500, 12_999) == 0
+    assert due_count(every_s, 0, 10 ** 12) == (10 ** 12 - 10_000) // 1000 + 1  # computed
+    minutely = Timetable(cron="* * * * *")
+    assert due_count(minutely, 0, 3_600_000) == 60
+    assert due_count(minutely, 60_000, 180_000) == 2
+    assert due_count(minutely, 0, 10 ** 12) == MAX_MISSED_COUNTED + MAX_ON_TIME  # capped
