@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,11 +10,12 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import grpc
 import pytest
 
-from dtq_gateway.server import Gateway
+from dtq_gateway.server import STOP_MARGIN_S, Gateway
 from dtq_proto import dtq_pb2_grpc
 from tests.conftest import gateway_settings
 from tests.support.leasing import LeaseStream
@@ -119,8 +121,6 @@ def test_a_listener_that_cannot_bind_stops_the_gateway_with_one_line(redis_url, 
 def test_sigterm_while_starting_against_an_unanswering_redis_ends_within_grace():
     """Redis accepts the connection and never answers: the start waits on socket
     timeouts (5 s each), and SIGTERM must still end the gateway within its grace."""
-    from dtq_gateway.server import STOP_MARGIN_S
-
     black_hole, port = _held_listener()
     black_hole.settimeout(30)
     grace_s = 1.0
@@ -149,3 +149,41 @@ def test_sigterm_while_starting_against_an_unanswering_redis_ends_within_grace()
         for conn in held:
             conn.close()
         black_hole.close()
+
+
+def test_ctrl_c_reaches_the_gateway_alone_which_then_stops_its_embedded_redis(tmp_path):
+    """Ctrl-C signals the terminal's whole process group: the embedded redis-server is in
+    a group of its own, so the gateway drains against a live Redis (it releases the
+    scheduler lock, nothing complains) and then stops the server."""
+    port = free_port()
+    env = dict(os.environ, DTQ_LISTEN=f"127.0.0.1:{port}", DTQ_METRICS_PORT="0",
+               DTQ_EMBEDDED_DIR=str(tmp_path / "redis"), DTQ_SHUTDOWN_GRACE_S="2",
+               DTQ_LOG_FORMAT="json")
+    env.pop("DTQ_REDIS_URL", None)
+    proc = subprocess.Popen([sys.executable, "-m", "dtq_gateway"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    redis_pid = 0
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            grpc.channel_ready_future(ch).result(timeout=60)
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert len(children) == 1
+        redis_pid = int(children[0])
+        assert os.getpgid(redis_pid) != os.getpgid(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)
+        started = time.monotonic()
+        assert proc.wait(timeout=60) == 0
+        assert time.monotonic() - started < 2 + STOP_MARGIN_S
+        records = _records(proc.stderr.read())
+        assert [r for r in records if r["level"] != "INFO"] == []
+        assert records[-1]["message"] == "stopped"
+        with pytest.raises(ProcessLookupError):  # the gateway stopped (and reaped) it
+            os.kill(redis_pid, 0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if redis_pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(redis_pid, signal.SIGKILL)

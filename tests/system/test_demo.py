@@ -349,6 +349,7 @@ def test_ctrl_c_while_the_embedded_redis_starts_stops_everything_quickly(
                 proc, "the gateway starts its embedded Redis")
     out = _ctrl_c(proc, marker, log_dir)
     assert "gateway:" not in out  # interrupted before the gateway was ready
+    assert "exit codes gateway 0;" in out  # SIGTERM while starting Redis: a clean exit
 
 
 @pytest.mark.system

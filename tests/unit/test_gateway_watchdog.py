@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from dtq_gateway.cli import Watchdog
 
 
-def test_watchdog_exits_1_once_the_bound_has_passed() -> None:
+def test_watchdog_exits_1_once_the_bound_has_passed(caplog) -> None:
     exited = threading.Event()
     codes: list[int] = []
     dog = Watchdog(0.2, exit_=lambda code: (codes.append(code), exited.set()))
-    dog.arm()
-    assert exited.wait(timeout=30)
+    with caplog.at_level(logging.ERROR, logger="dtq_gateway"):
+        dog.arm()
+        assert exited.wait(timeout=30)
     assert codes == [1]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
+        "shutdown did not finish within 0.2 s; exiting now"]
 
 
 def test_watchdog_disarmed_in_time_does_nothing() -> None:
