@@ -1,9 +1,11 @@
 """The gateway process: gRPC server, Redis client, background duties, shutdown.
 
 :class:`Gateway` wires the layers together. It can run in-process (tests start it
-on ``127.0.0.1:0``) or from the CLI (``dtq-gateway``). Shutdown order on SIGTERM:
-health goes NOT_SERVING, Lease streams end with UNAVAILABLE so workers reconnect
-to another replica, unary calls get ``shutdown_grace_s`` to finish, then the
+on ``127.0.0.1:0``) or from the CLI (``dtq-gateway``). :meth:`Gateway.start` binds every
+listener (gRPC, metrics, dashboard) before it serves, and stops what it started when it
+fails or is cancelled (ListenError names a listener that cannot bind). Shutdown order
+on SIGTERM: health goes NOT_SERVING, Lease streams end with UNAVAILABLE so workers
+reconnect to another replica, unary calls get ``shutdown_grace_s`` to finish, then the
 duties stop and Redis connections close.
 """
 
@@ -376,9 +378,9 @@ class Gateway:
         """Drain: NOT_SERVING, end Lease streams, let unary calls finish, close.
 
         Safe on a gateway that started only in part (a failed or cancelled
-        :meth:`start`) and safe to call again (later calls return at once). Each step
-        is bounded; the whole stop takes at most ``shutdown_grace_s`` plus a few
-        seconds (``dtq-gateway`` cuts it at ``shutdown_grace_s`` + STOP_MARGIN_S).
+        :meth:`start`) and safe to call again (later calls return at once). The waits
+        for background tasks are bounded, the gRPC server's by ``shutdown_grace_s``;
+        ``dtq-gateway`` cuts the whole stop at ``shutdown_grace_s`` + STOP_MARGIN_S.
         """
         if self._stopped:
             return
