@@ -1,9 +1,11 @@
 """The gateway process: gRPC server, Redis client, background duties, shutdown.
 
 :class:`Gateway` wires the layers together. It can run in-process (tests start it
-on ``127.0.0.1:0``) or from the CLI (``dtq-gateway``). Shutdown order on SIGTERM:
-health goes NOT_SERVING, Lease streams end with UNAVAILABLE so workers reconnect
-to another replica, unary calls get ``shutdown_grace_s`` to finish, then the
+on ``127.0.0.1:0``) or from the CLI (``dtq-gateway``). :meth:`Gateway.start` binds every
+listener (gRPC, metrics, dashboard) before it serves, and stops what it started when it
+fails or is cancelled (ListenError names a listener that cannot bind). Shutdown order
+on SIGTERM: health goes NOT_SERVING, Lease streams end with UNAVAILABLE so workers
+reconnect to another replica, unary calls get ``shutdown_grace_s`` to finish, then the
 duties stop and Redis connections close.
 """
 
@@ -24,6 +26,7 @@ from dtq_gateway.duties.scheduler import Scheduler
 from dtq_gateway.leasing import leaseid
 from dtq_gateway.leasing.completion import Completion, ItemOutcome
 from dtq_gateway.leasing.dispatch import Dispatcher
+from dtq_gateway.listen import ListenError, check_free
 from dtq_gateway.metrics import REDIS_MEMORY_FULL
 from dtq_gateway.rpc import auth
 from dtq_gateway.rpc.broker_servicer import BrokerServicer
@@ -43,6 +46,9 @@ from dtq_proto import dtq_pb2, dtq_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+#: Seconds a stop may take beyond ``shutdown_grace_s`` (health, streams, duties and
+#: connections closing); ``dtq-gateway`` exits 1 once grace + this margin has passed.
+STOP_MARGIN_S = 5.0
 SERVICE_NAMES = tuple(dtq_pb2.DESCRIPTOR.services_by_name[n].full_name
                       for n in ("Broker", "Admin", "Events"))
 GRPC_OPTIONS = [("grpc.so_reuseport", 0),  # a taken port must fail, not be shared
@@ -272,6 +278,7 @@ class Gateway:
                                               settings.followup_sweep_interval_s))
         self.dashboard = self._dashboard() if settings.dashboard_port else None
         self.port = 0
+        self._stopped = False
 
     def _dashboard(self) -> Dashboard:
         """The web dashboard (DTQ_DASHBOARD_PORT), counting throughput from the hub."""
@@ -307,26 +314,65 @@ class Gateway:
              reflection.SERVICE_NAME), self.server, pool=ReflectionPool())
 
     def _bind(self) -> int:
+        """Bind the gRPC address (DTQ_LISTEN, with TLS when configured); return the port.
+
+        Raises:
+            ListenError: the address is taken or cannot be bound.
+        """
         s = self.settings
-        if s.tls_cert:
-            with open(s.tls_key, "rb") as fk, open(s.tls_cert, "rb") as fc:
-                pair = [(fk.read(), fc.read())]
-            ca = None
-            if s.tls_client_ca:
-                with open(s.tls_client_ca, "rb") as fca:
-                    ca = fca.read()
-            creds = grpc.ssl_server_credentials(pair, root_certificates=ca,
-                                                require_client_auth=bool(ca))
-            return self.server.add_secure_port(s.listen, creds)
-        return self.server.add_insecure_port(s.listen)
+        check_free("gRPC", s.listen)  # grpc's own failure logs a C-core line first
+        try:
+            if s.tls_cert:
+                with open(s.tls_key, "rb") as fk, open(s.tls_cert, "rb") as fc:
+                    pair = [(fk.read(), fc.read())]
+                ca = None
+                if s.tls_client_ca:
+                    with open(s.tls_client_ca, "rb") as fca:
+                        ca = fca.read()
+                creds = grpc.ssl_server_credentials(pair, root_certificates=ca,
+                                                    require_client_auth=bool(ca))
+                port = self.server.add_secure_port(s.listen, creds)
+            else:
+                port = self.server.add_insecure_port(s.listen)
+        except RuntimeError as exc:  # grpc's "Failed to bind": port taken or bad address
+            raise ListenError("gRPC", s.listen, str(exc)) from None
+        if not port:
+            raise ListenError("gRPC", s.listen, "grpc bound no address")
+        return port
+
+    async def _listen(self) -> None:
+        """Bind every listener before the gateway serves: gRPC, metrics, dashboard.
+
+        Raises:
+            ListenError: one of them cannot be bound.
+        """
+        self._add_services()
+        self.port = self._bind()
+        self.ops.listen()
+        if self.dashboard is not None:
+            await self.dashboard.start()
 
     async def start(self) -> None:
-        """Check Redis's eviction policy, bind, start serving and start the duties.
+        """Start the gateway; on any failure (or cancellation) stop what was started.
+
+        The start sequence: read Redis's eviction policy and the lease secret (Redis may
+        be down: both are read later then), bind every listener (gRPC, metrics,
+        dashboard), then serve and start the health probe, dispatcher and duties.
+        Cancelling it (SIGTERM while starting) or a failure runs :meth:`stop`, so
+        nothing is left listening or running.
 
         Raises:
             EvictionPolicyError: Redis may evict keys and DTQ_REQUIRE_NOEVICTION is on.
-            OSError: the gRPC, metrics or dashboard address cannot be bound.
+            ListenError: the gRPC, metrics or dashboard address cannot be bound.
+            OSError: a TLS file cannot be read.
         """
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
         try:
             await self.policy.check()
         except Exception:  # Redis down: the health probe reads it once Redis answers
@@ -337,21 +383,11 @@ class Gateway:
             log.debug("lease secret not loaded at startup", exc_info=True)
         refused = self.policy.startup_error()
         if refused is not None:
-            await redis_health.close(self.redis)
-            await redis_health.close(self.probe_redis)
             raise refused
-        self._add_services()
-        try:
-            self.port = self._bind()
-        except RuntimeError as exc:  # grpc's "Failed to bind": port taken or bad address
-            raise OSError(f"cannot listen on {self.settings.listen}: {exc}") from None
-        if not self.port:
-            raise OSError(f"could not bind {self.settings.listen}")
+        await self._listen()
         await self.probe.check_once()
         await self.server.start()
         self.ops.start()
-        if self.dashboard is not None:
-            await self.dashboard.start()
         self.probe.start()
         self.dispatcher.start()
         self.scheduler.start()
@@ -359,7 +395,16 @@ class Gateway:
                                      "gateway_id": self.settings.gateway_id})
 
     async def stop(self) -> None:
-        """Drain: NOT_SERVING, end Lease streams, let unary calls finish, close."""
+        """Drain: NOT_SERVING, end Lease streams, let unary calls finish, close.
+
+        Safe on a gateway that started only in part (a failed or cancelled
+        :meth:`start`) and safe to call again (later calls return at once). The waits
+        for background tasks are bounded, the gRPC server's by ``shutdown_grace_s``;
+        ``dtq-gateway`` cuts the whole stop at ``shutdown_grace_s`` + STOP_MARGIN_S.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
         started = time.monotonic()
         self.draining.set()
         await self.probe.stop()

@@ -7,6 +7,7 @@ Wiring in the gateway::
     ops = Operations(redis, settings)
     ops.add_to_server(server)
     ops.hub.add_listener(dispatcher.on_event)
+    ops.listen()         # with the other listeners: the metrics endpoint
     ops.start()          # after the server started
     ...
     await ops.stop()     # right after draining starts: ends Subscribe streams
@@ -23,6 +24,7 @@ import grpc
 
 from dtq_gateway.duties.queue_gauges import QueueGaugeCollector
 from dtq_gateway.events.events_hub import EventsHub
+from dtq_gateway.listen import ListenError, reason_of
 from dtq_gateway.metrics import start_metrics_server
 from dtq_gateway.rpc import events_servicer
 from dtq_gateway.rpc.admin_servicer import AdminServicer
@@ -80,16 +82,32 @@ class Operations:
         dtq_pb2_grpc.add_AdminServicer_to_server(self.admin, server)
         events_servicer.add_to_server(self.events, server)
 
-    def start(self) -> None:
-        """Start the hub, the gauge refresher and (if configured) the metrics endpoint.
+    def listen(self) -> None:
+        """Start the metrics endpoint (DTQ_METRICS_PORT; nothing when it is 0).
 
         Raises:
-            OSError: the metrics port cannot be bound.
+            ListenError: the metrics address cannot be bound (``metrics cannot listen on
+                HOST:PORT: <reason>``).
         """
-        if self.settings.metrics_port:
-            host = self.settings.metrics_host or self.settings.listen.rpartition(":")[0]
-            host = host.strip("[]")
+        if not self.settings.metrics_port or self._http is not None:
+            return
+        host = self.settings.metrics_host or self.settings.listen.rpartition(":")[0]
+        host = host.strip("[]")
+        try:
             self._http = start_metrics_server(host, self.settings.metrics_port)
+        except OSError as exc:
+            shown = f"[{host}]" if ":" in host else host
+            raise ListenError("metrics", f"{shown}:{self.settings.metrics_port}",
+                              reason_of(exc)) from None
+
+    def start(self) -> None:
+        """Start the hub, the gauge refresher and the metrics endpoint (:meth:`listen`,
+        when the gateway has not called it yet).
+
+        Raises:
+            ListenError: the metrics address cannot be bound.
+        """
+        self.listen()
         self.hub.start()
         self._gauge_task = asyncio.create_task(self.gauges.run(), name="dtq-metrics-refresh")
 

@@ -6,7 +6,10 @@ DTQ_EMBEDDED_DIR (default ``.dtq/redis``) with AOF on (fsync every second), and 
 runs with ``maxmemory-policy noeviction`` and listens on a unix socket inside that
 directory (TCP on a free loopback port when
 the path is too long for a socket), so it never collides with another Redis. It
-is started with PDEATHSIG so it ends with the gateway even on SIGKILL.
+is started with PDEATHSIG so it ends with the gateway even on SIGKILL, and in a
+process group of its own: a Ctrl-C in the terminal reaches the gateway alone, which
+drains and then stops the server (before, the server got the SIGINT too and was
+gone before the gateway had drained).
 
 One embedded Redis per directory: the gateway holds an exclusive lock on
 ``<dir>/gateway.lock`` (flock, shared with its redis-server child so it lasts until that
@@ -143,6 +146,7 @@ class EmbeddedRedis:
             cmd += ["--unixsocket", self.unix_socket, "--unixsocketperm", "700"]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, pass_fds=(self._lock_fd,),
+                                     process_group=0,  # a Ctrl-C reaches the gateway only
                                      preexec_fn=_die_with_parent)  # noqa: PLW1509 - set at startup, before threads
         client = redis.Redis.from_url(self.url, socket_timeout=1)
         deadline = time.monotonic() + timeout_s

@@ -48,6 +48,7 @@ from aiohttp import web
 
 from dtq_gateway.errors import DtqError, InvalidArgument, PermissionDenied, Unauthenticated
 from dtq_gateway.events.events_hub import EventsHub
+from dtq_gateway.listen import ListenError, reason_of
 from dtq_gateway.rpc.auth import Principal, parse_tokens
 from dtq_gateway.rpc.grpc_errors import to_dtq_error
 from dtq_gateway.store import keys
@@ -177,7 +178,8 @@ class Dashboard:
         """Bind and serve.
 
         Raises:
-            OSError: the address cannot be bound.
+            ListenError: the address cannot be bound (``dashboard cannot listen on
+                HOST:PORT: <reason>``); nothing is left running.
         """
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False,
                                     shutdown_timeout=2.0, logger=SERVER_LOG)
@@ -188,8 +190,9 @@ class Dashboard:
         except OSError as exc:
             await self._runner.cleanup()
             self._runner = None
-            raise OSError(f"dashboard cannot listen on {self.host}:{self.requested_port}: "
-                          f"{exc.strerror or exc}") from None
+            host = f"[{self.host}]" if ":" in self.host else self.host
+            raise ListenError("dashboard", f"{host}:{self.requested_port}",
+                              reason_of(exc)) from None
         self.port = int(self._runner.addresses[0][1])
         if not self.tokens and not _is_loopback(self.host):
             log.warning("dashboard listens on a non-loopback address without "

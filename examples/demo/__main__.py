@@ -100,14 +100,29 @@ def _show(path: Path) -> str:
         return str(path)
 
 
-def _shutdown(workers: list[Proc], gateway: Proc, log_dir: Path) -> bool:
-    """Stop workers (they drain), then the gateway; True when nothing had to be killed."""
-    killed = processes.stop(workers, timeout_s=45.0)
-    killed += processes.stop([gateway], timeout_s=30.0)
-    codes = ", ".join(f"{p.name} {p.popen.returncode}" for p in workers + [gateway])
-    print(f"shutdown: exit codes {codes}; logs in {_show(log_dir)}")
-    if killed:
-        print(f"shutdown: had to kill {', '.join(killed)}", file=sys.stderr)
+def _shutdown(log_dir: Path, interrupted: bool) -> bool:
+    """Stop every process the demo started: the workers (they drain), then the gateway
+    (it stops its embedded Redis); True when nothing had to be killed.
+
+    Ctrl-C does not cut this short: a stop started by Ctrl-C is cut short by the next
+    one (what still runs is killed), a normal stop by the second one. A Ctrl-C during
+    a normal stop still ends the demo as interrupted (KeyboardInterrupt, exit 130).
+    """
+    workers = [p for p in processes.SPAWNED if p.name != "gateway"]
+    gateways = [p for p in processes.SPAWNED if p.name == "gateway"]
+    with processes.interrupts_counted() as noted:
+        def hurry() -> bool:
+            return len(noted) >= (1 if interrupted else 2)
+
+        killed = processes.stop(workers, timeout_s=45.0, hurry=hurry)
+        killed += processes.stop(gateways, timeout_s=30.0, hurry=hurry)
+        if processes.SPAWNED:
+            codes = ", ".join(f"{p.name} {p.popen.returncode}" for p in workers + gateways)
+            print(f"shutdown: exit codes {codes}; logs in {_show(log_dir)}")
+        if killed:
+            print(f"shutdown: had to kill {', '.join(killed)}", file=sys.stderr)
+    if noted and not interrupted:
+        raise KeyboardInterrupt
     return not killed
 
 
@@ -133,18 +148,20 @@ def run(args: argparse.Namespace) -> int:
     print(f"dtq demo: {len(specs):,} tasks ({n_stats:,} stdlib files + "
           f"{len(specs) - n_stats} that fail on purpose) on {ep.target}")
     env = processes.child_env(os.environ, ep)
-    gateway = processes.start_gateway(env, args.log_dir)
-    workers: list[Proc] = []
-    ok = clean = False
+    ok = clean = interrupted = False
     scraped = ""
     try:
+        gateway = processes.start_gateway(env, args.log_dir)
         processes.wait_gateway_ready(gateway, ep.target)
         print(f"gateway: {gateway.first_line()}")
-        workers, langs = _start_workers(args, env, ep)
+        _, langs = _start_workers(args, env, ep)
         ok = _run_workload(args, ep, specs, langs)
         scraped = _save_metrics(ep, args.log_dir)
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
-        clean = _shutdown(workers, gateway, args.log_dir)
+        clean = _shutdown(args.log_dir, interrupted)
     if scraped:
         print(f"metrics: Prometheus metrics were at {ep.metrics_url} "
               f"(last scrape saved to {scraped})")
@@ -154,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    """SIGTERM: do what SIGINT does now (asyncio.run's handler cancels the workload)."""
+    signal.raise_signal(signal.SIGINT)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,6 +8,8 @@ log is shown when a process fails.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -17,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +31,8 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_LOG_DIR = ROOT / ".dtq" / "demo"
 NODE_DIR = ROOT / "examples" / "node-worker"
+#: How often :func:`stop` looks whether its processes have exited (s).
+STOP_POLL_S = 0.05
 _WILDCARD_HOSTS = {"0.0.0.0", "::", "[::]", ""}
 
 
@@ -143,14 +147,56 @@ def _readable(line: str) -> str:
     return f"  {str(record.get('level', '')).upper()} {message}"
 
 
+#: Every process the demo started, in order (:func:`stop_all` stops them all).
+SPAWNED: list[Proc] = []
+
+
+@contextlib.contextmanager
+def interrupts_counted() -> Iterator[list[int]]:
+    """For the block, SIGINT and SIGTERM raise nothing: each one is appended to the
+    yielded list (main thread only)."""
+    noted: list[int] = []
+
+    def note(signum: int, frame: object) -> None:
+        noted.append(signum)
+
+    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield noted
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back for the block, then raise KeyboardInterrupt if one
+    came (a blocked signal mask would be inherited by the child instead)."""
+    with interrupts_counted() as noted:
+        yield
+    if noted:
+        raise KeyboardInterrupt
+
+
 def _spawn(name: str, cmd: list[str], env: Mapping[str, str], log_dir: Path) -> Proc:
+    """Start ``cmd`` with its output in ``log_dir/<name>.log`` and record it in SPAWNED.
+
+    The child gets a process group of its own, so a Ctrl-C in the terminal reaches the
+    demo alone, which then stops its children in order (workers first, while the
+    gateway still takes their results; then the gateway, which stops its embedded
+    Redis). An interrupt during the start waits until the child is recorded: it never
+    leaves a child the demo does not know of.
+    """
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
-    with log_path.open("wb") as fh:
+    with _interrupts_deferred(), log_path.open("wb") as fh:
         popen = subprocess.Popen(cmd, cwd=ROOT, env=dict(env), stdout=fh,
-                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 process_group=0)
+        proc = Proc(name, popen, log_path)
+        SPAWNED.append(proc)
     log.debug("started %s pid %d: %s", name, popen.pid, " ".join(cmd))
-    return Proc(name, popen, log_path)
+    return proc
 
 
 def child_env(base: Mapping[str, str], endpoints: Endpoints) -> dict[str, str]:
@@ -171,6 +217,11 @@ def start_gateway(env: Mapping[str, str], log_dir: Path) -> Proc:
 def wait_gateway_ready(proc: Proc, target: str, timeout_s: float = 60.0) -> None:
     """Wait until the gateway accepts gRPC connections and reports SERVING.
 
+    The wait runs on grpc.aio under ``asyncio.run``: Ctrl-C cancels it cleanly
+    (KeyboardInterrupt is raised once the channel is closed). A KeyboardInterrupt
+    inside a blocking call of the sync grpc API could leave the channel's lock held,
+    and the interpreter then hung at exit while closing the channel.
+
     Args:
         proc: The gateway process (its early exit fails the wait at once).
         target: Address to dial.
@@ -178,9 +229,14 @@ def wait_gateway_ready(proc: Proc, target: str, timeout_s: float = 60.0) -> None
 
     Raises:
         DemoError: The gateway exited or did not become ready in time.
+        KeyboardInterrupt: Ctrl-C (or SIGTERM) while waiting.
     """
+    asyncio.run(_wait_ready(proc, target, timeout_s))
+
+
+async def _wait_ready(proc: Proc, target: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(target) as channel:
+    async with grpc.aio.insecure_channel(target) as channel:
         while True:
             if proc.popen.poll() is not None:
                 raise DemoError(f"the gateway exited with code {proc.popen.returncode}:\n"
@@ -189,20 +245,20 @@ def wait_gateway_ready(proc: Proc, target: str, timeout_s: float = 60.0) -> None
                 raise DemoError(f"the gateway did not become ready on {target} "
                                 f"within {timeout_s:.0f} s:\n{proc.tail()}")
             try:
-                grpc.channel_ready_future(channel).result(timeout=0.5)
-            except grpc.FutureTimeoutError:
+                await asyncio.wait_for(channel.channel_ready(), timeout=0.5)
+            except TimeoutError:
                 continue
-            if _serving(channel):
+            if await _serving(channel):
                 return
-            time.sleep(0.1)  # channel is up but health says NOT_SERVING yet: re-check soon
+            await asyncio.sleep(0.1)  # channel is up but health says NOT_SERVING yet
 
 
-def _serving(channel: grpc.Channel) -> bool:
+async def _serving(channel: grpc.aio.Channel) -> bool:
     """True when the standard health service says SERVING (or is not offered)."""
     stub = health_pb2_grpc.HealthStub(channel)
     try:
-        resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
-    except grpc.RpcError as err:
+        resp = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+    except grpc.aio.AioRpcError as err:
         return err.code() == grpc.StatusCode.UNIMPLEMENTED
     return resp.status == health_pb2.HealthCheckResponse.SERVING
 
@@ -239,12 +295,15 @@ def start_node_worker(env: Mapping[str, str], worker_id: str, log_dir: Path) -> 
                                   str(NODE_DIR / "index.js")], node_env, log_dir)
 
 
-def stop(procs: list[Proc], timeout_s: float) -> list[str]:
+def stop(procs: list[Proc], timeout_s: float,
+         hurry: Callable[[], bool] = lambda: False) -> list[str]:
     """SIGTERM every process, wait for all, SIGKILL the ones still running.
 
     Args:
         procs: Processes to stop together.
         timeout_s: Grace period for all of them (s).
+        hurry: Polled while waiting; once it returns True (the user pressed Ctrl-C
+            again) what still runs is killed at once.
 
     Returns:
         The names of processes that had to be killed.
@@ -253,12 +312,17 @@ def stop(procs: list[Proc], timeout_s: float) -> list[str]:
         if p.popen.poll() is None:
             p.popen.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
+    while any(p.popen.poll() is None for p in procs):
+        if time.monotonic() > deadline:
+            log.warning("not stopped within %.0f s: killing what still runs", timeout_s)
+            break
+        if hurry():
+            log.warning("interrupted again: killing what still runs")
+            break
+        time.sleep(STOP_POLL_S)
     killed = []
     for p in procs:
-        try:
-            p.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            log.warning("%s did not stop within %.0f s; killing it", p.name, timeout_s)
+        if p.popen.poll() is None:
             p.popen.kill()
             p.popen.wait()
             killed.append(p.name)

@@ -9,12 +9,16 @@ not just XACK it).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -225,3 +229,142 @@ async def test_enqueue_resends_unavailable_items_with_the_same_keys() -> None:
     assert errors == [] and len(accepted) == 3
     assert len(sent) == 2 and sent[1] == [sent[0][0]]  # only the refused item, same key
     assert len({key for _, key in sent[0]}) == 3
+
+
+_COMPLAINT_RE = re.compile(r"\b(WARNING|ERROR|CRITICAL)\b")
+
+
+def _marked_pids(marker: str) -> list[int]:
+    """Live processes whose environment carries DTQ_TEST_MARKER=marker (the demo, its
+    gateway and workers, and the gateway's embedded redis-server inherit it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if f"DTQ_TEST_MARKER={marker}".encode() in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def _slow_redis_server(directory: Path, delay_s: float) -> Path:
+    """A ``redis-server`` for PATH that waits ``delay_s`` before it becomes the real one
+    (one process, exec): an embedded Redis that takes long to start, as with a long
+    AOF to replay."""
+    from tests.support.redis_server import redis_server_binary
+
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "redis-server"
+    script.write_text(f"#!{sys.executable}\nimport os, sys, time\ntime.sleep({delay_s})\n"
+                      f"os.execv({redis_server_binary()!r}, "
+                      f"[{redis_server_binary()!r}, *sys.argv[1:]])\n")
+    script.chmod(0o755)
+    return directory
+
+
+def _start_demo(tmp_path: Path, path_first: Path | None = None
+                ) -> tuple[subprocess.Popen[str], str]:
+    """The demo on every stdlib file with an embedded Redis, as a terminal runs it: in a
+    process group of its own, which Ctrl-C signals as a whole."""
+    marker = uuid.uuid4().hex
+    env = dict(os.environ, DTQ_LISTEN=f"127.0.0.1:{free_port()}",
+               DTQ_METRICS_PORT=str(free_port()), DTQ_EMBEDDED_DIR=str(tmp_path / "redis"),
+               DTQ_TEST_MARKER=marker)
+    if path_first is not None:
+        env["PATH"] = f"{path_first}{os.pathsep}{env.get('PATH', '')}"
+    for name in ("DTQ_REDIS_URL", "DTQ_GATEWAY"):
+        env.pop(name, None)
+    cmd = [sys.executable, "-m", "examples.demo", "--no-node", "--timeout", "120",
+           "--log-dir", str(tmp_path / "logs")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return proc, marker
+
+
+def _wait_until(check, proc: subprocess.Popen[str], what: str) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if check():
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    pytest.fail(f"never happened: {what}")
+
+
+def _log_has(path: Path, text: str) -> bool:
+    return path.exists() and text in path.read_text(errors="replace")
+
+
+def _ctrl_c(proc: subprocess.Popen[str], marker: str, log_dir: Path) -> str:
+    """SIGINT to the demo's process group (what Ctrl-C does); then the demo must exit
+    130 within a few seconds, stop its children (none killed, none logging a warning
+    or a traceback), print no traceback and leave no process behind. Returns its
+    stdout."""
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        started = time.monotonic()
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the demo did not exit within 60 s of Ctrl-C")
+        elapsed = time.monotonic() - started
+        logs = {p.name: p.read_text(errors="replace") for p in log_dir.glob("*.log")}
+        assert proc.returncode == 130, f"{out}\n{err}\n{logs}"
+        assert elapsed < 8, f"{elapsed}\n{out}\n{err}"
+        assert "Traceback" not in out + err, f"{out}\n{err}"
+        assert [name for name, text in logs.items() if "Traceback" in text] == []
+        # stopped in order, each while what it needs still runs: workers while the
+        # gateway takes their results, the gateway while its Redis answers
+        complaints = [line for text in logs.values() for line in text.splitlines()
+                      if _COMPLAINT_RE.search(line)]
+        assert complaints == []
+        assert "demo: interrupted" in err and "had to kill" not in err, err
+        deadline = time.monotonic() + 10
+        while _marked_pids(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+                for pid in _marked_pids(marker)}
+        assert left == {}
+        return out
+    finally:
+        for pid in _marked_pids(marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.system
+def test_ctrl_c_while_the_embedded_redis_starts_stops_everything_quickly(
+        tmp_path: Path) -> None:
+    slow = _slow_redis_server(tmp_path / "bin", delay_s=5.0)
+    proc, marker = _start_demo(tmp_path, path_first=slow)
+    log_dir = tmp_path / "logs"
+    # the gateway's first line: it is starting its (slow) embedded redis-server now
+    _wait_until(lambda: _log_has(log_dir / "gateway.log", "starting embedded redis-server"),
+                proc, "the gateway starts its embedded Redis")
+    out = _ctrl_c(proc, marker, log_dir)
+    assert "gateway:" not in out  # interrupted before the gateway was ready
+    assert "exit codes gateway 0;" in out  # SIGTERM while starting Redis: a clean exit
+
+
+@pytest.mark.system
+def test_ctrl_c_mid_demo_stops_everything_quickly(tmp_path: Path) -> None:
+    proc, marker = _start_demo(tmp_path)
+    log_dir = tmp_path / "logs"
+    _wait_until(lambda: _log_has(log_dir / "pyworker-1.log", "lease session open"), proc,
+                "a worker is connected")
+    first = json.loads((log_dir / "gateway.log").read_text().splitlines()[0])
+    client = redis.Redis.from_url(first["url"])
+    try:  # mid-run: tasks are queued and being worked on
+        _wait_until(lambda: sum(1 for _ in client.scan_iter(match=keys.result("*"),
+                                                             count=1000)) >= 100,
+                    proc, "100 tasks done")
+    finally:
+        client.close()
+    out = _ctrl_c(proc, marker, log_dir)
+    assert "dtq demo summary" not in out  # interrupted before the workload finished
