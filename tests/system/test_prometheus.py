@@ -40,14 +40,15 @@ def tool(name: str) -> str:
 
 def test_promtool_check_rules() -> None:
     out = subprocess.run([tool("promtool"), "check", "rules", str(RULES)],
-                         capture_output=True, text=True, timeout=60)
+                         check=False, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"SUCCESS: {len(rules())} rules found" in out.stdout
 
 
 def test_promtool_rule_unit_tests() -> None:
     out = subprocess.run([tool("promtool"), "test", "rules", str(RULE_TESTS)],
-                         capture_output=True, text=True, timeout=120, cwd=RULES_DIR)
+                         check=False, capture_output=True, text=True, timeout=120,
+                         cwd=RULES_DIR)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SUCCESS" in out.stdout
 
@@ -116,16 +117,16 @@ async def test_prometheus_scrapes_a_gateway_and_finds_every_rule_series(redis_ur
             f"rule_files: [{RULES.name}]\n"
             "scrape_configs:\n  - job_name: dtq-gateway\n"
             f"    static_configs: [{{targets: ['127.0.0.1:{metrics_port}']}}]\n")
-        proc = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp}/data",
-             f"--web.listen-address=127.0.0.1:{web_port}"],
+        proc = await asyncio.create_subprocess_exec(
+            binary, f"--config.file={config}", f"--storage.tsdb.path={tmp}/data",
+            f"--web.listen-address=127.0.0.1:{web_port}",
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             await _load(gw, channel)
             await _wait_for_every_series(f"http://127.0.0.1:{web_port}")
         finally:
             proc.terminate()
-            proc.wait(timeout=30)
+            await asyncio.wait_for(proc.wait(), 30)
             await channel.close()
             await gw.stop()
 
