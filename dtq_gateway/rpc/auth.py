@@ -5,7 +5,8 @@ Roles are ``producer`` (Enqueue, EnqueueBatch, GetTask, CancelTask), ``worker``
 (Lease, Heartbeat, Ack, Fail), ``scaler`` (KEDA's ``externalscaler.ExternalScaler``:
 read-only queue figures) and ``admin`` (everything). KEDA sends no call metadata, so
 a scaler call without an ``authorization`` header may carry its token in its trigger
-metadata instead (``scalerMetadata`` key ``token``). Health checks and
+metadata instead (``scalerMetadata`` key ``token``, or ``tokenFromEnv``, whose value
+KEDA resolves from the scale target's environment). Health checks and
 server reflection are always open so probes and ``grpcurl list`` work.
 
 :class:`AuthInterceptor` checks the ``authorization: Bearer <token>`` metadata of
@@ -331,7 +332,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         trigger metadata (``scalerMetadata["token"]``) once the request is decoded."""
         def judge(request: Any) -> tuple[DtqError | None, Principal | None]:
             ref = getattr(request, "scaledObjectRef", request)
-            token = ref.scalerMetadata.get("token", "")
+            meta = ref.scalerMetadata  # KEDA keeps the key of a resolved *FromEnv value
+            token = meta.get("token") or meta.get("tokenFromEnv") or ""
             principal = self._lookup(token) if token else None
             if principal is None:
                 log.info("auth rejected", extra={"method": method, "reason": "UNAUTHENTICATED"})

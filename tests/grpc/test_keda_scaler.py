@@ -182,6 +182,8 @@ async def test_tokens_and_roles(auth_channel):
         await stream.read()
     assert exc.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert (await scaler.IsActive(ref(queue="ks", token="scale-token-1"))).result
+    # KEDA passes a resolved tokenFromEnv under its own key
+    assert (await scaler.IsActive(ref(queue="ks", tokenFromEnv="scale-token-1"))).result
     assert (await scaler.IsActive(ref(queue="ks"), metadata=(
         ("authorization", "Bearer scale-token-1"),))).result
     stream = scaler.StreamIsActive(ref(queue="ks", token="scale-token-1"))
