@@ -137,7 +137,8 @@ async def test_stream_is_active_pushes_within_1_s_of_the_first_enqueue(
 async def test_bad_metadata_and_unknown_queues_are_invalid_argument(gateway, scaler,
                                                                     metadata, field):
     calls = [scaler.IsActive(ref(**metadata)),
-             scaler.GetMetrics(es.GetMetricsRequest(scaledObjectRef=ref(**metadata)))]
+             scaler.GetMetrics(es.GetMetricsRequest(scaledObjectRef=ref(**metadata))),
+             scaler.StreamIsActive(ref(**metadata)).read()]
     for call in calls:
         with pytest.raises(grpc.aio.AioRpcError) as exc:
             await call
