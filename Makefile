@@ -17,6 +17,13 @@ $(STAMP): pyproject.toml $(NODE_WORKER)/package-lock.json
 	@# the Node worker (demo and conformance suite); skipped where npm is missing
 	if command -v npm >/dev/null 2>&1; then \
 	  cd $(NODE_WORKER) && npm ci --no-audit --no-fund --loglevel=error; fi
+	@# promtool and prometheus (alert rule tests, Debian's prometheus package): installed
+	@# where apt works as root; elsewhere the tests that need them skip and say so
+	if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
+	    && [ "$$(id -u)" = 0 ]; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends prometheus >/dev/null) \
+	    || echo "prometheus package not installed: promtool tests will skip"; fi
 	touch $(STAMP)
 
 proto: install

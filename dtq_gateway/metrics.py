@@ -126,6 +126,15 @@ SCHEDULER_LEADER = Gauge("dtq_scheduler_leader", "1 while this gateway replica h
                          "scheduler lock (it moves due tasks, reaps leases), else 0.")
 REDIS_MEMORY_FULL = Gauge("dtq_redis_memory_full", "1 while Redis used_memory has reached "
                           "maxmemory (writes are refused), else 0.")
+#: Read by the metrics refresh (duties/queue_gauges.py) every DTQ metrics interval (5 s).
+REDIS_UP = Gauge("dtq_redis_up", "1 when this replica's last metrics refresh reached Redis "
+                 "(every primary in cluster mode), 0 when Redis was unreachable.")
+REDIS_USED_MEMORY_BYTES = Gauge("dtq_redis_used_memory_bytes", "Redis used_memory (INFO "
+                                "memory; the primary with the least room in cluster mode).")
+REDIS_MAXMEMORY_BYTES = Gauge("dtq_redis_maxmemory_bytes", "Redis maxmemory of the same "
+                              "server (0 = no limit).")
+REDIS_CPU_SECONDS = Gauge("dtq_redis_cpu_seconds", "Redis CPU time since it started, system "
+                          "plus user (INFO cpu; summed over primaries): use rate().")
 
 
 #: Collectors labelled by ``queue`` alone, and by ``queue`` and ``band`` (0..9): every

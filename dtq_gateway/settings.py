@@ -169,7 +169,7 @@ class Settings:
     tls_client_ca: str = field(default="", metadata=_meta(
         "CA bundle PEM path; when set, clients must present a certificate (mTLS)."))
     auth_tokens: str = field(default="", metadata=_meta(
-        "Bearer tokens 'token=role:identity,...' (roles producer, worker, admin); "
+        "Bearer tokens 'token=role:identity,...' (roles producer, worker, scaler, admin); "
         "empty = no auth.", secret=True))
     lease_secret: str = field(default="", metadata=_meta(
         "Lease-id secrets, comma-separated (16+ bytes each): ids are signed with the first "

@@ -1,4 +1,5 @@
-"""Regenerate the checked-in Python stubs in dtq_proto/ from proto/dtq.proto.
+"""Regenerate the checked-in Python stubs in dtq_proto/ from proto/dtq.proto and KEDA's
+external scaler contract proto/keda/externalscaler.proto (into dtq_proto/keda/).
 
 Usage: python scripts/gen_proto.py [--check]
 
@@ -21,7 +22,8 @@ from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "dtq_proto"
-GENERATED = ("dtq_pb2.py", "dtq_pb2.pyi", "dtq_pb2_grpc.py")
+GENERATED = ("dtq_pb2.py", "dtq_pb2.pyi", "dtq_pb2_grpc.py", "keda/externalscaler_pb2.py",
+             "keda/externalscaler_pb2.pyi", "keda/externalscaler_pb2_grpc.py")
 
 
 def generate(out_dir: Path) -> None:
@@ -35,6 +37,7 @@ def generate(out_dir: Path) -> None:
         f"--pyi_out={out_dir}",
         f"--grpc_python_out={out_dir}",
         "dtq_proto/dtq.proto",
+        "dtq_proto/keda/externalscaler.proto",
     ]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")

@@ -12,13 +12,19 @@ from dtq_gateway.metrics import (
     QUEUE_DEPTH,
     QUEUE_PENDING,
     QUEUE_STUCK_TASKS,
+    REDIS_CPU_SECONDS,
+    REDIS_MAXMEMORY_BYTES,
+    REDIS_UP,
+    REDIS_USED_MEMORY_BYTES,
     STUCK_CHECK_AGE_MS,
     STUCK_SCAN_MAX,
     WORKERS_LIVE,
 )
 from dtq_gateway.queue_rates import RATES
 from dtq_gateway.store import admin, admin_lists, admin_waiting
+from dtq_gateway.store import health as redis_health
 from dtq_gateway.store.client import Client
+from dtq_gateway.store.errors import is_redis_outage
 
 
 class QueueGaugeCollector(PeriodicDuty):
@@ -29,6 +35,10 @@ class QueueGaugeCollector(PeriodicDuty):
     band of every busy queue to rank them, then the full band read for those kept).
     ``dtq_metrics_queues_omitted`` counts the busy queues left out. A queue that
     leaves the busy set or the top ``max_queues`` loses its series.
+
+    Every tick it first reads Redis's INFO memory and cpu (``dtq_redis_up``,
+    ``dtq_redis_used_memory_bytes``, ``dtq_redis_maxmemory_bytes``,
+    ``dtq_redis_cpu_seconds``); when Redis cannot be reached ``dtq_redis_up`` drops to 0.
 
     It also forgets deleted queues (:func:`dtq_gateway.metrics.forget_queue`): every
     tick, the queues this replica has counted (outcome counters, histograms) that are
@@ -62,7 +72,9 @@ class QueueGaugeCollector(PeriodicDuty):
         return self._interval_s
 
     async def tick(self) -> None:
-        """Read the deepest busy queues' bands and the workers, and set the gauges."""
+        """Read Redis's memory and CPU, the deepest busy queues' bands and the workers,
+        and set the gauges (``dtq_redis_up`` 0 when Redis could not be reached)."""
+        await self._read_redis()
         busy = await admin.busy_queues(self.redis)
         await self._forget_deleted(set(busy))
         depths = await admin.queue_depths(self.redis, busy)
@@ -93,6 +105,28 @@ class QueueGaugeCollector(PeriodicDuty):
         self._queues = names
         workers = await admin_lists.list_workers(self.redis, self.heartbeat_interval_ms)
         WORKERS_LIVE.set(sum(1 for w in workers if w.alive))
+
+    async def _read_redis(self) -> None:
+        """Set the Redis gauges (memory, CPU, reachability).
+
+        Raises:
+            The Redis outage error (after setting ``dtq_redis_up`` to 0).
+        """
+        try:
+            memory = await redis_health.read_memory(self.redis)
+            cpu_s = await redis_health.read_cpu_seconds(self.redis)
+        except Exception as exc:
+            if is_redis_outage(exc):
+                REDIS_UP.set(0)
+                raise
+            # a server that refuses INFO (renamed on some managed services) still
+            # answered: the queue gauges are refreshed without the Redis ones
+            REDIS_UP.set(1)
+            return
+        REDIS_UP.set(1)
+        REDIS_USED_MEMORY_BYTES.set(memory.used_bytes)
+        REDIS_MAXMEMORY_BYTES.set(memory.max_bytes)
+        REDIS_CPU_SECONDS.set(cpu_s)
 
     async def _forget_deleted(self, busy: set[str]) -> None:
         """Remove the series of counted queues that are neither busy nor registered."""

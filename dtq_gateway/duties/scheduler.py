@@ -92,19 +92,24 @@ class Mover(PeriodicDuty):
                 return
 
     async def move_batch(self) -> collections.Counter[str]:
-        """Move up to MOVE_BATCH due tasks of each busy queue; returns move_due.lua
-        outcome counts (the sum is MOVE_BATCH or more when some queue has more due)."""
+        """Move up to MOVE_BATCH due tasks of each busy queue and expire up to
+        MOVE_BATCH waiting tasks past their expiry; returns move_due.lua and
+        expire_waiting.lua outcome counts."""
         counts: collections.Counter[str] = collections.Counter()
         if self._lock.token is None:
             return counts
         busy = await reaping.busy_queues(self._redis)
         if not busy:
             return counts
+        retention_s = self._settings.task_retention_s
         due = await due_tasks.due_tasks(self._redis, busy, MOVE_BATCH)
-        if not due:
-            return counts
-        replies = await due_tasks.move_due(self._redis, due, self._settings.task_retention_s)
-        for (q, task_id), reply in zip(due, replies):
+        # waiting tasks past their expiry leave their bands too: depth and backlog age
+        # (GetQueueStats, the metrics, the KEDA scaler) count live work only
+        expiring = await due_tasks.expiring_tasks(self._redis, busy, MOVE_BATCH)
+        replies = await due_tasks.move_due(self._redis, due, retention_s) if due else []
+        if expiring:
+            replies += await due_tasks.expire_waiting(self._redis, expiring, retention_s)
+        for (q, task_id), reply in zip(due + expiring, replies):
             if isinstance(reply, Exception):  # retried at the next tick
                 log.log(logging.WARNING if is_redis_outage(reply) else logging.ERROR,
                         "mover: move_due failed: %r", reply, extra={"task_id": task_id})
@@ -113,8 +118,8 @@ class Mover(PeriodicDuty):
             counts[reply] += 1
             if reply == "expired":
                 observe.expired(q)
-        per_queue = collections.Counter(q for q, _ in due)
-        self._more = any(n >= MOVE_BATCH for n in per_queue.values())
+        self._more = any(n >= MOVE_BATCH for batch in (due, expiring)
+                         for n in collections.Counter(q for q, _ in batch).values())
         self.counts.update(counts)
         return counts
 

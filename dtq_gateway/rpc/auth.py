@@ -2,7 +2,11 @@
 
 ``DTQ_AUTH_TOKENS`` holds ``token=role:identity`` entries separated by commas.
 Roles are ``producer`` (Enqueue, EnqueueBatch, GetTask, CancelTask), ``worker``
-(Lease, Heartbeat, Ack, Fail) and ``admin`` (everything). Health checks and
+(Lease, Heartbeat, Ack, Fail), ``scaler`` (KEDA's ``externalscaler.ExternalScaler``:
+read-only queue figures) and ``admin`` (everything). KEDA sends no call metadata, so
+a scaler call without an ``authorization`` header may carry its token in its trigger
+metadata instead (``scalerMetadata`` key ``token``, or ``tokenFromEnv``, whose value
+KEDA resolves from the scale target's environment). Health checks and
 server reflection are always open so probes and ``grpcurl list`` work.
 
 :class:`AuthInterceptor` checks the ``authorization: Bearer <token>`` metadata of
@@ -31,17 +35,21 @@ from dtq_gateway.rpc.grpc_errors import status_of
 
 log = logging.getLogger(__name__)
 
-ROLES = ("producer", "worker", "admin")
+ROLES = ("producer", "worker", "scaler", "admin")
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9._~+/=-]{8,512}\Z")
 _IDENTITY_RE = re.compile(r"^[A-Za-z0-9_.:@/-]{1,128}\Z")
 
 _BROKER = "/dtq.v1.Broker/"
+_SCALER = "/externalscaler.ExternalScaler/"
 #: Roles allowed per method; admin is allowed everywhere.
 METHOD_ROLES: dict[str, frozenset[str]] = {
     **{_BROKER + m: frozenset({"producer", "admin"})
        for m in ("Enqueue", "EnqueueBatch", "GetTask", "CancelTask")},
     **{_BROKER + m: frozenset({"worker", "admin"})
        for m in ("Lease", "Heartbeat", "Ack", "Fail")},
+    **{_SCALER + m: frozenset({"scaler", "admin"})
+       for m in ("IsActive", "StreamIsActive", "GetMetricSpec", "GetMetrics",
+                 "StreamMetricSpec")},
 }
 #: Method prefixes every caller may use without a token.
 OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
@@ -304,6 +312,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or roles is None:
             return handler
         token = _bearer(handler_call_details.invocation_metadata)
+        if not token and method.startswith(_SCALER):
+            return wrap_handler(handler, self._scaler_checked(method, roles))
         principal = self._lookup(token) if token else None
         if principal is None:
             log.info("auth rejected", extra={"method": method, "reason": "UNAUTHENTICATED"})
@@ -315,3 +325,43 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             return wrap_handler(handler, _rejecting(PermissionDenied(
                 f"role {principal.role!r} may not call {method}")))
         return wrap_handler(handler, _with_principal(principal))
+
+    def _scaler_checked(self, method: str, roles: frozenset[str]
+                        ) -> Callable[[Callable[..., Any]], Any]:
+        """For a KEDA call without an authorization header: check the token of its
+        trigger metadata (``scalerMetadata["token"]``) once the request is decoded."""
+        def judge(request: Any) -> tuple[DtqError | None, Principal | None]:
+            ref = getattr(request, "scaledObjectRef", request)
+            meta = ref.scalerMetadata  # KEDA keeps the key of a resolved *FromEnv value
+            token = meta.get("token") or meta.get("tokenFromEnv") or ""
+            principal = self._lookup(token) if token else None
+            if principal is None:
+                log.info("auth rejected", extra={"method": method, "reason": "UNAUTHENTICATED"})
+                return Unauthenticated("missing or unknown token (scalerMetadata token, or "
+                                       "metadata authorization: Bearer <token>)"), None
+            if principal.role not in roles:
+                log.info("auth rejected", extra={"method": method, "reason": "PERMISSION_DENIED",
+                                                 "identity": principal.identity})
+                return PermissionDenied(f"role {principal.role!r} may not call {method}"), None
+            return None, principal
+
+        def make(behavior: Callable[..., Any]) -> Any:
+            if inspect.isasyncgenfunction(behavior):
+                async def run_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                    err, principal = judge(request)
+                    if err is not None:
+                        await context.abort_with_status(rpc_status.to_status(status_of(err)))
+                    async for item in _with_principal(principal)(behavior)(request, context):
+                        yield item
+
+                return run_stream
+
+            async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                err, principal = judge(request)
+                if err is not None:
+                    await context.abort_with_status(rpc_status.to_status(status_of(err)))
+                return await _with_principal(principal)(behavior)(request, context)
+
+            return run
+
+        return make

@@ -1,4 +1,5 @@
-"""Operations surface in one bundle: Admin and Events services, the shared events
+"""Operations surface in one bundle: Admin and Events services, KEDA's external
+scaler (:mod:`dtq_gateway.rpc.keda_scaler`), the shared events
 hub, the queue-gauge refresher, the Prometheus endpoint and the interceptors.
 
 Wiring in the gateway::
@@ -26,7 +27,7 @@ from dtq_gateway.duties.queue_gauges import QueueGaugeCollector
 from dtq_gateway.events.events_hub import EventsHub
 from dtq_gateway.listen import ListenError, reason_of
 from dtq_gateway.metrics import start_metrics_server
-from dtq_gateway.rpc import events_servicer
+from dtq_gateway.rpc import events_servicer, keda_scaler
 from dtq_gateway.rpc.admin_servicer import AdminServicer
 from dtq_gateway.rpc.auth import AuthInterceptor, parse_tokens
 from dtq_gateway.rpc.decoding import DecodeGuardInterceptor
@@ -71,6 +72,7 @@ class Operations:
                              **events_servicer.hub_options())
         self.admin = AdminServicer(redis, settings, broker)
         self.events = EventsServicer(self.hub)
+        self.scaler = keda_scaler.KedaScaler(redis, self.hub)
         self.gauges = QueueGaugeCollector(redis, settings.heartbeat_interval_ms,
                                           interval_s=gauge_interval_s,
                                           max_queues=settings.metrics_max_queues)
@@ -78,9 +80,10 @@ class Operations:
         self._http: Any = None
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
-        """Register the Admin and Events services."""
+        """Register the Admin and Events services and KEDA's external scaler."""
         dtq_pb2_grpc.add_AdminServicer_to_server(self.admin, server)
         events_servicer.add_to_server(self.events, server)
+        keda_scaler.add_to_server(self.scaler, server)
 
     def listen(self) -> None:
         """Start the metrics endpoint (DTQ_METRICS_PORT; nothing when it is 0).

@@ -62,7 +62,7 @@ class Broker:
         s = self.settings
         gate = s.max_queue_depth > 0
         queue = tasks[0].queue
-        keys_ = [keys.schedule(queue), keys.busy_marker(queue), keys.task(tasks[0].task_id)]
+        keys_ = [keys.schedule(queue), keys.busy_marker(queue), keys.expiring(queue)]
         args = Script.argv_notified(len(tasks), 0, s.idem_ttl_s,
                                     s.recent_max, s.max_queue_depth)
         for t in tasks:

@@ -68,7 +68,61 @@ def _move_keys(queue: str, task_id: str, priority: object, digest: object) -> li
     band = text(priority)
     if len(band) != 1 or band not in "0123456789":
         return keys_
-    keys_.append(keys.stream(queue, int(band)))
+    keys_ += [keys.stream(queue, int(band)), keys.expiring(queue)]
     if text(digest):
         keys_.append(keys.idempotency(queue, text(digest)))
     return keys_
+
+
+_EXPIRE_WAITING = Script("expire_waiting")
+
+
+async def expiring_tasks(redis: Client, queues: list[str], count: int
+                         ) -> list[tuple[str, str]]:
+    """The members of each queue's expiry index ``dtq:expiring:{<queue>}`` whose expiry
+    passed by Redis TIME, at most ``count`` per queue, earliest first (two round trips:
+    TIME, one pipeline of ZRANGEBYSCORE).
+
+    Returns:
+        (queue, task id) pairs, queue by queue in the order of ``queues``.
+    """
+    now_ms = await redis_now_ms(redis)
+    pipe = redis.pipeline(transaction=False)
+    for q in queues:
+        pipe.zrangebyscore(keys.expiring(q), "-inf", now_ms, start=0, num=count)
+    return [(q, text(m)) for q, members in zip(queues, await pipe.execute())
+            for m in members]
+
+
+async def expire_waiting(redis: Client, due: list[tuple[str, str]], task_retention_s: int
+                         ) -> list[str | Exception]:
+    """Expire waiting tasks whose expiry passed before a worker started them, one
+    expire_waiting.lua call each (its header lists the checks): their band entries go,
+    so depth and backlog age count live work only.
+
+    Two round trips: one pipeline of HMGET (queue, priority, idempotency digest) per
+    task for the script's keys, then one pipeline of the scripts.
+
+    Args:
+        due: (queue, task id) pairs from :func:`expiring_tasks`.
+        task_retention_s: EXPIRE of the expired task's record (s).
+
+    Returns:
+        Per task, in order, the script's outcome ("expired", "reading", "gone",
+        "skipped", "not_due", "retry") or its error.
+    """
+    pipe = redis.pipeline(transaction=False)
+    for _, task_id in due:
+        pipe.hmget(keys.task(task_id), "queue", "priority", "idem_digest")
+    records = await pipe.execute()
+    pipe = redis.pipeline(transaction=False)
+    for (q, task_id), (_, priority, digest) in zip(due, records):
+        keys_ = [keys.expiring(q), keys.task(task_id)]
+        band = text(priority)
+        if len(band) == 1 and band in "0123456789":
+            keys_.append(keys.stream(q, int(band)))
+            if text(digest):
+                keys_.append(keys.idempotency(q, text(digest)))
+        _EXPIRE_WAITING.queue(pipe, keys_,
+                              _EXPIRE_WAITING.argv(task_id, task_retention_s, keys.GROUP))
+    return [r if isinstance(r, Exception) else text(r) for r in await execute(redis, pipe)]

@@ -76,6 +76,18 @@ async def read_memory(redis: Client) -> Memory:
                                      if m.max_bytes else float("inf")))
 
 
+async def read_cpu_seconds(redis: Client) -> float:
+    """CPU seconds Redis used since it started (INFO cpu ``used_cpu_sys`` +
+    ``used_cpu_user``), summed over the primaries of a cluster.
+
+    Raises:
+        Any Redis or OS error of the server or of a primary.
+    """
+    infos = await on_primaries(redis, functools.partial(redis.info, "cpu"))
+    return sum(float(i.get("used_cpu_sys") or 0) + float(i.get("used_cpu_user") or 0)
+               for i in infos)
+
+
 async def refresh_liveness(redis: Client, key: str, ttl_ms: int) -> None:
     """SET the gateway liveness ``key`` to "1" with a TTL of ``ttl_ms`` (PX).
 

@@ -186,6 +186,14 @@ def cancelled(queue: str) -> str:
     return f"{PREFIX}cancelled:{{{queue}}}"
 
 
+def expiring(queue: str) -> str:
+    """Expiry index of a queue's waiting tasks that have an expiry and never started, a
+    zset of task ids scored by ``expires_at_ms``: ``dtq:expiring:{<queue>}``. The
+    scheduler leader expires the due members, so depth and backlog age count live work
+    only."""
+    return f"{PREFIX}expiring:{{{queue}}}"
+
+
 def busy_marker(queue: str) -> str:
     """``dtq:queue:{<queue>}:busy``: "1" while the queue may hold work (set by the
     scripts that add work to an idle queue, deleted by the reaper's script that found

@@ -181,7 +181,7 @@ async def activate(redis: Client, worker_id: str, task_retention_s: int,
     # argv_notified: the dispatcher needs none of its own activation events back
     names = list(calls)
     per_queue = await call_each(redis, ACTIVATE, [
-        (calls[q][0], Script.argv_notified(worker_id, task_retention_s, keys.GROUP,
+        ([*calls[q][0], keys.expiring(q)], Script.argv_notified(worker_id, task_retention_s, keys.GROUP,
                                            *calls[q][1])) for q in names])
     by_queue = {}
     for q, rep in zip(names, per_queue):

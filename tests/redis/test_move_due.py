@@ -33,7 +33,7 @@ async def move(r: Redis, task_id: str, with_stream: bool = True, queue: str = "e
     t = await task_fields(r, task_id)
     ks = [keys.schedule(queue), keys.task(task_id)]
     if t and with_stream:
-        ks.append(keys.stream(t["queue"], int(t["priority"])))
+        ks += [keys.stream(t["queue"], int(t["priority"])), keys.expiring(t["queue"])]
         if t["idem_digest"]:
             ks.append(keys.idempotency(t["queue"], t["idem_digest"]))
     reply = await MOVE_DUE(r, ks, MOVE_DUE.argv("", task_id, RETENTION_S))

@@ -65,6 +65,7 @@ FAMILY_EXAMPLES = {
     "workers": keys.WORKERS,
     "paused": keys.paused("q-1"),
     "cancelled": keys.cancelled("q-1"),
+    "expiring": keys.expiring("q-1"),
     "busy-marker": keys.busy_marker("q-1"),
     "dead-letter-queues": keys.DEAD_LETTER_QUEUES,
     "queue-counters": keys.queue_counters("q-1"),

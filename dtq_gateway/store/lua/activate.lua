@@ -6,6 +6,8 @@
 -- KEYS[1]   the queue's cancelled set dtq:cancelled:{<queue>}
 -- per entry i (3 keys): band stream, task hash, idempotency record (or the task hash
 --           again when the task has no idempotency key)
+-- KEYS[#KEYS] the queue's expiry index dtq:expiring:{<queue>}: a task with an expiry
+--           leaves it when it starts or expires here
 -- ARGV[3] consumer (worker id)  [4] task retention s  [5] group
 -- per entry i (5 args from ARGV[6]): entry id, task id, entry attempt, mode, queued at
 --   mode 'a' = activate, 'r' = put back at the tail (task type not wanted by the session)
@@ -16,7 +18,8 @@
 local consumer, retention, group = ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local now = now_ms()
 local out = {}
-local n = (#KEYS - 1) / 3
+local n = (#KEYS - 2) / 3
+local expiring_key = KEYS[#KEYS]
 
 local function drop(stream, id)
   redis.call('XACK', stream, group, id)
@@ -67,6 +70,7 @@ for i = 1, n do
     redis.call('HSET', task_key, 'status', 'expired', 'finished_at_ms', now, 'entry_id', '')
     idem_update(idem_key, task_id, 'failed', now)
     retire(task_key, now, retention)
+    redis.call('ZREM', expiring_key, task_id)
     publish('TASK_EXPIRED', now, task_id, h[8], h[9], attempt, consumer, nil)
     out[i] = {'expired'}
   elseif mode == 'r' then
@@ -79,6 +83,7 @@ for i = 1, n do
     -- its outcome is recorded as att:<n>
     redis.call('HSET', task_key, 'status', 'active', 'worker_id', consumer,
       'started_at_ms', now, 'updated_at_ms', now)
+    if (tonumber(h[4]) or 0) > 0 then redis.call('ZREM', expiring_key, task_id) end
     publish('TASK_STARTED', now, task_id, h[8], h[9], attempt, consumer, nil)
     out[i] = {'ok', h[5], h[6], h[7], now}
   end

@@ -21,7 +21,8 @@
 -- KEYS[13] dtq:queue:{<queue>}:paused       KEYS[14] dtq:queue:{<queue>}:busy
 -- KEYS[15] dtq:queue:{<queue>}:counters     KEYS[16] dtq:queue:{<queue>}:ratelimit
 -- KEYS[17] dtq:cancelled:{<queue>}          KEYS[18] dtq:chains:pending:{<queue>}
--- KEYS[19] dtq:groups:pending:{<queue>}     (all in the queue's hash slot)
+-- KEYS[19] dtq:groups:pending:{<queue>}     KEYS[20] dtq:expiring:{<queue>}
+-- (all in the queue's hash slot)
 -- ARGV[1] events channel, ARGV[2] event-id prefix (unused; _lib.lua convention)
 -- ARGV[3] "1" = delete the dead letters too   ARGV[4] "1" = dry run
 -- Reply: {outcome, depth, pending, scheduled, followups, dead letters, {existing keys}}
@@ -45,7 +46,7 @@ local followups = redis.call('ZCARD', KEYS[18]) + redis.call('ZCARD', KEYS[19])
 local dead = 0
 if redis.call('EXISTS', KEYS[12]) == 1 then dead = redis.call('XLEN', KEYS[12]) end
 local existing = {}
-for i = 1, 19 do
+for i = 1, #KEYS do
   if redis.call('EXISTS', KEYS[i]) == 1 then existing[#existing + 1] = KEYS[i] end
 end
 local function reply(outcome)

@@ -8,7 +8,7 @@
 -- set span queues: the caller writes them after this call (single-key commands).
 -- KEYS[1]  the queue's schedule zset  dtq:retry:{<queue>}:schedule
 -- KEYS[2]  the queue's busy marker    dtq:queue:{<queue>}:busy
--- KEYS[3]  unused (the task hash of the first task; kept for the stride)
+-- KEYS[3]  the queue's expiry index  dtq:expiring:{<queue>} (queued tasks with an expiry)
 -- then per task i (stride s = 3, or 13 with a depth limit), from k = 3 + (i-1)*s:
 --   KEYS[k+1] task hash dtq:task:{<slot>}:<id>   KEYS[k+2] band stream dtq:stream:{<queue>}:p<priority>
 --   KEYS[k+3] idempotency record dtq:idempotency:{<queue>}:<sha256> (the task hash again
@@ -31,7 +31,7 @@
 -- then one last item {'meta', now_ms, became_busy (1 = this call set the busy marker:
 -- the caller adds the queue to dtq:queues:busy), created task ids and times for the
 -- recent-tasks index as {ms, id, ms, id, ...}}
-local schedule_key, busy_key = KEYS[1], KEYS[2]
+local schedule_key, busy_key, expiring_key = KEYS[1], KEYS[2], KEYS[3]
 local n = tonumber(ARGV[3])
 local idem_ttl_s = tonumber(ARGV[5])
 local recent_max, max_depth = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -97,6 +97,8 @@ local function enqueue_one(k, a)
       fields[#fields + 1] = ARGV[a + 10]
     end
     entry_id = xadd_band(stream_key, fields)
+    -- the scheduler leader expires it there if no worker starts it in time
+    if expires_at > 0 then redis.call('ZADD', expiring_key, expires_at, task_id) end
   else
     redis.call('ZADD', schedule_key, due, task_id)
   end

@@ -9,7 +9,8 @@
 -- KEYS[2] dtq:task:{<tag>}:<task_id>    (hash: the task record)
 -- KEYS[3] dtq:stream:{<queue>}:p<n>     (band stream of the task; KEYS[3..] are absent
 --                                       when the caller could not read the task hash)
--- KEYS[4] dtq:idempotency:{<queue>}:<digest> (optional; only when the task has a key)
+-- KEYS[4] dtq:expiring:{<queue>}        (zset: expiry index of waiting tasks)
+-- KEYS[5] dtq:idempotency:{<queue>}:<digest> (optional; only when the task has a key)
 -- ARGV[1] events channel, ARGV[2] event-id prefix (see _lib.lua)
 -- ARGV[3] unused (was the lock token)
 -- ARGV[4] task_id
@@ -50,7 +51,7 @@ redis.call('ZREM', sched_key, task_id)
 if expires_at > 0 and now >= expires_at and (tonumber(f[6]) or 0) == 0 then
   redis.call('HSET', task_key, 'status', 'expired', 'finished_at_ms', now, 'due_at_ms', 0)
   retire(task_key, now, retention_s)
-  idem_update(KEYS[4], task_id, 'failed', now)
+  idem_update(KEYS[5], task_id, 'failed', now)
   publish('TASK_EXPIRED', now, task_id, queue, task_type, attempt, '',
     {reason = 'deadline_passed', expires_at_ms = expires_at})
   return 'expired'
@@ -58,6 +59,9 @@ end
 
 add_entry(stream_key, task_key, attempt)
 redis.call('HSET', task_key, 'status', 'queued', 'due_at_ms', 0)
+if expires_at > 0 and (tonumber(f[6]) or 0) == 0 then
+  redis.call('ZADD', KEYS[4], expires_at, task_id)  -- expire_waiting.lua's index
+end
 keep_live(task_key, now)
 publish('TASK_QUEUED', now, task_id, queue, task_type, attempt, '', {reason = 'due'})
 return 'moved'
