@@ -49,6 +49,30 @@ async def test_handler_progress_reaches_get_task(gateway):
     assert done.status == dtq_pb2.TASK_STATUS_SUCCEEDED
 
 
+async def test_progress_of_a_handler_that_returns_at_once_is_stored(gateway):
+    """README: ``ctx.progress(40, "resizing")`` then ``return`` at once: the report
+    goes out ahead of the Ack, so the finished task shows it."""
+    worker = _worker(gateway)
+
+    @worker.task("resize")
+    def resize(payload, ctx):
+        ctx.progress(40, "resizing")
+        return {"frames": 120}
+
+    @worker.task("resize_async")
+    async def resize_async(payload, ctx):
+        ctx.progress(60, "async")
+        raise PermanentError("broken")
+
+    async with AsyncClient(f"127.0.0.1:{gateway.port}") as client, running(worker):
+        task_id = (await client.enqueue("fq", "resize", {})).task_id
+        failed_id = (await client.enqueue("fq", "resize_async", {})).task_id
+        done = await _poll(client, task_id, lambda t: t.status == dtq_pb2.TASK_STATUS_SUCCEEDED)
+        failed = await _poll(client, failed_id,
+                             lambda t: t.status == dtq_pb2.TASK_STATUS_DEAD_LETTERED)
+    assert (done.progress_percent, done.progress_message) == (40.0, "resizing")
+    assert (failed.progress_percent, failed.progress_message) == (60.0, "async")
+
 async def test_progress_goes_out_before_the_next_heartbeat(redis_url):
     """With a 30 s heartbeat interval each report still reaches the gateway within a
     few seconds: a report wakes the heartbeat loop (at most one early beat per second)."""
