@@ -182,6 +182,27 @@ async def test_one_trace_spans_producer_gateway_and_worker(gateway, spans):
     assert by_name["dtq.handle traced"].kind == trace.SpanKind.CONSUMER
 
 
+
+async def test_traceparent_is_the_producers_or_empty(gateway):
+    """README: a task carries the traceparent its producer gave; a plain client with no
+    tracer provider configured sends none, and dtq makes none up."""
+    worker = _worker(gateway)
+    seen = {}
+
+    @worker.task("traced")
+    def traced(payload, ctx):
+        seen[payload] = ctx.traceparent
+
+    given = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    async with AsyncClient(f"127.0.0.1:{gateway.port}") as client, running(worker):
+        plain = (await client.enqueue("fq", "traced", "plain")).task_id
+        explicit = (await client.enqueue("fq", "traced", "explicit",
+                                         traceparent=given)).task_id
+        plain_task = await client.wait(plain, 10)
+        explicit_task = await client.wait(explicit, 10)
+    assert plain_task.traceparent == "" and seen["plain"] == ""
+    assert explicit_task.traceparent == given and seen["explicit"] == given
+
 async def test_wait_chain_returns_the_step_that_broke_it(gateway):
     worker = _worker(gateway)
 
