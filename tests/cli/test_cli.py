@@ -224,6 +224,25 @@ def test_queues_stats_pause_and_resume(env):
     assert env.json("resume", "stats-q")["changed"] is False
 
 
+def test_queues_and_stats_read_as_words(env):
+    """docs/cli.md: `dtq queues` shows depth, leased and paused; `dtq stats` says its
+    numbers in words, never raw field names such as "throughput window ms"."""
+    for task_type in ("send", "send", "build"):
+        env.json("enqueue", "words-q", task_type, "{}")
+    env.json("stats", "words-q")  # a first reading starts the throughput window
+    header = env.run("queues").stdout.splitlines()[1]
+    assert "leased" in header and "pending" not in header
+    deadline = time.monotonic() + 30
+    while "succeeded/s" not in (human := env.run("stats", "words-q").stdout):
+        assert time.monotonic() < deadline, human  # the rate window is at least 1 s
+        time.sleep(0.2)
+    assert "leased:" in human and "pending" not in human
+    assert "outcomes:" in human and "0 succeeded, 0 failed" in human
+    assert "waiting by type: send 2, build 1" in human
+    for raw in ("throughput window ms", "waiting complete", "succeeded per s", "True"):
+        assert raw not in human, raw
+
+
 def test_delete_queue(env):
     task_id = env.json("enqueue", "gone-q", "t", "{}")["task_id"]
     busy = env.run("delete-queue", "gone-q", "--yes")
