@@ -80,8 +80,8 @@ def stats(state: State, queue: str) -> None:
             ("oldest waiting", human_duration(s.oldest_task_age_ms)
              if s.oldest_task_age_ms else ""),
             ("dead letters", s.dead_letter_depth),
-            ("outcomes", f"{s.succeeded} succeeded, {s.failed} failed ({s.retried} retried, "
-                         f"{s.dead_lettered} dead-lettered), {s.cancelled} cancelled"),
+            ("outcomes", (f"{s.succeeded} succeeded, {s.failed} failed ({s.retried} retried, "
+                          f"{s.dead_lettered} dead-lettered), {s.cancelled} cancelled")),
             ("throughput", _throughput(s)), ("waiting by type", _waiting(s)),
             ("no worker takes", ", ".join(s.stuck_task_types)),
             *extra_fields(s, _STATS_SHOWN)])
@@ -97,8 +97,15 @@ def stats(state: State, queue: str) -> None:
 
 def _toggle(state: State, queue: str, reason: str, pause: bool, create: bool = False) -> None:
     client = state.client
-    res = (client.pause_queue(queue, reason, create) if pause
-           else client.resume_queue(queue, reason))
+    try:
+        res = (client.pause_queue(queue, reason, create) if pause
+               else client.resume_queue(queue, reason))
+    except DtqRpcError as exc:
+        if pause and exc.reason == "QUEUE_NOT_FOUND":  # the gateway names the API field
+            raise Failure(f"NOT_FOUND QUEUE_NOT_FOUND: no queue named {queue!r}; pass "
+                          "--create to pause it before its first task",
+                          ExitCode.NOT_FOUND) from exc
+        raise
     verb = "paused" if pause else "resumed"
     if state.json:
         emit_json({"queue": queue, "changed": res.changed, "request_id": res.request_id})

@@ -204,6 +204,43 @@ def test_gateway_refusals_map_to_exit_codes(env):
     assert ok.exit_code == 0 and json.loads(ok.stdout)["status"] == "QUEUED"
 
 
+def test_redis_down_exits_10_with_a_redis_hint():
+    """docs/cli.md: the gateway answered but cannot reach Redis: exit 10 and a hint about
+    Redis, not exit 8 and one about the gateway address."""
+    from click.testing import CliRunner
+
+    from dtq_cli import cli
+    from tests.support.redis_server import RedisServer
+    from tests.support.threaded_gateway import ThreadedGateway
+
+    server = RedisServer(appendonly=False).start()
+    gw = ThreadedGateway(server.url).start()
+    try:
+        server.stop()
+        res = CliRunner().invoke(cli, ["--gateway", gw.target, "--timeout", "30", "queues"],
+                                 env={"DTQ_GATEWAY": None, "DTQ_TOKEN": None},
+                                 catch_exceptions=False)
+    finally:
+        gw.stop()
+        server.cleanup()
+    assert res.exit_code == ExitCode.REDIS_UNAVAILABLE == 10, res.output
+    assert res.stderr.startswith("dtq: UNAVAILABLE REDIS_UNAVAILABLE: ")
+    assert f"the gateway at {gw.target} answered but cannot reach its Redis" in res.stderr
+    assert "DTQ_GATEWAY" not in res.stderr
+
+
+def test_error_lines_name_the_reason_once_and_the_flag(env):
+    """An error's reason is not a repeat of its code ("NOT_FOUND NOT_FOUND"), and pausing
+    an unknown queue points at the --create flag."""
+    missing = env.run("get", MISSING)
+    assert missing.exit_code == ExitCode.NOT_FOUND
+    assert missing.stderr.startswith("dtq: NOT_FOUND: ") and "NOT_FOUND NOT_FOUND" not in \
+        missing.stderr
+    unknown = env.run("pause", "never-seen-q")
+    assert unknown.exit_code == ExitCode.NOT_FOUND
+    assert "pass --create to pause it" in unknown.stderr and "set create" not in unknown.stderr
+
+
 def test_queues_stats_pause_and_resume(env):
     for prio in ("2", "9", "9"):
         env.json("enqueue", "stats-q", "t", "{}", "--priority", prio)
