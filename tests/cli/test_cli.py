@@ -241,6 +241,28 @@ def test_error_lines_name_the_reason_once_and_the_flag(env):
     assert "pass --create to pause it" in unknown.stderr and "set create" not in unknown.stderr
 
 
+def test_quiet_wait_prints_only_the_id(env):
+    """docs/cli.md: `-q` prints only the task id, with `--wait` as well (the exit code
+    tells the outcome)."""
+    ok = env.run("enqueue", SERVED, "ok", "{}", "--wait", "-q")
+    assert ok.exit_code == 0 and ok.stdout.count("\n") == 1 and " " not in ok.stdout.strip()
+    assert env.client.get(ok.stdout.strip()).status.name == "SUCCEEDED"
+    failed = env.run("enqueue", SERVED, "boom", "{}", "--wait", "-q")
+    assert failed.exit_code == ExitCode.TASK_FAILED
+    assert len(failed.stdout.splitlines()) == 1 and "DEAD_LETTERED" in failed.stderr
+
+
+def test_a_task_cancelled_before_it_ran_shows_no_attempt(env):
+    task_id = env.json("enqueue", "never-ran-q", "t", "{}")["task_id"]
+    assert env.run("cancel", task_id).exit_code == 0
+    shown = env.run("get", task_id).stdout
+    assert "attempt:" in shown and "none of 3 (never ran)" in shown and "1 of 3" not in shown
+    listed = env.run("recent", "--queue", "never-ran-q").stdout
+    assert "none/3" in listed and "1/3" not in listed
+    waiting = env.json("enqueue", "never-ran-q", "t", "{}")["task_id"]
+    assert "1 of 3 (not started)" in env.run("get", waiting).stdout
+
+
 def test_queues_stats_pause_and_resume(env):
     for prio in ("2", "9", "9"):
         env.json("enqueue", "stats-q", "t", "{}", "--priority", prio)
