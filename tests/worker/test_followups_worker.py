@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from dtq_proto import dtq_pb2
-from dtq_pyworker import AsyncClient, PermanentError, Worker
+from dtq_pyworker import AsyncClient, ChainState, Client, PermanentError, TaskFailed, Worker
 from tests.worker.helpers import running
 
 
@@ -203,7 +203,10 @@ async def test_traceparent_is_the_producers_or_empty(gateway):
     assert plain_task.traceparent == "" and seen["plain"] == ""
     assert explicit_task.traceparent == given and seen["explicit"] == given
 
-async def test_wait_chain_returns_the_step_that_broke_it(gateway):
+
+async def test_wait_chain_raises_for_the_step_that_broke_it(gateway):
+    """Like wait: a broken chain raises TaskFailed (its .task is the step) unless
+    raise_on_failure=False; chain_state is a ChainState enum, not a bare int."""
     worker = _worker(gateway)
 
     @worker.task("bad")
@@ -212,6 +215,18 @@ async def test_wait_chain_returns_the_step_that_broke_it(gateway):
 
     async with AsyncClient(f"127.0.0.1:{gateway.port}") as client, running(worker):
         first = await client.enqueue("fq", "bad", {}, chain=[{"queue": "fq", "task_type": "bad"}])
-        broken = await client.wait_chain(first, 10)
+        with pytest.raises(TaskFailed) as raised:
+            await client.wait_chain(first, 10)
+        broken = await client.wait_chain(first, 10, raise_on_failure=False)
+
+        def sync_wait_chain() -> None:  # the blocking Client raises the same way
+            with Client(f"127.0.0.1:{gateway.port}") as sync_client, \
+                    pytest.raises(TaskFailed):
+                sync_client.wait_chain(first, 10)
+
+        await asyncio.get_running_loop().run_in_executor(None, sync_wait_chain)
+    assert raised.value.task.task_id == first.task_id
     assert (broken.task_id, broken.status) == (first.task_id, dtq_pb2.TASK_STATUS_DEAD_LETTERED)
-    assert broken.chain_state == dtq_pb2.CHAIN_STATE_BROKEN
+    assert broken.chain_state is ChainState.BROKEN
+    assert broken.chain_state == dtq_pb2.CHAIN_STATE_BROKEN  # still equal to the proto value
+
