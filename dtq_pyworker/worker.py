@@ -382,7 +382,9 @@ class Worker:
             force.cancel()
         left = list(runtime.running)
         if left:
-            log.warning("drain grace over, releasing running tasks", extra={"count": len(left)})
+            log.warning("drain grace over: handing %d running task(s) back to the gateway "
+                        "(FAIL_MODE_RELEASE: back in their queue at once for another worker, "
+                        "no attempt spent)", len(left), extra={"count": len(left)})
             runtime.stop(left, STOP_DRAIN)
             await asyncio.gather(*runtime.running.values(), return_exceptions=True)
 
