@@ -162,6 +162,14 @@ async def test_task_progress_and_dead_letters_at_1400px(redis_url, chromium: str
                 re.compile(r"^18% step 11 \(20\d\d-\d\d-\d\d \d\d:\d\d:\d\d \(.* ago\)\)$"))
             assert "[object" not in await page.locator("main").inner_text()
 
+            # a task cancelled before it ever ran shows no attempt; the API's status
+            # is upper case (as in dtq --json), the page shows it in words
+            never = await dg.enqueue("idle-q", "t", {})
+            await dg.broker.CancelTask(dtq_pb2.CancelTaskRequest(task_id=never))
+            await page.goto(dg.url + f"/#/tasks/{never}")
+            await expect(page.locator("h1 .badge")).to_have_text("cancelled")
+            await expect(page.locator("dl.kv")).to_contain_text("none of 3 (never ran)")
+
             await page.goto(dg.url + "/#/dead-letters?queue=emails")
             rows = page.locator("table.dead-letters tbody tr[data-task]")
             await expect(rows).to_have_count(2)

@@ -250,7 +250,7 @@ function taskTable(tasks) {
   return table(["task", "type", "status", "attempt", "created", "last error"],
     tasks.map((t) => el("tr", {},
       el("td", {}, link("#/tasks/" + t.task_id, t.task_id)), el("td", {}, t.task_type),
-      el("td", {}, badge(t.status)), el("td", {}, t.attempt + "/" + t.max_attempts),
+      el("td", {}, badge(t.status.toLowerCase())), el("td", {}, attemptText(t, "/")),
       el("td", {}, when(t.created_at_ms)), el("td", { class: "preview" }, t.last_error))),
     "tasks");
 }
@@ -272,24 +272,33 @@ async function recentView(params) {
   show(el("h1", {}, "Recent tasks"), form, taskTable(data.tasks));
 }
 
+// The attempt: "2 of 3"; a task that never ran shows "none of 3 (never ran)", one still
+// waiting for its first run "1 of 3 (not started)" (attempt is the current or next one).
+function attemptText(t, sep) {
+  if (t.started_at_ms) return t.attempt + sep + t.max_attempts;
+  if (t.finished_at_ms) return "none" + sep + t.max_attempts + " (never ran)";
+  return t.attempt + sep + t.max_attempts + " (not started)";
+}
+
 async function taskView(id) {
   const t = await api("/api/tasks/" + encodeURIComponent(id));
+  const status = t.status.toLowerCase(); // the API writes SUCCEEDED; pages show succeeded
   const actions = [];
-  if (!TERMINAL.has(t.status)) {
+  if (!TERMINAL.has(status)) {
     actions.push(confirmButton("Cancel", "danger", async () => {
       const r = await post("/api/tasks/" + t.task_id + "/cancel", { reason: "dashboard" });
       flash("task " + t.task_id + ": " + r.outcome); route();
     }));
   }
-  if (t.status === "dead_lettered" && t.metadata.discarded !== "true") {
+  if (status === "dead_lettered" && t.metadata.discarded !== "true") {
     actions.push(dlqActions(t.task_id, route));
   }
   const kv = (k, v) => [el("dt", {}, k), el("dd", {}, v === "" || v == null ? "—" : v)];
-  show(el("h1", {}, "Task ", el("code", {}, t.task_id), " ", badge(t.status), " ", actions),
+  show(el("h1", {}, "Task ", el("code", {}, t.task_id), " ", badge(status), " ", actions),
     el("dl", { class: "kv" },
       kv("queue", link("#/queues/" + encodeURIComponent(t.queue), t.queue)),
       kv("type", t.task_type), kv("priority", t.priority),
-      kv("attempt", t.attempt + " of " + t.max_attempts), kv("timeout", dur(t.timeout_ms)),
+      kv("attempt", attemptText(t, " of ")), kv("timeout", dur(t.timeout_ms)),
       kv("worker", t.worker_id), kv("idempotency key", t.idempotency_key),
       kv("created", when(t.created_at_ms)), kv("not before", when(t.not_before_ms)),
       kv("expires", when(t.expires_at_ms)), kv("started", when(t.started_at_ms)),
@@ -300,7 +309,7 @@ async function taskView(id) {
         t.progress_percent.toFixed(0) + "% " + t.progress_message + " (", when(t.progress_at_ms),
         ")") : ""),
       t.chain_id ? kv("chain", el("span", {}, "step " + t.chain_step + " of ",
-        link("#/tasks/" + t.chain_id, t.chain_id.slice(0, 12) + "…"), " · " + t.chain_state,
+        link("#/tasks/" + t.chain_id, t.chain_id.slice(0, 12) + "…"), " · " + t.chain_state.toLowerCase(),
         t.next_task_id ? el("span", {}, " · next ",
           link("#/tasks/" + t.next_task_id, t.next_task_id.slice(0, 12) + "…")) : "")) : null),
     t.last_error ? [el("h2", {}, "Last error"),
