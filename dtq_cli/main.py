@@ -35,6 +35,7 @@ class ExitCode(enum.IntEnum):
     WAIT_TIMEOUT = 7     # ... the task had not ended when the wait timed out
     UNAVAILABLE = 8      # no gateway answered (down, wrong address, deadline exceeded)
     PERMISSION = 9       # missing/unknown token, or a role that may not call this
+    REDIS_UNAVAILABLE = 10  # the gateway answered, but cannot reach its Redis
 
 
 _BY_CODE = {
@@ -58,16 +59,27 @@ class Failure(click.ClickException):
 
 
 def rpc_failure(exc: DtqRpcError, target: str) -> Failure:
-    """The Failure (message and exit code) for a refused gateway call."""
+    """The Failure (message and exit code) for a refused gateway call.
+
+    The message is ``CODE[ REASON]: message[ (field F)][ [hint]]``, the reason left out
+    when it only repeats the code. UNAVAILABLE with reason REDIS_UNAVAILABLE (the
+    gateway answered, its Redis did not) exits 10 with a hint about Redis, not 8 with
+    one about the gateway address.
+    """
     code = _BY_CODE.get(exc.code, ExitCode.ERROR)
+    if exc.reason == "REDIS_UNAVAILABLE":
+        code = ExitCode.REDIS_UNAVAILABLE
     msg = f"{exc.code.name}"
-    if exc.reason:
+    if exc.reason and exc.reason != exc.code.name:
         msg += f" {exc.reason}"
     msg += f": {exc.message}" if exc.message else ""
     if exc.field:
         msg += f" (field {exc.field})"
     if code == ExitCode.UNAVAILABLE:
         msg += f" [gateway {target}; set --gateway or DTQ_GATEWAY]"
+    elif code == ExitCode.REDIS_UNAVAILABLE:
+        msg += (f" [the gateway at {target} answered but cannot reach its Redis; check that"
+                " Redis is up and the gateway's DTQ_REDIS_URL]")
     elif code == ExitCode.PERMISSION:
         msg += " [set --token or DTQ_TOKEN; Admin and Events calls need an admin token]"
     return Failure(msg, code)
@@ -184,7 +196,8 @@ def cli(ctx: click.Context, gateway: str | None, token: str | None, tls: bool | 
 
     Exit codes: 0 ok, 1 refused by the gateway, 2 usage, 3 not found, 4 task
     failed (dead-lettered), 5 task cancelled, 6 task expired, 7 wait timed out,
-    8 gateway unavailable, 9 unauthenticated or permission denied.
+    8 gateway unavailable, 9 unauthenticated or permission denied, 10 the gateway
+    cannot reach Redis.
     """
     state = ctx.ensure_object(State)
     state.gateway, state.token, state.tls = gateway or None, token or None, tls

@@ -54,6 +54,18 @@ def task_doc(task: Task) -> dict[str, Any]:
     return to_dict(task.raw)
 
 
+def attempt_text(task: Task, sep: str = " of ") -> str:
+    """The attempt for people: ``2 of 3``; a task that never ran (cancelled or expired
+    while it waited) shows ``none of 3 (never ran)``, one still waiting for its first
+    run ``1 of 3 (not started)`` (Task.attempt is the current or *next* attempt)."""
+    t = task.raw
+    if t.started_at_ms:
+        return f"{t.attempt}{sep}{t.max_attempts}"
+    if t.finished_at_ms:
+        return f"none{sep}{t.max_attempts} (never ran)"
+    return f"{t.attempt}{sep}{t.max_attempts} (not started)"
+
+
 def show_task(state: State, task: Task) -> None:
     """Print a task: JSON document, or its fields and attempts."""
     if state.json:
@@ -64,7 +76,7 @@ def show_task(state: State, task: Task) -> None:
     fields([
         ("task", t.task_id), ("queue", t.queue), ("type", t.task_type),
         ("status", task.status.name + (" (cancel requested)" if t.cancel_requested else "")),
-        ("priority", t.priority), ("attempt", f"{t.attempt} of {t.max_attempts}"),
+        ("priority", t.priority), ("attempt", attempt_text(task)),
         ("time limit", human_duration(t.timeout_ms) if t.timeout_ms else ""),
         ("created", when(t.created_at_ms)), ("due", when(t.due_at_ms) if t.due_at_ms else ""),
         ("started", when(t.started_at_ms) if t.started_at_ms else ""),
@@ -92,15 +104,22 @@ def _took(start_ms: int, end_ms: int) -> str:
     return human_duration(end_ms - start_ms) if start_ms and end_ms else ""
 
 
-def finish_wait(state: State, task_id: str, timeout_ms: int) -> None:
-    """Wait for a task, print it, and exit with its outcome's code."""
+def finish_wait(state: State, task_id: str, timeout_ms: int, quiet: bool = False) -> None:
+    """Wait for a task, print it (only its id with ``quiet``), and exit with its outcome's
+    code."""
+    def show(task: Task) -> None:
+        if quiet:
+            click.echo(task_id)
+        else:
+            show_task(state, task)
+
     try:
         task = state.client.wait(task_id, timeout_s=timeout_ms / 1000.0, raise_on_failure=False)
     except TaskWaitTimeout as exc:
-        show_task(state, exc.task)
+        show(exc.task)
         raise Failure(f"task {task_id} still {exc.task.status.name} after "
                       f"{timeout_ms / 1000:g}s", ExitCode.WAIT_TIMEOUT) from exc
-    show_task(state, task)
+    show(task)
     code = _OUTCOME_EXIT[task.status]
     if code != ExitCode.OK:
         detail = f": {task.error_class}: {task.error}" if task.error else ""
@@ -169,7 +188,7 @@ def _metadata(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--wait-timeout", type=Duration(max_ms=MAX_DELAY_MS), default="30s", show_default=True,
               help="How long --wait waits.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the task id "
-              "(for id=$(dtq enqueue -q ...)).")
+              "(for id=$(dtq enqueue -q ...)), also with --wait.")
 @json_option
 @pass_state
 def enqueue(state: State, queue: str, task_type: str, payload: str | None,
@@ -189,7 +208,7 @@ def enqueue(state: State, queue: str, task_type: str, payload: str | None,
     res = state.client.enqueue(queue, task_type, body,
                                **{k: v for k, v in options.items() if v is not None})
     if wait_:
-        finish_wait(state, res.task_id, wait_timeout)
+        finish_wait(state, res.task_id, wait_timeout, quiet and not state.json)
         return
     if state.json:
         emit_json({"task_id": res.task_id, "deduplicated": res.deduplicated,
@@ -255,7 +274,7 @@ def recent(state: State, queue: str, status: str | None, limit: int) -> None:
         return
     table(None, ["task", "queue", "type", "status", "prio", "attempt", "created", "error"],
           [(t.task_id, t.queue, t.task_type, t.status.name, t.priority,
-            f"{t.attempt}/{t.max_attempts}", ago(t.raw.created_at_ms),
+            attempt_text(t, "/"), ago(t.raw.created_at_ms),
             f"{t.error_class}: {t.error}"[:60] if t.error_class else "") for t in tasks],
           empty="no tasks")
 

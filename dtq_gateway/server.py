@@ -374,7 +374,7 @@ class Gateway:
 
     async def _start(self) -> None:
         try:
-            await self.policy.check()
+            await self.policy.check(at_startup=True)
         except Exception:  # Redis down: the health probe reads it once Redis answers
             log.debug("eviction policy not read at startup", exc_info=True)
         try:

@@ -23,6 +23,7 @@ from dtq_pyworker.handle import TaskHandle
 from dtq_pyworker.tasks import (
     Attempt,
     CancelResult,
+    ChainState,
     Task,
     TaskCancelled,
     TaskExpired,
@@ -39,6 +40,7 @@ __all__ = [
     "AsyncClient",
     "Attempt",
     "CancelResult",
+    "ChainState",
     "Client",
     "DtqRpcError",
     "EnqueueResult",

@@ -12,6 +12,11 @@ lost: an Ack the gateway applied whose reply was lost (a gateway that died right
 applying it) also makes the lease lost, and only the resend's answer (``duplicate``)
 says it succeeded. A result of a lease that really ended is refused (STALE_LEASE) and
 changes nothing, so the answer alone decides how each item counts.
+
+A progress report the handler made just before it returned (not yet sent by the
+heartbeat loop) travels with its result: each round first sends the round's reports on
+one progress-only Heartbeat (``send_progress``), then the Ack and Fail calls, so the
+report is stored on the task before the result ends its lease.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 
@@ -57,13 +62,22 @@ class ResultReporter:
             window rather than none: tasks arriving back to back on the Lease stream
             then share one Ack call instead of one call each.
         idle_flush_ms: The window while ``idle`` says so, in ms.
+        send_progress: Coroutine function sending a list of ``TaskProgress`` on a
+            Heartbeat that lists just their leases; awaited before the round's Ack and
+            Fail calls when the round carries reports. Its errors are logged and the
+            results go out anyway (a report is best effort, a result is not).
     """
 
     def __init__(self, stub, *, flush_ms: float = 5.0, max_items: int = 256,
                  on_done: DoneCallback | None = None, rpc_timeout_s: float = 10.0,
                  flush_early: Callable[[int], bool] | None = None,
-                 idle: Callable[[], bool] | None = None, idle_flush_ms: float = 1.0) -> None:
+                 idle: Callable[[], bool] | None = None, idle_flush_ms: float = 1.0,
+                 send_progress: Callable[[list[dtq_pb2.TaskProgress]], Awaitable[object]]
+                 | None = None) -> None:
         self._stub = stub
+        self._send_progress = send_progress
+        #: lease id -> the handler's last unsent report, sent before that lease's result
+        self._progress: dict[str, dtq_pb2.TaskProgress] = {}
         self._flush_s = max(0.0, flush_ms) / 1000.0
         self._idle = idle
         self._idle_flush_s = min(self._flush_s, max(0.0, idle_flush_ms) / 1000.0)
@@ -85,13 +99,21 @@ class ResultReporter:
         """Start the background sender on the running loop."""
         self._task = asyncio.get_running_loop().create_task(self._run(), name="dtq-reporter")
 
-    def ack(self, lease_id: str, result: bytes) -> None:
-        """Queue a successful completion."""
+    def ack(self, lease_id: str, result: bytes,
+            progress: dtq_pb2.TaskProgress | None = None) -> None:
+        """Queue a successful completion; ``progress``, the handler's last unsent report,
+        goes out on a Heartbeat just before it."""
+        self._keep_progress(progress)
         self._push(self._acks, dtq_pb2.AckItem(lease_id=lease_id, result=result))
 
-    def fail(self, item: dtq_pb2.FailItem) -> None:
-        """Queue a failure, release or cancellation."""
+    def fail(self, item: dtq_pb2.FailItem, progress: dtq_pb2.TaskProgress | None = None) -> None:
+        """Queue a failure, release or cancellation (``progress`` as for :meth:`ack`)."""
+        self._keep_progress(progress)
         self._push(self._fails, item)
+
+    def _keep_progress(self, progress: dtq_pb2.TaskProgress | None) -> None:
+        if progress is not None and self._send_progress is not None:
+            self._progress[progress.lease_id] = progress
 
     def pending_ids(self) -> set[str]:
         """Lease ids queued or being sent (still to be extended by heartbeats)."""
@@ -166,6 +188,7 @@ class ResultReporter:
             self._flush_now.clear()
         self._sending = {i.lease_id for i in acks} | {i.lease_id for i in fails}
         try:
+            await self._send_reports(acks, fails)
             retry_acks, retry_fails = await asyncio.gather(
                 self._send(self._stub.Ack, dtq_pb2.AckRequest, acks),
                 self._send(self._stub.Fail, dtq_pb2.FailRequest, fails))
@@ -178,6 +201,18 @@ class ResultReporter:
             await asyncio.sleep(min(delay, 0.05) if self._closing else delay)
         else:
             self._backoff.reset()
+
+    async def _send_reports(self, acks: list[Item], fails: list[Item]) -> None:
+        """Send the round's final progress reports (if any) ahead of its results."""
+        reports = [r for r in (self._progress.pop(i.lease_id, None) for i in (*acks, *fails))
+                   if r is not None]
+        if not reports or self._send_progress is None:
+            return
+        try:
+            await self._send_progress(reports)
+        except Exception as exc:  # noqa: BLE001 - a report is best effort; the results go on
+            log.warning("final progress reports not sent: %s", exc,
+                        extra={"items": len(reports)})
 
     async def _send(self, method, request_cls, items: list[Item]) -> list[Item]:
         """Send one batch; return the items to retry (empty when done)."""

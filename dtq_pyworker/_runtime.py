@@ -264,12 +264,16 @@ class Runtime:
 
     def _report(self, ex: Execution, outcome: Outcome) -> None:
         lease_id = ex.task.lease_id
+        # a report made just before the handler returned goes out ahead of the result
+        report = ex.ctx.take_progress() if ex.stop_reason is None else None
+        progress = None if report is None else dtq_pb2.TaskProgress(
+            lease_id=lease_id, percent=report[0], message=report[1])
         if outcome.ack_result is not None:
-            self.reporter.ack(lease_id, outcome.ack_result)
+            self.reporter.ack(lease_id, outcome.ack_result, progress)
         elif outcome.fail is not None:
             if outcome.fail.error_class == "Timeout":
                 self._count("timeouts")
-            self.reporter.fail(outcome.fail)
+            self.reporter.fail(outcome.fail, progress)
         elif ex.stop_reason == STOP_LOST:
             self._count("lost")
             log.info("lease lost, task stopped without report",

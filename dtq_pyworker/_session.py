@@ -231,6 +231,26 @@ async def drain_heartbeat(worker: Worker, stub, runtime: Runtime) -> None:
         log.warning("draining heartbeat failed: %s", DtqRpcError.from_rpc_error(exc))
 
 
+async def send_final_progress(worker: Worker, stub,
+                              reports: list[dtq_pb2.TaskProgress]) -> None:
+    """Send handlers' last progress reports on a Heartbeat listing just their leases,
+    ahead of those leases' Ack or Fail (the reporter awaits it), so a report made right
+    before a handler returned is stored on the task.
+
+    Raises:
+        grpc.aio.AioRpcError: the call failed (the reporter logs it and sends the
+            results anyway).
+    """
+    interval_ms = worker._heartbeat_interval_ms or 5000
+    runtime = worker._runtime
+    request = dtq_pb2.HeartbeatRequest(
+        worker_id=worker.worker_id, lease_ids=[r.lease_id for r in reports],
+        counters=worker.counters(), concurrency=worker.concurrency,
+        active_tasks=runtime.busy_slots() if runtime is not None else 0,
+        hostname=worker.hostname, draining=worker._draining, progress=reports)
+    await stub.Heartbeat(request, timeout=max(1.0, interval_ms / 1000.0))
+
+
 async def _heartbeat_once(worker: Worker, stub, runtime: Runtime, interval_ms: int,
                           progress_only: bool = False) -> dtq_pb2.HeartbeatResponse:
     """One Heartbeat: every held lease (or, with ``progress_only``, just the leases

@@ -178,8 +178,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if worker.threads_busy:
         # A stopped sync handler that ignores ctx.cancelled would keep the
         # interpreter from exiting (pool threads are joined at exit).
-        log.warning("%d sync handler(s) still running; exiting without waiting",
-                    worker.threads_busy)
+        log.warning("%d sync handler thread(s) still running after the drain grace; their "
+                    "tasks were handed back (%d released this run: another worker takes them "
+                    "at once, no attempt spent; one whose release could not be sent is "
+                    "reclaimed after the visibility timeout); exiting without waiting for "
+                    "the threads", worker.threads_busy, worker.stats.get("released", 0))
         logging.shutdown()
         os._exit(0)
     return 0

@@ -211,19 +211,25 @@ class Client:
             time.sleep(min(delay, remaining))
             delay = _next_poll(delay)
 
-    def wait_chain(self, first: EnqueueResult, timeout_s: float = 30.0) -> Task:
-        """Wait for a chain: returns its last task once it succeeded, or the first
-        step that ended otherwise (its chain_state is CHAIN_STATE_BROKEN).
+    def wait_chain(self, first: EnqueueResult, timeout_s: float = 30.0, *,
+                   raise_on_failure: bool = True) -> Task:
+        """Wait for a chain: returns its last task once it succeeded. A step that ended
+        otherwise broke the chain (its ``chain_state`` is ``ChainState.BROKEN``): like
+        :meth:`wait`, that raises its outcome's exception, whose ``.task`` is the step;
+        with ``raise_on_failure=False`` the step is returned instead.
 
         Raises:
-            TimeoutError: The chain did not end within ``timeout_s``.
+            TaskFailed: A step was dead-lettered.
+            TaskCancelled: A step was cancelled.
+            TaskExpired: A step expired before it started.
+            TaskWaitTimeout: The chain did not end within ``timeout_s`` (a TimeoutError).
         """
         deadline = time.monotonic() + timeout_s
         for task_id in (first.task_id, *first.chain_task_ids):
             task = self.wait(task_id, max(0.0, deadline - time.monotonic()), missing_ok=True,
                              raise_on_failure=False)
             if task.status != TaskStatus.SUCCEEDED:
-                return task
+                return _finished(task, raise_on_failure)
         return task
 
     def cancel(self, task_id: str, reason: str = "") -> CancelResult:
@@ -325,15 +331,17 @@ class AsyncClient:
             await asyncio.sleep(min(delay, remaining))
             delay = _next_poll(delay)
 
-    async def wait_chain(self, first: EnqueueResult, timeout_s: float = 30.0) -> Task:
-        """Wait for a chain (see :meth:`Client.wait_chain`)."""
+    async def wait_chain(self, first: EnqueueResult, timeout_s: float = 30.0, *,
+                         raise_on_failure: bool = True) -> Task:
+        """Wait for a chain; a broken step raises like :meth:`wait` (see
+        :meth:`Client.wait_chain`)."""
         deadline = asyncio.get_running_loop().time() + timeout_s
         for task_id in (first.task_id, *first.chain_task_ids):
             left = max(0.0, deadline - asyncio.get_running_loop().time())
             task = await self.wait(task_id, left, missing_ok=True,
                                    raise_on_failure=False)
             if task.status != TaskStatus.SUCCEEDED:
-                return task
+                return _finished(task, raise_on_failure)
         return task
 
     async def cancel(self, task_id: str, reason: str = "") -> CancelResult:

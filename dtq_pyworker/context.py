@@ -60,7 +60,8 @@ class TaskContext:
         A report wakes the heartbeat loop, which sends it within about a second
         (PROGRESS_DELAY_S in ``dtq_pyworker._session``: at most one early heartbeat per
         second, the latest report wins), so calling this often costs nothing extra and
-        a short handler's progress still reaches the gateway. The gateway stores the
+        a short handler's progress still reaches the gateway. A report still unsent when
+        the handler returns or raises goes out on a heartbeat just before its Ack or Fail. The gateway stores the
         latest on the task (GetTask: progress_percent, progress_message) and publishes
         a TASK_PROGRESS event per stored report.
 

@@ -50,6 +50,32 @@ class TaskStatus(enum.IntEnum):
         return self in _TERMINAL
 
 
+class ChainState(enum.IntEnum):
+    """Where a chain stands at a task; values equal ``dtq_pb2.ChainState``
+    (``ChainState.BROKEN == dtq_pb2.CHAIN_STATE_BROKEN``).
+
+    UNSPECIFIED: no later steps (or not in a chain); WAITING: the task has not finished;
+    CONTINUING: it succeeded and the next step is being created; CONTINUED: the next
+    step exists (``next_task_id``); BROKEN: it ended without success and the later steps
+    are never created.
+    """
+
+    UNSPECIFIED = dtq_pb2.CHAIN_STATE_UNSPECIFIED
+    WAITING = dtq_pb2.CHAIN_STATE_WAITING
+    CONTINUING = dtq_pb2.CHAIN_STATE_CONTINUING
+    CONTINUED = dtq_pb2.CHAIN_STATE_CONTINUED
+    BROKEN = dtq_pb2.CHAIN_STATE_BROKEN
+
+    @classmethod
+    def of(cls, value: int) -> ChainState:
+        """The member for a protobuf value (UNSPECIFIED for one this client does not
+        know)."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.UNSPECIFIED
+
+
 _TERMINAL = frozenset({TaskStatus.SUCCEEDED, TaskStatus.DEAD_LETTERED, TaskStatus.CANCELLED,
                        TaskStatus.EXPIRED})
 
@@ -161,6 +187,8 @@ class Task(_RawFallback):
             report (0..100, text, UTC time; 0.0, "" and None before the first one).
         chain_id, chain_step, next_task_id: Chain membership ("" / 0 outside a chain;
             next_task_id is set once the next step was enqueued).
+        chain_state: A :class:`ChainState` (UNSPECIFIED outside a chain or at its last
+            step).
         group_id: The task group ("" outside a group).
         raw: The ``dtq_pb2.Task``; any attribute not listed here (such as
             ``created_at_ms``) is read from it.
@@ -198,6 +226,7 @@ class Task(_RawFallback):
     chain_id: str
     chain_step: int
     next_task_id: str
+    chain_state: ChainState
     group_id: str
     raw: dtq_pb2.Task = field(repr=False, compare=False)
 
@@ -223,7 +252,7 @@ class Task(_RawFallback):
             due_at=from_epoch_ms(t.due_at_ms), progress_percent=t.progress_percent,
             progress_message=t.progress_message, progress_at=from_epoch_ms(t.progress_at_ms),
             chain_id=t.chain_id, chain_step=t.chain_step, next_task_id=t.next_task_id,
-            group_id=t.group_id, raw=t)
+            chain_state=ChainState.of(t.chain_state), group_id=t.group_id, raw=t)
 
     @property
     def payload_bytes(self) -> bytes:

@@ -291,7 +291,9 @@ class Worker:
     async def _serve(self, stub: Any) -> None:
         reporter = ResultReporter(stub, flush_ms=self.ack_flush_ms, on_done=self._on_result,
                                   rpc_timeout_s=self.rpc_timeout_s,
-                                  flush_early=self._flush_early, idle=self._idle)
+                                  flush_early=self._flush_early, idle=self._idle,
+                                  send_progress=lambda reports: _session.send_final_progress(
+                                      self, stub, reports))
         runtime = Runtime(self.handlers, self.concurrency, self._executor, reporter,
                           self.worker_id, self._count)
         self._runtime = runtime
@@ -380,7 +382,9 @@ class Worker:
             force.cancel()
         left = list(runtime.running)
         if left:
-            log.warning("drain grace over, releasing running tasks", extra={"count": len(left)})
+            log.warning("drain grace over: handing %d running task(s) back to the gateway "
+                        "(FAIL_MODE_RELEASE: back in their queue at once for another worker, "
+                        "no attempt spent)", len(left), extra={"count": len(left)})
             runtime.stop(left, STOP_DRAIN)
             await asyncio.gather(*runtime.running.values(), return_exceptions=True)
 

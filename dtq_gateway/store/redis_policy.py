@@ -112,14 +112,22 @@ class EvictionPolicyWatch:
         """True when the gateway must not serve (evicting and required)."""
         return self.require and self.evicting
 
-    async def check(self) -> str | None:
-        """Read the policy now, update the gauge and log a change once."""
+    async def check(self, *, at_startup: bool = False) -> str | None:
+        """Read the policy now, update the gauge and log a change once.
+
+        Args:
+            at_startup: the gateway's start reads it: a refused policy is not logged
+                here, since the start fails with :meth:`startup_error`, whose one ERROR
+                line says it (a line saying "NOT_SERVING until ..." would read as if the
+                gateway kept running).
+        """
         self._checked_at = time.monotonic()
         self.policy = await read_policy(self.redis)
         REDIS_EVICTION_SAFE.set(-1 if self.policy is None else 0 if self.evicting else 1)
         if self.policy != self._logged:
             self._logged = self.policy
-            self._log()
+            if not (at_startup and self.refusing):
+                self._log()
         return self.policy
 
     async def maybe_check(self) -> None:

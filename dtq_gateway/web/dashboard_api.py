@@ -24,7 +24,7 @@ from dtq_gateway.store.admin import CallInfo, as_int
 from dtq_gateway.store.broker import Broker
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
-from dtq_gateway.store.task_record import NAME_BY_STATUS, STATUS_BY_NAME, task_from_hash
+from dtq_gateway.store.task_record import STATUS_BY_NAME, task_from_hash
 from dtq_gateway.validation import MAX_REASON_BYTES, cut_utf8
 from dtq_gateway.web.dashboard_rates import RateTracker
 from dtq_proto import dtq_pb2 as pb
@@ -83,11 +83,22 @@ def decode_bytes(data: bytes, content_type: str = "", max_bytes: int = 0) -> dic
         return {**out, "encoding": "base64", "value": base64.b64encode(data).decode()}
 
 
+def status_name(status: int) -> str:
+    """A TaskStatus as the JSON API writes it: the enum name without its prefix, in
+    upper case (``SUCCEEDED``, ``DEAD_LETTERED``), as ``dtq --json`` and the Python
+    client's ``TaskStatus`` name it; ``UNSPECIFIED`` for a value not known."""
+    try:
+        return pb.TaskStatus.Name(status).removeprefix("TASK_STATUS_")
+    except ValueError:
+        return "UNSPECIFIED"
+
+
 def task_json(task: pb.Task, *, with_payload: bool = True) -> dict[str, Any]:
-    """A ``dtq.v1.Task`` as the dashboard shows it (times in epoch ms)."""
+    """A ``dtq.v1.Task`` as the dashboard shows it (times in epoch ms; ``status`` and
+    ``chain_state`` as upper-case enum names without their prefix)."""
     out: dict[str, Any] = {
         "task_id": task.task_id, "queue": task.queue, "task_type": task.task_type,
-        "status": NAME_BY_STATUS.get(task.status, "unknown"), "priority": task.priority,
+        "status": status_name(task.status), "priority": task.priority,
         "attempt": task.attempt, "max_attempts": task.max_attempts,
         "timeout_ms": task.timeout_ms, "idempotency_key": task.idempotency_key,
         "worker_id": task.worker_id, "last_error": task.last_error,
@@ -105,7 +116,7 @@ def task_json(task: pb.Task, *, with_payload: bool = True) -> dict[str, Any]:
         "progress_at_ms": task.progress_at_ms,
         "chain_id": task.chain_id, "chain_step": task.chain_step,
         "next_task_id": task.next_task_id,
-        "chain_state": pb.ChainState.Name(task.chain_state).removeprefix("CHAIN_STATE_").lower(),
+        "chain_state": pb.ChainState.Name(task.chain_state).removeprefix("CHAIN_STATE_"),
     }
     if with_payload:
         out["payload"] = decode_bytes(task.payload, task.content_type)
@@ -237,11 +248,14 @@ async def cancel(b: Backend, task_id: str, reason: str, call: CallInfo) -> dict[
 
 
 async def recent(b: Backend, limit: int, queue_name: str, status: str) -> dict[str, Any]:
-    """Most recently created tasks, newest first, payload omitted."""
+    """Most recently created tasks, newest first, payload omitted; ``status`` filters by
+    a status name in either case (``DEAD_LETTERED`` or ``dead_lettered``)."""
     if queue_name:
         admin.validate_queue(queue_name)
+    status = status.lower()
     if status and status not in STATUS_BY_NAME:
-        raise InvalidArgument(f"status: one of {', '.join(STATUS_BY_NAME)}", field="status")
+        raise InvalidArgument("status: one of " + ", ".join(n.upper() for n in STATUS_BY_NAME),
+                              field="status")
     rows = await admin_lists.list_recent_tasks(b.redis, limit, queue_name, status)
     return {"tasks": [task_json(task_from_hash(f, None, include_payload=False),
                                 with_payload=False) for f in rows]}

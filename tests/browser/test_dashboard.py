@@ -82,7 +82,7 @@ async def test_dashboard_pages_and_actions(redis_url, chromium: str, screenshots
             await expect(rows.first).to_contain_text(f"SMTP 550 {XSS}")
             await page.get_by_role("button", name="Dry run").click()
             await expect(page.locator("#redrive-outcome")).to_have_text(
-                "2 dead letter(s) match this filter")
+                "2 dead letter(s) match queue=emails")
             await page.screenshot(path=screenshots / "dashboard-dead-letters.png",
                                   full_page=True)
             await page.locator(f'tr[data-task="{ids["dead0"]}"] button.requeue').click()
@@ -129,6 +129,81 @@ async def test_dashboard_pages_and_actions(redis_url, chromium: str, screenshots
             assert errors == []
         finally:
             idle.close()
+            await browser.close()
+
+
+async def test_task_progress_and_dead_letters_at_1400px(redis_url, chromium: str,
+                                                       screenshots: Path):
+    """Paper cuts: the progress line is text, not "[object HTMLSpanElement]"; the
+    dead-letter list fits 1400 px; dry run and redrive use the applied filter; redrive
+    asks with the count before it requeues."""
+    async with dashboard_gateway(redis_url) as dg, async_playwright() as pw:
+        first = await dg.enqueue("media", "resize", {"n": 1}, chain=[
+            dtq_pb2.EnqueueRequest(queue="media", task_type="notify")])
+        stream = await LeaseStream(dg.broker, "w-prog", ["media"]).open()
+        long_error = "SMTP 550 mailbox unavailable " * 12
+        dead = [await dg.dead_letter("emails", "send", {"to": f"bad{i}@x", "body": "x" * 300},
+                                     long_error, error_class="SmtpError") for i in range(2)]
+        await dg.dead_letter("other", "send", {"to": "o@x"}, "boom")
+        browser = await pw.chromium.launch(executable_path=chromium)
+        try:
+            leased = await stream.next()
+            await dg.broker.Heartbeat(dtq_pb2.HeartbeatRequest(
+                worker_id="w-prog", lease_ids=[leased.lease_id], progress=[
+                    dtq_pb2.TaskProgress(lease_id=leased.lease_id, percent=18,
+                                         message="step 11")]))
+            page = await browser.new_page(viewport={"width": 1400, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+
+            await page.goto(dg.url + f"/#/tasks/{first}")
+            progress = page.locator("#task-progress")
+            await expect(progress).to_have_text(
+                re.compile(r"^18% step 11 \(20\d\d-\d\d-\d\d \d\d:\d\d:\d\d \(.* ago\)\)$"))
+            assert "[object" not in await page.locator("main").inner_text()
+
+            # a task cancelled before it ever ran shows no attempt; the API's status
+            # is upper case (as in dtq --json), the page shows it in words
+            never = await dg.enqueue("idle-q", "t", {})
+            await dg.broker.CancelTask(dtq_pb2.CancelTaskRequest(task_id=never))
+            await page.goto(dg.url + f"/#/tasks/{never}")
+            await expect(page.locator("h1 .badge")).to_have_text("cancelled")
+            await expect(page.locator("dl.kv")).to_contain_text("none of 3 (never ran)")
+
+            await page.goto(dg.url + "/#/dead-letters?queue=emails")
+            rows = page.locator("table.dead-letters tbody tr[data-task]")
+            await expect(rows).to_have_count(2)
+            failed = rows.first.locator("td.failed-at")
+            line = await failed.evaluate("td => parseFloat(getComputedStyle(td).lineHeight)")
+            box = await failed.bounding_box()
+            assert box["height"] < 2 * line + 12, box  # one line (plus the cell's padding)
+            for i in range(2):
+                discard = rows.nth(i).locator("button.discard")
+                btn = await discard.bounding_box()
+                assert btn["x"] + btn["width"] <= 1400, btn
+            await page.screenshot(path=screenshots / "dashboard-dead-letters-1400.png")
+
+            # typed but not applied: the dry run still counts the filter the list shows
+            await page.locator('#dlq-filter input[name="queue"]').fill("other")
+            await page.get_by_role("button", name="Dry run").click()
+            await expect(page.locator("#redrive-outcome")).to_have_text(
+                "2 dead letter(s) match queue=emails")
+            go = page.locator("#redrive-go")
+            await go.click()
+            await expect(go).to_have_text("Confirm redrive of 2")
+            for task_id in dead:  # nothing requeued by the first click
+                got = await dg.broker.GetTask(dtq_pb2.GetTaskRequest(task_id=task_id))
+                assert got.task.status == dtq_pb2.TASK_STATUS_DEAD_LETTERED
+            await go.click()
+            await expect(page.locator("#flash")).to_have_text("redrive: 2 of 2 requeued")
+            for task_id in dead:
+                got = await dg.broker.GetTask(dtq_pb2.GetTaskRequest(task_id=task_id))
+                assert got.task.status == dtq_pb2.TASK_STATUS_QUEUED
+            other = await dg.admin.ListDeadLetters(dtq_pb2.ListDeadLettersRequest(queue="other"))
+            assert len(other.entries) == 1
+            assert errors == []
+        finally:
+            stream.close()
             await browser.close()
 
 

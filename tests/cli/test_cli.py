@@ -204,6 +204,65 @@ def test_gateway_refusals_map_to_exit_codes(env):
     assert ok.exit_code == 0 and json.loads(ok.stdout)["status"] == "QUEUED"
 
 
+def test_redis_down_exits_10_with_a_redis_hint():
+    """docs/cli.md: the gateway answered but cannot reach Redis: exit 10 and a hint about
+    Redis, not exit 8 and one about the gateway address."""
+    from click.testing import CliRunner
+
+    from dtq_cli import cli
+    from tests.support.redis_server import RedisServer
+    from tests.support.threaded_gateway import ThreadedGateway
+
+    server = RedisServer(appendonly=False).start()
+    gw = ThreadedGateway(server.url).start()
+    try:
+        server.stop()
+        res = CliRunner().invoke(cli, ["--gateway", gw.target, "--timeout", "30", "queues"],
+                                 env={"DTQ_GATEWAY": None, "DTQ_TOKEN": None},
+                                 catch_exceptions=False)
+    finally:
+        gw.stop()
+        server.cleanup()
+    assert res.exit_code == ExitCode.REDIS_UNAVAILABLE == 10, res.output
+    assert res.stderr.startswith("dtq: UNAVAILABLE REDIS_UNAVAILABLE: ")
+    assert f"the gateway at {gw.target} answered but cannot reach its Redis" in res.stderr
+    assert "DTQ_GATEWAY" not in res.stderr
+
+
+def test_error_lines_name_the_reason_once_and_the_flag(env):
+    """An error's reason is not a repeat of its code ("NOT_FOUND NOT_FOUND"), and pausing
+    an unknown queue points at the --create flag."""
+    missing = env.run("get", MISSING)
+    assert missing.exit_code == ExitCode.NOT_FOUND
+    assert missing.stderr.startswith("dtq: NOT_FOUND: ") and "NOT_FOUND NOT_FOUND" not in \
+        missing.stderr
+    unknown = env.run("pause", "never-seen-q")
+    assert unknown.exit_code == ExitCode.NOT_FOUND
+    assert "pass --create to pause it" in unknown.stderr and "set create" not in unknown.stderr
+
+
+def test_quiet_wait_prints_only_the_id(env):
+    """docs/cli.md: `-q` prints only the task id, with `--wait` as well (the exit code
+    tells the outcome)."""
+    ok = env.run("enqueue", SERVED, "ok", "{}", "--wait", "-q")
+    assert ok.exit_code == 0 and ok.stdout.count("\n") == 1 and " " not in ok.stdout.strip()
+    assert env.client.get(ok.stdout.strip()).status.name == "SUCCEEDED"
+    failed = env.run("enqueue", SERVED, "boom", "{}", "--wait", "-q")
+    assert failed.exit_code == ExitCode.TASK_FAILED
+    assert len(failed.stdout.splitlines()) == 1 and "DEAD_LETTERED" in failed.stderr
+
+
+def test_a_task_cancelled_before_it_ran_shows_no_attempt(env):
+    task_id = env.json("enqueue", "never-ran-q", "t", "{}")["task_id"]
+    assert env.run("cancel", task_id).exit_code == 0
+    shown = env.run("get", task_id).stdout
+    assert "attempt:" in shown and "none of 3 (never ran)" in shown and "1 of 3" not in shown
+    listed = env.run("recent", "--queue", "never-ran-q").stdout
+    assert "none/3" in listed and "1/3" not in listed
+    waiting = env.json("enqueue", "never-ran-q", "t", "{}")["task_id"]
+    assert "1 of 3 (not started)" in env.run("get", waiting).stdout
+
+
 def test_queues_stats_pause_and_resume(env):
     for prio in ("2", "9", "9"):
         env.json("enqueue", "stats-q", "t", "{}", "--priority", prio)
@@ -222,6 +281,25 @@ def test_queues_stats_pause_and_resume(env):
     assert "paused" in env.run("queues").stdout
     assert env.run("resume", "stats-q", "--reason", "done").stdout.strip() == "stats-q resumed"
     assert env.json("resume", "stats-q")["changed"] is False
+
+
+def test_queues_and_stats_read_as_words(env):
+    """docs/cli.md: `dtq queues` shows depth, leased and paused; `dtq stats` says its
+    numbers in words, never raw field names such as "throughput window ms"."""
+    for task_type in ("send", "send", "build"):
+        env.json("enqueue", "words-q", task_type, "{}")
+    env.json("stats", "words-q")  # a first reading starts the throughput window
+    header = env.run("queues").stdout.splitlines()[1]
+    assert "leased" in header and "pending" not in header
+    deadline = time.monotonic() + 30
+    while "succeeded/s" not in (human := env.run("stats", "words-q").stdout):
+        assert time.monotonic() < deadline, human  # the rate window is at least 1 s
+        time.sleep(0.2)
+    assert "leased:" in human and "pending" not in human
+    assert "outcomes:" in human and "0 succeeded, 0 failed" in human
+    assert "waiting by type: send 2, build 1" in human
+    for raw in ("throughput window ms", "waiting complete", "succeeded per s", "True"):
+        assert raw not in human, raw
 
 
 def test_delete_queue(env):

@@ -15,6 +15,7 @@ import aiohttp
 import grpc
 import pytest
 
+from dtq_cli.render import to_dict
 from dtq_proto import dtq_pb2
 from tests.support.dashboard import XSS, dashboard_gateway
 
@@ -53,12 +54,12 @@ async def test_pages_and_reads_show_real_tasks(redis_url):
         assert {t["task_id"] for t in q["recent"]} >= {ok_id, dead_id}
 
         status, task = await _json(http, "GET", dg.url + f"/api/tasks/{ok_id}")
-        assert status == 200 and task["status"] == "succeeded"
+        assert status == 200 and task["status"] == "SUCCEEDED"
         assert task["payload"] == {"encoding": "json", "value": {"to": "a@b"}, "bytes": 13}
         assert task["result"]["value"] == {"sent": True}
 
         status, task = await _json(http, "GET", dg.url + f"/api/tasks/{dead_id}")
-        assert task["status"] == "dead_lettered" and task["last_error"] == "boom " + XSS
+        assert task["status"] == "DEAD_LETTERED" and task["last_error"] == "boom " + XSS
         assert task["attempts"][0]["error_class"] == "ValueError"
 
         status, dlq = await _json(http, "GET", dg.url + "/api/dead-letters?queue=mail")
@@ -237,9 +238,15 @@ async def test_cancel_recent_and_audit(redis_url):
                                    json={})
         assert status == 409 and body["error"]["reason"] == "TASK_TERMINAL"
 
-        status, recent = await _json(http, "GET", dg.url + "/api/recent?queue=cq&status=cancelled")
-        assert status == 200 and [t["task_id"] for t in recent["tasks"]] == [task_id]
+        # statuses are upper case, as in `dtq --json`; the filter takes either case
+        for name in ("cancelled", "CANCELLED"):
+            status, recent = await _json(http, "GET",
+                                         dg.url + f"/api/recent?queue=cq&status={name}")
+            assert status == 200 and [t["task_id"] for t in recent["tasks"]] == [task_id]
+            assert recent["tasks"][0]["status"] == "CANCELLED"
         assert "payload" not in recent["tasks"][0]
+        cli_doc = to_dict((await dg.broker.GetTask(dtq_pb2.GetTaskRequest(task_id=task_id))).task)
+        assert cli_doc["status"] == recent["tasks"][0]["status"]  # what dtq --json prints
 
         status, audit = await _json(http, "GET", dg.url + "/api/audit?page_size=1")
         (entry,) = audit["entries"]
@@ -267,7 +274,7 @@ async def test_task_progress_and_queue_outcomes_and_stuck_types(redis_url):
             status, t = await _json(http, "GET", dg.url + f"/api/tasks/{run_id}")
             assert status == 200
             assert (t["progress_percent"], t["progress_message"]) == (40, "resizing " + XSS)
-            assert t["progress_at_ms"] > 0 and t["chain_state"] == "unspecified"
+            assert t["progress_at_ms"] > 0 and t["chain_state"] == "UNSPECIFIED"
             status, q = await _json(http, "GET", dg.url + "/api/queues/jobs")
             assert status == 200 and (q["succeeded"], q["failed"]) == (1, 0)
             waiting = {w["task_type"]: w for w in q["waiting_types"]}

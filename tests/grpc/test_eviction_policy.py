@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
 
 import grpc
 import pytest
@@ -16,7 +20,7 @@ from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
 from tests.conftest import gateway_settings
 from tests.support.leasing import error_reason, poll
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, free_port
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -37,6 +41,23 @@ async def test_evicting_redis_is_refused_at_startup(own_redis):
     with pytest.raises(EvictionPolicyError, match="volatile-lru.*noeviction"):
         await gw.start()
     assert _gauge() == 0
+
+
+def test_evicting_redis_at_startup_gives_one_error_line_and_exit_1(own_redis):
+    """operations.md, Redis settings: the gateway does not start, one ERROR line says
+    which policy and how to fix it, exit status 1."""
+    _set_policy(own_redis.url, "allkeys-lru")
+    env = dict(os.environ, DTQ_REDIS_URL=own_redis.url, DTQ_LISTEN=f"127.0.0.1:{free_port()}",
+               DTQ_METRICS_PORT="0", DTQ_LOG_FORMAT="json")
+    proc = subprocess.run([sys.executable, "-m", "dtq_gateway"], env=env, check=False,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    records = [json.loads(line) for line in proc.stderr.splitlines()]
+    errors = [r["message"] for r in records if r["level"] in ("ERROR", "CRITICAL")]
+    assert len(errors) == 1, errors
+    assert "allkeys-lru" in errors[0] and "CONFIG SET maxmemory-policy noeviction" in errors[0]
+    assert "DTQ_REQUIRE_NOEVICTION=false" in errors[0]
 
 
 async def test_policy_is_read_from_info_when_config_is_disabled():

@@ -54,3 +54,40 @@ async def test_operations_bundle(redis_url: str) -> None:
         await server.stop(0)
         await redis.aclose()
     assert not ops.hub.connected.is_set()
+
+
+async def test_metrics_exposition_is_as_documented(redis_url: str) -> None:
+    """docs/operations.md, Metrics: every series is a `dtq_` one with the documented
+    labels or one of prometheus_client's process and Python series; no `*_created`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    settings = gateway_settings(redis_url, metrics_port=free_port())
+    redis = aioredis.from_url(redis_url)
+    await put_task(redis, "shown", band=2)
+    ops = Operations(redis, settings, gauge_interval_s=0.2)
+    ops.start()
+    try:
+        loop = asyncio.get_running_loop()
+        body = await poll(lambda: loop.run_in_executor(None, fetch, ops.metrics_port),
+                          lambda text: 'queue="shown"' in text)
+    finally:
+        await ops.stop()
+        await redis.aclose()
+    documented = {"queue", "band", "method", "code", "limit", "reason", "policy"}
+    python_labels = {"generation", "implementation", "major", "minor", "patchlevel",
+                     "version"}
+    names, runtime_series = set(), 0
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            names.add(sample.name)
+            assert not sample.name.endswith("_created"), sample.name
+            labels = set(sample.labels) - {"le"}
+            if sample.name.startswith("dtq_"):
+                assert labels <= documented, (sample.name, labels)
+            else:
+                runtime_series += 1
+                assert sample.name.startswith(("process_", "python_gc_", "python_info")), \
+                    sample.name
+                assert labels <= python_labels, (sample.name, labels)
+    assert "dtq_queue_depth" in names and "python_info" in names
+    assert runtime_series == 16

@@ -89,3 +89,19 @@ def test_rule_shape(rule: dict) -> None:
     if "for" in rule:
         assert DURATION_RE.match(rule["for"]), rule["for"]
     assert rule["expr"].count("(") == rule["expr"].count(")")
+
+
+DEPLOY_DOC = RULES.parents[2] / "docs" / "deploy.md"
+
+
+def test_deploy_doc_lists_the_rules_as_shipped() -> None:
+    """docs/deploy.md, Alert rules: its table names exactly the shipped alerts, and a
+    missing scheduler leader is alerted on through dtq_scheduler_leader."""
+    text = DEPLOY_DOC.read_text()
+    section = text.split("## Alert rules", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `(Dtq\w+)` \|", section, re.MULTILINE))
+    by_name = {rule["alert"]: rule for rule in rules()}
+    assert documented == set(by_name)
+    assert "dtq_scheduler_leader" in by_name["DtqNoSchedulerLeader"]["expr"]
+    assert "sum(dtq_scheduler_leader) == 0" in section
+    assert "no metric" not in section

@@ -183,3 +183,35 @@ def test_cli_takes_dtq_queue_when_dtq_queues_is_unset(monkeypatch):
     monkeypatch.setenv("DTQ_QUEUES", "a,b")  # the plural wins
     apply_flags(worker, build_parser().parse_args(["m:w"]))
     assert worker.queues == ["a", "b"]
+
+
+async def test_sigtermed_worker_hands_long_sync_handlers_tasks_back(gateway):
+    """A SIGTERMed dtq-pyworker whose sync handlers outlive the drain grace hands their
+    tasks back (FAIL_MODE_RELEASE): they are QUEUED again at once with no attempt
+    spent, not left for the visibility timeout, and the log says so."""
+    from dtq_pyworker import AsyncClient
+
+    target = f"127.0.0.1:{gateway.port}"
+    async with AsyncClient(target) as client:
+        ids = [(await client.enqueue("hangq", "hang", {})).task_id for _ in range(2)]
+        proc = await _spawn("tests.worker.cli_app:worker", "--target", target,
+                            "--queues", "hangq", "--concurrency", "2", "--drain-grace", "0.5")
+        try:
+            deadline = asyncio.get_running_loop().time() + 30
+            while [(await client.get_task(t)).status for t in ids] != [
+                    dtq_pb2.TASK_STATUS_ACTIVE] * 2:
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            rc = await asyncio.wait_for(proc.wait(), 30)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        tasks = [await client.get_task(t) for t in ids]
+    output = (await proc.stdout.read()).decode()
+    assert rc == 0, output
+    assert [t.status for t in tasks] == [dtq_pb2.TASK_STATUS_QUEUED] * 2, output
+    assert [t.attempt for t in tasks] == [1, 1]
+    assert "handing 2 running task(s) back" in output
+    assert "2 sync handler thread(s) still running" in output and "2 released" in output

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from dtq_proto import dtq_pb2
-from dtq_pyworker import AsyncClient, PermanentError, Worker
+from dtq_pyworker import AsyncClient, ChainState, Client, PermanentError, TaskFailed, Worker
 from tests.worker.helpers import running
 
 
@@ -48,6 +48,30 @@ async def test_handler_progress_reaches_get_task(gateway):
         done = await client.wait(task_id, 10)
     assert done.status == dtq_pb2.TASK_STATUS_SUCCEEDED
 
+
+async def test_progress_of_a_handler_that_returns_at_once_is_stored(gateway):
+    """README: ``ctx.progress(40, "resizing")`` then ``return`` at once: the report
+    goes out ahead of the Ack, so the finished task shows it."""
+    worker = _worker(gateway)
+
+    @worker.task("resize")
+    def resize(payload, ctx):
+        ctx.progress(40, "resizing")
+        return {"frames": 120}
+
+    @worker.task("resize_async")
+    async def resize_async(payload, ctx):
+        ctx.progress(60, "async")
+        raise PermanentError("broken")
+
+    async with AsyncClient(f"127.0.0.1:{gateway.port}") as client, running(worker):
+        task_id = (await client.enqueue("fq", "resize", {})).task_id
+        failed_id = (await client.enqueue("fq", "resize_async", {})).task_id
+        done = await _poll(client, task_id, lambda t: t.status == dtq_pb2.TASK_STATUS_SUCCEEDED)
+        failed = await _poll(client, failed_id,
+                             lambda t: t.status == dtq_pb2.TASK_STATUS_DEAD_LETTERED)
+    assert (done.progress_percent, done.progress_message) == (40.0, "resizing")
+    assert (failed.progress_percent, failed.progress_message) == (60.0, "async")
 
 async def test_progress_goes_out_before_the_next_heartbeat(redis_url):
     """With a 30 s heartbeat interval each report still reaches the gateway within a
@@ -158,7 +182,31 @@ async def test_one_trace_spans_producer_gateway_and_worker(gateway, spans):
     assert by_name["dtq.handle traced"].kind == trace.SpanKind.CONSUMER
 
 
-async def test_wait_chain_returns_the_step_that_broke_it(gateway):
+
+async def test_traceparent_is_the_producers_or_empty(gateway):
+    """README: a task carries the traceparent its producer gave; a plain client with no
+    tracer provider configured sends none, and dtq makes none up."""
+    worker = _worker(gateway)
+    seen = {}
+
+    @worker.task("traced")
+    def traced(payload, ctx):
+        seen[payload] = ctx.traceparent
+
+    given = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    async with AsyncClient(f"127.0.0.1:{gateway.port}") as client, running(worker):
+        plain = (await client.enqueue("fq", "traced", "plain")).task_id
+        explicit = (await client.enqueue("fq", "traced", "explicit",
+                                         traceparent=given)).task_id
+        plain_task = await client.wait(plain, 10)
+        explicit_task = await client.wait(explicit, 10)
+    assert plain_task.traceparent == "" and seen["plain"] == ""
+    assert explicit_task.traceparent == given and seen["explicit"] == given
+
+
+async def test_wait_chain_raises_for_the_step_that_broke_it(gateway):
+    """Like wait: a broken chain raises TaskFailed (its .task is the step) unless
+    raise_on_failure=False; chain_state is a ChainState enum, not a bare int."""
     worker = _worker(gateway)
 
     @worker.task("bad")
@@ -167,6 +215,18 @@ async def test_wait_chain_returns_the_step_that_broke_it(gateway):
 
     async with AsyncClient(f"127.0.0.1:{gateway.port}") as client, running(worker):
         first = await client.enqueue("fq", "bad", {}, chain=[{"queue": "fq", "task_type": "bad"}])
-        broken = await client.wait_chain(first, 10)
+        with pytest.raises(TaskFailed) as raised:
+            await client.wait_chain(first, 10)
+        broken = await client.wait_chain(first, 10, raise_on_failure=False)
+
+        def sync_wait_chain() -> None:  # the blocking Client raises the same way
+            with Client(f"127.0.0.1:{gateway.port}") as sync_client, \
+                    pytest.raises(TaskFailed):
+                sync_client.wait_chain(first, 10)
+
+        await asyncio.get_running_loop().run_in_executor(None, sync_wait_chain)
+    assert raised.value.task.task_id == first.task_id
     assert (broken.task_id, broken.status) == (first.task_id, dtq_pb2.TASK_STATUS_DEAD_LETTERED)
-    assert broken.chain_state == dtq_pb2.CHAIN_STATE_BROKEN
+    assert broken.chain_state is ChainState.BROKEN
+    assert broken.chain_state == dtq_pb2.CHAIN_STATE_BROKEN  # still equal to the proto value
+

@@ -73,6 +73,13 @@ function when(ms) {
   return el("span", { title: d.toISOString() }, d.toISOString().replace("T", " ").slice(0, 19) +
     " (" + rel + ")");
 }
+// A compact time: "3.2 min ago" on one line, the full UTC time in its title.
+function ago(ms) {
+  if (!ms) return el("span", { class: "muted" }, "—");
+  const age = Date.now() - ms;
+  return el("span", { class: "time", title: new Date(ms).toISOString() },
+    age >= 0 ? dur(age) + " ago" : "in " + dur(-age));
+}
 function decoded(p) {
   if (!p || p.encoding === "empty") return el("span", { class: "muted" }, "(empty)");
   const value = p.encoding === "json" ? JSON.stringify(p.value, null, 2) : p.value;
@@ -243,7 +250,7 @@ function taskTable(tasks) {
   return table(["task", "type", "status", "attempt", "created", "last error"],
     tasks.map((t) => el("tr", {},
       el("td", {}, link("#/tasks/" + t.task_id, t.task_id)), el("td", {}, t.task_type),
-      el("td", {}, badge(t.status)), el("td", {}, t.attempt + "/" + t.max_attempts),
+      el("td", {}, badge(t.status.toLowerCase())), el("td", {}, attemptText(t, "/")),
       el("td", {}, when(t.created_at_ms)), el("td", { class: "preview" }, t.last_error))),
     "tasks");
 }
@@ -265,34 +272,44 @@ async function recentView(params) {
   show(el("h1", {}, "Recent tasks"), form, taskTable(data.tasks));
 }
 
+// The attempt: "2 of 3"; a task that never ran shows "none of 3 (never ran)", one still
+// waiting for its first run "1 of 3 (not started)" (attempt is the current or next one).
+function attemptText(t, sep) {
+  if (t.started_at_ms) return t.attempt + sep + t.max_attempts;
+  if (t.finished_at_ms) return "none" + sep + t.max_attempts + " (never ran)";
+  return t.attempt + sep + t.max_attempts + " (not started)";
+}
+
 async function taskView(id) {
   const t = await api("/api/tasks/" + encodeURIComponent(id));
+  const status = t.status.toLowerCase(); // the API writes SUCCEEDED; pages show succeeded
   const actions = [];
-  if (!TERMINAL.has(t.status)) {
+  if (!TERMINAL.has(status)) {
     actions.push(confirmButton("Cancel", "danger", async () => {
       const r = await post("/api/tasks/" + t.task_id + "/cancel", { reason: "dashboard" });
       flash("task " + t.task_id + ": " + r.outcome); route();
     }));
   }
-  if (t.status === "dead_lettered" && t.metadata.discarded !== "true") {
+  if (status === "dead_lettered" && t.metadata.discarded !== "true") {
     actions.push(dlqActions(t.task_id, route));
   }
   const kv = (k, v) => [el("dt", {}, k), el("dd", {}, v === "" || v == null ? "—" : v)];
-  show(el("h1", {}, "Task ", el("code", {}, t.task_id), " ", badge(t.status), " ", actions),
+  show(el("h1", {}, "Task ", el("code", {}, t.task_id), " ", badge(status), " ", actions),
     el("dl", { class: "kv" },
       kv("queue", link("#/queues/" + encodeURIComponent(t.queue), t.queue)),
       kv("type", t.task_type), kv("priority", t.priority),
-      kv("attempt", t.attempt + " of " + t.max_attempts), kv("timeout", dur(t.timeout_ms)),
+      kv("attempt", attemptText(t, " of ")), kv("timeout", dur(t.timeout_ms)),
       kv("worker", t.worker_id), kv("idempotency key", t.idempotency_key),
       kv("created", when(t.created_at_ms)), kv("not before", when(t.not_before_ms)),
       kv("expires", when(t.expires_at_ms)), kv("started", when(t.started_at_ms)),
       kv("finished", when(t.finished_at_ms)),
       kv("cancel requested", t.cancel_requested ? "yes" : "no"),
       kv("content type", t.content_type),
-      kv("progress", t.progress_at_ms ? t.progress_percent.toFixed(0) + "% " +
-        t.progress_message + " (" + when(t.progress_at_ms) + ")" : ""),
+      kv("progress", t.progress_at_ms ? el("span", { id: "task-progress" },
+        t.progress_percent.toFixed(0) + "% " + t.progress_message + " (", when(t.progress_at_ms),
+        ")") : ""),
       t.chain_id ? kv("chain", el("span", {}, "step " + t.chain_step + " of ",
-        link("#/tasks/" + t.chain_id, t.chain_id.slice(0, 12) + "…"), " · " + t.chain_state,
+        link("#/tasks/" + t.chain_id, t.chain_id.slice(0, 12) + "…"), " · " + t.chain_state.toLowerCase(),
         t.next_task_id ? el("span", {}, " · next ",
           link("#/tasks/" + t.next_task_id, t.next_task_id.slice(0, 12) + "…")) : "")) : null),
     t.last_error ? [el("h2", {}, "Last error"),
@@ -346,30 +363,62 @@ async function deadLettersView(params) {
     ev.preventDefault();
     location.hash = "#/dead-letters" + qs(values());
   });
+  // Dry run and redrive use the filter applied (the one the list shows), never what is
+  // typed in the boxes but not yet applied with Filter.
+  const applied = { queue: f.queue, task_type: f.task_type, error_class: f.error_class };
+  const filterText = Object.entries(applied).filter(([, v]) => v)
+    .map(([k, v]) => k + "=" + v).join(", ") || "all dead letters";
   const outcome = el("span", { id: "redrive-outcome", class: "muted" });
-  const redriveBody = (dry) => ({ ...values(), dry_run: dry,
+  const redriveBody = (dry) => ({ ...applied, dry_run: dry,
     min_age_ms: Math.round((Number(inputs.min_age_s.value) || 0) * 1000) });
+  // Redrive asks first: its first click counts the matches (a dry run) and arms the
+  // button as "Confirm redrive of N"; only the second click requeues.
+  const redriveButton = el("button", { class: "danger", type: "button", id: "redrive-go" },
+    "Redrive");
+  let armedTimer = null;
+  const disarm = () => {
+    clearTimeout(armedTimer);
+    redriveButton.classList.remove("armed");
+    redriveButton.textContent = "Redrive";
+  };
+  redriveButton.addEventListener("click", async () => {
+    redriveButton.disabled = true;
+    try {
+      if (!redriveButton.classList.contains("armed")) {
+        const r = await post("/api/dead-letters/redrive", redriveBody(true));
+        outcome.textContent = r.matched + " dead letter(s) match " + filterText;
+        if (r.matched > 0) {
+          redriveButton.classList.add("armed");
+          redriveButton.textContent = "Confirm redrive of " + r.matched;
+          armedTimer = setTimeout(disarm, 6000);
+        }
+      } else {
+        disarm();
+        const r = await post("/api/dead-letters/redrive", redriveBody(false));
+        flash("redrive: " + r.requeued + " of " + r.matched + " requeued"); route();
+      }
+    } catch (e) { flash(e.message, true); disarm(); }
+    redriveButton.disabled = false;
+  });
   const redrive = el("div", { class: "toolbar", id: "redrive" },
     el("label", {}, "older than (s)", inputs.min_age_s),
     actionButton("Dry run", "", async () => {
       const r = await post("/api/dead-letters/redrive", redriveBody(true));
-      outcome.textContent = r.matched + " dead letter(s) match this filter";
+      outcome.textContent = r.matched + " dead letter(s) match " + filterText;
     }),
-    confirmButton("Redrive", "danger", async () => {
-      const r = await post("/api/dead-letters/redrive", redriveBody(false));
-      flash("redrive: " + r.requeued + " of " + r.matched + " requeued"); route();
-    }), outcome);
+    redriveButton, outcome);
   const rows = data.entries.map((d) => el("tr", { "data-task": d.task_id },
     el("td", {}, link("#/tasks/" + d.task_id, d.task_id.slice(0, 12) + "…")),
     el("td", {}, d.queue), el("td", {}, d.task_type), el("td", {}, d.last_error_class),
-    el("td", { class: "preview", title: d.last_error }, d.last_error),
-    el("td", { class: "preview", title: preview(d.payload) }, preview(d.payload)),
-    num(d.attempts_made), el("td", {}, when(d.failed_at_ms)),
+    el("td", {}, el("div", { class: "preview", title: d.last_error }, d.last_error)),
+    el("td", {}, el("div", { class: "preview", title: preview(d.payload) }, preview(d.payload))),
+    num(d.attempts_made), el("td", { class: "failed-at" }, ago(d.failed_at_ms)),
     el("td", {}, dlqActions(d.task_id, route))));
   const more = data.next_page_token
     ? link("#/dead-letters" + qs({ ...values(), page_token: data.next_page_token }), "Older →")
     : null;
-  show(el("h1", {}, "Dead letters"), form, el("h2", {}, "Redrive the matching dead letters"),
+  show(el("h1", {}, "Dead letters"), form,
+    el("h2", {}, "Redrive the matching dead letters (" + filterText + ")"),
     redrive, table(["task", "queue", "type", "error class", "last error", "payload",
       "attempts#", "failed", ""], rows, "dead-letters"), more);
 }
