@@ -14,7 +14,9 @@ OK is looked up:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,8 @@ FOLLOW_S = 2.0
 #: Workers x concurrency: the most tasks in flight when the primary goes (a task
 #: whose Ack was not answered OK may run again, at most once per failover).
 IN_FLIGHT = 2 * 4
+#: The gateway's log lines when a sentinel reports a failover in progress and when it is over.
+FENCE_ON, FENCE_OFF = "redis failover in progress", "redis failover over"
 
 
 @pytest.fixture
@@ -67,6 +71,22 @@ def _role(port: int) -> str | None:
         return None
     finally:
         c.close()
+
+
+def _fence_s(env: FailoverEnv) -> float:
+    """Seconds the gateway refused connections during the failover, from its log
+    ("redis failover in progress ..." to "redis failover over"); asserts both lines."""
+    stamps: dict[str, datetime] = {}
+    for line in env.procs[0].log_path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        for key in (FENCE_ON, FENCE_OFF):
+            if rec.get("message", "").startswith(key):
+                stamps.setdefault(key, datetime.strptime(rec["ts"], "%Y-%m-%d %H:%M:%S,%f"))
+    assert set(stamps) == {FENCE_ON, FENCE_OFF}, f"no fence logged: {env.logs()}"
+    return (stamps[FENCE_OFF] - stamps[FENCE_ON]).total_seconds()
 
 
 def _run_failover(setup: SentinelSetup, env: FailoverEnv, extra: dict[str, str],
@@ -117,7 +137,8 @@ def test_sentinel_failover_without_durable_acks_loses_only_the_window(sentinel_e
     late = [tid for tid in counts["lost_ids"] if answered_at[tid] > switched_at + FOLLOW_S]
     spread = sorted(round(answered_at[tid] - switched_at, 2) for tid in counts["lost_ids"])
     in_window = sum(1 for _, t in acked if switched_at - 5 <= t <= switched_at + FOLLOW_S)
-    print(f"sentinel failover, no WAIT: {counts['tasks']} answered OK, lost "
+    fence_s = _fence_s(env)  # the gateway stopped writing while the failover ran
+    print(f"sentinel failover, no WAIT: fenced {fence_s:.2f} s; {counts['tasks']} answered OK, lost "
           f"{counts['lost_enqueues']} ({in_window} answered in the window), "
           f"{len(late)} lost after it; lost ones answered at switch{spread[:1]}..{spread[-1:]} s")
     # every task answered OK once the gateway followed the switch is on the new primary
