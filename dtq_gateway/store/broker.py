@@ -154,6 +154,12 @@ class Broker:
         ahead.queue_calls(pipe)
         try:
             (replies, *read) = await execute(self.redis, pipe, self.wait)
+            # not confirmed by enough replicas (DTQ_REDIS_MIN_REPLICAS_ACK), yet applied
+            # on the primary: deliver what the read took, then answer the error
+            unconfirmed = replies if isinstance(replies, ReplicasNotAcked) else None
+            if unconfirmed is not None:
+                replies = unconfirmed.reply
+                read = [r.reply if isinstance(r, ReplicasNotAcked) else r for r in read]
             if isinstance(replies, Exception):
                 raise replies
         except BaseException:
@@ -169,6 +175,8 @@ class Broker:
             observe.enqueued(task.queue, 1)
             if _s(replies[0][0]) != "ok" and out.status == "queued":
                 self.on_queued(task.queue)  # queued by a take-over after the read ran
+        if unconfirmed is not None:
+            raise unconfirmed
         return out
 
     @staticmethod

@@ -6,7 +6,8 @@ replica holds what they wrote when they answer. With the replica frozen (SIGSTOP
 WAIT is confirmed: each call answers UNAVAILABLE with a message naming the setting
 (the write may have been applied: the caller resends), and once the replica thaws the
 resends answer OK: an Enqueue with the same idempotency key gets the same task, an
-Ack its duplicate result.
+Ack its duplicate result; the tasks the unconfirmed calls stored reach the open Lease
+stream at once.
 """
 
 from __future__ import annotations
@@ -158,6 +159,11 @@ async def test_a_frozen_replica_makes_writes_unavailable_and_resends_succeed(
         again = await _resend(lambda: broker.Enqueue(request))
         assert again.deduplicated  # the task the first call made
         assert _status(on_replica, again.task_id) in ("queued", "active")  # on the replica
+        # what the unconfirmed calls stored is delivered to the open session at once
+        # (the task of the unconfirmed Enqueue and the two of the batch), not stranded
+        # until a visibility timeout
+        delivered = {t.task_id for t in await lease.take(3, timeout_s=15)}
+        assert again.task_id in delivered
         done = await _resend(lambda: broker.Ack(ack))
         assert done.results[0].duplicate
         assert _status(on_replica, task.task_id) == "succeeded"
