@@ -38,6 +38,7 @@ from dtq_gateway.store.audit import request_id_of
 from dtq_gateway.store.broker import Broker
 from dtq_gateway.store.client import Client, make_client
 from dtq_gateway.store.groups import Groups
+from dtq_gateway.store.primary_watch import PrimaryWatch
 from dtq_gateway.store.redis_policy import EvictionPolicyWatch
 from dtq_gateway.web.dashboard import Dashboard
 from dtq_gateway.web.dashboard_api import Backend
@@ -265,6 +266,8 @@ class Gateway:
         self.health = health.aio.HealthServicer()
         self.policy = EvictionPolicyWatch(self.probe_redis, require=settings.require_noeviction,
                                           interval_s=settings.eviction_check_interval_s)
+        #: sentinel mode: follows a primary switch at once (None in other modes)
+        self.primary_watch = PrimaryWatch.of(self.redis, self.probe_redis)
         self.probe = HealthProbe(
             self.redis, self.health, self.draining, self.policy,
             liveness_key=redis_health.liveness_key(settings.gateway_id),
@@ -389,6 +392,8 @@ class Gateway:
         await self.server.start()
         self.ops.start()
         self.probe.start()
+        if self.primary_watch is not None:
+            self.primary_watch.start()
         self.dispatcher.start()
         self.scheduler.start()
         log.info("listening", extra={"listen": self.settings.listen, "port": self.port,
@@ -415,6 +420,8 @@ class Gateway:
         await self.server.stop(self.settings.shutdown_grace_s)
         await self.followups.drain()
         await self.scheduler.stop()
+        if self.primary_watch is not None:
+            await self.primary_watch.stop()
         await redis_health.close(self.redis)
         await redis_health.close(self.probe_redis)
         log.info("stopped", extra={"drain_s": round(time.monotonic() - started, 3)})

@@ -42,6 +42,14 @@ class Settings:
         "Sentinel service name of the dtq primary (sentinel mode only)."))
     redis_sentinel_password: str = field(default="", metadata=_meta(
         "Password of the sentinels themselves (sentinel mode; empty = none).", secret=True))
+    redis_min_replicas_ack: int = field(default=0, metadata=_meta(
+        "Durable acknowledgements (0..16; 0 = off): Enqueue, EnqueueBatch, Ack and Fail "
+        "send Redis WAIT after their write and answer OK only once this many replicas "
+        "have it; fewer within DTQ_REDIS_REPLICA_ACK_TIMEOUT_MS answers UNAVAILABLE (the "
+        "write may have been applied: resend). Needs that many replicas per primary."))
+    redis_replica_ack_timeout_ms: int = field(default=1000, metadata=_meta(
+        "Longest wait for DTQ_REDIS_MIN_REPLICAS_ACK replicas per write (ms, 10..4000: "
+        "below the 5 s Redis socket timeout)."))
     listen: str = field(default="127.0.0.1:50051", metadata=_meta("gRPC listen address host:port."))
     metrics_port: int = field(default=9464, metadata=_meta(
         "Prometheus HTTP port; 0 disables. /metrics has no authentication: bind it where "
@@ -284,6 +292,12 @@ def _validate(s: Settings) -> None:
     if s.redis_mode != "standalone" and not s.redis_url:
         raise SettingsError(f"DTQ_REDIS_MODE={s.redis_mode} needs DTQ_REDIS_URL (the "
                             "embedded redis-server is standalone only)")
+    if not 0 <= s.redis_min_replicas_ack <= 16:
+        raise SettingsError(f"DTQ_REDIS_MIN_REPLICAS_ACK must be 0..16 "
+                            f"(got {s.redis_min_replicas_ack})")
+    if not 10 <= s.redis_replica_ack_timeout_ms <= 4000:
+        raise SettingsError(f"DTQ_REDIS_REPLICA_ACK_TIMEOUT_MS must be 10..4000 "
+                            f"(got {s.redis_replica_ack_timeout_ms})")
     if s.redis_mode == "sentinel" and not s.redis_sentinel_master:
         raise SettingsError("DTQ_REDIS_MODE=sentinel needs DTQ_REDIS_SENTINEL_MASTER "
                             "(the service name the sentinels monitor)")

@@ -21,6 +21,8 @@ from dtq_gateway.settings import Settings
 from dtq_gateway.store import completion as store
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.completion import ACK_CHUNK, WorkerBeat, WorkerRegistration
+from dtq_gateway.store.durability import ReplicaWait
+from dtq_gateway.store.errors import ReplicasNotAcked
 from dtq_gateway.store.replies import text as _s
 from dtq_gateway.validation import MAX_HOSTNAME_BYTES, cut_utf8
 from dtq_proto import dtq_pb2
@@ -74,6 +76,9 @@ class Completion:
         self.on_done = on_done
         #: verifies lease ids (see leaseid.py)
         self.keyring = keyring or default_keyring()
+        #: DTQ_REDIS_MIN_REPLICAS_ACK: acks and failures wait for replicas (None = off)
+        self.wait = ReplicaWait.of(settings.redis_min_replicas_ack,
+                                   settings.redis_replica_ack_timeout_ms)
         #: Called with each finished outcome whose ``follow`` is set (chain step owed,
         #: group member ended); the gateway wires followups.FollowUps.after_outcome.
         self.on_follow: Callable[[ItemOutcome], None] = lambda o: None
@@ -120,7 +125,7 @@ class Completion:
             parts += [acks[i:i + ACK_CHUNK] for i in range(0, len(acks), ACK_CHUNK)]
             todo += done
         replies = await store.ack(self.redis, parts, s.result_max_bytes,
-                                  s.result_retention_s, s.task_retention_s)
+                                  s.result_retention_s, s.task_retention_s, self.wait)
         self._record(todo, replies)
         return outcomes
 
@@ -140,12 +145,18 @@ class Completion:
                 queued.append(oc)
         if queued:
             self._record(queued, await store.fail(self.redis, calls, s.dlq_maxlen,
-                                                  s.task_retention_s))
+                                                  s.task_retention_s, self.wait))
         return outcomes
 
     def _record(self, queued: list[ItemOutcome], replies: list) -> None:
         """Fill each outcome from its script reply; ``on_done`` for finished leases."""
+        unconfirmed: ReplicasNotAcked | None = None
         for oc, reply in zip(queued, replies):
+            if isinstance(reply, ReplicasNotAcked):
+                # applied on the primary but not confirmed by enough replicas: keep the
+                # local state in step with the primary, then answer the error
+                unconfirmed = unconfirmed or reply
+                reply = reply.reply
             if isinstance(reply, Exception):
                 raise reply
             kind = _s(reply[0])
@@ -167,6 +178,8 @@ class Completion:
             self.on_done(oc.lease.worker_id, oc.lease.queue, oc)
             if oc.follow:
                 self.on_follow(oc)
+        if unconfirmed is not None:
+            raise unconfirmed
 
     async def heartbeat(self, req: dtq_pb2.HeartbeatRequest,
                         caller: str = "") -> tuple[list[str], list[str]]:

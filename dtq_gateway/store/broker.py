@@ -18,6 +18,8 @@ from dtq_gateway.errors import DtqError, NotFound, QueueFull, WrongState
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import keys
 from dtq_gateway.store.audit import append_audit
+from dtq_gateway.store.durability import ReplicaWait
+from dtq_gateway.store.errors import ReplicasNotAcked
 from dtq_gateway.store.groups import Groups, queue_limit
 from dtq_gateway.store.indexes import write_indexes_logged as write_indexes
 from dtq_gateway.store.replies import text as _s
@@ -55,6 +57,9 @@ class Broker:
         #: ``read_ahead(queue, task_type)`` -> a sessions.ReadAhead or None
         #: (Dispatcher.read_ahead)
         self.read_ahead = read_ahead
+        #: DTQ_REDIS_MIN_REPLICAS_ACK: enqueues wait for replicas (None = off)
+        self.wait = ReplicaWait.of(settings.redis_min_replicas_ack,
+                                   settings.redis_replica_ack_timeout_ms)
 
     def _enqueue_call(self, tasks: list[NewTask], takeover: str = "") -> tuple[list[str], list]:
         """KEYS and ARGV of one enqueue.lua call for ``tasks``, all of one queue (see the
@@ -110,7 +115,10 @@ class Broker:
         parts = [idx[j:j + CHUNK] for idx in by_queue.values()
                  for j in range(0, len(idx), CHUNK)]
         chunks = await call_each(self.redis, ENQUEUE, [
-            self._enqueue_call([tasks[i] for i in part]) for part in parts])
+            self._enqueue_call([tasks[i] for i in part]) for part in parts], self.wait)
+        for part, chunk in zip(parts, chunks):
+            if isinstance(chunk, ReplicasNotAcked):  # queued on the primary all the same
+                self.on_queued(tasks[part[0]].queue)
         if len(tasks) == 1 and isinstance(chunks[0], Exception):
             raise chunks[0]  # a unary Enqueue answers the error as its status
         slots: list[Enqueued | Exception | None] = [None] * len(tasks)
@@ -145,7 +153,13 @@ class Broker:
         ENQUEUE.queue(pipe, *self._enqueue_call([task]))
         ahead.queue_calls(pipe)
         try:
-            (replies, *read) = await execute(self.redis, pipe)
+            (replies, *read) = await execute(self.redis, pipe, self.wait)
+            # not confirmed by enough replicas (DTQ_REDIS_MIN_REPLICAS_ACK), yet applied
+            # on the primary: deliver what the read took, then answer the error
+            unconfirmed = replies if isinstance(replies, ReplicasNotAcked) else None
+            if unconfirmed is not None:
+                replies = unconfirmed.reply
+                read = [r.reply if isinstance(r, ReplicasNotAcked) else r for r in read]
             if isinstance(replies, Exception):
                 raise replies
         except BaseException:
@@ -161,6 +175,8 @@ class Broker:
             observe.enqueued(task.queue, 1)
             if _s(replies[0][0]) != "ok" and out.status == "queued":
                 self.on_queued(task.queue)  # queued by a take-over after the read ran
+        if unconfirmed is not None:
+            raise unconfirmed
         return out
 
     @staticmethod
@@ -187,7 +203,10 @@ class Broker:
             # The record points at a task that no longer exists (expired or lost in a
             # Redis failover): let this enqueue take the key over instead of waiting
             # for the record's TTL.
-            chunk = await ENQUEUE(self.redis, *self._enqueue_call([task], takeover=earlier))
+            (chunk,) = await call_each(self.redis, ENQUEUE, [
+                self._enqueue_call([task], takeover=earlier)], self.wait)
+            if isinstance(chunk, Exception):
+                raise chunk
             self._collect_meta(chunk, task.queue, recent, busy)
             return await self._outcome(task, chunk[0], recent, busy)
         return Enqueued(earlier, _s(status), deduplicated=True, queue=task.queue)

@@ -7,9 +7,10 @@
   slot (``docs/redis-layout.md``), so each script runs on one node.
 - ``sentinel``: redis-py's :class:`redis.asyncio.sentinel.Sentinel`; ``DTQ_REDIS_URL``
   names one sentinel or a comma list (``redis://s1:26379,s2:26379,s3:26379``) and
-  ``DTQ_REDIS_SENTINEL_MASTER`` the monitored service. The pool asks the sentinels for
-  the primary before each new connection, so after a failover the next connection
-  reaches the promoted replica.
+  ``DTQ_REDIS_SENTINEL_MASTER`` the monitored service. The pool asks every sentinel
+  for the primary before each new connection and, on a switch, drops every connection
+  to the old primary at once (:mod:`dtq_gateway.store.primary_watch`, whose
+  PrimaryWatch duty notices a switch without waiting for a new connection).
 
 Credentials in the URL (``redis://user:password@host:port``) authenticate to the data
 nodes (cluster nodes, or the Sentinel service's primary); sentinels are reached
@@ -29,9 +30,11 @@ from urllib.parse import unquote, urlsplit
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import MaxConnectionsError
+
+from dtq_gateway.store.primary_watch import FollowingSentinelPool
 
 #: The gateway's Redis client, whichever the mode: the layers above the store hold one
 #: and hand it to store functions, never calling it themselves.
@@ -148,7 +151,7 @@ def make_client(mode: str, url: str, *, max_connections: int = 16,
         sentinel = Sentinel([(e.host, e.port) for e in endpoints],
                             sentinel_kwargs=sentinel_kwargs, **common, **kwargs)
         return sentinel.master_for(sentinel_master, redis_class=Redis,
-                                   connection_pool_class=SentinelConnectionPool,
+                                   connection_pool_class=FollowingSentinelPool,
                                    max_connections=max_connections, health_check_interval=1)
     raise ValueError(f"unknown Redis mode {mode!r} (one of {', '.join(MODES)})")
 

@@ -17,8 +17,10 @@ from typing import Any, Protocol
 
 from dtq_gateway.store import keys
 from dtq_gateway.store.client import Client
+from dtq_gateway.store.durability import ReplicaWait
+from dtq_gateway.store.errors import ReplicasNotAcked
 from dtq_gateway.store.replies import text as _s
-from dtq_gateway.store.scripts import Script, call_chunks, execute
+from dtq_gateway.store.scripts import Script, call_chunks, call_each, execute
 
 ACK = Script("ack")
 FAIL = Script("fail")
@@ -158,18 +160,22 @@ async def heartbeat(redis: Client, beat: WorkerBeat,
 
 
 async def ack(redis: Client, parts: Sequence[Sequence[tuple[LeaseRef, bytes]]],
-              result_max_bytes: int, result_retention_s: int, task_retention_s: int
-              ) -> list[list]:
+              result_max_bytes: int, result_retention_s: int, task_retention_s: int,
+              wait: ReplicaWait | None = None) -> list[list]:
     """ack.lua, one call per part: (lease, result) pairs of one queue (one hash slot),
     at most :data:`ACK_CHUNK` each; one EVALSHA for one part, one pipeline beyond.
 
     A result longer than ``result_max_bytes`` is stored cut, marked truncated.
 
+    With ``wait`` (DTQ_REDIS_MIN_REPLICAS_ACK) each call is followed by WAIT; a call
+    fewer replicas confirmed is returned as :class:`ReplicasNotAcked` per lease of it,
+    carrying that lease's ack.lua reply (the primary applied it).
+
     Returns:
         ack.lua's reply per lease, in the order of the parts.
 
     Raises:
-        The first failed call's Redis error.
+        The first failed call's Redis error (other than ReplicasNotAcked).
     """
     calls = []
     for part in parts:
@@ -184,11 +190,23 @@ async def ack(redis: Client, parts: Sequence[Sequence[tuple[LeaseRef, bytes]]],
             args += (le.entry_id, le.attempt, le.worker_id, le.task_id, result,
                      "1" if len(raw) > len(result) else "0", le.tag)
         calls.append((keys_, args))
-    return await call_chunks(redis, ACK, calls)
+    if wait is None:
+        return await call_chunks(redis, ACK, calls)
+    items: list = []
+    for reply in await call_each(redis, ACK, calls, wait):
+        if isinstance(reply, ReplicasNotAcked):
+            items += [ReplicasNotAcked(reply.wanted, reply.got, reply.timeout_ms, one)
+                      for one in reply.reply]
+        elif isinstance(reply, Exception):
+            raise reply
+        else:
+            items += reply
+    return items
 
 
 async def fail(redis: Client, items: Sequence[tuple[LeaseRef, str, bool, int, str, str]],
-               dlq_maxlen: int, task_retention_s: int) -> list:
+               dlq_maxlen: int, task_retention_s: int,
+               wait: ReplicaWait | None = None) -> list:
     """fail.lua once per item, all in one pipeline (one round trip).
 
     The pipeline first adds the items' queues to the dead-letter index (it spans queues:
@@ -201,6 +219,9 @@ async def fail(redis: Client, items: Sequence[tuple[LeaseRef, str, bool, int, st
             already cut to their limits.
         dlq_maxlen: MAXLEN of the dead-letter stream.
         task_retention_s: TTL of the records of tasks that end here.
+
+        wait: DTQ_REDIS_MIN_REPLICAS_ACK's WAIT after the calls (None = off); an item
+            fewer replicas confirmed gets :class:`ReplicasNotAcked` carrying its reply.
 
     Returns:
         fail.lua's reply per item, in order, a failed call's error in its place.
@@ -218,4 +239,4 @@ async def fail(redis: Client, items: Sequence[tuple[LeaseRef, str, bool, int, st
                        "1" if retryable else "0", retry_after_ms, random.random(), message,
                        error_class, dlq_maxlen, task_retention_s,
                        "1" if le.idem_digest else "0", le.tag))
-    return (await execute(redis, pipe))[1:]
+    return (await execute(redis, pipe, wait))[1:]

@@ -41,6 +41,31 @@ _TRANSIENT_REPLIES = ("BUSY", "MISCONF", "TRYAGAIN", "CLUSTERDOWN", "MOVED", "AS
 #: redis-py's asyncio connection module, where a connection closed under a call fails.
 _REDIS_CONNECTION = os.path.join("redis", "asyncio", "connection.py")
 
+class ReplicasNotAcked(RedisConnectionError):
+    """A write the primary applied that fewer than DTQ_REDIS_MIN_REPLICAS_ACK replicas
+    confirmed within DTQ_REDIS_REPLICA_ACK_TIMEOUT_MS (Redis ``WAIT``), or whose WAIT
+    failed. Its outcome is unknown to the caller, like a connection lost after the
+    write: it may survive a failover or not. Maps to UNAVAILABLE (:func:`as_dtq_error`).
+
+    Args:
+        wanted: replicas asked for (1..16).
+        got: replicas that confirmed (-1: the WAIT itself failed or went to a node that
+            no longer owns the written key's slot).
+        timeout_ms: how long WAIT waited (ms).
+        reply: the write's own reply (what the primary did), for callers that keep
+            local state in step with Redis before answering the error.
+    """
+
+    def __init__(self, wanted: int, got: int, timeout_ms: int, reply: object = None) -> None:
+        self.wanted, self.got, self.timeout_ms, self.reply = wanted, got, timeout_ms, reply
+        seen = f"{got}" if got >= 0 else "no"
+        super().__init__(
+            f"the write reached the Redis primary but {seen} of the {wanted} replica(s) "
+            f"DTQ_REDIS_MIN_REPLICAS_ACK asks for confirmed it within {timeout_ms} ms: it "
+            "may be lost in a failover; resend it (Enqueue with its idempotency key; Ack "
+            "and Fail are idempotent)")
+
+
 _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError,
                 BusyLoadingError, ReadOnlyError, MasterDownError, TryAgainError,
                 ClusterError, MaxConnectionsError, AuthenticationError, NoPermissionError)
@@ -89,7 +114,8 @@ def as_dtq_error(exc: BaseException) -> DtqError | None:
     """The domain error for a Redis failure, or None when ``exc`` is not one.
 
     Redis at ``maxmemory`` (an OOM reply) → :class:`RedisFull` (RESOURCE_EXHAUSTED);
-    Redis unreachable, loading, read-only (a replica after a failover), without a
+    fewer replicas than DTQ_REDIS_MIN_REPLICAS_ACK confirmed a write
+    (:class:`ReplicasNotAcked`, its message), Redis unreachable, loading, read-only (a replica after a failover), without a
     primary, busy with a script, failing to persist (MISCONF), refusing dtq's own
     credentials, a cluster slot moving, or a connection closed under the call (see
     ``_broken_connection``) → :class:`Unavailable` (UNAVAILABLE, reason
@@ -105,6 +131,8 @@ def as_dtq_error(exc: BaseException) -> DtqError | None:
         return Unavailable("gateway busy: no free Redis connection of this gateway's pool "
                            "(DTQ_REDIS_MAX_CONNECTIONS) within 5 s; retry",
                            reason="GATEWAY_BUSY", retry_after_ms=1000)
+    if isinstance(exc, ReplicasNotAcked):
+        return Unavailable(str(exc), retry_after_ms=1000)
     if isinstance(exc, _UNAVAILABLE) or (
             isinstance(exc, ResponseError) and reply_code(exc) in _TRANSIENT_REPLIES) or (
             _broken_connection(exc)):

@@ -28,6 +28,8 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from dtq_gateway.store import keys
 from dtq_gateway.store.client import is_cluster
+from dtq_gateway.store.durability import ReplicaWait
+from dtq_gateway.store.errors import ReplicasNotAcked
 
 LUA_DIR = Path(__file__).parent / "lua"
 
@@ -96,29 +98,85 @@ class Script:
         pipe.execute_command("EVALSHA", self.sha, len(keys_), *keys_, *args)
 
 
-async def execute(client: Redis, pipe: Any) -> list[Any]:
+async def execute(client: Redis, pipe: Any, wait: ReplicaWait | None = None) -> list[Any]:
     """Execute a pipeline of :meth:`Script.queue` calls.
 
     Items answered NOSCRIPT (a Redis restart, SCRIPT FLUSH, a cluster node that never
     ran the script) are re-run with EVAL of the source, which caches the script on that
     node; a NOSCRIPT call executed nothing, so the re-run is safe. Other errors are
     returned in place (as exceptions) for the caller to map per item.
+
+    With ``wait``, the pipeline ends with ``WAIT`` on each node its script calls went
+    to (the same connection as their writes, no extra round trip) and every script call
+    that succeeded on a node whose WAIT saw fewer than ``wait.replicas`` replicas is
+    answered :class:`ReplicasNotAcked` in its place (see :func:`_apply_wait`).
     """
     calls = getattr(pipe, "_dtq_calls", {})
     if is_cluster(client) and len(calls) == len(pipe) > 1:
         groups = _by_node(client, calls)
         if len(groups) > 1:
-            return await _execute_per_node(client, calls, groups)
+            return await _execute_per_node(client, calls, groups, wait)
+    waits = _queue_waits(client, pipe, calls, wait)
     replies = await pipe.execute(raise_on_error=False)
+    if waits:
+        replies = _apply_wait(client, calls, waits, replies, wait)
     for i, r in enumerate(replies):
         if i in calls and (isinstance(r, NoScriptError) or (
                 isinstance(r, ResponseError) and str(r).startswith("NOSCRIPT"))):
             script, keys_, args = calls[i]
             try:
-                replies[i] = await client.eval(script.source, len(keys_), *keys_, *args)
+                if wait is None:
+                    replies[i] = await client.eval(script.source, len(keys_), *keys_, *args)
+                    continue
+                again = client.pipeline(transaction=False)
+                again._dtq_calls = {0: calls[i]}
+                again.execute_command("EVAL", script.source, len(keys_), *keys_, *args)
+                replies[i] = (await execute(client, again, wait))[0]
             except ResponseError as exc:
                 replies[i] = exc
     return replies
+
+
+def _queue_waits(client: Any, pipe: Any, calls: dict[int, tuple[Script, Sequence[str],
+                 Sequence[Any]]], wait: ReplicaWait | None) -> dict[int, Any]:
+    """Add ``WAIT`` to ``pipe`` once per node its script calls go to (one for a single
+    server); returns {pipeline position of the WAIT: that node (None off a cluster)}."""
+    if wait is None or not calls:
+        return {}
+    if not is_cluster(client):
+        pos = len(pipe)
+        pipe.execute_command("WAIT", wait.replicas, wait.timeout_ms)
+        return {pos: None}
+    waits: dict[int, Any] = {}
+    for node in {client.get_node_from_key(k[0]).name: client.get_node_from_key(k[0])
+                 for _, k, _ in calls.values()}.values():
+        waits[len(pipe)] = node
+        pipe.execute_command("WAIT", wait.replicas, wait.timeout_ms, target_nodes=node)
+    return waits
+
+
+def _apply_wait(client: Any, calls: dict[int, tuple[Script, Sequence[str], Sequence[Any]]],
+                waits: dict[int, Any], replies: list[Any], wait: ReplicaWait) -> list[Any]:
+    """Strip the WAIT replies off ``replies`` and put :class:`ReplicasNotAcked` in place
+    of each successful script call not confirmed by ``wait.replicas`` replicas.
+
+    In a cluster a call counts as confirmed only if the node its WAIT went to still owns
+    the call's slot afterwards: a call redirected (MOVED, a failover) ran on another
+    connection, which that WAIT does not cover."""
+    got = {pos: (r if isinstance(r, int) else -1) for pos, r in
+           ((p, replies[p]) for p in waits)}
+    out = [r for i, r in enumerate(replies) if i not in waits]
+    for i, (_, keys_, _) in calls.items():
+        if isinstance(out[i], Exception):
+            continue
+        if not is_cluster(client):
+            seen = next(iter(got.values()))
+        else:
+            owner = client.get_node_from_key(keys_[0]).name
+            seen = next((got[p] for p, n in waits.items() if n.name == owner), -1)
+        if seen < wait.replicas:
+            out[i] = ReplicasNotAcked(wait.replicas, seen, wait.timeout_ms, out[i])
+    return out
 
 
 def _by_node(client: Any, calls: dict[int, tuple[Script, Sequence[str], Sequence[Any]]]
@@ -132,7 +190,8 @@ def _by_node(client: Any, calls: dict[int, tuple[Script, Sequence[str], Sequence
 
 async def _execute_per_node(client: Any,
                             calls: dict[int, tuple[Script, Sequence[str], Sequence[Any]]],
-                            groups: dict[str, list[int]]) -> list[Any]:
+                            groups: dict[str, list[int]],
+                            wait: ReplicaWait | None = None) -> list[Any]:
     """Script calls on several cluster nodes: one pipeline per node, concurrently.
 
     redis-py's cluster pipeline raises one error for the whole pipeline when any node's
@@ -145,7 +204,7 @@ async def _execute_per_node(client: Any,
         for i in positions:
             script, keys_, args = calls[i]
             script.queue(pipe, keys_, args)
-        return await execute(client, pipe)
+        return await execute(client, pipe, wait)
 
     results = await asyncio.gather(*(run(g) for g in groups.values()), return_exceptions=True)
     replies: list[Any] = [None] * len(calls)
@@ -158,11 +217,13 @@ async def _execute_per_node(client: Any,
 
 
 async def call_each(client: Redis, script: Script,
-                    calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+                    calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
+                    wait: ReplicaWait | None = None) -> list[Any]:
     """Run calls of a script; one reply per call, in order, with a failed call's error
-    in its place (one EVALSHA for a single call, one pipeline otherwise). Connection
-    errors of a single call are raised."""
-    if len(calls) == 1:
+    in its place (one EVALSHA for a single call, one pipeline otherwise; with ``wait``
+    always a pipeline ending in WAIT, see :func:`execute`). Connection errors of a
+    single call are raised."""
+    if len(calls) == 1 and wait is None:
         try:
             return [await script(client, *calls[0])]
         except ResponseError as exc:
@@ -170,15 +231,17 @@ async def call_each(client: Redis, script: Script,
     pipe = client.pipeline(transaction=False)
     for keys_, args in calls:
         script.queue(pipe, keys_, args)
-    return await execute(client, pipe)
+    return await execute(client, pipe, wait)
 
 
 async def call_chunks(client: Redis, script: Script,
-                      calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+                      calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
+                      wait: ReplicaWait | None = None) -> list[Any]:
     """Run calls of a script that answers one list per call (one item per input) and
-    return the items concatenated, in order. Raises the first failed call's error."""
+    return the items concatenated, in order. Raises the first failed call's error
+    (:class:`ReplicasNotAcked` for a call ``wait`` did not confirm)."""
     items: list[Any] = []
-    for reply in await call_each(client, script, calls):
+    for reply in await call_each(client, script, calls, wait):
         if isinstance(reply, Exception):
             raise reply
         items += reply

@@ -2,7 +2,8 @@
 
 Six ``redis-server --cluster-enabled yes`` processes on 127.0.0.1 (free ports, one
 temporary directory), joined by ``redis-cli --cluster create --cluster-replicas 1``.
-:meth:`RedisCluster.failover` promotes a replica with ``CLUSTER FAILOVER``. The
+:meth:`RedisCluster.failover` promotes a replica with ``CLUSTER FAILOVER``;
+:meth:`RedisCluster.kill_primary` SIGKILLs a primary and brings it back as a replica. The
 benchmark ``bench.cluster_scale`` starts one with no replicas and AOF off.
 """
 
@@ -125,6 +126,33 @@ class RedisClusterSetup:
             wait_for(lambda n=n: self._info(n.port).get("cluster_state") == "ok", timeout_s,
                      f"node {n.port} to report cluster_state ok after the failover")
         return port
+
+    def replica_of(self, primary_port: int) -> int:
+        """Port of a replica (link up) that follows the primary on ``primary_port``."""
+        return wait_for(lambda: next((r for r in self.replicas()
+                                      if self.primary_of(r) == primary_port), None),
+                        30.0, f"a replica of {primary_port}")
+
+    def node(self, port: int) -> RedisServer:
+        """The node on ``port``."""
+        return next(n for n in self.nodes if n.port == port)
+
+    def kill_primary(self, port: int, timeout_s: float = 30.0) -> int:
+        """SIGKILL the primary on ``port``, wait until its replica took over and the
+        cluster is ``ok`` again, then start the killed node again (it rejoins as the new
+        primary's replica); returns the new primary's port."""
+        replica = self.replica_of(port)
+        self.node(port).kill()
+        wait_for(lambda: self._role(replica) == "master", timeout_s,
+                 f"replica {replica} to take over from the killed {port}")
+        for n in self.nodes:
+            if n.port != port:
+                wait_for(lambda n=n: self._info(n.port).get("cluster_state") == "ok",
+                         timeout_s, f"node {n.port} to report cluster_state ok")
+        self.node(port).start()
+        wait_for(lambda: port in self.replicas(), timeout_s,
+                 f"the restarted {port} to follow the new primary")
+        return replica
 
     def stop(self) -> None:
         """Stop every node and remove the directory."""

@@ -18,6 +18,8 @@ than once.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -90,10 +92,62 @@ def enqueue_spread(client: Client, queues: list[str], n: int, sleep_s: float = 0
     return wait_until(attempt, timeout_s, "the gateway to accept enqueues")
 
 
+class Producer:
+    """Enqueues short chaos tasks one at a time in a thread, each with its own
+    idempotency key; a refused call (UNAVAILABLE during a failover, a deadline) is sent
+    again with the same key until answered OK. :attr:`acked` lists (task id,
+    ``time.monotonic()`` of its OK) for every task answered OK.
+
+    Args:
+        target: the gateway.
+        queue: the queue to fill.
+        pause_s: pause between two tasks (s).
+    """
+
+    def __init__(self, target: str, queue: str = "chaos", pause_s: float = 0.01) -> None:
+        self.client = Client(target, timeout_s=5.0)
+        self.queue, self.pause_s = queue, pause_s
+        self.acked: list[tuple[str, float]] = []
+        self.refused = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="producer", daemon=True)
+
+    def start(self) -> Producer:
+        """Start producing."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[tuple[str, float]]:
+        """Stop after the task in hand is answered OK (or 30 s); returns :attr:`acked`."""
+        self._stop.set()
+        self._thread.join(timeout=60)
+        self.client.close()
+        return self.acked
+
+    def _run(self) -> None:
+        n = 0
+        while not self._stop.is_set():
+            key = f"producer-{n}"
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    res = self.client.enqueue(self.queue, "chaos.sleep", {"sleep_s": 0},
+                                              max_attempts=10, idempotency_key=key)
+                except DtqRpcError:
+                    self.refused += 1
+                    time.sleep(0.05)
+                    continue
+                self.acked.append((res.task_id, time.monotonic()))
+                break
+            n += 1
+            time.sleep(self.pause_s)
+
+
 def check_at_least_once(env: FailoverEnv, client: Client, task_ids: Iterable[str],
                         queues: list[str], timeout_s: float = 60.0) -> dict[str, Any]:
     """Wait until every task still known is terminal and assert the failover invariant
-    (module docstring). Returns counts: ``{"tasks", "lost_enqueues", "ran_twice"}``."""
+    (module docstring). Returns counts: ``{"tasks", "lost_enqueues", "ran_twice"}`` and
+    the ids of the lost enqueues (``"lost_ids"``)."""
     ids = list(dict.fromkeys(task_ids))
 
     def settled() -> dict[str, dtq_pb2.Task | None] | None:
@@ -121,5 +175,6 @@ def check_at_least_once(env: FailoverEnv, client: Client, task_ids: Iterable[str
         wait_until(lambda q=q: not band_backlog(env.rds, q), timeout_s,
                    f"empty band streams and PELs of {q}")
     runs = Counter(r["task_id"] for r in env.runs("done"))
-    return {"tasks": len(ids), "lost_enqueues": sum(t is None for t in tasks.values()),
+    lost = [tid for tid, t in tasks.items() if t is None]
+    return {"tasks": len(ids), "lost_enqueues": len(lost), "lost_ids": lost,
             "ran_twice": sum(1 for n in runs.values() if n > 1)}

@@ -57,3 +57,22 @@ def test_a_busy_connection_pool_is_gateway_busy_not_redis_down():
     down = as_dtq_error(RedisConnectionError("Connection refused"))
     assert not is_pool_busy(RedisConnectionError("Connection refused"))
     assert down.reason == "REDIS_UNAVAILABLE"
+
+
+def test_a_write_fewer_replicas_confirmed_is_unavailable_with_a_clear_message():
+    from redis.exceptions import ReadOnlyError
+
+    from dtq_gateway.store.errors import ReplicasNotAcked
+
+    exc = ReplicasNotAcked(wanted=2, got=1, timeout_ms=1000, reply=[b"ok"])
+    mapped = as_dtq_error(exc)
+    assert isinstance(mapped, Unavailable) and is_redis_outage(exc)
+    assert mapped.retry_after_ms == 1000
+    assert "1 of the 2 replica(s) DTQ_REDIS_MIN_REPLICAS_ACK asks for" in str(mapped)
+    assert "resend" in str(mapped) and exc.reply == [b"ok"]
+    # a write that reaches a demoted primary (a replica now) is refused, never OK
+    assert isinstance(as_dtq_error(ReadOnlyError("You can't write against a read only "
+                                                 "replica.")), Unavailable)
+    assert isinstance(as_dtq_error(ResponseError(
+        "Command # 1 (EVALSHA x) of pipeline caused error: READONLY You can't write")),
+        Unavailable)

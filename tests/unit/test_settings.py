@@ -72,3 +72,20 @@ def test_boolean_settings_parse_and_refuse_garbage():
     assert load(["--require-noeviction", "0"]).require_noeviction is False
     with pytest.raises(SettingsError, match="DTQ_REQUIRE_NOEVICTION: expected true or false"):
         load([], environ={"DTQ_REQUIRE_NOEVICTION": "maybe"})
+
+
+@pytest.mark.parametrize("env, needle", [
+    ({"DTQ_REDIS_MIN_REPLICAS_ACK": "-1"}, "DTQ_REDIS_MIN_REPLICAS_ACK must be 0..16"),
+    ({"DTQ_REDIS_MIN_REPLICAS_ACK": "17"}, "DTQ_REDIS_MIN_REPLICAS_ACK must be 0..16"),
+    ({"DTQ_REDIS_REPLICA_ACK_TIMEOUT_MS": "9"}, "DTQ_REDIS_REPLICA_ACK_TIMEOUT_MS must be"),
+    ({"DTQ_REDIS_REPLICA_ACK_TIMEOUT_MS": "4001"}, "DTQ_REDIS_REPLICA_ACK_TIMEOUT_MS must be"),
+])
+def test_durable_ack_settings_are_range_checked(env, needle):
+    with pytest.raises(SettingsError, match=needle):
+        load([], environ=env)
+
+
+def test_durable_acks_are_off_by_default_and_take_a_replica_count():
+    assert load([]).redis_min_replicas_ack == 0
+    s = load(["--redis-min-replicas-ack", "2", "--redis-replica-ack-timeout-ms", "250"])
+    assert (s.redis_min_replicas_ack, s.redis_replica_ack_timeout_ms) == (2, 250)

@@ -1,0 +1,189 @@
+"""Sentinel mode: write only to the current primary, following a switch at once.
+
+redis-py's :class:`SentinelConnectionPool` asks the sentinels for the primary only when
+it opens a connection, and drops pooled connections to a demoted node only when one of
+them gets READONLY, which the old primary answers only once Sentinel has turned it
+into a replica (about 10 s after a requested failover). Until then it accepts writes
+that the demotion discards. Two pieces close that window:
+
+- :class:`FollowingSentinelPool` asks *every* sentinel and trusts the answer with the
+  highest ``config-epoch`` (a sentinel that has not heard of the switch yet answers an
+  older epoch). While any sentinel reports a failover of the service in progress
+  (from ``+try-failover``, before the replica is promoted, until ``+switch-master`` or
+  an abort) it makes no connection and drops every pooled one: during a failover the
+  old primary still takes writes that its replicas may no longer carry to the
+  promoted one, so they are refused (UNAVAILABLE) rather than answered OK and lost.
+  When the primary's address changes it drops every connection to the old one too.
+  Dropping includes in-use connections: a call in flight fails (UNAVAILABLE, outcome
+  unknown, the caller resends) instead of being answered OK and lost.
+- :class:`PrimaryWatch`, a duty of the gateway, re-reads the sentinels when one of them
+  publishes a failover event and every ``interval_s`` besides (a sentinel restarted or
+  unreachable misses events), so the gateway reacts without waiting for a connection.
+
+A write that still reaches a demoted node gets READONLY, which redis-py's
+SentinelManagedConnection turns into a ConnectionError: UNAVAILABLE to the caller
+(``store/errors.py``), never an OK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from redis.asyncio.sentinel import MasterNotFoundError, SentinelConnectionPool
+
+from dtq_gateway.store.errors import OUTAGE_ERRORS
+
+log = logging.getLogger(__name__)
+
+#: Sentinel events that wake the watch: a failover's steps (``+try-failover`` first,
+#: before the replica is promoted), its end or abort, and ``+switch-master``.
+EVENT_PATTERNS = ("*failover*", "+switch-master")
+#: The SENTINEL MASTER flag of a master whose failover this sentinel is running.
+FAILOVER_FLAG = "failover_in_progress"
+
+
+async def read_primary(sentinel: Any, service: str) -> tuple[tuple[str, int], bool]:
+    """The primary's (host, port) by the sentinel answer with the highest config epoch,
+    and whether any sentinel has a failover of the service in progress.
+
+    Raises:
+        MasterNotFoundError (a redis ConnectionError): no sentinel answered, or the
+            newest answer says the primary is down (failover not done yet).
+    """
+    replies = await asyncio.gather(*(s.sentinel_master(service) for s in sentinel.sentinels),
+                                   return_exceptions=True)
+    states = [r for r in replies if isinstance(r, dict) and "ip" in r]
+    if not states:
+        raise MasterNotFoundError(f"no sentinel named a primary for {service!r}")
+    state = max(states, key=lambda st: int(st.get("config-epoch", 0)))
+    if not sentinel.check_master_state(state, service):
+        raise MasterNotFoundError(f"the primary of {service!r} is down (failover pending)")
+    failing_over = any(FAILOVER_FLAG in str(st.get("flags", "")).split(",") for st in states)
+    return (state["ip"], int(state["port"])), failing_over
+
+
+class FollowingSentinelPool(SentinelConnectionPool):
+    """A SentinelConnectionPool that follows the newest primary and, on a switch or
+    while a failover is in progress, drops every connection to the old one (module
+    docstring)."""
+
+    #: True while a sentinel reports a failover in progress: no connection is made
+    fenced = False
+
+    async def get_master_address(self) -> tuple[str, int]:
+        """The primary to connect to now.
+
+        Raises:
+            MasterNotFoundError: no sentinel answers, the primary is down, or a failover
+                is in progress (a ConnectionError: UNAVAILABLE to a caller).
+        """
+        address, failing_over = await read_primary(self.sentinel_manager, self.service_name)
+        if not self.is_master:
+            return address
+        if failing_over != self.fenced:
+            self.fenced = failing_over
+            log.warning("redis failover in progress; no writes until the sentinels name "
+                        "the new primary" if failing_over else "redis failover over")
+            if failing_over:
+                await self._drop_all()
+        if self.master_address != address:
+            old, self.master_address = self.master_address, address
+            if old is not None:
+                log.warning("redis primary switched; dropping connections to the old one",
+                            extra={"old": f"{old[0]}:{old[1]}",
+                                   "new": f"{address[0]}:{address[1]}"})
+                await self._drop_all()
+        if failing_over:
+            raise MasterNotFoundError(f"a failover of {self.service_name!r} is in progress")
+        return address
+
+    async def _drop_all(self) -> None:
+        """Disconnect every connection, in-use ones too (their calls fail: UNAVAILABLE,
+        outcome unknown, the caller resends), and have in-use ones reconnect."""
+        await self.update_active_connections_for_reconnect()
+        await self.disconnect(inuse_connections=True)
+
+
+class PrimaryWatch:
+    """Re-reads the Sentinel service's primary on ``+switch-master`` and every
+    ``interval_s`` (s, > 0), switching each pool over at once. ``start()``/``stop()``.
+
+    Args:
+        pools: the FollowingSentinelPools of the gateway's clients (the calls' client
+            and the health probe's), all of one Sentinel service.
+        interval_s: period of the fallback poll (s).
+    """
+
+    def __init__(self, pools: list[FollowingSentinelPool], interval_s: float = 0.5) -> None:
+        self.pools = pools
+        self.interval_s = interval_s
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @classmethod
+    def of(cls, *clients: Any, interval_s: float = 0.5) -> PrimaryWatch | None:
+        """The watch over the sentinel-mode clients among ``clients``; None when none
+        is (standalone and cluster modes)."""
+        pools = [pool for pool in (getattr(c, "connection_pool", None) for c in clients)
+                 if isinstance(pool, FollowingSentinelPool)]
+        return cls(list({id(p): p for p in pools}.values()), interval_s) if pools else None
+
+    def start(self) -> None:
+        """Start polling and listening to every sentinel."""
+        self._tasks = [asyncio.create_task(self._poll(), name="dtq-primary-watch")]
+        self._tasks += [asyncio.create_task(self._listen(s), name="dtq-sentinel-events")
+                        for s in self.pools[0].sentinel_manager.sentinels]
+
+    async def stop(self) -> None:
+        """Cancel the poll and the subscriptions and wait for them."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    async def check_once(self) -> None:
+        """Read the primary now; a changed address switches each pool over.
+
+        Raises:
+            MasterNotFoundError: as FollowingSentinelPool.get_master_address (the
+                other pools are still checked first).
+        """
+        results = await asyncio.gather(*(pool.get_master_address() for pool in self.pools),
+                                       return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _poll(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+            self._wake.clear()
+            try:
+                await self.check_once()
+            except OUTAGE_ERRORS:  # no sentinel answers, or the primary is down
+                log.debug("primary not read from the sentinels", exc_info=True)
+            except Exception:
+                log.exception("reading the primary from the sentinels failed")
+
+    async def _listen(self, sentinel: Any) -> None:
+        """Wake the poll on each failover event of one sentinel (resubscribing after a
+        lost connection, the poll covering the gap)."""
+        while True:
+            pubsub = sentinel.pubsub()
+            try:
+                await pubsub.psubscribe(*EVENT_PATTERNS)
+                async for message in pubsub.listen():
+                    if message.get("type") == "pmessage":
+                        self._wake.set()
+            except OUTAGE_ERRORS:
+                log.debug("sentinel subscription lost", exc_info=True)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+            await asyncio.sleep(self.interval_s)
