@@ -76,6 +76,17 @@ async def read_memory(redis: Client) -> Memory:
                                      if m.max_bytes else float("inf")))
 
 
+async def takes_script_flags(redis: Client) -> bool:
+    """True when the server (every primary of a cluster) is Redis 7.0 or newer, which
+    runs scripts with a ``#!lua flags=...`` shebang (INFO server ``redis_version``).
+
+    Raises:
+        Any Redis or OS error of the server or of a primary.
+    """
+    infos = await on_primaries(redis, functools.partial(redis.info, "server"))
+    return all(int(str(i.get("redis_version") or "0").split(".")[0]) >= 7 for i in infos)
+
+
 async def refresh_liveness(redis: Client, key: str, ttl_ms: int) -> None:
     """SET the gateway liveness ``key`` to "1" with a TTL of ``ttl_ms`` (PX).
 

@@ -14,8 +14,8 @@ from dtq_gateway.store import keys
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.scripts import Script
 
-_REFRESH = Script("lock_refresh")
-_RELEASE = Script("lock_release")
+_REFRESH = Script("lock_refresh", allow_oom=True)
+_RELEASE = Script("lock_release", allow_oom=True)
 
 
 async def take(redis: Client, token: str, ttl_ms: int) -> bool:

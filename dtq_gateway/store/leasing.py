@@ -19,9 +19,9 @@ from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text as _s
 from dtq_gateway.store.scripts import EVENT_ID_PREFIX, Script, call_each, execute
 
-LEASE_READ = Script("lease_read", helpers=("_bucket",))
+LEASE_READ = Script("lease_read", helpers=("_bucket",), allow_oom=True)
 WORKER_CHECK = Script("worker_check")
-ACTIVATE = Script("activate")
+ACTIVATE = Script("activate", allow_oom=True)
 WORKER_STATES = Script("worker_states")
 
 #: KEYS and ARGV of one script call.

@@ -64,35 +64,3 @@ async def test_batch_over_maxmemory_answers_per_chunk_and_stores_no_half_chunk(f
     again = await stub.EnqueueBatch(pb.EnqueueBatchRequest(items=[enq() for _ in refused]))
     assert all(res.task_id for res in again.results)
     assert await r.xlen(keys.stream("q", 5)) == 1 + len(stored) + len(refused)
-
-
-async def test_heartbeat_and_lease_report_a_full_redis(full_env):
-    stub, r = full_env.stub, full_env.r
-    await stub.Heartbeat(pb.HeartbeatRequest(worker_id="w1"))
-    await _cap_memory(r, -1_000_000)  # below what is used: every write is refused
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await stub.Heartbeat(pb.HeartbeatRequest(worker_id="w1"))
-    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    call = stub.Lease(pb.LeaseRequest(worker_id="w2", queues=["q"], max_in_flight=1))
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await call.read()
-    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-
-
-
-async def test_health_is_not_serving_while_redis_memory_is_full(full_env):
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    from tests.support.leasing import poll
-
-    r = full_env.r
-    health = health_pb2_grpc.HealthStub(full_env.channel)
-
-    async def status() -> int:
-        return (await health.Check(health_pb2.HealthCheckRequest())).status
-
-    assert await poll(status, lambda s: s == health_pb2.HealthCheckResponse.SERVING)
-    await _cap_memory(r, -1_000_000)
-    assert await poll(status, lambda s: s == health_pb2.HealthCheckResponse.NOT_SERVING)
-    await r.config_set("maxmemory", 0)
-    assert await poll(status, lambda s: s == health_pb2.HealthCheckResponse.SERVING)
