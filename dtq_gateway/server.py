@@ -31,7 +31,6 @@ from dtq_gateway.rpc.ops import Operations, server_interceptors
 from dtq_gateway.rpc.reflection_pool import ReflectionPool
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import health as redis_health
-from dtq_gateway.store import scripts
 from dtq_gateway.store.audit import request_id_of
 from dtq_gateway.store.broker import Broker
 from dtq_gateway.store.client import Client, make_client
@@ -171,9 +170,7 @@ class HealthProbe:
         if ok:
             try:
                 if self.script_flags is None:  # once: Redis 6.2 takes no script flags
-                    self.script_flags = await redis_health.takes_script_flags(self.redis)
-                    if not self.script_flags:
-                        scripts.note_no_script_flags()
+                    self.script_flags = await redis_health.detect_script_flags(self.redis)
                 await self.policy.maybe_check()
                 await self._check_memory()
             except Exception:  # Redis went away: keep the last known state
@@ -187,7 +184,7 @@ class HealthProbe:
                     log.debug("refreshing the gateway liveness key failed", exc_info=True)
         # a full Redis still serves the way out (Lease, Ack, Fail...) where scripts
         # take the allow-oom flag (Redis >= 7.0); Enqueue's own health says it is full
-        way_out = scripts.flags_supported()
+        way_out = redis_health.way_out_available()
         await self._set(ok and not self.draining.is_set() and not self.policy.refusing
                         and (way_out or not self.memory_full),
                         enqueue=not self.memory_full)

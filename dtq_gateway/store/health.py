@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from dtq_gateway.store import keys
+from dtq_gateway.store import keys, scripts
 from dtq_gateway.store.client import Client, is_cluster, on_primaries
 
 
@@ -85,6 +85,25 @@ async def takes_script_flags(redis: Client) -> bool:
     """
     infos = await on_primaries(redis, functools.partial(redis.info, "server"))
     return all(int(str(i.get("redis_version") or "0").split(".")[0]) >= 7 for i in infos)
+
+
+async def detect_script_flags(redis: Client) -> bool:
+    """:func:`takes_script_flags`; on an older server (6.2) the ``allow_oom`` scripts are
+    sent without their shebang from then on (:func:`scripts.note_no_script_flags`).
+
+    Raises:
+        Any Redis or OS error of the server or of a primary.
+    """
+    ok = await takes_script_flags(redis)
+    if not ok:
+        scripts.note_no_script_flags()
+    return ok
+
+
+def way_out_available() -> bool:
+    """False once Redis refused script flags (6.2): a full Redis then refuses leasing,
+    Ack and Fail as well (:func:`dtq_gateway.store.scripts.flags_supported`)."""
+    return scripts.flags_supported()
 
 
 async def refresh_liveness(redis: Client, key: str, ttl_ms: int) -> None:
