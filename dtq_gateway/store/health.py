@@ -16,6 +16,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from redis.exceptions import OutOfMemoryError
+
 from dtq_gateway.store import keys, scripts
 from dtq_gateway.store.client import Client, is_cluster, on_primaries
 
@@ -107,12 +109,17 @@ def way_out_available() -> bool:
 
 
 async def refresh_liveness(redis: Client, key: str, ttl_ms: int) -> None:
-    """SET the gateway liveness ``key`` to "1" with a TTL of ``ttl_ms`` (PX).
+    """SET the gateway liveness ``key`` to "1" with a TTL of ``ttl_ms`` (PX). While
+    Redis is full (SET refused) PEXPIRE, which Redis still runs, keeps an existing key
+    alive, so ListWorkers keeps counting this gateway's Lease streams.
 
     Raises:
-        Any Redis error (OOM while Redis is full: the key then expires by its TTL).
+        Any other Redis error.
     """
-    await redis.set(key, "1", px=ttl_ms)
+    try:
+        await redis.set(key, "1", px=ttl_ms)
+    except OutOfMemoryError:
+        await redis.pexpire(key, ttl_ms)
 
 
 async def delete_liveness(redis: Client, key: str) -> None:

