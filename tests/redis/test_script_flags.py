@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import OutOfMemoryError
 
-from dtq_gateway.store import health, scripts
+from dtq_gateway.store import health, leader_lock, scripts
 from dtq_gateway.store.indexes import set_add
 from tests.support import redis_server as redis_server_mod
 from tests.support.redis_server import RedisServer
@@ -48,6 +48,22 @@ async def test_the_gateway_liveness_key_stays_alive_while_memory_is_full(own_red
         await r.config_set("maxmemory", max(1, used - 500_000))
         await health.refresh_liveness(r, "dtq:gateway:{workers}:t", 60_000)
         assert await r.pttl("dtq:gateway:{workers}:t") > 2000
+    finally:
+        await r.config_set("maxmemory", 0)
+        await r.aclose()
+
+
+async def test_a_replica_becomes_the_scheduler_leader_while_memory_is_full(own_redis):
+    r = aioredis.Redis.from_url(own_redis.url)
+    try:
+        if await _major(r) < 7:
+            pytest.skip("script flags need Redis >= 7.0")
+        used = int((await r.info("memory"))["used_memory"])
+        await r.config_set("maxmemory", max(1, used - 500_000))
+        assert await leader_lock.take(r, "token-a", 5000)
+        assert not await leader_lock.take(r, "token-b", 5000)
+        assert await leader_lock.refresh(r, "token-a", 5000)
+        assert await leader_lock.release(r, "token-a")
     finally:
         await r.config_set("maxmemory", 0)
         await r.aclose()
