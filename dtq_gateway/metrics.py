@@ -107,7 +107,8 @@ REDIS_EVICTION_SAFE = Gauge("dtq_redis_eviction_safe", "1 when Redis maxmemory-p
 SCHEDULER_LEADER = Gauge("dtq_scheduler_leader", "1 while this gateway replica holds the "
                          "scheduler lock (it moves due tasks, reaps leases), else 0.")
 REDIS_MEMORY_FULL = Gauge("dtq_redis_memory_full", "1 while Redis used_memory has reached "
-                          "maxmemory (writes are refused), else 0.")
+                          "maxmemory (Enqueue is refused; leasing, Ack and Fail drain it on "
+                          "Redis 7.0+), else 0.")
 
 
 #: Collectors labelled by ``queue`` alone, and by ``queue`` and ``band`` (0..9): every

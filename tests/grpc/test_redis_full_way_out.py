@@ -24,6 +24,8 @@ from dtq_proto import dtq_pb2_grpc
 from tests.conftest import gateway_settings
 from tests.support.leasing import LeaseStream, error_reason, poll
 
+pytestmark = [pytest.mark.slow, pytest.mark.chaos]
+
 PAYLOAD = b'{"pad":"' + b"x" * 900 + b'"}'
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
