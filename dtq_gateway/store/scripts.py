@@ -75,6 +75,7 @@ def _note_shebang_refused() -> None:
         log.warning("redis does not take script flags (Redis < 7.0): while its memory is "
                     "full, leasing, Ack and Fail are refused too; use Redis 7.0 or newer")
 
+
 #: First 8 hex characters of the event ids of calls whose wake-up this process's
 #: lease dispatcher already got directly (enqueue, ack/fail): it skips those events
 #: when they come back over pub/sub. Every other call uses OTHER_EVENT_ID_PREFIX.
