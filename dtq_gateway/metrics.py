@@ -129,7 +129,8 @@ REDIS_EVICTION_SAFE = Gauge("dtq_redis_eviction_safe", "1 when Redis maxmemory-p
 SCHEDULER_LEADER = Gauge("dtq_scheduler_leader", "1 while this gateway replica holds the "
                          "scheduler lock (it moves due tasks, reaps leases), else 0.")
 REDIS_MEMORY_FULL = Gauge("dtq_redis_memory_full", "1 while Redis used_memory has reached "
-                          "maxmemory (writes are refused), else 0.")
+                          "maxmemory (Enqueue is refused; leasing, Ack and Fail drain it on "
+                          "Redis 7.0+), else 0.")
 #: Read by the metrics refresh (duties/queue_gauges.py) every DTQ metrics interval (5 s).
 REDIS_UP = Gauge("dtq_redis_up", "1 when this replica's last metrics refresh reached Redis "
                  "(every primary in cluster mode), 0 when Redis was unreachable.")

@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 #: Seconds a stop may take beyond ``shutdown_grace_s`` (health, streams, duties and
 #: connections closing); ``dtq-gateway`` exits 1 once grace + this margin has passed.
 STOP_MARGIN_S = 5.0
+#: gRPC health service name that is NOT_SERVING while Enqueue is refused because Redis's
+#: memory is full (the overall health stays SERVING then: see HealthProbe)
+ENQUEUE_HEALTH = "dtq.enqueue"
 SERVICE_NAMES = tuple(dtq_pb2.DESCRIPTOR.services_by_name[n].full_name
                       for n in ("Broker", "Admin", "Events"))
 GRPC_OPTIONS = [("grpc.so_reuseport", 0),  # a taken port must fail, not be shared
@@ -118,11 +121,18 @@ def redis_client(settings: Settings, url: str, max_connections: int = 0) -> Clie
 
 class HealthProbe:
     """PINGs Redis every second; health is SERVING only while Redis answers, the
-    gateway is not draining, Redis's memory is not full (``used_memory`` at
-    ``maxmemory``: every write would be refused) and (with DTQ_REQUIRE_NOEVICTION) Redis
-    may not evict keys. Memory is read every ``memory_check_s`` (INFO memory), the
-    eviction policy every ``policy.interval_s``. In cluster mode each of these covers
-    every primary (:mod:`dtq_gateway.store.health`).
+    gateway is not draining and (with DTQ_REQUIRE_NOEVICTION) Redis may not evict keys.
+
+    A full Redis (``used_memory`` at ``maxmemory``) keeps health SERVING on Redis >= 7.0:
+    leasing, Ack, Fail and the admin calls that free memory still work there (the
+    ``allow_oom`` scripts, :mod:`dtq_gateway.store.scripts`), and a probe that turned
+    NOT_SERVING would cut workers off from them. The reason is reported instead by the
+    health service :data:`ENQUEUE_HEALTH` (NOT_SERVING while Enqueue is refused: memory
+    full or an evicting policy refused), ``dtq_redis_memory_full`` and one WARNING. On a
+    Redis that refused script flags (6.2) nothing works while full: health NOT_SERVING.
+    Memory is read every ``memory_check_s`` (INFO memory), the eviction policy every
+    ``policy.interval_s``. In cluster mode each of these covers every primary
+    (:mod:`dtq_gateway.store.health`).
 
     The probe reads through ``probe_redis``, a client of its own: through the calls'
     pool, a burst of calls holding every connection made the PING wait past its
@@ -148,16 +158,22 @@ class HealthProbe:
         self.liveness_key = liveness_key
         self.liveness_ttl_ms = liveness_ttl_ms
         self.memory_full = False
+        #: Redis takes script flags (>= 7.0: the way out of a full Redis); None = unread
+        self.script_flags: bool | None = None
         self._memory_at = float("-inf")
         self._stopped = False
         self.redis_ok = False
         self._task: asyncio.Task | None = None
 
-    async def _set(self, serving: bool) -> None:
-        status = (health_pb2.HealthCheckResponse.SERVING if serving
-                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+    async def _set(self, serving: bool, enqueue: bool | None = None) -> None:
+        def status(up: bool) -> int:
+            return (health_pb2.HealthCheckResponse.SERVING if up
+                    else health_pb2.HealthCheckResponse.NOT_SERVING)
+
         for name in ("", *SERVICE_NAMES):
-            await self.servicer.set(name, status)
+            await self.servicer.set(name, status(serving))
+        await self.servicer.set(ENQUEUE_HEALTH, status(
+            serving if enqueue is None else serving and enqueue))
 
     async def check_once(self) -> None:
         """Probe Redis once and publish the resulting status."""
@@ -177,6 +193,8 @@ class HealthProbe:
         self.redis_ok = ok
         if ok:
             try:
+                if self.script_flags is None:  # once: Redis 6.2 takes no script flags
+                    self.script_flags = await redis_health.detect_script_flags(self.redis)
                 await self.policy.maybe_check()
                 await self._check_memory()
             except Exception:  # Redis went away: keep the last known state
@@ -188,8 +206,12 @@ class HealthProbe:
                         timeout=self.interval_s * 2)
                 except Exception:
                     log.debug("refreshing the gateway liveness key failed", exc_info=True)
+        # a full Redis still serves the way out (Lease, Ack, Fail...) where scripts
+        # take the allow-oom flag (Redis >= 7.0); Enqueue's own health says it is full
+        way_out = redis_health.way_out_available()
         await self._set(ok and not self.draining.is_set() and not self.policy.refusing
-                        and not self.memory_full)
+                        and (way_out or not self.memory_full),
+                        enqueue=not self.memory_full)
 
     async def _check_memory(self) -> None:
         """Read used_memory / maxmemory (INFO memory) every ``memory_check_s``."""
@@ -201,9 +223,11 @@ class HealthProbe:
         full = memory.full
         if full != self.memory_full:
             if full:
-                log.warning("redis memory is full (used_memory %s >= maxmemory %s): writes "
-                            "are refused with REDIS_OUT_OF_MEMORY; health NOT_SERVING",
-                            memory.used_bytes, memory.max_bytes)
+                log.warning("redis memory is full (used_memory %s >= maxmemory %s): "
+                            "Enqueue and other writes that add memory are refused with "
+                            "REDIS_OUT_OF_MEMORY; leasing, Ack, Fail, cancel, resume, purge "
+                            "and delete still work; health of %s NOT_SERVING",
+                            memory.used_bytes, memory.max_bytes, ENQUEUE_HEALTH)
             else:
                 log.info("redis memory is no longer full; health follows Redis again")
         self.memory_full = full

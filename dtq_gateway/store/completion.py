@@ -19,13 +19,14 @@ from dtq_gateway.store import keys
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.durability import ReplicaWait
 from dtq_gateway.store.errors import ReplicasNotAcked
+from dtq_gateway.store.indexes import queue_set_add
 from dtq_gateway.store.replies import text as _s
 from dtq_gateway.store.scripts import Script, call_chunks, call_each, execute
 
-ACK = Script("ack")
-FAIL = Script("fail")
-HEARTBEAT = Script("heartbeat")
-WORKER_BEAT = Script("worker_beat")
+ACK = Script("ack", allow_oom=True)
+FAIL = Script("fail", allow_oom=True)
+HEARTBEAT = Script("heartbeat", allow_oom=True)
+WORKER_BEAT = Script("worker_beat", allow_oom=True)
 #: Most leases per ack.lua call: bounds how long one script holds Redis.
 ACK_CHUNK = 100
 
@@ -229,7 +230,7 @@ async def fail(redis: Client, items: Sequence[tuple[LeaseRef, str, bool, int, st
     if not items:
         return []
     pipe = redis.pipeline(transaction=False)
-    pipe.sadd(keys.DEAD_LETTER_QUEUES, *{it[0].queue for it in items})
+    queue_set_add(pipe, keys.DEAD_LETTER_QUEUES, {it[0].queue for it in items})
     for le, mode, retryable, retry_after_ms, message, error_class in items:
         FAIL.queue(pipe, [keys.stream(le.queue, le.band), keys.task(le.task_id),
                           keys.dead_letter(le.queue), keys.schedule(le.queue), _idem_key(le),

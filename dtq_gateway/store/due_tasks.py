@@ -14,7 +14,7 @@ from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import Script, execute
 
-_MOVE_DUE = Script("move_due")
+_MOVE_DUE = Script("move_due", allow_oom=True)
 
 
 async def due_tasks(redis: Client, queues: list[str], count: int) -> list[tuple[str, str]]:

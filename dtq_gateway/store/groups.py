@@ -17,7 +17,7 @@ import logging
 import time
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import OutOfMemoryError, ResponseError
 
 from dtq_gateway import metrics
 from dtq_gateway.errors import QueueLimit
@@ -82,7 +82,11 @@ class Groups:
             for stream in keys.queue_streams_desc(q):
                 pipe.xgroup_create(stream, keys.GROUP, id="0", mkstream=True)
         pipe.zadd(keys.QUEUES, dict.fromkeys(todo, 0))
-        for reply in await pipe.execute(raise_on_error=False):
+        replies = await pipe.execute(raise_on_error=False)
+        if any(isinstance(r, OutOfMemoryError) for r in replies) \
+                and await _all_present(redis, todo):
+            replies = []  # Redis is full, but every group and registry entry exists
+        for reply in replies:
             if isinstance(reply, ResponseError) and "BUSYGROUP" not in str(reply):
                 raise reply
             if isinstance(reply, Exception) and not isinstance(reply, ResponseError):
@@ -106,6 +110,23 @@ class Groups:
             log.warning("consumer groups missing, recreating", extra={"queues": sorted(queues)})
             self._last_recreate_log = now
         self.discard(queues)
+
+
+async def _all_present(redis: Redis, queues: list[str]) -> bool:
+    """True when every band stream of ``queues`` has the group ``workers`` and every
+    queue is in the registry: read-only (XINFO GROUPS, ZMSCORE; one pipeline), for a
+    full Redis, which refuses XGROUP CREATE even where the group exists, so that a
+    gateway started while Redis is full can still lease from existing queues."""
+    pipe = redis.pipeline(transaction=False)
+    for q in queues:
+        for stream in keys.queue_streams_desc(q):
+            pipe.xinfo_groups(stream)
+    pipe.zmscore(keys.QUEUES, queues)
+    *groups, scores = await pipe.execute(raise_on_error=False)
+    if isinstance(scores, Exception) or any(s is None for s in scores):
+        return False
+    return all(not isinstance(g, Exception)
+               and any(text(i.get("name", b"")) == keys.GROUP for i in g) for g in groups)
 
 
 def queue_limit(queue: str, max_queues: int, field: str = "queue") -> QueueLimit:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from dtq_gateway.store import keys
+from redis.exceptions import OutOfMemoryError
+
+from dtq_gateway.store import keys, scripts
 from dtq_gateway.store.client import Client, is_cluster, on_primaries
 
 
@@ -88,13 +90,48 @@ async def read_cpu_seconds(redis: Client) -> float:
                for i in infos)
 
 
-async def refresh_liveness(redis: Client, key: str, ttl_ms: int) -> None:
-    """SET the gateway liveness ``key`` to "1" with a TTL of ``ttl_ms`` (PX).
+async def takes_script_flags(redis: Client) -> bool:
+    """True when the server (every primary of a cluster) is Redis 7.0 or newer, which
+    runs scripts with a ``#!lua flags=...`` shebang (INFO server ``redis_version``).
 
     Raises:
-        Any Redis error (OOM while Redis is full: the key then expires by its TTL).
+        Any Redis or OS error of the server or of a primary.
     """
-    await redis.set(key, "1", px=ttl_ms)
+    infos = await on_primaries(redis, functools.partial(redis.info, "server"))
+    return all(int(str(i.get("redis_version") or "0").split(".")[0]) >= 7 for i in infos)
+
+
+async def detect_script_flags(redis: Client) -> bool:
+    """:func:`takes_script_flags`; on an older server (6.2) the ``allow_oom`` scripts are
+    sent without their shebang from then on (:func:`scripts.note_no_script_flags`).
+
+    Raises:
+        Any Redis or OS error of the server or of a primary.
+    """
+    ok = await takes_script_flags(redis)
+    if not ok:
+        scripts.note_no_script_flags()
+    return ok
+
+
+def way_out_available() -> bool:
+    """False once Redis refused script flags (6.2): a full Redis then refuses leasing,
+    Ack and Fail as well (:func:`dtq_gateway.store.scripts.flags_supported`)."""
+    return scripts.flags_supported()
+
+
+async def refresh_liveness(redis: Client, key: str, ttl_ms: int) -> None:
+    """SET the gateway liveness ``key`` to "1" with a TTL of ``ttl_ms`` (PX). While
+    Redis is full (SET refused) PEXPIRE, which Redis still runs, keeps an existing key
+    alive, so ListWorkers keeps counting this gateway's Lease streams.
+
+    Raises:
+        Any other Redis error.
+    """
+    try:
+        await redis.set(key, "1", px=ttl_ms)
+    except OutOfMemoryError:
+        await redis.pexpire(key, ttl_ms)
 
 
 async def delete_liveness(redis: Client, key: str) -> None:

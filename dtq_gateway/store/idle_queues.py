@@ -13,7 +13,7 @@ from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import Script, execute
 
-_DELETE_IDLE_QUEUE = Script("delete_idle_queue")
+_DELETE_IDLE_QUEUE = Script("delete_idle_queue", allow_oom=True)
 
 
 async def registry_size(redis: Client) -> int:

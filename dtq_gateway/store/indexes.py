@@ -11,6 +11,12 @@ crash between the two steps harmless or repaired:
   the scheduler leader's registry sweep (duties/reaper.py) finds its marker and adds it.
   The same step ZADDs (NX) such a queue to the registry ``dtq:queues``, where it is
   missing only when the queue was deleted while this replica's cache said it existed.
+
+The SADDs of the busy set and of the dead-letter index go through ``index_add.lua``
+(:func:`queue_set_add`, :func:`set_add`), which may write while Redis's memory is full:
+the reaper and the mover find queues through these sets, so the way out of a full
+Redis (docs/operations.md) needs them. The recent-tasks index and the registry ZADD are
+plain commands, refused then (logged; a listing aid and a rare repair).
 """
 
 from __future__ import annotations
@@ -24,8 +30,28 @@ from redis.exceptions import RedisError
 from dtq_gateway.logconf import RateLimitedLog
 from dtq_gateway.store import keys
 from dtq_gateway.store.errors import is_redis_outage
+from dtq_gateway.store.scripts import Script, execute
 
 _log = RateLimitedLog(logging.getLogger(__name__))
+
+INDEX_ADD = Script("index_add", allow_oom=True)
+
+
+def queue_set_add(pipe: Any, key: str, members: Iterable[str]) -> None:
+    """Queue an SADD of ``members`` (not empty) to the index set ``key`` on ``pipe`` (a
+    pipeline run by :func:`dtq_gateway.store.scripts.execute`): index_add.lua, which
+    may write while Redis's memory is full."""
+    INDEX_ADD.queue(pipe, [key], Script.argv(*members))
+
+
+async def set_add(client: Any, key: str, members: Iterable[str]) -> None:
+    """SADD ``members`` (not empty) to the index set ``key`` (index_add.lua, one round
+    trip; may write while Redis's memory is full).
+
+    Raises:
+        Any Redis error.
+    """
+    await INDEX_ADD(client, [key], Script.argv(*members))
 
 
 def queue_index_writes(pipe: Any, recent: Sequence[Any], busy: Iterable[str],
@@ -42,7 +68,7 @@ def queue_index_writes(pipe: Any, recent: Sequence[Any], busy: Iterable[str],
         wrote = True
     busy = sorted(set(busy))
     if busy:
-        pipe.sadd(keys.BUSY_QUEUES, *busy)
+        queue_set_add(pipe, keys.BUSY_QUEUES, busy)
         # a queue that became busy is listed again if it had been deleted meanwhile
         # (DeleteQueue or the idle sweep on another replica, whose deletion this
         # replica's group cache missed): ZADD NX leaves a listed name as it is
@@ -56,7 +82,9 @@ async def write_indexes(client: Any, recent: Sequence[Any], busy: Iterable[str],
     """Run :func:`queue_index_writes` in one pipeline (one round trip per node)."""
     pipe = client.pipeline(transaction=False)
     if queue_index_writes(pipe, recent, busy, recent_max):
-        await pipe.execute()
+        for reply in await execute(client, pipe):  # every write runs, then the first error
+            if isinstance(reply, Exception):
+                raise reply
 
 
 async def write_indexes_logged(client: Any, recent: Sequence[Any], busy: Iterable[str],
@@ -77,4 +105,4 @@ async def mark_busy(client: Any, queues: Iterable[str]) -> None:
     """SADD ``queues`` to the busy set (after a script set their busy markers)."""
     queues = sorted(set(queues))
     if queues:
-        await client.sadd(keys.BUSY_QUEUES, *queues)
+        await set_add(client, keys.BUSY_QUEUES, queues)

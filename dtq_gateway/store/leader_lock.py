@@ -4,7 +4,8 @@ The lock's value is the holder's token (gateway id plus a random part, chosen by
 :class:`~dtq_gateway.duties.leader.LeaderLock`, which also keeps the local validity
 deadline). Taking it is ``SET NX PX``; refreshing and releasing are compare-and-set /
 compare-and-delete scripts, so a replica never extends or deletes a lock that passed
-to another one. Each function is one round trip; Redis failures are raised as they
+to another one (all three may write while Redis's memory is full). Each function is
+one round trip; Redis failures are raised as they
 come (see :mod:`dtq_gateway.store.errors`).
 """
 
@@ -14,17 +15,19 @@ from dtq_gateway.store import keys
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.scripts import Script
 
-_REFRESH = Script("lock_refresh")
-_RELEASE = Script("lock_release")
+_TAKE = Script("lock_take", allow_oom=True)
+_REFRESH = Script("lock_refresh", allow_oom=True)
+_RELEASE = Script("lock_release", allow_oom=True)
 
 
 async def take(redis: Client, token: str, ttl_ms: int) -> bool:
-    """``SET dtq:lock:scheduler <token> NX PX <ttl_ms>``.
+    """``SET dtq:lock:scheduler <token> NX PX <ttl_ms>`` (``lock_take.lua``, which may
+    write while Redis's memory is full: a leader is needed to drain it).
 
     Returns:
         True when the lock was free and now holds ``token`` for ``ttl_ms`` ms.
     """
-    return bool(await redis.set(keys.SCHEDULER_LOCK, token, nx=True, px=ttl_ms))
+    return int(await _TAKE(redis, [keys.SCHEDULER_LOCK], _TAKE.argv(token, ttl_ms))) == 1
 
 
 async def refresh(redis: Client, token: str, ttl_ms: int) -> bool:

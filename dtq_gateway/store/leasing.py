@@ -19,9 +19,9 @@ from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text as _s
 from dtq_gateway.store.scripts import EVENT_ID_PREFIX, Script, call_each, execute
 
-LEASE_READ = Script("lease_read", helpers=("_bucket",))
+LEASE_READ = Script("lease_read", helpers=("_bucket",), allow_oom=True)
 WORKER_CHECK = Script("worker_check")
-ACTIVATE = Script("activate")
+ACTIVATE = Script("activate", allow_oom=True)
 WORKER_STATES = Script("worker_states")
 
 #: KEYS and ARGV of one script call.
@@ -216,16 +216,21 @@ def queued_at_ms(entry_id: str, fields: dict) -> int:
 
 async def load_lease_secret(redis: Client, candidate: str) -> bytes | None:
     """The deployment's lease secret (``dtq:secret:lease``), stored as ``candidate`` by
-    the first replica that asks (SET NX, then GET: two round trips, once per process).
+    the first replica that asks (GET; when missing SET NX, then GET again: one round
+    trip once stored, three the first time; once per process). Reading first lets a
+    gateway that starts while Redis is full (every SET refused) load a stored secret.
 
     Returns:
         The stored secret, or None when the key is empty.
 
     Raises:
-        Redis errors: Redis unreachable (the caller retries later).
+        Redis errors: Redis unreachable, or full before any secret was stored (the
+        caller retries later).
     """
-    await redis.set(keys.LEASE_SECRET, candidate, nx=True)
     stored = await redis.get(keys.LEASE_SECRET)
+    if stored is None:
+        await redis.set(keys.LEASE_SECRET, candidate, nx=True)
+        stored = await redis.get(keys.LEASE_SECRET)
     if not stored:
         return None
     return stored if isinstance(stored, bytes) else stored.encode()

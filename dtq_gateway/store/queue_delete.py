@@ -37,7 +37,7 @@ from dtq_gateway.store.idle_queues import leave_registry
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import Script
 
-_DELETE_QUEUE = Script("delete_queue")
+_DELETE_QUEUE = Script("delete_queue", allow_oom=True)
 
 @dataclass(frozen=True, slots=True)
 class QueueDeletion:

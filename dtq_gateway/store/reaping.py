@@ -20,13 +20,14 @@ from typing import Any
 
 from dtq_gateway.store import keys
 from dtq_gateway.store.client import Client
+from dtq_gateway.store.indexes import queue_set_add, set_add
 from dtq_gateway.store.leasing import entry_idem_digest
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import Script, execute
 
-_REAP_QUEUE = Script("reap_queue")
-_RECLAIM = Script("reclaim")
-_PRUNE_CONSUMERS = Script("prune_consumers")
+_REAP_QUEUE = Script("reap_queue", allow_oom=True)
+_RECLAIM = Script("reclaim", allow_oom=True)
+_PRUNE_CONSUMERS = Script("prune_consumers", allow_oom=True)
 
 #: A claimed entry: (queue, band stream key, the entry as read: (entry id, flat fields)).
 #: The reaper only reads the first two; :func:`reclaim` takes it back whole.
@@ -122,7 +123,7 @@ async def leave_busy_set(redis: Client, queues: list[str]) -> None:
         pipe.exists(keys.busy_marker(q))
     again = [q for q, n in zip(queues, await pipe.execute()) if int(n)]
     if again:
-        await redis.sadd(keys.BUSY_QUEUES, *again)
+        await set_add(redis, keys.BUSY_QUEUES, again)
 
 
 async def reclaim(redis: Client, claimed: list[Claimed], dlq_maxlen: int,
@@ -140,7 +141,7 @@ async def reclaim(redis: Client, claimed: list[Claimed], dlq_maxlen: int,
         "absorbed", "requeued", "cancelled", "not_owned") or its error.
     """
     pipe = redis.pipeline(transaction=False)
-    pipe.sadd(keys.DEAD_LETTER_QUEUES, *{queue for queue, _, _ in claimed})
+    queue_set_add(pipe, keys.DEAD_LETTER_QUEUES, {queue for queue, _, _ in claimed})
     for queue, stream, (entry_id, flat) in claimed:
         fields = {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
         keys_ = [stream, keys.task(fields.get("task_id", "")), keys.dead_letter(queue),
@@ -196,9 +197,9 @@ async def queue_markers(redis: Client, queues: list[str]) -> list[tuple[bool, bo
 
 async def add_to_busy_set(redis: Client, queues: list[str]) -> None:
     """SADD ``queues`` (not empty) to ``dtq:queues:busy``."""
-    await redis.sadd(keys.BUSY_QUEUES, *queues)
+    await set_add(redis, keys.BUSY_QUEUES, queues)
 
 
 async def add_to_dead_letter_index(redis: Client, queues: list[str]) -> None:
     """SADD ``queues`` (not empty) to ``dtq:queues:dead-letter``."""
-    await redis.sadd(keys.DEAD_LETTER_QUEUES, *queues)
+    await set_add(redis, keys.DEAD_LETTER_QUEUES, queues)

@@ -10,6 +10,16 @@ Convention: ARGV[1] is the events channel and ARGV[2] a fresh event-id prefix;
 :meth:`Script.argv` prepends both. The script body runs as a function whose reply is
 returned after ``flush_events()`` (``_lib.lua``) published the call's events as one
 message, so a body may ``return`` anywhere.
+
+The way out of a full Redis: scripts built with ``allow_oom=True`` (leasing, Ack, Fail,
+heartbeats, cancel, reclaiming, resuming, purging and deleting: what drains a full
+Redis) start with the Redis 7 shebang ``#!lua flags=allow-oom,allow-cross-slot-keys``,
+so they run and write while ``used_memory`` is at ``maxmemory`` (noeviction refuses
+every other write). ``allow-cross-slot-keys`` keeps what a script without a shebang may
+do in a cluster (touch keys of several slots of one node). Redis 6.2 does not know the
+shebang (``Error compiling script``): the first such refusal switches this process to
+the plain sources for good (one WARNING), and on 6.2 a full Redis refuses those scripts'
+writes like any other (docs/operations.md, "Redis settings").
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import logging
 import os
 from collections.abc import Sequence
 from functools import cache
@@ -32,6 +43,40 @@ from dtq_gateway.store.durability import ReplicaWait
 from dtq_gateway.store.errors import ReplicasNotAcked
 
 LUA_DIR = Path(__file__).parent / "lua"
+
+log = logging.getLogger(__name__)
+
+#: First line of the scripts that must run while Redis is full (Redis >= 7.0).
+OOM_SHEBANG = "#!lua flags=allow-oom,allow-cross-slot-keys\n"
+#: Set once a server refused a shebang (Redis < 7.0): plain sources from then on.
+_shebang_refused = False
+
+
+def flags_supported() -> bool:
+    """False once Redis refused a script shebang (Redis 6.2): the ``allow_oom`` scripts
+    then run without flags, and a full Redis refuses their writes."""
+    return not _shebang_refused
+
+
+def _is_shebang_refusal(exc: ResponseError) -> bool:
+    """Redis 6.2's answer to a script whose first line is ``#!lua ...``."""
+    text = str(exc)
+    return "Error compiling script" in text and "'#'" in text
+
+
+def note_no_script_flags() -> None:
+    """Use the plain sources from now on: the server is older than Redis 7.0 (read by
+    the health probe, :func:`dtq_gateway.store.health.takes_script_flags`)."""
+    _note_shebang_refused()
+
+
+def _note_shebang_refused() -> None:
+    global _shebang_refused
+    if not _shebang_refused:
+        _shebang_refused = True
+        log.warning("redis does not take script flags (Redis < 7.0): while its memory is "
+                    "full, leasing, Ack and Fail are refused too; use Redis 7.0 or newer")
+
 
 #: First 8 hex characters of the event ids of calls whose wake-up this process's
 #: lease dispatcher already got directly (enqueue, ack/fail): it skips those events
@@ -58,9 +103,16 @@ class Script:
         name: the file ``lua/<name>.lua``.
         helpers: more helper files (names without ``.lua``) placed between ``_lib.lua``
             and the body, e.g. ``("_audit",)``.
+        allow_oom: the script is on the way out of a full Redis: on Redis >= 7.0 it is
+            sent with :data:`OOM_SHEBANG` and may write at ``maxmemory``. Only for
+            scripts that free memory or move it (a few hundred bytes at most per call).
     """
 
-    def __init__(self, name: str, helpers: Sequence[str] = ()) -> None:
+    #: (source, sha) with :data:`OOM_SHEBANG`, for ``allow_oom`` scripts
+    flagged: tuple[str, str] | None = None
+
+    def __init__(self, name: str, helpers: Sequence[str] = (),
+                 allow_oom: bool = False) -> None:
         self.name = name
         parts = [_lib()] + [(LUA_DIR / f"{h}.lua").read_text() for h in helpers]
         body = (LUA_DIR / f"{name}.lua").read_text()
@@ -68,6 +120,28 @@ class Script:
             "\nlocal dtq_reply = (function()\n" + body
             + "\nend)()\nflush_events()\nreturn dtq_reply\n")
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+        if allow_oom:
+            flagged = OOM_SHEBANG + self.source
+            self.flagged = (flagged, hashlib.sha1(flagged.encode()).hexdigest())
+
+    def current(self) -> tuple[str, str]:
+        """(source, sha) to send: the flagged one unless Redis refused shebangs."""
+        if self.flagged is not None and not _shebang_refused:
+            return self.flagged
+        return self.source, self.sha
+
+    async def eval_source(self, client: Redis, keys_: Sequence[str],
+                          args: Sequence[Any]) -> Any:
+        """EVAL of :meth:`current`'s source; a shebang refused by Redis 6.2 switches
+        this process to plain sources (:func:`flags_supported`) and runs the plain one."""
+        source, _ = self.current()
+        try:
+            return await client.eval(source, len(keys_), *keys_, *args)
+        except ResponseError as exc:
+            if source == self.source or not _is_shebang_refusal(exc):
+                raise
+            _note_shebang_refused()
+        return await client.eval(self.source, len(keys_), *keys_, *args)
 
     @staticmethod
     def argv(*args: Any) -> list[Any]:
@@ -84,9 +158,9 @@ class Script:
         """Run the script once (EVALSHA; NOSCRIPT → EVAL of the source, which also caches
         it on the node that owns the keys' slot, so this works on every cluster node)."""
         try:
-            return await client.evalsha(self.sha, len(keys_), *keys_, *args)
+            return await client.evalsha(self.current()[1], len(keys_), *keys_, *args)
         except NoScriptError:
-            return await client.eval(self.source, len(keys_), *keys_, *args)
+            return await self.eval_source(client, keys_, args)
 
     def queue(self, pipe: Any, keys_: Sequence[str], args: Sequence[Any]) -> None:
         """Add one call to a pipeline; run it with :func:`execute`. Other commands may
@@ -95,7 +169,7 @@ class Script:
         if calls is None:
             calls = pipe._dtq_calls = {}
         calls[len(pipe)] = (self, keys_, args)
-        pipe.execute_command("EVALSHA", self.sha, len(keys_), *keys_, *args)
+        pipe.execute_command("EVALSHA", self.current()[1], len(keys_), *keys_, *args)
 
 
 async def execute(client: Redis, pipe: Any, wait: ReplicaWait | None = None) -> list[Any]:
@@ -126,11 +200,11 @@ async def execute(client: Redis, pipe: Any, wait: ReplicaWait | None = None) -> 
             script, keys_, args = calls[i]
             try:
                 if wait is None:
-                    replies[i] = await client.eval(script.source, len(keys_), *keys_, *args)
+                    replies[i] = await script.eval_source(client, keys_, args)
                     continue
                 again = client.pipeline(transaction=False)
                 again._dtq_calls = {0: calls[i]}
-                again.execute_command("EVAL", script.source, len(keys_), *keys_, *args)
+                again.execute_command("EVAL", script.current()[0], len(keys_), *keys_, *args)
                 replies[i] = (await execute(client, again, wait))[0]
             except ResponseError as exc:
                 replies[i] = exc

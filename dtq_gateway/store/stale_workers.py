@@ -12,7 +12,7 @@ from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import Script, execute
 
-_WORKER_SWEEP = Script("worker_sweep")
+_WORKER_SWEEP = Script("worker_sweep", allow_oom=True)
 
 
 async def worker_ids(redis: Client) -> list[str]:

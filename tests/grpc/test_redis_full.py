@@ -1,7 +1,9 @@
 """Redis at maxmemory (noeviction): every refused write is an error to its caller.
 
 A script is refused at its first write, so an EnqueueBatch chunk (one script call of
-up to 100 tasks) is stored whole or not at all; items answer per chunk.
+up to 100 tasks) is stored whole or not at all; items answer per chunk. The way out
+(leasing, Ack, Fail... with allow-oom scripts on Redis >= 7.0) is
+tests/grpc/test_redis_full_way_out.py; here its scripts without flags, as on Redis 6.2.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from dtq_gateway.server import Gateway
-from dtq_gateway.store import keys
+from dtq_gateway.store import keys, scripts
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
 from tests.conftest import gateway_settings
@@ -66,7 +68,11 @@ async def test_batch_over_maxmemory_answers_per_chunk_and_stores_no_half_chunk(f
     assert await r.xlen(keys.stream("q", 5)) == 1 + len(stored) + len(refused)
 
 
-async def test_heartbeat_and_lease_report_a_full_redis(full_env):
+async def test_without_script_flags_heartbeat_and_lease_report_a_full_redis(
+        full_env, monkeypatch):
+    """Redis 6.2 takes no script flags: there the way out is refused like any write
+    (on Redis 7 the plain sources, which the gateway then sends, behave the same)."""
+    monkeypatch.setattr(scripts, "_shebang_refused", True)
     stub, r = full_env.stub, full_env.r
     await stub.Heartbeat(pb.HeartbeatRequest(worker_id="w1"))
     await _cap_memory(r, -1_000_000)  # below what is used: every write is refused
@@ -79,8 +85,9 @@ async def test_heartbeat_and_lease_report_a_full_redis(full_env):
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
-
-async def test_health_is_not_serving_while_redis_memory_is_full(full_env):
+async def test_without_script_flags_health_is_not_serving_while_redis_memory_is_full(
+        full_env, monkeypatch):
+    monkeypatch.setattr(scripts, "_shebang_refused", True)  # as on Redis 6.2
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from tests.support.leasing import poll
