@@ -102,7 +102,13 @@ async def _serve(settings, redis_url: str, watchdog: Watchdog) -> None:
         log.info("shutting down", extra={"grace_s": settings.shutdown_grace_s})
         watchdog.arm()
         if not starting.done():  # a signal while starting: start() stops what it began
-            starting.cancel()
+            gateway.abort_start()
+            # a cancel that lands inside redis-py while it connects can be swallowed
+            # (the read then runs to its 5 s socket timeout): cancel again until the
+            # start gives up and its stop() runs (which is not cancelled)
+            while not starting.done() and not gateway.stopping:
+                starting.cancel()
+                await asyncio.wait({starting}, timeout=0.25)
             await asyncio.wait({starting})
             return
         await gateway.stop()

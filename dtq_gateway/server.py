@@ -157,6 +157,8 @@ class HealthProbe:
         #: worker's Lease streams only on gateways whose key exists)
         self.liveness_key = liveness_key
         self.liveness_ttl_ms = liveness_ttl_ms
+        #: the liveness key was written once: stop() deletes it
+        self._liveness_written = False
         self.memory_full = False
         #: Redis takes script flags (>= 7.0: the way out of a full Redis); None = unread
         self.script_flags: bool | None = None
@@ -204,6 +206,7 @@ class HealthProbe:
                     await asyncio.wait_for(redis_health.refresh_liveness(
                         self.probe_redis, self.liveness_key, self.liveness_ttl_ms),
                         timeout=self.interval_s * 2)
+                    self._liveness_written = True
                 except Exception:
                     log.debug("refreshing the gateway liveness key failed", exc_info=True)
         # a full Redis still serves the way out (Lease, Ack, Fail...) where scripts
@@ -256,13 +259,19 @@ class HealthProbe:
             self._task.cancel()
             await asyncio.wait({self._task}, timeout=2.0)
         await self._set(False)
-        if self.liveness_key:
-            try:  # a crashed replica's key expires by its TTL instead
-                await asyncio.wait_for(redis_health.delete_liveness(self.probe_redis,
-                                                                    self.liveness_key),
-                                       timeout=1.0)
-            except Exception:
-                log.debug("could not delete the gateway liveness key", exc_info=True)
+        if self.liveness_key and self._liveness_written:
+            # a crashed replica's key expires by its TTL instead. The delete is left
+            # behind after 1 s rather than awaited: redis-py can take a socket timeout
+            # (5 s) to give up a connection attempt that was cancelled
+            delete = asyncio.ensure_future(redis_health.delete_liveness(self.probe_redis,
+                                                                        self.liveness_key))
+            done, _ = await asyncio.wait({delete}, timeout=1.0)
+            if not done:
+                delete.cancel()
+                log.debug("the gateway liveness key was not deleted in 1 s")
+            elif delete.exception() is not None:
+                log.debug("could not delete the gateway liveness key",
+                          exc_info=delete.exception())
 
 
 class Gateway:
@@ -306,6 +315,8 @@ class Gateway:
         self.dashboard = self._dashboard() if settings.dashboard_port else None
         self.port = 0
         self._stopped = False
+        #: set by abort_start: a running start gives up at its next step
+        self._abort = False
 
     def _dashboard(self) -> Dashboard:
         """The web dashboard (DTQ_DASHBOARD_PORT), counting throughput from the hub."""
@@ -399,20 +410,41 @@ class Gateway:
             await self.stop()
             raise
 
+    def abort_start(self) -> None:
+        """Make a running :meth:`start` give up at its next step (with the task's
+        cancel: redis-py can turn a cancel that lands while it connects into a
+        ConnectionError, which the start's Redis reads tolerate, and the start would
+        then go on to its next Redis read and wait out a socket timeout)."""
+        self._abort = True
+
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop` has begun (also the one a failed start runs)."""
+        return self._stopped
+
+    def _step(self) -> None:
+        """Raise CancelledError once :meth:`abort_start` was called."""
+        if self._abort:
+            raise asyncio.CancelledError("gateway start aborted")
+
     async def _start(self) -> None:
         try:
             await self.policy.check(at_startup=True)
         except Exception:  # Redis down: the health probe reads it once Redis answers
             log.debug("eviction policy not read at startup", exc_info=True)
+        self._step()
         try:
             await self.keyring.ensure()
         except Exception:  # Redis down: loaded at the first lease or Ack instead
             log.debug("lease secret not loaded at startup", exc_info=True)
+        self._step()
         refused = self.policy.startup_error()
         if refused is not None:
             raise refused
         await self._listen()
+        self._step()
         await self.probe.check_once()
+        self._step()
         await self.server.start()
         self.ops.start()
         self.probe.start()

@@ -25,6 +25,7 @@ from dtq_gateway.server import Gateway
 from dtq_gateway.store import keys
 from dtq_gateway.store.broker import ENQUEUE
 from dtq_gateway.store.completion import ACK, FAIL
+from dtq_gateway.store.indexes import INDEX_ADD
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
 from tests.conftest import gateway_settings
@@ -103,8 +104,8 @@ async def test_with_the_replica_following_each_write_waits_for_it(stubs, pair) -
     broker, on_replica = stubs
     primary = pair[0].port
     loader = redis.Redis(port=primary, socket_timeout=2)
-    for script in (ENQUEUE, ACK, FAIL):  # no NOSCRIPT fallback (its own EVAL + WAIT)
-        loader.script_load(script.source)
+    for script in (ENQUEUE, ACK, FAIL, INDEX_ADD):  # no NOSCRIPT fallback (EVAL + WAIT)
+        loader.script_load(script.current()[0])  # the source sent (allow-oom shebang)
     loader.close()
     before = _waits(primary)
     one = await broker.Enqueue(pb.EnqueueRequest(queue="q", task_type="t"))
