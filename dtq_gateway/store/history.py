@@ -45,16 +45,6 @@ HISTORY_COUNTERS = Script("history_counters")
 _CHUNK = 500
 
 
-def overall_key() -> str:
-    """``dtq:history``: samples of all queues together (a list, newest first)."""
-    return keys.PREFIX + "history"
-
-
-def queue_key(queue: str) -> str:
-    """``dtq:history:{<queue>}``: samples of one queue (a list, newest first)."""
-    return f"{keys.PREFIX}history:{{{queue}}}"
-
-
 def percentiles(values: list[int]) -> list[int]:
     """[p50, p95, p99] of ``values`` (nearest rank; [] when there are none)."""
     if not values:
@@ -74,7 +64,7 @@ class _Acc:
 
 async def last_sample_ms(redis: Client) -> int:
     """Time of the newest overall sample (epoch ms; 0 = none). One LINDEX."""
-    raw = await redis.lindex(overall_key(), 0)
+    raw = await redis.lindex(keys.HISTORY, 0)
     try:
         return int(json.loads(raw)["t"]) if raw else 0
     except (ValueError, KeyError, TypeError):
@@ -152,7 +142,7 @@ async def take_sample(redis: Client, queues: list[str], since_ms: int, now_ms: i
     samples[""] = overall
     async with redis.pipeline(transaction=False) as pipe:
         for q, s in samples.items():
-            key = queue_key(q) if q else overall_key()
+            key = keys.history(q) if q else keys.HISTORY
             pipe.lpush(key, json.dumps(s, separators=(",", ":")))
             pipe.ltrim(key, 0, points - 1)
             pipe.pexpire(key, ttl_ms)
@@ -163,7 +153,7 @@ async def take_sample(redis: Client, queues: list[str], since_ms: int, now_ms: i
 async def read(redis: Client, queue: str, count: int) -> list[dict[str, Any]]:
     """The newest ``count`` samples of ``queue`` ("" = all queues), oldest first, as
     stored. One LRANGE; malformed entries are skipped."""
-    raw = await redis.lrange(queue_key(queue) if queue else overall_key(), 0, count - 1)
+    raw = await redis.lrange(keys.history(queue) if queue else keys.HISTORY, 0, count - 1)
     out = []
     for item in reversed(raw):
         try:
