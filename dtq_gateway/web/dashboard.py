@@ -73,9 +73,9 @@ STATIC = {"/": ("index.html", "text/html"), "/static/app.js": ("app.js", "text/j
           "/static/app.css": ("app.css", "text/css"),
           # history charts, schedules, rate limits, chain and group (dashboard_pages.py)
           "/static/pages.js": ("pages.js", "text/javascript"),
-          # uPlot 1.6.31 (MIT, vendor/uPlot.LICENSE), from npm, unmodified
-          "/static/vendor/uPlot.iife.min.js": ("vendor/uPlot.iife.min.js", "text/javascript"),
-          "/static/vendor/uPlot.min.css": ("vendor/uPlot.min.css", "text/css")}
+          # uPlot 1.6.31 (MIT, uPlot.LICENSE), from npm, unmodified
+          "/static/uPlot.iife.min.js": ("uPlot.iife.min.js", "text/javascript"),
+          "/static/uPlot.min.css": ("uPlot.min.css", "text/css")}
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:/-]{1,128}\Z")
@@ -148,7 +148,7 @@ class Dashboard:
         tokens = backend.settings.auth_tokens
         self.tokens: dict[str, Principal] = parse_tokens(tokens) if tokens else {}
         self._static = {path: (resources.files("dtq_gateway.web").joinpath(
-            "dashboard_static", *name.split("/")).read_bytes(), ctype)
+            "dashboard_static", name).read_bytes(), ctype)
             for path, (name, ctype) in STATIC.items()}
         self._runner: web.AppRunner | None = None
         self._stopping = asyncio.Event()

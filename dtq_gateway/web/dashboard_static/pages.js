@@ -1,6 +1,6 @@
 // dtq dashboard: history charts, schedules, rate limits, and a task's chain and group.
 // Loaded after app.js and uses its helpers (el, api, post, table, ...). Charts are drawn
-// by uPlot (vendor/uPlot.iife.min.js, MIT). Every value is inserted as text.
+// by uPlot (uPlot.iife.min.js, MIT). Every value is inserted as text.
 "use strict";
 
 // ---------------------------------------------------------------- history
