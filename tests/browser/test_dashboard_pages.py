@@ -112,34 +112,6 @@ async def test_history_charts_show_the_load_just_run(redis_url, chromium: str):
             await browser.close()
 
 
-async def test_history_is_shared_survives_a_restart_and_is_bounded(redis_url):
-    """One gateway samples; two others, started after it stopped, serve the same
-    samples. Each list is trimmed to DTQ_HISTORY_POINTS and expires after points x
-    interval."""
-    async with dashboard_gateway(redis_url, history_interval_s=0.5, history_points=6) as dg:
-        await dg.enqueue("shared", "t", {})
-        redis = dg.gateway.redis
-        deadline = time.monotonic() + 60
-        while await redis.llen("dtq:history:{shared}") < 6:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.1)
-        newest = await redis.lindex("dtq:history", 0)
-        while await redis.lindex("dtq:history", 0) == newest:  # one more sample
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.1)
-        assert await redis.llen("dtq:history:{shared}") == 6
-        assert await redis.llen("dtq:history") == 6
-        assert 0 < await redis.pttl("dtq:history:{shared}") <= 6 * 500
-        before = await asyncio.to_thread(_get_json, f"{dg.url}/api/history?queue=shared")
-    async with dashboard_gateway(redis_url, history_interval_s=3600, history_points=6) as b, \
-            dashboard_gateway(redis_url, history_interval_s=3600, history_points=6) as c:
-        from_b, from_c = await asyncio.gather(*(asyncio.to_thread(
-            _get_json, f"{g.url}/api/history?queue=shared") for g in (b, c)))
-    assert from_b == from_c
-    assert len(from_b["points"]) == 6
-    assert before["points"][-1] in from_b["points"]
-
-
 async def test_schedules_page_pause_resume_trigger_delete(redis_url, chromium: str):
     async with dashboard_gateway(redis_url) as dg, async_playwright() as pw:
         for name, every_ms in (("nightly-report", 86_400_000), ("every-minute", 60_000)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import aiohttp
 import pytest
@@ -117,6 +118,36 @@ async def test_task_links_of_a_plain_task_are_null(redis_url):
         task_id = await dg.enqueue("q", "t", {})
         status, links = await _json(http, "GET", dg.url + f"/api/tasks/{task_id}/links")
         assert status == 200 and links == {"task_id": task_id, "chain": None, "group": None}
+
+
+async def test_history_is_shared_survives_a_restart_and_is_bounded(redis_url):
+    """One gateway samples; two others, started after it stopped, serve the same
+    samples. Each list is trimmed to DTQ_HISTORY_POINTS and expires after points x
+    interval."""
+    async with dashboard_gateway(redis_url, history_interval_s=0.5, history_points=6) as dg, \
+            aiohttp.ClientSession() as http:
+        await dg.enqueue("shared", "t", {})
+        redis = dg.gateway.redis
+        deadline = time.monotonic() + 60
+        while await redis.llen("dtq:history:{shared}") < 6:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+        newest = await redis.lindex("dtq:history", 0)
+        while await redis.lindex("dtq:history", 0) == newest:  # one more sample
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+        assert await redis.llen("dtq:history:{shared}") == 6
+        assert await redis.llen("dtq:history") == 6
+        assert 0 < await redis.pttl("dtq:history:{shared}") <= 6 * 500
+        before = (await _json(http, "GET", f"{dg.url}/api/history?queue=shared"))[1]
+    async with dashboard_gateway(redis_url, history_interval_s=3600, history_points=6) as b, \
+            dashboard_gateway(redis_url, history_interval_s=3600, history_points=6) as c, \
+            aiohttp.ClientSession() as http:
+        (_, from_b), (_, from_c) = await asyncio.gather(*(_json(
+            http, "GET", f"{g.url}/api/history?queue=shared") for g in (b, c)))
+    assert from_b == from_c
+    assert len(from_b["points"]) == 6
+    assert before["points"][-1] in from_b["points"]
 
 
 async def test_samples_count_each_outcome_once_and_hide_their_baselines(redis_url):
