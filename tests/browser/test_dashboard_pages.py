@@ -267,6 +267,11 @@ async def test_task_page_shows_its_chain_and_its_group(redis_url, chromium: str)
             await expect(steps.nth(2).locator(".badge")).to_have_text("not_created")
             assert "null" not in await page.locator("main").inner_text()
 
+            await page.goto(dg.url + f"/#/tasks/{first}")  # the first step shows it too
+            await expect(steps).to_have_count(3)
+            await expect(steps.nth(0)).to_contain_text("(this task)")
+            await expect(steps.nth(1).locator("a")).to_have_attribute("href", f"#/tasks/{second}")
+
             await page.goto(dg.url + f"/#/tasks/{members[0]}")
             rows = page.locator("table.group tbody tr")
             await expect(rows).to_have_count(3)

@@ -173,8 +173,14 @@ async function rateLimitsView(params) {
 // ---------------------------------------------------------------- task: chain and group
 async function taskLinks(t) {
   if (!t.chain_id && !t.group_id) return;
-  const links = await api("/api/tasks/" + encodeURIComponent(t.task_id) + "/links");
   const host = document.getElementById("main");
+  let links;
+  try {
+    links = await api("/api/tasks/" + encodeURIComponent(t.task_id) + "/links");
+  } catch (e) { // the task itself is shown; say why its chain or group is not
+    if (e.status !== 401) host.append(el("p", { class: "error-text" }, "chain / group: " + e.message));
+    return;
+  }
   const taskCell = (id, current) => !id ? el("span", { class: "muted" }, "not created yet")
     : current ? el("strong", {}, id.slice(0, 12) + "… (this task)")
       : link("#/tasks/" + id, id.slice(0, 12) + "…");
