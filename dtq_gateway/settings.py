@@ -123,6 +123,12 @@ class Settings:
         "Approximate MAXLEN of the audit stream (entries)."))
     recent_max: int = field(default=10000, metadata=_meta(
         "Size of the recent-tasks index (entries)."))
+    history_interval_s: float = field(default=60.0, metadata=_meta(
+        "The scheduler leader stores one history sample of each busy queue this often "
+        "(the dashboard's charts; s)."))
+    history_points: int = field(default=120, metadata=_meta(
+        "History samples kept per queue and for all queues together (each list is "
+        "trimmed to this many and expires after points x interval)."))
     max_queue_depth: int = field(default=0, metadata=_meta(
         "Per-queue depth gate: Enqueue answers RESOURCE_EXHAUSTED above it; 0 = none."))
     max_payload_bytes: int = field(default=1 << 20, metadata=_meta("Largest payload (bytes)."))
@@ -227,7 +233,7 @@ _POSITIVE = {
     "eviction_check_interval_s", "max_queues", "max_schedules", "max_rate_limits",
     "max_streams_per_peer", "grpc_max_connections",
     "grpc_max_concurrent_streams", "grpc_max_pending_calls", "lease_buffer_max_bytes",
-    "followup_sweep_interval_s",
+    "followup_sweep_interval_s", "history_interval_s", "history_points",
 }
 _NON_NEGATIVE = {"queue_idle_delete_s", "grpc_max_connection_idle_ms", "metrics_port",
                  "dashboard_port", "max_queue_depth", "lease_grace_ms", "shutdown_grace_s"}

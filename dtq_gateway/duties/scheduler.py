@@ -17,6 +17,8 @@ Every gateway replica runs a :class:`Scheduler`; exactly one of them leads (see
 * :class:`WorkerSweep` marks workers whose heartbeats stopped (WORKER_STALE).
 * :class:`~dtq_gateway.duties.queue_sweep.QueueSweep` deletes queues idle for
   DTQ_QUEUE_IDLE_DELETE_S.
+* :class:`~dtq_gateway.duties.history.HistorySampler` stores a sample of every busy
+  queue once a minute (the dashboard's history charts).
 * :class:`~dtq_gateway.duties.schedule_firer.ScheduleFirer` enqueues the due fires of periodic
   schedules (when the gateway passes its broker).
 
@@ -33,6 +35,7 @@ from typing import Any
 
 from dtq_gateway import observe
 from dtq_gateway.duties.duty import PeriodicDuty
+from dtq_gateway.duties.history import HistorySampler
 from dtq_gateway.duties.leader import LeaderLock, LockKeeper
 from dtq_gateway.duties.queue_sweep import QueueSweep
 from dtq_gateway.duties.reaper import Reaper
@@ -191,10 +194,11 @@ class Scheduler:
         self.reaper = Reaper(redis, settings, self.lock)
         self.worker_sweep = WorkerSweep(redis, settings, self.lock)
         self.queue_sweep = QueueSweep(redis, settings, self.lock)
+        self.history = HistorySampler(redis, settings, self.lock)
         self.keeper = LockKeeper(self.lock, refresh_interval_s, acquire_interval_s,
                                  on_acquired=self._on_acquired)
         self._duties: list[PeriodicDuty] = [self.keeper, self.mover, self.reaper,
-                                            self.worker_sweep, self.queue_sweep]
+                                            self.worker_sweep, self.queue_sweep, self.history]
         self.firer = ScheduleFirer(redis, settings, self.lock, broker) if broker else None
         if self.firer is not None:
             self._duties.append(self.firer)

@@ -42,10 +42,12 @@ def _int(value: object) -> int:
 
 
 async def queue_counters(redis: Redis, queue: str) -> dict[str, int]:
-    """The queue's outcome counters (``dtq:queue:{<q>}:counters``; absent fields are 0)."""
+    """The queue's outcome counters (``dtq:queue:{<q>}:counters``; absent fields are 0;
+    the history sampler's baselines ``h_*`` are left out)."""
     raw = await redis.hgetall(keys.queue_counters(queue))
     out = dict.fromkeys(COUNTER_FIELDS, 0)
-    out.update({text(k): _int(v) for k, v in raw.items()})
+    out.update({k: _int(v) for k, v in ((text(k), v) for k, v in raw.items())
+                if k in out})
     return out
 
 

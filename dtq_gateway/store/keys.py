@@ -57,6 +57,8 @@ AUDIT = PREFIX + "stream:audit"
 RETRY_CLAIMED = PREFIX + "retry:claimed"
 WORKERS = PREFIX + "workers:" + WORKERS_TAG
 RECENT_TASKS = PREFIX + "tasks:recent"
+#: History samples of all queues together (a list, newest first; store/history.py).
+HISTORY = PREFIX + "history"
 SCHEDULER_LOCK = PREFIX + "lock:scheduler"
 #: Set of queue names that may hold work: entries in their band streams (queued or
 #: leased) or scheduled tasks. Written by single-key commands only (SADD after a
@@ -275,6 +277,12 @@ def queue_counters(queue: str) -> str:
     """Outcome counters of a queue (hash succeeded, retried, dead_lettered, cancelled;
     HINCRBY by ack.lua and fail.lua): ``dtq:queue:{<queue>}:counters``."""
     return f"{PREFIX}queue:{{{queue}}}:counters"
+
+
+def history(queue: str) -> str:
+    """History samples of one queue (a list, newest first; store/history.py):
+    ``dtq:history:{<queue>}``."""
+    return f"{PREFIX}history:{{{queue}}}"
 
 
 def paused(queue: str) -> str:

@@ -54,6 +54,7 @@ from dtq_gateway.rpc.grpc_errors import to_dtq_error
 from dtq_gateway.store import keys
 from dtq_gateway.store.admin import CallInfo, validate_page_token, validate_queue_page_token
 from dtq_gateway.web import dashboard_api as api
+from dtq_gateway.web import dashboard_pages
 from dtq_gateway.web.dashboard_events import event_stream
 from dtq_gateway.web.http_log import SERVER_LOG
 
@@ -69,7 +70,12 @@ HTTP_STATUS = {
 _HTTP_CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
                404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "TOO_LARGE"}
 STATIC = {"/": ("index.html", "text/html"), "/static/app.js": ("app.js", "text/javascript"),
-          "/static/app.css": ("app.css", "text/css")}
+          "/static/app.css": ("app.css", "text/css"),
+          # history charts, schedules, rate limits, chain and group (dashboard_pages.py)
+          "/static/pages.js": ("pages.js", "text/javascript"),
+          # uPlot 1.6.31 (MIT, uPlot.LICENSE), from npm, unmodified
+          "/static/uPlot.iife.min.js": ("uPlot.iife.min.js", "text/javascript"),
+          "/static/uPlot.min.css": ("uPlot.min.css", "text/css")}
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:/-]{1,128}\Z")
@@ -172,6 +178,7 @@ class Dashboard:
         r.add_get("/api/workers", self._workers)
         r.add_get("/api/audit", self._audit)
         r.add_get("/api/events", self._events)
+        dashboard_pages.add_routes(app, self)
         return app
 
     async def start(self) -> None:

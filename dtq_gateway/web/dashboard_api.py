@@ -115,7 +115,7 @@ def task_json(task: pb.Task, *, with_payload: bool = True) -> dict[str, Any]:
         "progress_percent": task.progress_percent, "progress_message": task.progress_message,
         "progress_at_ms": task.progress_at_ms,
         "chain_id": task.chain_id, "chain_step": task.chain_step,
-        "next_task_id": task.next_task_id,
+        "next_task_id": task.next_task_id, "group_id": task.group_id,
         "chain_state": pb.ChainState.Name(task.chain_state).removeprefix("CHAIN_STATE_"),
     }
     if with_payload:

@@ -83,6 +83,12 @@ FAMILY_EXAMPLES = {
     "schedule-registry": keys.SCHEDULES,
     "rate-limit": keys.rate_limit("q-1"),
     "rate-limited-queues": keys.RATE_LIMITED_QUEUES,
+    "schedule-names": keys.SCHEDULE_NAMES,
+    "schedule-names-built": keys.SCHEDULE_NAMES_BUILT,
+    "rate-limit-index": keys.RATE_LIMIT_INDEX,
+    "rate-limit-index-built": keys.RATE_LIMIT_INDEX_BUILT,
+    "history": keys.HISTORY,
+    "queue-history": keys.history("q-1"),
 }
 #: Statuses after which nothing happens to a task on its own.
 TERMINAL = {pb.TASK_STATUS_SUCCEEDED, pb.TASK_STATUS_DEAD_LETTERED,

@@ -38,6 +38,10 @@ def test_wheel_builds_without_warnings_and_ships_the_lua_scripts(tmp_path: Path)
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"dtq_gateway/web/dashboard_static/index.html", "dtq_gateway/web/dashboard_static/app.js",
             "dtq_cli/main.py"} <= names
+    # the history charts' library, vendored with its licence (docs/dashboard.md)
+    static = "dtq_gateway/web/dashboard_static/"
+    assert {static + "pages.js", static + "uPlot.iife.min.js",
+            static + "uPlot.min.css", static + "uPlot.LICENSE"} <= names
 
 
 def _copy_project(dst: Path) -> Path:

@@ -327,6 +327,7 @@ async function taskView(id) {
     el("h2", {}, "Metadata"),
     table(["key", "value"], Object.entries(t.metadata).map(([k, v]) =>
       el("tr", {}, el("td", {}, k), el("td", {}, v)))));
+  await taskLinks(t); // chain and group (pages.js)
 }
 
 function dlqActions(taskId, after) {
@@ -557,6 +558,10 @@ async function route(quiet) {
     else if (parts[0] === "workers") await workersView();
     else if (parts[0] === "events") eventsView(params);
     else if (parts[0] === "audit") await auditView(params);
+    // pages.js: history charts, schedules, rate limits
+    else if (parts[0] === "history") await historyView(params);
+    else if (parts[0] === "schedules") await schedulesView(params);
+    else if (parts[0] === "rate-limits") await rateLimitsView(params);
     else await queuesView(params);
   } catch (e) {
     if (e.status === 401) return;
