@@ -211,6 +211,8 @@ async def test_leader_moves_due_tasks_and_reclaims_leases(r: Redis, redis_url: s
                      keys.QUEUES.encode(), keys.DEAD_LETTER_QUEUES.encode(),
                      keys.busy_marker("emails").encode(), keys.busy_marker("other").encode()):
             pass  # a marker, and one member per queue
+        elif key.startswith(keys.HISTORY.encode()):  # history samples: capped, expiring
+            assert await r.type(key) == b"list" and await r.ttl(key) > 0, key
         else:
             assert await r.type(key) == b"stream", key
 
