@@ -126,3 +126,113 @@ async def test_a_black_holed_lease_stream_hands_its_tasks_to_a_healthy_worker(re
         await lease_channel.close()
         await beat_channel.close()
         await gw.stop()
+
+
+async def test_b_a_slow_reader_with_a_large_max_in_flight_reads_few_stale_leases(redis_url):
+    hb_s, vt_s, read_every_s = 2.0, 8.0, 1.0
+    gw = Gateway(gateway_settings(redis_url, heartbeat_interval_s=hb_s,
+                                  visibility_timeout_s=vt_s), redis_url)
+    await gw.start()
+    target = f"127.0.0.1:{gw.port}"
+    lease_channel = grpc.aio.insecure_channel(target)
+    channel = grpc.aio.insecure_channel(target)
+    stub = dtq_pb2_grpc.BrokerStub(channel)
+    beats = asyncio.create_task(_heartbeats(stub, "w-slow", set(), hb_s))
+    worker = Worker(["slow"], target, worker_id="w-fast", concurrency=2, drain_grace_s=2)
+
+    @worker.task("t")
+    async def handler(payload, ctx):
+        await asyncio.sleep(0.05)
+        return "done"
+
+    stale = 0
+    read = 0
+
+    async def read_slowly(it) -> None:
+        """One message per second, acked at once (a stale one is refused)."""
+        nonlocal stale, read
+        while True:
+            await asyncio.sleep(read_every_s)
+            msg = await it.__anext__()
+            read += 1
+            try:
+                await stub.Ack(dtq_pb2.AckRequest(items=[dtq_pb2.AckItem(
+                    lease_id=msg.task.lease_id, result=b'"slow"')]))
+            except grpc.aio.AioRpcError as exc:
+                assert error_reason(exc) == "STALE_LEASE"
+                stale += 1
+
+    reader = None
+    try:
+        call = dtq_pb2_grpc.BrokerStub(lease_channel).Lease(dtq_pb2.LeaseRequest(
+            worker_id="w-slow", queues=["slow"], max_in_flight=100, concurrency=1,
+            hostname="slow"))
+        it = call.__aiter__()
+        await asyncio.wait_for(it.__anext__(), 10)
+        async with running(worker):
+            await poll_until(lambda: len(gw.dispatcher.sessions) == 2, 10)
+            ids = await _enqueue(stub, "slow", 150, max_attempts=3)
+            reader = asyncio.create_task(read_slowly(it))
+            deadline = time.monotonic() + 4 * vt_s
+            tasks = await _tasks(stub, ids)
+            while time.monotonic() < deadline and not all(
+                    t.status == dtq_pb2.TASK_STATUS_SUCCEEDED for t in tasks):
+                await asyncio.sleep(0.5)
+                tasks = await _tasks(stub, ids)
+        second = sum(1 for t in tasks if t.attempt > 1)
+        # today's gateway fills the stream's transport window with up to max_in_flight
+        # leases: those it cannot read within the visibility timeout expire (a second
+        # attempt each), and it then reads them stale
+        assert read >= 1
+        assert stale <= 1, f"{stale} of {read} reads were stale"
+        assert second <= 2, f"{second} tasks needed a second attempt"
+        assert all(t.status == dtq_pb2.TASK_STATUS_SUCCEEDED for t in tasks)
+    finally:
+        beats.cancel()
+        if reader is not None:
+            reader.cancel()
+        call.cancel()
+        await lease_channel.close()
+        await channel.close()
+        await gw.stop()
+
+
+async def test_receipts_through_another_replica_keep_a_reading_stream(redis_url):
+    """A worker whose stream is on one replica and whose heartbeats reach another is
+    reading: its leases are confirmed through Redis, nothing is released."""
+    settings = {"heartbeat_interval_s": 0.5, "visibility_timeout_s": VT_S}
+    gw_a = Gateway(gateway_settings(redis_url, **settings), redis_url)
+    gw_b = Gateway(gateway_settings(redis_url, **settings), redis_url)
+    await gw_a.start()
+    await gw_b.start()
+    chan_a = grpc.aio.insecure_channel(f"127.0.0.1:{gw_a.port}")
+    chan_b = grpc.aio.insecure_channel(f"127.0.0.1:{gw_b.port}")
+    stub_b = dtq_pb2_grpc.BrokerStub(chan_b)
+    held: set[str] = set()
+    beats = asyncio.create_task(_heartbeats(stub_b, "w-split", held, 0.5))
+    released_before = _metric("dtq_leases_released_unread_total")
+    try:
+        call = dtq_pb2_grpc.BrokerStub(chan_a).Lease(dtq_pb2.LeaseRequest(
+            worker_id="w-split", queues=["split"], max_in_flight=4, concurrency=1,
+            hostname="split"))
+        it = call.__aiter__()
+        await asyncio.wait_for(it.__anext__(), 10)
+        await _enqueue(stub_b, "split", 4, max_attempts=1)
+        got = []
+        for _ in range(4):
+            got.append((await asyncio.wait_for(it.__anext__(), 10)).task)
+            held.add(got[-1].lease_id)
+        # several stall thresholds (2 heartbeat intervals) pass with the leases held
+        await asyncio.sleep(4 * gw_a.dispatcher.stall_after_s)
+        assert len(gw_a.dispatcher.sessions) == 1
+        assert _metric("dtq_leases_released_unread_total") == released_before
+        reply = await stub_b.Ack(dtq_pb2.AckRequest(items=[
+            dtq_pb2.AckItem(lease_id=t.lease_id, result=b'"ok"') for t in got]))
+        assert [r.HasField("error") for r in reply.results] == [False] * 4
+    finally:
+        beats.cancel()
+        call.cancel()
+        await chan_a.close()
+        await chan_b.close()
+        await gw_a.stop()
+        await gw_b.stop()
