@@ -69,6 +69,7 @@ async def test_a_black_holed_lease_stream_hands_its_tasks_to_a_healthy_worker(re
     beats = asyncio.create_task(
         _heartbeats(dtq_pb2_grpc.BrokerStub(beat_channel), "w-frozen", set(), HB_S))
     released_before = _metric("dtq_leases_released_unread_total")
+    ended_before = _metric("dtq_lease_streams_not_reading_total")
     worker = Worker(["bh"], target, worker_id="w-healthy", concurrency=2, drain_grace_s=2)
     worker.register("t", lambda payload, ctx: "done")
     try:
@@ -102,6 +103,7 @@ async def test_a_black_holed_lease_stream_hands_its_tasks_to_a_healthy_worker(re
         assert all(t.status == dtq_pb2.TASK_STATUS_SUCCEEDED for t in tasks)
         released = _metric("dtq_leases_released_unread_total") - released_before
         assert 1 <= released <= WINDOW  # the frozen stream held at most its window
+        assert _metric("dtq_lease_streams_not_reading_total") - ended_before == 1
         assert took_s < VT_S / 2
         # connected (heartbeating) but not leasing
         assert workers["w-frozen"].alive and not workers["w-frozen"].leasing

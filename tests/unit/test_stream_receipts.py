@@ -1,0 +1,35 @@
+"""Session receipts (stream health): the unread window and cumulative confirmation."""
+
+from __future__ import annotations
+
+from dtq_gateway.leasing.sessions import WINDOW_MIN, Session
+
+
+def _session(concurrency: int = 0) -> Session:
+    return Session(worker_id="w", queues=["q"], max_in_flight=100, concurrency=concurrency,
+                   read_by_slot=False)
+
+
+def test_window_is_twice_concurrency_at_least_the_minimum():
+    assert _session(0).window == WINDOW_MIN == 4
+    assert _session(1).window == 4
+    assert _session(8).window == 16
+
+
+def test_a_receipt_confirms_its_lease_and_every_lease_written_before_it():
+    s = _session(1)
+    for i, lid in enumerate(["a", "b", "c", "d"]):
+        s.handed(lid, float(i))
+    assert s.window_room() == 0 and s.read_cap(256) == 1
+    assert not s.confirm(["x", "unknown"], 10.0)  # names nothing of this stream
+    assert s.receipt_at == 0.0
+    assert s.confirm(["c"], 11.0)  # a stream delivers in order: a and b arrived too
+    assert list(s.unread) == ["d"] and s.receipt_at == 11.0
+    assert s.window_room() == 3 and s.read_cap(256) == 1  # concurrency 1 reads one
+
+
+def test_reads_take_at_most_the_room_left_in_the_window():
+    s = _session(0)
+    s.handed("a", 0.0)
+    s.out.put_nowait(object())
+    assert s.window_room() == 2 and s.read_cap(256) == 2
