@@ -17,10 +17,12 @@ from dtq_gateway.store.leasing import ReadGroup, queue_check_and_read, session_l
 if TYPE_CHECKING:
     from dtq_gateway.leasing.dispatch import Dispatcher
 
-__all__ = ["WINDOW_MIN", "ReadAhead", "ReadGroup", "Session"]
+__all__ = ["WINDOW_MIN", "WINDOW_UNSAID", "ReadAhead", "ReadGroup", "Session"]
 
-#: Smallest unread window of a Lease stream (see Session.window).
+#: Smallest unread window of a Lease stream that said its concurrency, and the window
+#: of one that did not (see Session.window).
 WINDOW_MIN = 4
+WINDOW_UNSAID = 16
 
 
 @dataclass(eq=False)
@@ -100,7 +102,10 @@ class Session:
         """Most leases the stream may hold written but unconfirmed, plus those waiting
         in ``out``: 2 × concurrency, at least ``WINDOW_MIN`` (a worker's default
         max_in_flight is 2 × concurrency, so the window only binds a reader that asks
-        for more than it runs)."""
+        for more than it runs); ``WINDOW_UNSAID`` when the LeaseRequest did not say its
+        concurrency."""
+        if self.concurrency <= 0:
+            return WINDOW_UNSAID
         return max(2 * self.concurrency, WINDOW_MIN)
 
     def window_room(self) -> int:

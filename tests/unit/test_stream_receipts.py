@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dtq_gateway.leasing.sessions import WINDOW_MIN, Session
+from dtq_gateway.leasing.sessions import WINDOW_MIN, WINDOW_UNSAID, Session
 
 
 def _session(concurrency: int = 0) -> Session:
@@ -11,8 +11,9 @@ def _session(concurrency: int = 0) -> Session:
 
 
 def test_window_is_twice_concurrency_at_least_the_minimum():
-    assert _session(0).window == WINDOW_MIN == 4
-    assert _session(1).window == 4
+    assert _session(1).window == WINDOW_MIN == 4
+    assert _session(2).window == 4
+    assert _session(0).window == WINDOW_UNSAID == 16  # concurrency not said
     assert _session(8).window == 16
 
 
@@ -29,7 +30,7 @@ def test_a_receipt_confirms_its_lease_and_every_lease_written_before_it():
 
 
 def test_reads_take_at_most_the_room_left_in_the_window():
-    s = _session(0)
+    s = _session(2)
     s.handed("a", 0.0)
     s.out.put_nowait(object())
     assert s.window_room() == 2 and s.read_cap(256) == 2
