@@ -326,7 +326,8 @@ class Dispatcher:
         full window waited a tick) is looked up in Redis: a lease no longer pending (acked,
         failed, released by the worker) or heartbeated after it was written is a receipt
         that went through another replica. A stream still without a receipt after
-        ``stall_after_s`` stopped reading: see :meth:`_stall`.
+        ``stall_after_s``, while its worker's heartbeats kept arriving, stopped reading:
+        see :meth:`_stall`.
         """
         now = time.monotonic()
         due = []
@@ -356,9 +357,19 @@ class Dispatcher:
                 got.setdefault(s, []).append(lease_id)
         for s, ids in got.items():
             self.received(s.worker_id, ids)
-        for s in due:
-            if s.unread and not s.closed and not s.not_reading and now - max(
-                    s.receipt_at, next(iter(s.unread.values()))[1]) > self.stall_after_s:
+        # ... and the worker heartbeated (through any replica) at least one interval
+        # into that silence, without naming them: it is alive and does not hold them. A
+        # worker whose heartbeats stopped too (a blocked event loop, a frozen process)
+        # may be running them: its leases expire as usual, spending an attempt, so a
+        # task that hangs its worker still reaches its max_attempts.
+        quiet = [(s, now - max(s.receipt_at, next(iter(s.unread.values()))[1]))
+                 for s in due if s.unread and not s.closed and not s.not_reading]
+        quiet = [(s, q) for s, q in quiet if q > self.stall_after_s]
+        heard = await store.workers_heard(
+            self.redis, [(s.worker_id, int((q - self.confirm_after_s) * 1000))
+                         for s, q in quiet])
+        for (s, _), alive in zip(quiet, heard):
+            if alive and not s.closed and not s.not_reading:
                 await self._stall(s)
 
     async def _stall(self, session: Session) -> None:

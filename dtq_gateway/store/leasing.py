@@ -138,6 +138,24 @@ async def lease_read(redis: Client, read: Call) -> list:
     return await LEASE_READ(redis, *read)
 
 
+async def workers_heard(redis: Client, asks: list[tuple[str, int]]) -> list[bool]:
+    """Whether each worker heartbeated recently, through any replica (worker_check).
+
+    Args:
+        asks: (worker id, within ms >= 1): did its last heartbeat arrive less than this
+            long ago?
+
+    Returns:
+        Per ask, in order: True when it did; False when it did not, when the worker is
+        draining, or when the check failed. One call, or one pipeline.
+    """
+    if not asks:
+        return []
+    replies = await call_each(redis, WORKER_CHECK,
+                              [worker_check_call(w, max(1, ms)) for w, ms in asks])
+    return [not isinstance(r, Exception) and int(r) == 0 for r in replies]
+
+
 async def leases_pending(redis: Client, entries: list[tuple[str, int, str]]
                          ) -> list[tuple[str, int] | None]:
     """Where each leased entry stands in its consumer group's PEL, for stream health.
