@@ -78,10 +78,13 @@ class Dispatcher:
         #: stream health: a stream whose leases got no receipt for this long is checked
         #: in Redis (a heartbeat or ack through another replica, s): one heartbeat interval
         self.confirm_after_s = settings.heartbeat_interval_s
-        #: ... and after this long with no receipt it stopped reading (s): two heartbeat
-        #: intervals, at most half the visibility timeout
-        self.stall_after_s = min(2 * settings.heartbeat_interval_s,
-                                 settings.visibility_timeout_s / 2)
+        #: ... and after this long with no receipt it stopped reading (s):
+        #: DTQ_LEASE_STALL_HEARTBEATS intervals (default 2), at most half the visibility
+        #: timeout; never when that setting is 0
+        self.stall_after_s = (min(settings.lease_stall_heartbeats
+                                  * settings.heartbeat_interval_s,
+                                  settings.visibility_timeout_s / 2)
+                              if settings.lease_stall_heartbeats else float("inf"))
         self.sessions: dict[str, Session] = {}
         #: open sessions by queue name, for read-ahead
         self._by_queue: dict[str, list[Session]] = {}

@@ -34,3 +34,32 @@ def test_reads_take_at_most_the_room_left_in_the_window():
     s.handed("a", 0.0)
     s.out.put_nowait(object())
     assert s.window_room() == 2 and s.read_cap(256) == 2
+
+
+def _stall_after(**env: str) -> float:
+    from dtq_gateway.leasing.dispatch import Dispatcher
+    from dtq_gateway.settings import load
+
+    settings = load([], environ={"DTQ_HEARTBEAT_INTERVAL_S": "1",
+                                 "DTQ_VISIBILITY_TIMEOUT_S": "30", **env})
+
+    async def release(ids):
+        return None
+
+    return Dispatcher(None, settings, None, release).stall_after_s
+
+
+def test_stall_after_is_heartbeat_intervals_at_most_half_the_visibility_timeout():
+    assert _stall_after() == 2.0  # DTQ_LEASE_STALL_HEARTBEATS defaults to 2
+    assert _stall_after(DTQ_LEASE_STALL_HEARTBEATS="5") == 5.0
+    assert _stall_after(DTQ_LEASE_STALL_HEARTBEATS="40") == 15.0
+    assert _stall_after(DTQ_LEASE_STALL_HEARTBEATS="0") == float("inf")  # never
+
+
+def test_a_negative_stall_setting_is_refused():
+    import pytest
+
+    from dtq_gateway.settings import SettingsError
+
+    with pytest.raises(SettingsError, match="DTQ_LEASE_STALL_HEARTBEATS must be >= 0"):
+        _stall_after(DTQ_LEASE_STALL_HEARTBEATS="-1")
