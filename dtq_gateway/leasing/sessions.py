@@ -109,7 +109,12 @@ class Session:
         return max(2 * self.concurrency, WINDOW_MIN)
 
     def window_room(self) -> int:
-        """Leases the stream may still take before its unread window is full (>= 0)."""
+        """Leases the stream may still take before its unread window is full (>= 0).
+
+        A session whose max_in_flight is within its window is never bound by it (its
+        unread leases are among the leases it holds): the credit alone paces it."""
+        if self.max_in_flight <= self.window:
+            return self.max_in_flight
         return max(0, self.window - len(self.unread) - self.out.qsize())
 
     def read_cap(self, most: int) -> int:
@@ -117,6 +122,8 @@ class Session:
         dispatcher's per-read bound), at most the room left in its unread window
         (at least 1: a session with no room is not read at all)."""
         cap = min(most, self.concurrency) if self.concurrency > 0 else most
+        if self.max_in_flight <= self.window:
+            return cap
         return max(1, min(cap, self.window_room()))
 
     def handed(self, lease_id: str, now: float) -> None:

@@ -63,3 +63,11 @@ def test_a_negative_stall_setting_is_refused():
 
     with pytest.raises(SettingsError, match="DTQ_LEASE_STALL_HEARTBEATS must be >= 0"):
         _stall_after(DTQ_LEASE_STALL_HEARTBEATS="-1")
+
+
+def test_a_session_whose_max_in_flight_fits_its_window_reads_by_credit_alone():
+    s = Session(worker_id="w", queues=["q"], max_in_flight=8, concurrency=4,
+                read_by_slot=False)  # window 8
+    for i in range(8):
+        s.handed(f"l{i}", 0.0)
+    assert s.window_room() == 8 and s.read_cap(256) == 4
