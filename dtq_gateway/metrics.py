@@ -123,6 +123,13 @@ SCHEDULE_FIRES_MISSED = Counter(
     "dtq_schedule_fires_missed_total",
     "Schedule fires the missed-fire policy dropped (older than 30 s and not caught up), "
     "by policy (skip, latest, all).", ["policy"])
+LEASE_STREAMS_NOT_READING = Counter(
+    "dtq_lease_streams_not_reading_total", "Lease streams ended because they stopped "
+    "reading: no receipt (heartbeat, Ack or Fail naming a lease written to them) for two "
+    "heartbeat intervals, at most half the visibility timeout.")
+LEASES_RELEASED_UNREAD = Counter(
+    "dtq_leases_released_unread_total", "Leases written to a Lease stream that stopped "
+    "reading and put back in their queue unread, without spending an attempt.")
 LEASE_SESSIONS = Gauge("dtq_lease_sessions", "Open Lease streams on this gateway replica.")
 REDIS_EVICTION_SAFE = Gauge("dtq_redis_eviction_safe", "1 when Redis maxmemory-policy is "
                             "noeviction, 0 when Redis may evict dtq's keys, -1 when unknown.")

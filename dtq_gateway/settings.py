@@ -107,6 +107,12 @@ class Settings:
         "Lease visibility timeout: an entry idle this long may be reclaimed (s)."))
     heartbeat_interval_s: float = field(default=10.0, metadata=_meta(
         "Worker heartbeat interval (s); must be below the visibility timeout."))
+    lease_stall_heartbeats: int = field(default=2, metadata=_meta(
+        "A Lease stream whose written leases get no receipt (a heartbeat, Ack or Fail "
+        "naming one) for this many heartbeat intervals, at most half the visibility "
+        "timeout, while its worker's heartbeats arrive, has stopped reading: it is ended "
+        "(UNAVAILABLE, reason NOT_READING) and its unread leases go back to their queue "
+        "with no attempt spent (docs/protocol.md 3.3). 0 = never."))
     lease_grace_ms: int = field(default=5000, metadata=_meta(
         "Leases stop being extended after started_at + timeout_ms + this grace (ms)."))
     task_retention_s: int = field(default=7 * 86400, metadata=_meta(
@@ -236,7 +242,8 @@ _POSITIVE = {
     "followup_sweep_interval_s", "history_interval_s", "history_points",
 }
 _NON_NEGATIVE = {"queue_idle_delete_s", "grpc_max_connection_idle_ms", "metrics_port",
-                 "dashboard_port", "max_queue_depth", "lease_grace_ms", "shutdown_grace_s"}
+                 "dashboard_port", "max_queue_depth", "lease_grace_ms", "shutdown_grace_s",
+                 "lease_stall_heartbeats"}
 
 
 def env_name(name: str) -> str:

@@ -25,7 +25,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from dtq_gateway import metrics, observe, tracing
-from dtq_gateway.leasing.leaseid import Keyring, Lease, default_keyring
+from dtq_gateway.errors import DtqError
+from dtq_gateway.leasing.leaseid import Keyring, Lease, decode, default_keyring
 from dtq_gateway.leasing.sessions import ReadAhead, Session
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import leasing as store
@@ -44,6 +45,9 @@ BATCH_MAX = 256
 #: Reads re-run at once after a task-type rate limit put entries back (per session, until
 #: one delivers something): bounds the rotation through a stream of throttled entries.
 LIMIT_REREADS = 4
+#: A lease counts as heartbeated after it was written when its PEL idle time is at
+#: least this much shorter than the time since the write (ms): covers the round trip.
+RECEIPT_MARGIN_MS = 100
 WAKE_EVENTS = frozenset({"TASK_QUEUED", "TASK_RETRIED"})
 #: Events that end a lease of their worker_id (TASK_RETRIED: the reaper took a lost
 #: lease away, which frees that worker's credit too)
@@ -71,6 +75,16 @@ class Dispatcher:
         #: Tasks that wait this long in a session's buffer with no write progress are
         #: released (s): half the visibility timeout, at most 5 s.
         self.release_after_s = min(5.0, settings.visibility_timeout_s / 2)
+        #: stream health: a stream whose leases got no receipt for this long is checked
+        #: in Redis (a heartbeat or ack through another replica, s): one heartbeat interval
+        self.confirm_after_s = settings.heartbeat_interval_s
+        #: ... and after this long with no receipt it stopped reading (s):
+        #: DTQ_LEASE_STALL_HEARTBEATS intervals (default 2), at most half the visibility
+        #: timeout; never when that setting is 0
+        self.stall_after_s = (min(settings.lease_stall_heartbeats
+                                  * settings.heartbeat_interval_s,
+                                  settings.visibility_timeout_s / 2)
+                              if settings.lease_stall_heartbeats else float("inf"))
         self.sessions: dict[str, Session] = {}
         #: open sessions by queue name, for read-ahead
         self._by_queue: dict[str, list[Session]] = {}
@@ -111,7 +125,7 @@ class Dispatcher:
             return None
         for s in on_queue:
             if len(s.groups) == 1 and not (s.closed or s.full or s.reading or s.backlogged
-                                           or s.stuck) \
+                                           or s.stuck or not s.window_room()) \
                     and (not s.task_types or task_type in s.task_types) \
                     and self.groups.ready(s.queues):
                 s.reading = True
@@ -127,6 +141,21 @@ class Dispatcher:
         one set lookup, not a scan of every session (1,000 idle sessions = 1,000 checks).
         """
         self._wake_worker_if(worker_id, lambda s: s.full)
+
+    def received(self, worker_id: str, lease_ids) -> None:
+        """A heartbeat, Ack or Fail of ``worker_id`` through this gateway named
+        ``lease_ids``: each is a receipt for the stream it was written to (and for every
+        lease written to that stream before it). A session held back by a full unread
+        window reads again."""
+        sessions = self._by_worker.get(worker_id)
+        if not sessions:
+            return
+        now = time.monotonic()
+        for s in sessions:
+            if s.unread and s.confirm(lease_ids, now) and s.window_held:
+                s.window_held = False
+                self._dirty_workers.add(worker_id)
+                self._wake.set()
 
     def worker_alive(self, worker_id: str) -> None:
         """The worker heartbeated through this gateway: a session of it that was held
@@ -293,6 +322,78 @@ class Dispatcher:
                     s.held_back = s.stuck = True
                     await self.release(ids)
 
+    async def _check_streams(self) -> None:
+        """Stream health, on the tick: find the Lease streams that stopped reading.
+
+        A stream whose unread leases got no receipt here for ``confirm_after_s`` (or whose
+        full window waited a tick) is looked up in Redis: a lease no longer pending (acked,
+        failed, released by the worker) or heartbeated after it was written is a receipt
+        that went through another replica. A stream still without a receipt after
+        ``stall_after_s``, while its worker's heartbeats kept arriving, stopped reading:
+        see :meth:`_stall`.
+        """
+        now = time.monotonic()
+        due = []
+        for s in self.sessions.values():
+            if not s.unread or s.closed:
+                continue
+            quiet = now - max(s.receipt_at, next(iter(s.unread.values()))[1])
+            if quiet > self.confirm_after_s or (s.window_held and quiet > self.tick_s):
+                due.append(s)
+        if not due:
+            return
+        asked = []
+        for s in due:
+            for lease_id, (_, at) in s.unread.items():
+                try:
+                    lease = decode(lease_id, self.keyring)
+                except DtqError:  # signed by a secret dropped since: no receipt from it
+                    continue
+                asked.append((s, lease_id, lease, at))
+        states = await store.leases_pending(
+            self.redis, [(lease.queue, lease.band, lease.entry_id) for _, _, lease, _ in asked])
+        now = time.monotonic()
+        got: dict[Session, list[str]] = {}
+        for (s, lease_id, lease, at), state in zip(asked, states):
+            if state is None or (state[0] == lease.worker_id
+                                 and state[1] + RECEIPT_MARGIN_MS < (now - at) * 1000):
+                got.setdefault(s, []).append(lease_id)
+        for s, ids in got.items():
+            self.received(s.worker_id, ids)
+        # ... and the worker heartbeated (through any replica) at least one interval
+        # into that silence, without naming them: it is alive and does not hold them. A
+        # worker whose heartbeats stopped too (a blocked event loop, a frozen process)
+        # may be running them: its leases expire as usual, spending an attempt, so a
+        # task that hangs its worker still reaches its max_attempts.
+        quiet = [(s, now - max(s.receipt_at, next(iter(s.unread.values()))[1]))
+                 for s in due if s.unread and not s.closed and not s.not_reading]
+        quiet = [(s, q) for s, q in quiet if q > self.stall_after_s]
+        heard = await store.workers_heard(
+            self.redis, [(s.worker_id, int((q - self.confirm_after_s) * 1000))
+                         for s, q in quiet])
+        for (s, _), alive in zip(quiet, heard):
+            if alive and not s.closed and not s.not_reading:
+                await self._stall(s)
+
+    async def _stall(self, session: Session) -> None:
+        """The stream stopped reading: release its unread leases (back to their queues,
+        no attempt spent; a late Ack or heartbeat of one is refused as stale) and end
+        its Lease call with UNAVAILABLE (reason NOT_READING), so the worker opens a new
+        stream once its connection reads again. Its worker shows alive, not leasing,
+        in ListWorkers while it has no other stream."""
+        session.not_reading = True
+        if session.handler is not None:
+            session.handler.cancel()
+        ids = list(session.unread)
+        session.unread.clear()
+        metrics.LEASE_STREAMS_NOT_READING.inc()
+        metrics.LEASES_RELEASED_UNREAD.inc(len(ids))
+        log.warning("lease stream is not reading: ending it and releasing %d unread leases",
+                    len(ids), extra={"worker_id": session.worker_id,
+                                     "session_id": session.session_id})
+        if ids:
+            await self.release(ids)
+
     def _log_error(self, msg: str, exc: BaseException, exc_info: bool = False) -> None:
         now = time.monotonic()
         if now - self._last_error_log > 5:
@@ -325,6 +426,10 @@ class Dispatcher:
                 # write-paced: the stream has not written what it already has (a slow or
                 # stuck reader); it reads again once it has (stream_progress)
                 s.held_back = True
+                continue
+            if not s.window_room():
+                # its unread window is full: it reads again on a receipt (received)
+                s.window_held = True
                 continue
             if s.worker_id in workers:
                 s.full = False
@@ -374,6 +479,7 @@ class Dispatcher:
             await self._end_draining({s.worker_id for s in skipped})
         if tick:
             await self._release_unwritten()
+            await self._check_streams()
 
     async def _end_draining(self, worker_ids: set[str]) -> None:
         """End the streams of workers whose record says ``draining``.

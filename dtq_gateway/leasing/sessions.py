@@ -17,7 +17,12 @@ from dtq_gateway.store.leasing import ReadGroup, queue_check_and_read, session_l
 if TYPE_CHECKING:
     from dtq_gateway.leasing.dispatch import Dispatcher
 
-__all__ = ["ReadAhead", "ReadGroup", "Session"]
+__all__ = ["WINDOW_MIN", "WINDOW_UNSAID", "ReadAhead", "ReadGroup", "Session"]
+
+#: Smallest unread window of a Lease stream that said its concurrency, and the window
+#: of one that did not (see Session.window).
+WINDOW_MIN = 4
+WINDOW_UNSAID = 16
 
 
 @dataclass(eq=False)
@@ -60,6 +65,22 @@ class Session:
     #: reads in a row were re-run at once for that (bounded, see Dispatcher._after_read)
     limit_held: int = 0
     limit_rounds: int = 0
+    #: stream health (Dispatcher.received, Dispatcher._check_streams): the leases handed
+    #: to the stream and not yet confirmed received, in write order: lease id -> (write
+    #: sequence number, monotonic s of the hand-over). A lease is confirmed when it, or
+    #: one written after it (a stream delivers in order), shows up in a heartbeat, an
+    #: Ack or a Fail, here or through Redis from another replica
+    unread: dict[str, tuple[int, float]] = field(default_factory=dict)
+    sent_seq: int = 0
+    #: monotonic s of the last receipt (0 = none yet)
+    receipt_at: float = 0.0
+    #: a read was skipped because the unread window was full: read again on a receipt
+    window_held: bool = False
+    #: the stream stopped reading (no receipt for Dispatcher.stall_after_s): its unread
+    #: leases were released and its Lease call is being ended (UNAVAILABLE)
+    not_reading: bool = False
+    #: the Lease handler's task (cancelled to end a stream that stopped reading)
+    handler: asyncio.Task | None = None
     #: read the queues slot by slot (Redis Cluster: a script's keys share one slot);
     #: False (standalone or Sentinel Redis) reads every queue in one lease_read call
     read_by_slot: bool = True
@@ -76,10 +97,58 @@ class Session:
         """True while tasks wait in ``out`` for the stream to write them."""
         return not self.out.empty()
 
+    @property
+    def window(self) -> int:
+        """Most leases the stream may hold written but unconfirmed, plus those waiting
+        in ``out``: 2 × concurrency, at least ``WINDOW_MIN`` (a worker's default
+        max_in_flight is 2 × concurrency, so the window only binds a reader that asks
+        for more than it runs); ``WINDOW_UNSAID`` when the LeaseRequest did not say its
+        concurrency."""
+        if self.concurrency <= 0:
+            return WINDOW_UNSAID
+        return max(2 * self.concurrency, WINDOW_MIN)
+
+    def window_room(self) -> int:
+        """Leases the stream may still take before its unread window is full (>= 0).
+
+        A session whose max_in_flight is within its window is never bound by it (its
+        unread leases are among the leases it holds): the credit alone paces it."""
+        if self.max_in_flight <= self.window:
+            return self.max_in_flight
+        return max(0, self.window - len(self.unread) - self.out.qsize())
+
     def read_cap(self, most: int) -> int:
         """Most entries one lease_read may take for this session (``most`` = the
-        dispatcher's per-read bound)."""
-        return min(most, self.concurrency) if self.concurrency > 0 else most
+        dispatcher's per-read bound), at most the room left in its unread window
+        (at least 1: a session with no room is not read at all)."""
+        cap = min(most, self.concurrency) if self.concurrency > 0 else most
+        if self.max_in_flight <= self.window:
+            return cap
+        return max(1, min(cap, self.window_room()))
+
+    def handed(self, lease_id: str, now: float) -> None:
+        """The stream is about to write ``lease_id``: it is unread until confirmed."""
+        self.sent_seq += 1
+        self.unread[lease_id] = (self.sent_seq, now)
+
+    def confirm(self, lease_ids, now: float) -> bool:
+        """Cumulative receipt: the newest of ``lease_ids`` written to this stream, and
+        every lease written before it, were received. True when anything was confirmed."""
+        unread = self.unread
+        newest = 0
+        for lid in lease_ids:
+            seen = unread.get(lid)
+            if seen is not None and seen[0] > newest:
+                newest = seen[0]
+        if not newest:
+            return False
+        while unread:
+            first = next(iter(unread))
+            if unread[first][0] > newest:
+                break
+            del unread[first]
+        self.receipt_at = now
+        return True
 
     def __post_init__(self) -> None:
         layout = session_layout(self.queues, self.read_by_slot)

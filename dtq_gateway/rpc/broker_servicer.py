@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import grpc
 
@@ -224,6 +225,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
             await grpc_errors.abort(context, exc)
         # registered before SessionInfo goes out: a client that has its SessionInfo is
         # a candidate for the next read (the finally below unregisters it)
+        session.handler = asyncio.current_task()
         self.dispatcher.register(session)
         log.info("lease session opened", extra={"worker_id": session.worker_id,
                                                  "session_id": session.session_id,
@@ -241,9 +243,16 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
                 if task is None:
                     break
                 self.dispatcher.buffered(session, -len(task.payload))
+                # unread until a receipt names it (or a later lease): stream health
+                session.handed(task.lease_id, time.monotonic())
                 if not await _send(context, dtq_pb2.LeaseResponse(task=task)):
                     return  # the worker went away: its leases expire and are reclaimed
                 self.dispatcher.stream_progress(session)  # that write completed
+        except asyncio.CancelledError:
+            if not session.not_reading:
+                raise
+            # the dispatcher ended this stream: it stopped reading (Dispatcher._stall)
+            asyncio.current_task().uncancel()
         finally:
             await self.dispatcher.unregister(session)
             try:
@@ -253,6 +262,10 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
                 log.debug("could not record worker stop", extra={"error": repr(exc)})
             log.info("lease session closed", extra={"worker_id": session.worker_id,
                                                      "session_id": session.session_id})
+        if session.not_reading:
+            await grpc_errors.abort(context, Unavailable(
+                "lease stream is not reading: its unread tasks were handed back; reconnect",
+                reason="NOT_READING"))
         if not session.worker_draining:
             await grpc_errors.abort(context, Unavailable("gateway is draining; reconnect",
                                                          reason="DRAINING"))
@@ -267,6 +280,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
                 raise InvalidArgument("progress: at most 10000", field="progress")
             lost, cancelled = await self.completion.heartbeat(
                 request, caller=self.identity_of(context))
+            self.dispatcher.received(request.worker_id, request.lease_ids)
             if request.draining:
                 self.dispatcher.end_worker(request.worker_id)
             else:

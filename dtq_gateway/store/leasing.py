@@ -138,6 +138,54 @@ async def lease_read(redis: Client, read: Call) -> list:
     return await LEASE_READ(redis, *read)
 
 
+async def workers_heard(redis: Client, asks: list[tuple[str, int]]) -> list[bool]:
+    """Whether each worker heartbeated recently, through any replica (worker_check).
+
+    Args:
+        asks: (worker id, within ms >= 1): did its last heartbeat arrive less than this
+            long ago?
+
+    Returns:
+        Per ask, in order: True when it did; False when it did not, when the worker is
+        draining, or when the check failed. One call, or one pipeline.
+    """
+    if not asks:
+        return []
+    replies = await call_each(redis, WORKER_CHECK,
+                              [worker_check_call(w, max(1, ms)) for w, ms in asks])
+    return [not isinstance(r, Exception) and int(r) == 0 for r in replies]
+
+
+async def leases_pending(redis: Client, entries: list[tuple[str, int, str]]
+                         ) -> list[tuple[str, int] | None]:
+    """Where each leased entry stands in its consumer group's PEL, for stream health.
+
+    Args:
+        entries: (queue, band 0..9, stream entry id) of each lease.
+
+    Returns:
+        Per entry, in order: (consumer worker id, idle ms since its last delivery or
+        heartbeat XCLAIM) while it is pending, or None when it is not (acked, failed,
+        released, or its task is gone). One pipeline: one XPENDING per entry.
+    """
+    if not entries:
+        return []
+    async with redis.pipeline(transaction=False) as pipe:
+        for queue, band, entry_id in entries:
+            pipe.xpending_range(keys.stream(queue, band), keys.GROUP, min=entry_id,
+                                max=entry_id, count=1)
+        replies = await pipe.execute(raise_on_error=False)
+    out: list[tuple[str, int] | None] = []
+    for reply in replies:
+        if isinstance(reply, Exception) or not reply:
+            # a missing stream or group (queue deleted) holds no lease either
+            out.append(None)
+            continue
+        first = reply[0]
+        out.append((_s(first["consumer"]), int(first["time_since_delivered"])))
+    return out
+
+
 async def worker_states(redis: Client, worker_ids: list[str]) -> list[str]:
     """The status field of each worker's record ("" when it has none), in order; one
     worker_states call (one round trip, keep ``worker_ids`` to about 1,000)."""

@@ -7,6 +7,7 @@ through gRPC, proves that client-written markup stays text, and saves screenshot
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from pathlib import Path
@@ -28,6 +29,14 @@ async def _no_xss(page: Page) -> None:
     assert await page.evaluate("() => window.__xss") is None
 
 
+async def _heartbeats(dg: DashboardGateway, worker_id: str) -> None:
+    """Heartbeat as ``worker_id`` with no Lease stream, until cancelled."""
+    while True:
+        await dg.broker.Heartbeat(dtq_pb2.HeartbeatRequest(worker_id=worker_id,
+                                                           hostname="quiet"))
+        await asyncio.sleep(0.2)
+
+
 async def _seed(dg: DashboardGateway) -> dict[str, str]:
     ids = {"ok": await dg.succeed("emails", "send", {"to": "ann@example.com", "html": XSS},
                                   {"delivered": True, "note": XSS})}
@@ -44,6 +53,7 @@ async def test_dashboard_pages_and_actions(redis_url, chromium: str, screenshots
         ids = await _seed(dg)
         idle = await LeaseStream(dg.broker, "w-live", ["idle-q"],
                                  labels={"zone": "<b>eu</b>", "gpu": "no"}).open()
+        quiet_beats = asyncio.create_task(_heartbeats(dg, "w-quiet"))
         browser = await pw.chromium.launch(executable_path=chromium)
         try:
             page = await browser.new_page(viewport={"width": 1360, "height": 820})
@@ -105,6 +115,11 @@ async def test_dashboard_pages_and_actions(redis_url, chromium: str, screenshots
             await expect(live.locator(".label-chip").first).to_have_text("gpu=no")
             await expect(live.locator(".label-chip").nth(1)).to_have_text("zone=<b>eu</b>")
             await expect(live.locator(".badge")).to_have_text("alive")
+            await expect(live.locator("td").nth(2)).to_have_text("alive leasing")
+            # heartbeats but no Lease stream (never opened, or ended as not reading)
+            quiet = page.locator('tr[data-worker="w-quiet"]')
+            await expect(quiet.locator("td").nth(2)).to_have_text(
+                "alive connected, not leasing")
             await page.screenshot(path=screenshots / "dashboard-workers.png", full_page=True)
 
             # live events: a task enqueued now shows up
@@ -128,6 +143,7 @@ async def test_dashboard_pages_and_actions(redis_url, chromium: str, screenshots
             await _no_xss(page)
             assert errors == []
         finally:
+            quiet_beats.cancel()
             idle.close()
             await browser.close()
 

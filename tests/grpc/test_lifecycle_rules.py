@@ -141,11 +141,14 @@ async def _ack_slowly(stub, lease: LeaseStream, every_s: float, stop: asyncio.Ev
     return acked
 
 
-async def test_credit_freed_by_a_reclaim_reaches_a_busy_dispatcher(broker_stub):
+async def test_credit_freed_by_a_reclaim_reaches_a_busy_dispatcher(broker_stub, gateway):
     """W1 (max_in_flight 1) holds a lease it never acks while W2 acks every 200 ms with
     40 tasks waiting: once the reaper takes W1's lease away (visibility timeout 2 s), W1
     gets work again at once, not after the load (the wake-ups of W2's acks used to keep
     the periodic re-check from ever running, and the reclaim freed no credit)."""
+    # W1 heartbeats without naming the lease it holds, so stream health would end its
+    # stream as not reading (test_stream_health.py); this test is about the reaper
+    gateway.dispatcher.stall_after_s = float("inf")
     w1 = await LeaseStream(broker_stub, "w1", ["q"], max_in_flight=1).open()
     await broker_stub.Enqueue(enq())
     held = await w1.next()

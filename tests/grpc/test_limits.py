@@ -87,8 +87,10 @@ async def test_a_lease_stream_that_never_reads_pins_a_bounded_number_of_bytes(re
             for _ in range(4):
                 await stub.EnqueueBatch(pb.EnqueueBatchRequest(items=[pb.EnqueueRequest(
                     queue="big", task_type="t", payload=payload) for _ in range(100)]))
+            # concurrency 200: an unread window of 400 (protocol.md 3.3), so the byte
+            # cap is what bounds this stream
             call = stub.Lease(pb.LeaseRequest(worker_id="slow", queues=["big"],
-                                              max_in_flight=400))
+                                              max_in_flight=400, concurrency=200))
             await call.read()  # the session message; then nothing is ever read
             peak, deadline = 0, time.monotonic() + 15.0
             while time.monotonic() < deadline:

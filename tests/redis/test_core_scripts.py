@@ -49,7 +49,10 @@ class Env:
         return out.task_id
 
     async def lease(self, worker="w1", queues=("q",), max_in_flight=10) -> list[pb.LeasedTask]:
-        session = Session(worker_id=worker, queues=list(queues), max_in_flight=max_in_flight)
+        # concurrency = max_in_flight: one read takes up to max_in_flight (at most
+        # BATCH_MAX) and the stream's unread window does not bind
+        session = Session(worker_id=worker, queues=list(queues), max_in_flight=max_in_flight,
+                          concurrency=max_in_flight)
         await self.dispatcher._lease(session)
         out = []
         while not session.out.empty():

@@ -34,8 +34,11 @@ class RawWorker:
 
     async def start(self) -> RawWorker:
         """Open the Lease stream and start heartbeating."""
+        # it may hold all it leases before acking any, so it says a concurrency that
+        # makes its unread window (protocol.md 3.3) at least max_in_flight
         self.lease = await LeaseStream(self.broker, self.worker_id, self.queues,
-                                       self.max_in_flight).open()
+                                       self.max_in_flight,
+                                       concurrency=self.max_in_flight).open()
         self._beat = asyncio.create_task(self._beat_loop())
         return self
 

@@ -430,7 +430,9 @@ async function workersView() {
     table(["worker", "host", "state", "queues", "labels", "in flight#", "processed#",
       "failed#", "retried#", "heartbeat age#", "started"], data.workers.map((w) =>
       el("tr", { "data-worker": w.worker_id }, el("td", {}, w.worker_id),
-        el("td", {}, w.hostname), el("td", {}, badge(w.status), w.leasing ? " leasing" : ""),
+        el("td", {}, w.hostname), el("td", {}, badge(w.status),
+          // heartbeating with no Lease stream that reads (ended, or never opened)
+          w.leasing ? " leasing" : (w.alive ? " connected, not leasing" : "")),
         el("td", {}, w.queues.map((q) => [link("#/queues/" + encodeURIComponent(q), q), " "])),
         el("td", {}, Object.entries(w.labels).map(([k, v]) =>
           el("span", { class: "label-chip" }, k + "=" + v))),
