@@ -123,6 +123,10 @@ class Settings:
         "Approximate MAXLEN of the audit stream (entries)."))
     recent_max: int = field(default=10000, metadata=_meta(
         "Size of the recent-tasks index (entries)."))
+    keep_finished: int = field(default=0, metadata=_meta(
+        "Most succeeded or cancelled task records kept per queue, besides their TTL "
+        "(DTQ_TASK_RETENTION_S): past it the oldest are deleted with their results by "
+        "the acks and cancels themselves. 0 = no count limit."))
     max_queue_depth: int = field(default=0, metadata=_meta(
         "Per-queue depth gate: Enqueue answers RESOURCE_EXHAUSTED above it; 0 = none."))
     max_payload_bytes: int = field(default=1 << 20, metadata=_meta("Largest payload (bytes)."))
@@ -230,7 +234,8 @@ _POSITIVE = {
     "followup_sweep_interval_s",
 }
 _NON_NEGATIVE = {"queue_idle_delete_s", "grpc_max_connection_idle_ms", "metrics_port",
-                 "dashboard_port", "max_queue_depth", "lease_grace_ms", "shutdown_grace_s"}
+                 "dashboard_port", "max_queue_depth", "keep_finished", "lease_grace_ms",
+                 "shutdown_grace_s"}
 
 
 def env_name(name: str) -> str:

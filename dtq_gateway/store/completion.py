@@ -22,7 +22,7 @@ from dtq_gateway.store.errors import ReplicasNotAcked
 from dtq_gateway.store.replies import text as _s
 from dtq_gateway.store.scripts import Script, call_chunks, call_each, execute
 
-ACK = Script("ack")
+ACK = Script("ack", helpers=("_finished",))
 FAIL = Script("fail")
 HEARTBEAT = Script("heartbeat")
 WORKER_BEAT = Script("worker_beat")
@@ -161,11 +161,15 @@ async def heartbeat(redis: Client, beat: WorkerBeat,
 
 async def ack(redis: Client, parts: Sequence[Sequence[tuple[LeaseRef, bytes]]],
               result_max_bytes: int, result_retention_s: int, task_retention_s: int,
-              wait: ReplicaWait | None = None) -> list[list]:
+              wait: ReplicaWait | None = None, keep_finished: int = 0) -> list[list]:
     """ack.lua, one call per part: (lease, result) pairs of one queue (one hash slot),
     at most :data:`ACK_CHUNK` each; one EVALSHA for one part, one pipeline beyond.
 
     A result longer than ``result_max_bytes`` is stored cut, marked truncated.
+
+    With ``keep_finished`` > 0 (DTQ_KEEP_FINISHED) each call adds its tasks to the
+    queue's finished index and deletes the oldest records beyond that many (at most the
+    call's task count + 64 per call; see ``lua/_finished.lua``).
 
     With ``wait`` (DTQ_REDIS_MIN_REPLICAS_ACK) each call is followed by WAIT; a call
     fewer replicas confirmed is returned as :class:`ReplicasNotAcked` per lease of it,
@@ -181,7 +185,7 @@ async def ack(redis: Client, parts: Sequence[Sequence[tuple[LeaseRef, bytes]]],
     for part in parts:
         keys_: list[str] = []
         args = Script.argv_notified(keys.GROUP, len(part), result_retention_s,
-                                    task_retention_s)
+                                    task_retention_s, keep_finished)
         for le, raw in part:
             result = raw[:result_max_bytes]
             keys_ += (keys.stream(le.queue, le.band), keys.task(le.task_id),
@@ -189,6 +193,8 @@ async def ack(redis: Client, parts: Sequence[Sequence[tuple[LeaseRef, bytes]]],
                       keys.queue_counters(le.queue))
             args += (le.entry_id, le.attempt, le.worker_id, le.task_id, result,
                      "1" if len(raw) > len(result) else "0", le.tag)
+        if keep_finished > 0 and part:
+            keys_.append(keys.finished(part[0][0].queue))
         calls.append((keys_, args))
     if wait is None:
         return await call_chunks(redis, ACK, calls)

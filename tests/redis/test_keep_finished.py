@@ -1,0 +1,83 @@
+"""DTQ_KEEP_FINISHED: retention by count of finished task records, per queue.
+
+The acks themselves add their tasks to the queue's finished index and delete the
+oldest records beyond N (lua/_finished.lua), so memory is bounded by count without a
+scan.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dtq_gateway.store import keys
+from dtq_proto import dtq_pb2 as pb
+from tests.redis.test_core_scripts import Env
+
+
+async def _run(env: Env, n: int, batch: int = 500, queue: str = "q") -> list[str]:
+    """Enqueue, lease and ack ``n`` tasks of ``queue`` in batches; returns their ids."""
+    from dtq_gateway.validation import validate_enqueue
+
+    ids: list[str] = []
+    for start in range(0, n, batch):
+        size = min(batch, n - start)
+        reqs = [validate_enqueue(pb.EnqueueRequest(queue=queue, task_type="t",
+                                                   payload=b"1" * 100), env.settings)
+                for _ in range(size)]
+        ids += [out.task_id for out in await env.broker.enqueue_many(reqs)]
+        leased: list = []
+        while len(leased) < size:
+            got = await env.lease(queues=(queue,), max_in_flight=size)
+            assert got, "the enqueued tasks must be leasable"
+            leased += got
+        outcomes = await env.completion.ack(
+            [pb.AckItem(lease_id=t.lease_id, result=b"r" * 50) for t in leased])
+        assert {o.status for o in outcomes} == {"succeeded"}
+    return ids
+
+
+async def test_acks_keep_only_the_newest_n_finished_records_per_queue(redis_url):
+    env = Env(redis_url, keep_finished=5)
+    try:
+        ids = await _run(env, 12, batch=4)
+        other = await _run(env, 3, batch=3, queue="other")
+        kept = [t for t in ids if await env.redis.exists(keys.task(t))]
+        assert kept == ids[-5:], "the oldest records beyond N are deleted, the newest kept"
+        assert not any([await env.redis.exists(keys.result(t)) for t in ids[:-5]])
+        assert all([await env.redis.exists(keys.result(t)) for t in ids[-5:]])
+        assert await env.redis.zcard(keys.finished("q")) == 5
+        # the count is per queue: the other queue's three records stay
+        assert all([await env.redis.exists(keys.task(t)) for t in other])
+    finally:
+        await env.redis.aclose()
+
+
+async def test_without_keep_finished_every_record_stays_until_its_ttl(redis_url):
+    env = Env(redis_url)
+    try:
+        ids = await _run(env, 12, batch=4)
+        assert all([await env.redis.exists(keys.task(t)) for t in ids])
+        assert not await env.redis.exists(keys.finished("q"))
+    finally:
+        await env.redis.aclose()
+
+
+@pytest.mark.slow
+async def test_memory_stays_flat_over_100000_tasks(redis_url):
+    """100,000 tasks through enqueue, lease and ack with DTQ_KEEP_FINISHED=1000: the
+    keys and used memory after 100,000 are those after 20,000 (the index holds N)."""
+    env = Env(redis_url, keep_finished=1000)
+    try:
+        await _run(env, 20_000)
+        keys_at_20k = await env.redis.dbsize()
+        mem_at_20k = (await env.redis.info("memory"))["used_memory"]
+        await _run(env, 80_000)
+        keys_at_100k = await env.redis.dbsize()
+        mem_at_100k = (await env.redis.info("memory"))["used_memory"]
+        assert keys_at_100k == keys_at_20k, (keys_at_20k, keys_at_100k)
+        # flat: within 10 % (allocator noise), where 80,000 more kept records (about
+        # 1 KB each) would have added tens of MB
+        assert mem_at_100k < mem_at_20k * 1.1, (mem_at_20k, mem_at_100k)
+        assert await env.redis.zcard(keys.finished("q")) == 1000
+    finally:
+        await env.redis.aclose()
