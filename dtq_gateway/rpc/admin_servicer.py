@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import grpc
 
 from dtq_gateway import metrics
-from dtq_gateway.errors import InvalidArgument, Unavailable
+from dtq_gateway.errors import InvalidArgument, NotFound, Unavailable
 from dtq_gateway.queue_rates import RATES
 from dtq_gateway.rpc.auth import actor_of
 from dtq_gateway.rpc.grpc_errors import abort
@@ -26,10 +26,12 @@ from dtq_gateway.store import (
     admin,
     admin_dlq,
     admin_lists,
+    bulk,
     keys,
     queue_delete,
     ratelimits,
     schedules,
+    search,
 )
 from dtq_gateway.store.admin import CallInfo, as_int, page_size
 from dtq_gateway.store.audit import append_audit, request_id_of
@@ -47,6 +49,11 @@ MAX_REDRIVE_LIMIT = 100_000
 MAX_REDRIVE_RATE = 10_000
 LIST_QUEUES_PAGE_DEFAULT = 100
 LIST_QUEUES_PAGE_MAX = 1000
+MAX_CANCEL_LIMIT = 1_000_000
+MAX_FILTER_METADATA = 16
+#: Statuses CancelTasks may select (waiting tasks only: a started task is never
+#: cancelled in bulk).
+_CANCELLABLE = {pb.TASK_STATUS_QUEUED: "queued", pb.TASK_STATUS_SCHEDULED: "scheduled"}
 
 
 def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
@@ -125,6 +132,51 @@ def _redrive_filter(req: pb.RedriveDeadLettersRequest) -> admin_dlq.RedriveFilte
     return admin_dlq.RedriveFilter(queue=req.queue, task_type=req.task_type,
                                    error_class=req.error_class, min_age_ms=req.min_age_ms,
                                    max_age_ms=req.max_age_ms)
+
+
+def _filter_fields(f: pb.TaskFilter, cancel: bool) -> tuple[frozenset[str], dict[str, str]]:
+    """Validate the fields of a TaskFilter (INVALID_ARGUMENT naming ``filter.<field>``);
+    returns its statuses (hash status strings) and metadata."""
+    if f.queue:
+        admin.validate_queue(f.queue, "filter.queue")
+    elif cancel:
+        raise InvalidArgument("filter.queue: required", field="filter.queue")
+    if f.task_type and not keys.TASK_TYPE_RE.match(f.task_type):
+        raise InvalidArgument("filter.task_type: must match [A-Za-z0-9_.:/-]{1,128}",
+                              field="filter.task_type")
+    statuses = set()
+    for st in f.statuses:
+        name = (_CANCELLABLE if cancel else NAME_BY_STATUS).get(st)
+        if not name:
+            allowed = "QUEUED or SCHEDULED" if cancel else "a known task status"
+            raise InvalidArgument(f"filter.statuses: {st} is not {allowed}",
+                                  field="filter.statuses")
+        statuses.add(name)
+    if len(f.metadata) > MAX_FILTER_METADATA:
+        raise InvalidArgument(f"filter.metadata: at most {MAX_FILTER_METADATA} pairs",
+                              field="filter.metadata")
+    for k, v in f.metadata.items():
+        if not k or len(k.encode()) > 128 or len(v.encode()) > 1024:
+            raise InvalidArgument("filter.metadata: keys 1..128 bytes, values at most 1024",
+                                  field="filter.metadata")
+    for name in ("min_age_ms", "max_age_ms", "created_after_ms", "created_before_ms"):
+        if getattr(f, name) < 0:
+            raise InvalidArgument(f"filter.{name}: must be >= 0", field=f"filter.{name}")
+    if f.max_age_ms and f.min_age_ms > f.max_age_ms:
+        raise InvalidArgument("filter.max_age_ms: must be >= min_age_ms",
+                              field="filter.max_age_ms")
+    if f.created_before_ms and f.created_after_ms >= f.created_before_ms:
+        raise InvalidArgument("filter.created_before_ms: must be > created_after_ms",
+                              field="filter.created_before_ms")
+    return frozenset(statuses), dict(f.metadata)
+
+
+def _cancel_filter(f: pb.TaskFilter) -> bulk.TaskFilter:
+    statuses, metadata = _filter_fields(f, cancel=True)
+    return bulk.TaskFilter(queue=f.queue, task_type=f.task_type, statuses=statuses,
+                           metadata=metadata, min_age_ms=f.min_age_ms,
+                           max_age_ms=f.max_age_ms, created_after_ms=f.created_after_ms,
+                           created_before_ms=f.created_before_ms)
 
 
 class AdminServicer(dtq_pb2_grpc.AdminServicer):
@@ -257,6 +309,65 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
         return pb.RedriveDeadLettersResponse(matched=result.matched, requeued=result.requeued,
                                              task_ids=result.task_ids,
                                              request_id=call.request_id)
+
+    async def _bulk_cancel(self, flt: bulk.TaskFilter, context: Any, action: str,
+                           dry_run: bool, limit: int, reason: str) -> tuple[bulk.BulkResult, str]:
+        if not await admin.queue_known(self.redis, flt.queue):
+            raise NotFound(f"queue: no queue named {flt.queue!r}", reason="QUEUE_NOT_FOUND")
+        call = _call(context)
+        result = await bulk.bulk_cancel(
+            self.redis, flt, call, action=action, dry_run=dry_run, limit=limit,
+            reason=cut_utf8(reason, MAX_REASON_BYTES),
+            task_retention_s=self.settings.task_retention_s,
+            keep_finished=self.settings.keep_finished, audit_maxlen=self.settings.audit_maxlen)
+        return result, call.request_id
+
+    @_rpc
+    async def CancelTasks(self, request: pb.CancelTasksRequest, context: Any
+                          ) -> pb.CancelTasksResponse:
+        """Cancel (or count, with dry_run) the waiting tasks of one queue matching the
+        filter; audited as cancel_tasks. NOT_FOUND for an unknown queue."""
+        flt = _cancel_filter(request.filter)
+        limit = page_size(request.limit, "limit", 100_000, MAX_CANCEL_LIMIT)
+        result, request_id = await self._bulk_cancel(flt, context, "cancel_tasks",
+                                                     request.dry_run, limit, request.reason)
+        return pb.CancelTasksResponse(matched=result.matched, cancelled=result.cancelled,
+                                      task_ids=result.task_ids, request_id=request_id)
+
+    @_rpc
+    async def PurgeQueue(self, request: pb.PurgeQueueRequest, context: Any
+                         ) -> pb.PurgeQueueResponse:
+        """Cancel (or count, with dry_run) every waiting task of a queue; audited as
+        purge_queue. NOT_FOUND for an unknown queue."""
+        admin.validate_queue(request.queue)
+        result, request_id = await self._bulk_cancel(
+            bulk.TaskFilter(queue=request.queue), context, "purge_queue", request.dry_run,
+            MAX_CANCEL_LIMIT, request.reason)
+        return pb.PurgeQueueResponse(matched=result.matched, cancelled=result.cancelled,
+                                     request_id=request_id)
+
+    @_rpc
+    async def SearchTasks(self, request: pb.SearchTasksRequest, context: Any
+                          ) -> pb.SearchTasksResponse:
+        """One page of the tasks of the recent-tasks index matching the filter, newest
+        first (payload omitted); at most 1000 index entries read per page."""
+        f = request.filter
+        statuses, metadata = _filter_fields(f, cancel=False)
+        size = page_size(request.page_size, "page_size", 50, 500)
+        if f.min_age_ms or f.max_age_ms:
+            now = await admin.redis_now_ms(self.redis)
+        after, before = f.created_after_ms, f.created_before_ms
+        if f.max_age_ms:
+            after = max(after, now - f.max_age_ms)
+        if f.min_age_ms:
+            before = min(before, now - f.min_age_ms + 1) if before else now - f.min_age_ms + 1
+        flt = search.SearchFilter(queue=f.queue, task_type=f.task_type, statuses=statuses,
+                                  metadata=metadata, after_ms=after, before_ms=before)
+        rows, token, examined = await search.search(self.redis, flt, size,
+                                                    request.page_token)
+        return pb.SearchTasksResponse(
+            tasks=[task_from_hash(r, None, include_payload=False) for r in rows],
+            next_page_token=token, examined=examined)
 
     @_rpc
     async def ListWorkers(self, request: pb.ListWorkersRequest, context: Any

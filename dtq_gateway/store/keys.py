@@ -196,7 +196,8 @@ def expiring(queue: str) -> str:
 
 def finished(queue: str) -> str:
     """Finished-task index of a queue for DTQ_KEEP_FINISHED, a zset of the ids of its
-    succeeded and cancelled tasks scored by finished_at_ms: ``dtq:finished:{<queue>}``.
+    succeeded and cancelled tasks scored by finish time in microseconds (Redis TIME):
+    ``dtq:finished:{<queue>}``.
     Written (and trimmed to the newest N) only while DTQ_KEEP_FINISHED is set."""
     return f"{PREFIX}finished:{{{queue}}}"
 

@@ -81,3 +81,16 @@ async def test_memory_stays_flat_over_100000_tasks(redis_url):
         assert await env.redis.zcard(keys.finished("q")) == 1000
     finally:
         await env.redis.aclose()
+
+
+async def test_cancels_count_towards_the_kept_finished_records(redis_url):
+    env = Env(redis_url, keep_finished=2)
+    try:
+        ids = [await env.enqueue() for _ in range(3)]
+        for tid in ids:
+            assert await env.broker.cancel(tid, "op", "r1", "") == "cancelled"
+        assert [bool(await env.redis.exists(keys.task(t))) for t in ids] == [
+            False, True, True]
+        assert await env.redis.zcard(keys.finished("q")) == 2
+    finally:
+        await env.redis.aclose()

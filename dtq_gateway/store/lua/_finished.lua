@@ -1,6 +1,8 @@
 -- _finished.lua: the count retention (DTQ_KEEP_FINISHED) shared by ack.lua and the
 -- bulk cancel. A queue's finished index dtq:finished:{<queue>} (keys.finished) holds the
--- ids of its succeeded and cancelled tasks scored by finished_at_ms; each script that
+-- ids of its succeeded and cancelled tasks scored by their finish time in microseconds
+-- (Redis TIME, plus the task's position in its call, so the order of one call's tasks
+-- is kept and a trim drops the oldest, not an arbitrary tie); each script that
 -- finishes tasks adds them and trims the index to the newest `keep`, deleting the task
 -- records and results it pops.
 
@@ -19,14 +21,16 @@ end
 
 local TERMINAL = {succeeded = true, cancelled = true, dead_lettered = true, expired = true}
 
--- Add `ids` (finished at `ms`) to the index and delete the oldest members beyond `keep`:
+-- Add `ids` (finished now, in this order) to the index and delete the oldest members beyond `keep`:
 -- at most #ids + 64 per call, so the work per call is bounded and a backlog (after N
 -- was lowered) drains over the following calls. A popped id whose record is live again
 -- (a redriven task) keeps its record. Returns the number of records deleted.
-local function keep_finished(index_key, keep, ids, ms)
+local function keep_finished(index_key, keep, ids)
   if keep <= 0 or #ids == 0 then return 0 end
+  local t = redis.call('TIME')
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local zargs = {}
-  for i = 1, #ids do zargs[2 * i - 1] = ms; zargs[2 * i] = ids[i] end
+  for i = 1, #ids do zargs[2 * i - 1] = us + i - 1; zargs[2 * i] = ids[i] end
   redis.call('ZADD', index_key, unpack(zargs))
   local over = redis.call('ZCARD', index_key) - keep
   if over <= 0 then return 0 end

@@ -81,5 +81,5 @@ end
 for counters_key, count in pairs(succeeded) do
   redis.call('HINCRBY', counters_key, 'succeeded', count)
 end
-if keep > 0 then keep_finished(KEYS[n * 6 + 1], keep, finished, now) end
+if keep > 0 then keep_finished(KEYS[n * 6 + 1], keep, finished) end
 return replies
