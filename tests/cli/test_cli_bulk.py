@@ -1,0 +1,71 @@
+"""``dtq cancel --filter``, ``dtq purge`` and ``dtq search`` against a real gateway."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def _enqueue(env, queue: str, task_type: str, *meta: str) -> str:
+    args = ["enqueue", queue, task_type, "{}", "-q"]
+    for m in meta:
+        args += ["--meta", m]
+    res = env.run(*args)
+    assert res.exit_code == 0, res.output
+    return res.stdout.strip()
+
+
+def _status(env, task_id: str) -> str:
+    return env.json("get", task_id)["status"]
+
+
+def test_cancel_by_filter_dry_run_then_for_real(env):
+    eu = [_enqueue(env, "bulk1", "mail", "region=eu") for _ in range(3)]
+    us = _enqueue(env, "bulk1", "mail", "region=us")
+    dry = env.json("cancel", "--filter", "queue=bulk1", "--filter", "meta.region=eu",
+                   "--filter", "type=mail", "--dry-run")
+    assert (dry["matched"], dry["cancelled"], sorted(dry["task_ids"])) == (3, 0, sorted(eu))
+    assert _status(env, eu[0]) == "QUEUED"
+    # without --yes it asks; "n" changes nothing
+    res = env.run("cancel", "--filter", "queue=bulk1", "--filter", "meta.region=eu",
+                  input="n\n")
+    assert res.exit_code == 1 and _status(env, eu[0]) == "QUEUED"
+    res = env.run("cancel", "--filter", "queue=bulk1", "--filter", "meta.region=eu",
+                  "--reason", "eu outage", "--yes")
+    assert res.exit_code == 0 and "cancelled 3 of 3" in res.stdout
+    assert {_status(env, t) for t in eu} == {"CANCELLED"}
+    assert _status(env, us) == "QUEUED"
+    audit = env.json("audit", "-n", "5")
+    assert audit[0]["action"] == "cancel_tasks" and audit[0]["task_id"] == "bulk1"
+    assert '"reason":"eu outage"' in audit[0]["detail"]
+
+
+def test_purge_cancels_the_queues_waiting_tasks(env):
+    ids = [_enqueue(env, "bulk2", "mail") for _ in range(4)]
+    res = env.run("purge", "bulk2", "--dry-run")
+    assert res.exit_code == 0 and "4 waiting tasks" in res.stdout
+    assert env.json("purge", "bulk2", "--yes")["cancelled"] == 4
+    assert {_status(env, t) for t in ids} == {"CANCELLED"}
+    assert env.json("audit", "-n", "1")[0]["action"] == "purge_queue"
+    assert env.run("purge", "no-such-queue", "--yes").exit_code == 3
+
+
+def test_search_finds_a_task_by_metadata(env):
+    _enqueue(env, "bulk3", "mail", "user=1")
+    hit = _enqueue(env, "bulk3", "mail", "user=42")
+    found = env.json("search", "--meta", "user=42", "--queue", "bulk3")
+    assert [t["task_id"] for t in found["tasks"]] == [hit]
+    res = env.run("search", "--meta", "user=42", "--queue", "bulk3")
+    assert res.exit_code == 0 and hit in res.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ["cancel"],
+    ["cancel", "0" * 32, "--filter", "queue=bulk1"],
+    ["cancel", "--filter", "type=mail"],
+    ["cancel", "--filter", "queue=bulk1", "--filter", "colour=red"],
+    ["cancel", "--filter", "queue=bulk1", "--filter", "status=active"],
+    ["cancel", "--filter", "queue=bulk1", "--filter", "older-than=soon"],
+    ["search", "--meta", "novalue"]])
+def test_bad_filters_are_usage_errors(env, args):
+    res = env.run(*args, "--yes") if args[0] == "cancel" else env.run(*args)
+    assert res.exit_code == 2, (res.exit_code, res.output)
