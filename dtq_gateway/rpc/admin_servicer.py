@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from dtq_gateway import metrics
+from dtq_gateway import metrics, task_filters
 from dtq_gateway.errors import InvalidArgument, NotFound, Unavailable
 from dtq_gateway.queue_rates import RATES
 from dtq_gateway.rpc.auth import actor_of
@@ -49,11 +49,7 @@ MAX_REDRIVE_LIMIT = 100_000
 MAX_REDRIVE_RATE = 10_000
 LIST_QUEUES_PAGE_DEFAULT = 100
 LIST_QUEUES_PAGE_MAX = 1000
-MAX_CANCEL_LIMIT = 1_000_000
-MAX_FILTER_METADATA = 16
-#: Statuses CancelTasks may select (waiting tasks only: a started task is never
-#: cancelled in bulk).
-_CANCELLABLE = {pb.TASK_STATUS_QUEUED: "queued", pb.TASK_STATUS_SCHEDULED: "scheduled"}
+MAX_CANCEL_LIMIT = task_filters.MAX_CANCEL_LIMIT
 
 
 def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
@@ -132,51 +128,6 @@ def _redrive_filter(req: pb.RedriveDeadLettersRequest) -> admin_dlq.RedriveFilte
     return admin_dlq.RedriveFilter(queue=req.queue, task_type=req.task_type,
                                    error_class=req.error_class, min_age_ms=req.min_age_ms,
                                    max_age_ms=req.max_age_ms)
-
-
-def _filter_fields(f: pb.TaskFilter, cancel: bool) -> tuple[frozenset[str], dict[str, str]]:
-    """Validate the fields of a TaskFilter (INVALID_ARGUMENT naming ``filter.<field>``);
-    returns its statuses (hash status strings) and metadata."""
-    if f.queue:
-        admin.validate_queue(f.queue, "filter.queue")
-    elif cancel:
-        raise InvalidArgument("filter.queue: required", field="filter.queue")
-    if f.task_type and not keys.TASK_TYPE_RE.match(f.task_type):
-        raise InvalidArgument("filter.task_type: must match [A-Za-z0-9_.:/-]{1,128}",
-                              field="filter.task_type")
-    statuses = set()
-    for st in f.statuses:
-        name = (_CANCELLABLE if cancel else NAME_BY_STATUS).get(st)
-        if not name:
-            allowed = "QUEUED or SCHEDULED" if cancel else "a known task status"
-            raise InvalidArgument(f"filter.statuses: {st} is not {allowed}",
-                                  field="filter.statuses")
-        statuses.add(name)
-    if len(f.metadata) > MAX_FILTER_METADATA:
-        raise InvalidArgument(f"filter.metadata: at most {MAX_FILTER_METADATA} pairs",
-                              field="filter.metadata")
-    for k, v in f.metadata.items():
-        if not k or len(k.encode()) > 128 or len(v.encode()) > 1024:
-            raise InvalidArgument("filter.metadata: keys 1..128 bytes, values at most 1024",
-                                  field="filter.metadata")
-    for name in ("min_age_ms", "max_age_ms", "created_after_ms", "created_before_ms"):
-        if getattr(f, name) < 0:
-            raise InvalidArgument(f"filter.{name}: must be >= 0", field=f"filter.{name}")
-    if f.max_age_ms and f.min_age_ms > f.max_age_ms:
-        raise InvalidArgument("filter.max_age_ms: must be >= min_age_ms",
-                              field="filter.max_age_ms")
-    if f.created_before_ms and f.created_after_ms >= f.created_before_ms:
-        raise InvalidArgument("filter.created_before_ms: must be > created_after_ms",
-                              field="filter.created_before_ms")
-    return frozenset(statuses), dict(f.metadata)
-
-
-def _cancel_filter(f: pb.TaskFilter) -> bulk.TaskFilter:
-    statuses, metadata = _filter_fields(f, cancel=True)
-    return bulk.TaskFilter(queue=f.queue, task_type=f.task_type, statuses=statuses,
-                           metadata=metadata, min_age_ms=f.min_age_ms,
-                           max_age_ms=f.max_age_ms, created_after_ms=f.created_after_ms,
-                           created_before_ms=f.created_before_ms)
 
 
 class AdminServicer(dtq_pb2_grpc.AdminServicer):
@@ -327,7 +278,7 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
                           ) -> pb.CancelTasksResponse:
         """Cancel (or count, with dry_run) the waiting tasks of one queue matching the
         filter; audited as cancel_tasks. NOT_FOUND for an unknown queue."""
-        flt = _cancel_filter(request.filter)
+        flt = task_filters.cancel_filter(request.filter)
         limit = page_size(request.limit, "limit", 100_000, MAX_CANCEL_LIMIT)
         result, request_id = await self._bulk_cancel(flt, context, "cancel_tasks",
                                                      request.dry_run, limit, request.reason)
@@ -351,18 +302,8 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
                           ) -> pb.SearchTasksResponse:
         """One page of the tasks of the recent-tasks index matching the filter, newest
         first (payload omitted); at most 1000 index entries read per page."""
-        f = request.filter
-        statuses, metadata = _filter_fields(f, cancel=False)
         size = page_size(request.page_size, "page_size", 50, 500)
-        if f.min_age_ms or f.max_age_ms:
-            now = await admin.redis_now_ms(self.redis)
-        after, before = f.created_after_ms, f.created_before_ms
-        if f.max_age_ms:
-            after = max(after, now - f.max_age_ms)
-        if f.min_age_ms:
-            before = min(before, now - f.min_age_ms + 1) if before else now - f.min_age_ms + 1
-        flt = search.SearchFilter(queue=f.queue, task_type=f.task_type, statuses=statuses,
-                                  metadata=metadata, after_ms=after, before_ms=before)
+        flt = await task_filters.search_filter(self.redis, request.filter)
         rows, token, examined = await search.search(self.redis, flt, size,
                                                     request.page_token)
         return pb.SearchTasksResponse(
