@@ -242,7 +242,8 @@ async function queueView(name) {
       el("tr", {}, el("td", {}, c.name), num(c.pending), num(dur(c.idle_ms))))),
     el("h2", {}, "Recent tasks"), taskTable(q.recent),
     el("p", {}, link("#/dead-letters?queue=" + encodeURIComponent(name),
-      "Dead letters of " + name)));
+      "Dead letters of " + name), " · ", link("#/bulk?queue=" + encodeURIComponent(name),
+      "Bulk actions on " + name)));
   autoRefresh();
 }
 
@@ -557,6 +558,7 @@ async function route(quiet) {
     else if (parts[0] === "workers") await workersView();
     else if (parts[0] === "events") eventsView(params);
     else if (parts[0] === "audit") await auditView(params);
+    else if (window.dtqViews && window.dtqViews[parts[0]]) await window.dtqViews[parts[0]](params);
     else await queuesView(params);
   } catch (e) {
     if (e.status === 401) return;
