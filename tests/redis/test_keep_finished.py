@@ -94,3 +94,37 @@ async def test_cancels_count_towards_the_kept_finished_records(redis_url):
         assert await env.redis.zcard(keys.finished("q")) == 2
     finally:
         await env.redis.aclose()
+
+
+async def test_one_call_trims_at_most_its_own_count_plus_64(redis_url):
+    """A backlog beyond N (N lowered) drains over several calls, each bounded."""
+    env = Env(redis_url, keep_finished=200)
+    try:
+        await _run(env, 150, batch=150)
+        lowered = Env(redis_url, keep_finished=1)
+        try:
+            await _run(lowered, 1, batch=1)
+            assert await env.redis.zcard(keys.finished("q")) == 151 - (1 + 64)
+            await _run(lowered, 1, batch=1)
+            assert await env.redis.zcard(keys.finished("q")) == 87 - 65
+            await _run(lowered, 1, batch=1)
+            assert await env.redis.zcard(keys.finished("q")) == 1
+        finally:
+            await lowered.redis.aclose()
+    finally:
+        await env.redis.aclose()
+
+
+async def test_dead_lettered_tasks_are_not_counted(redis_url):
+    env = Env(redis_url, keep_finished=1)
+    try:
+        tid = await env.enqueue(max_attempts=1)
+        (task,) = await env.lease()
+        (oc,) = await env.completion.fail([pb.FailItem(lease_id=task.lease_id,
+                                                       error_message="x")])
+        assert await env.status(tid) == "dead_lettered"
+        await _run(env, 3, batch=3)
+        assert await env.redis.exists(keys.task(tid)), "a dead-lettered record keeps its TTL"
+        assert await env.redis.zscore(keys.finished("q"), tid) is None
+    finally:
+        await env.redis.aclose()
