@@ -47,8 +47,11 @@ async def test_search_bulk_cancel_and_purge(redis_url, chromium: str, screenshot
             await page.screenshot(path=screenshots / "dashboard-search.png", full_page=True)
             assert await page.evaluate("() => window.__xss") is None
 
-            # bulk cancel by filter: count, then cancel on the confirming click
-            await page.goto(dg.url + "/#/bulk?queue=mail")
+            # bulk cancel by filter, from the queue's page: count, then cancel on the
+            # confirming click
+            await page.goto(dg.url + "/#/queues/mail")
+            await page.get_by_role("link", name="Bulk actions on mail").click()
+            await expect(page.locator("#bulk-queue")).to_have_value("mail")
             await page.locator("#bulk-meta").fill("region=eu")
             await page.locator("#bulk-count").click()
             await expect(page.locator("#bulk-outcome")).to_have_text(

@@ -120,8 +120,8 @@ async def test_dead_lettered_tasks_are_not_counted(redis_url):
     try:
         tid = await env.enqueue(max_attempts=1)
         (task,) = await env.lease()
-        (oc,) = await env.completion.fail([pb.FailItem(lease_id=task.lease_id,
-                                                       error_message="x")])
+        await env.completion.fail([pb.FailItem(lease_id=task.lease_id,
+                                             error_message="x")])
         assert await env.status(tid) == "dead_lettered"
         await _run(env, 3, batch=3)
         assert await env.redis.exists(keys.task(tid)), "a dead-lettered record keeps its TTL"
