@@ -58,14 +58,16 @@ def test_search_finds_a_task_by_metadata(env):
     assert res.exit_code == 0 and hit in res.stdout
 
 
-@pytest.mark.parametrize("args", [
-    ["cancel"],
-    ["cancel", "0" * 32, "--filter", "queue=bulk1"],
-    ["cancel", "--filter", "type=mail"],
-    ["cancel", "--filter", "queue=bulk1", "--filter", "colour=red"],
-    ["cancel", "--filter", "queue=bulk1", "--filter", "status=active"],
-    ["cancel", "--filter", "queue=bulk1", "--filter", "older-than=soon"],
-    ["search", "--meta", "novalue"]])
-def test_bad_filters_are_usage_errors(env, args):
+@pytest.mark.parametrize("args,says", [
+    (["cancel"], "give a task ID or --filter"),
+    (["cancel", "0" * 32, "--filter", "queue=bulk1"], "not both or neither"),
+    (["cancel", "--filter", "type=mail"], "queue=Q is required"),
+    (["cancel", "--filter", "queue=bulk1", "--filter", "colour=red"], "unknown filter 'colour'"),
+    (["cancel", "--filter", "queue=bulk1", "--filter", "status=active"],
+     "status 'active': queued or scheduled"),
+    (["cancel", "--filter", "queue=bulk1", "--filter", "older-than=soon"], "older-than:"),
+    (["search", "--meta", "novalue"], "'novalue' is not K=V")])
+def test_bad_filters_are_usage_errors_that_say_why(env, args, says):
     res = env.run(*args, "--yes") if args[0] == "cancel" else env.run(*args)
     assert res.exit_code == 2, (res.exit_code, res.output)
+    assert says in res.stderr
