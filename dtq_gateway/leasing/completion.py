@@ -126,7 +126,7 @@ class Completion:
             todo += done
         replies = await store.ack(self.redis, parts, s.result_max_bytes,
                                   s.result_retention_s, s.task_retention_s, self.wait,
-                                  keep_finished=s.keep_finished)
+                                  keep_finished=s.keep_finished_for)
         self._record(todo, replies)
         return outcomes
 

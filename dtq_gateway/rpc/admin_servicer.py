@@ -270,7 +270,8 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
             self.redis, flt, call, action=action, dry_run=dry_run, limit=limit,
             reason=cut_utf8(reason, MAX_REASON_BYTES),
             task_retention_s=self.settings.task_retention_s,
-            keep_finished=self.settings.keep_finished, audit_maxlen=self.settings.audit_maxlen)
+            keep_finished=self.settings.keep_finished_for(flt.queue),
+            audit_maxlen=self.settings.audit_maxlen)
         return result, call.request_id
 
     @_rpc

@@ -247,7 +247,7 @@ class Broker:
         reply = await CANCEL(self.redis, keys_, Script.argv(
             task_id, actor, request_id, reason[:1024], self.settings.audit_maxlen,
             self.settings.task_retention_s, "1" if has_idem and valid else "0", keys.GROUP,
-            self.settings.keep_finished))
+            self.settings.keep_finished_for(queue)))
         kind = _s(reply[0])
         if kind == "missing":
             raise NotFound(f"task {task_id} not found", field="task_id")

@@ -421,7 +421,8 @@ async def _bulk(b: Backend, flt: bulk.TaskFilter, call: CallInfo, action: str, d
     out = await bulk.bulk_cancel(b.redis, flt, call, action=action, dry_run=dry_run,
                                  limit=limit, reason=cut_utf8(reason, MAX_REASON_BYTES),
                                  task_retention_s=s.task_retention_s,
-                                 keep_finished=s.keep_finished, audit_maxlen=s.audit_maxlen)
+                                 keep_finished=s.keep_finished_for(flt.queue),
+                                 audit_maxlen=s.audit_maxlen)
     return {"matched": out.matched, "cancelled": out.cancelled, "dry_run": dry_run,
             "task_ids": out.task_ids, "request_id": call.request_id}
 

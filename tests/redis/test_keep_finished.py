@@ -128,3 +128,27 @@ async def test_dead_lettered_tasks_are_not_counted(redis_url):
         assert await env.redis.zscore(keys.finished("q"), tid) is None
     finally:
         await env.redis.aclose()
+
+
+async def test_per_queue_counts_override_the_default(redis_url):
+    env = Env(redis_url, keep_finished=2, keep_finished_queues="big=4, off=0")
+    try:
+        default = await _run(env, 6, batch=2)
+        big = await _run(env, 6, batch=2, queue="big")
+        off = await _run(env, 6, batch=2, queue="off")
+        assert [bool(await env.redis.exists(keys.task(t))) for t in default] == [
+            False] * 4 + [True] * 2
+        assert [bool(await env.redis.exists(keys.task(t))) for t in big] == [
+            False] * 2 + [True] * 4
+        assert all([await env.redis.exists(keys.task(t)) for t in off])
+        assert not await env.redis.exists(keys.finished("off"))
+    finally:
+        await env.redis.aclose()
+
+
+@pytest.mark.parametrize("text", ["big", "big=-1", "big=x", "a:b=3", "=3"])
+def test_a_malformed_per_queue_count_is_refused_at_startup(redis_url, text):
+    from dtq_gateway.settings import SettingsError
+
+    with pytest.raises(SettingsError, match="DTQ_KEEP_FINISHED_QUEUES"):
+        Env(redis_url, keep_finished_queues=text)
