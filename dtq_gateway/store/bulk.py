@@ -26,7 +26,7 @@ from dtq_gateway.store.scripts import Script
 
 CANCEL_MATCHING = Script("cancel_matching", helpers=("_finished",))
 #: Entries one cancel_matching.lua call reads (bounds the time one step holds Redis).
-STEP = 200
+STEP = 100
 #: Most task ids a bulk cancel lists in its reply.
 LIST_MAX = 1000
 
