@@ -152,3 +152,18 @@ def test_a_malformed_per_queue_count_is_refused_at_startup(redis_url, text):
 
     with pytest.raises(SettingsError, match="DTQ_KEEP_FINISHED_QUEUES"):
         Env(redis_url, keep_finished_queues=text)
+
+
+async def test_delete_queue_deletes_the_finished_index(redis_url):
+    from dtq_gateway.store import queue_delete
+    from dtq_gateway.store.admin import CallInfo
+
+    env = Env(redis_url, keep_finished=5)
+    try:
+        await _run(env, 3, batch=3)
+        assert await env.redis.exists(keys.finished("q"))
+        done = await queue_delete.delete_queue(env.redis, "q", CallInfo("op", "r1"))
+        assert keys.finished("q") in done.keys
+        assert not await env.redis.exists(keys.finished("q"))
+    finally:
+        await env.redis.aclose()
