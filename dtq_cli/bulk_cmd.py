@@ -14,9 +14,12 @@ from dtq_pyworker.tasks import Task, TaskStatus
 
 #: Longest age a filter takes (365 days, in ms).
 MAX_AGE_MS = 365 * 86_400_000
-_WAITING = {"queued": dtq_pb2.TASK_STATUS_QUEUED, "scheduled": dtq_pb2.TASK_STATUS_SCHEDULED}
-FILTER_HELP = ("KEY=VALUE, repeatable: queue=Q (required), type=T, status=queued|scheduled "
-               "(repeatable), meta.K=V (repeatable), older-than=1h, newer-than=1d.")
+_WAITING = {"queued": dtq_pb2.TASK_STATUS_QUEUED, "scheduled": dtq_pb2.TASK_STATUS_SCHEDULED,
+            "active": dtq_pb2.TASK_STATUS_ACTIVE}
+FILTER_HELP = ("KEY=VALUE, repeatable: queue=Q (required), type=T, "
+               "status=queued|scheduled|active (repeatable; default queued and scheduled; "
+               "an active task is only flagged, as `dtq cancel ID` does), meta.K=V "
+               "(repeatable), older-than=1h, newer-than=1d.")
 
 
 def parse_filters(items: tuple[str, ...]) -> dict[str, Any]:
@@ -33,7 +36,7 @@ def parse_filters(items: tuple[str, ...]) -> dict[str, Any]:
             out["task_type"] = value
         elif key == "status":
             if value.lower() not in _WAITING:
-                raise click.BadParameter(f"status {value!r}: queued or scheduled",
+                raise click.BadParameter(f"status {value!r}: queued, scheduled or active",
                                          param_hint="--filter")
             out["statuses"].append(_WAITING[value.lower()])
         elif key.startswith("meta.") and len(key) > 5:
@@ -65,11 +68,13 @@ def cancel_by_filter(state: State, filters: tuple[str, ...], dry_run: bool, limi
     if state.json:
         emit_json({**to_dict(res), "dry_run": dry_run})
     elif dry_run:
-        click.echo(f"dry run: {res.matched} waiting tasks match; nothing changed")
+        click.echo(f"dry run: {res.matched} tasks match; nothing changed")
         for task_id in res.task_ids:
             click.echo(f"  {task_id}")
     else:
-        click.echo(f"cancelled {res.cancelled} of {res.matched} matching waiting tasks")
+        flagged = (f"; {res.cancel_requested} running, cancellation requested"
+                   if res.cancel_requested else "")
+        click.echo(f"cancelled {res.cancelled} of {res.matched} matching tasks{flagged}")
 
 
 @cli.command()

@@ -15,9 +15,10 @@ from dtq_proto import dtq_pb2 as pb
 MAX_CANCEL_LIMIT = 1_000_000
 #: Most metadata pairs of a filter.
 MAX_FILTER_METADATA = 16
-#: Statuses CancelTasks may select (waiting tasks only: a started task is never
-#: cancelled in bulk).
-_CANCELLABLE = {pb.TASK_STATUS_QUEUED: "queued", pb.TASK_STATUS_SCHEDULED: "scheduled"}
+#: Statuses CancelTasks may select (ACTIVE only when named: such a task is flagged
+#: cancel_requested, as CancelTask does).
+_CANCELLABLE = {pb.TASK_STATUS_QUEUED: "queued", pb.TASK_STATUS_SCHEDULED: "scheduled",
+                pb.TASK_STATUS_ACTIVE: "active"}
 
 
 def filter_fields(f: pb.TaskFilter, cancel: bool) -> tuple[frozenset[str], dict[str, str]]:
@@ -34,7 +35,7 @@ def filter_fields(f: pb.TaskFilter, cancel: bool) -> tuple[frozenset[str], dict[
     for st in f.statuses:
         name = (_CANCELLABLE if cancel else NAME_BY_STATUS).get(st)
         if not name:
-            allowed = "QUEUED or SCHEDULED" if cancel else "a known task status"
+            allowed = "QUEUED, SCHEDULED or ACTIVE" if cancel else "a known task status"
             raise InvalidArgument(f"filter.statuses: {st} is not {allowed}",
                                   field="filter.statuses")
         statuses.add(name)
@@ -59,7 +60,7 @@ def filter_fields(f: pb.TaskFilter, cancel: bool) -> tuple[frozenset[str], dict[
 
 def cancel_filter(f: pb.TaskFilter) -> bulk.TaskFilter:
     """The bulk-cancel filter of a CancelTasks TaskFilter (queue required; statuses
-    QUEUED and SCHEDULED only). Raises InvalidArgument naming ``filter.<field>``."""
+    QUEUED, SCHEDULED and ACTIVE only). Raises InvalidArgument naming ``filter.<field>``."""
     statuses, metadata = filter_fields(f, cancel=True)
     return bulk.TaskFilter(queue=f.queue, task_type=f.task_type, statuses=statuses,
                            metadata=metadata, min_age_ms=f.min_age_ms,

@@ -1198,16 +1198,18 @@ class CancelTasksRequest(_message.Message):
     def __init__(self, filter: _Optional[_Union[TaskFilter, _Mapping]] = ..., dry_run: _Optional[bool] = ..., limit: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class CancelTasksResponse(_message.Message):
-    __slots__ = ("matched", "cancelled", "task_ids", "request_id")
+    __slots__ = ("matched", "cancelled", "task_ids", "request_id", "cancel_requested")
     MATCHED_FIELD_NUMBER: _ClassVar[int]
     CANCELLED_FIELD_NUMBER: _ClassVar[int]
     TASK_IDS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
     matched: int
     cancelled: int
     task_ids: _containers.RepeatedScalarFieldContainer[str]
     request_id: str
-    def __init__(self, matched: _Optional[int] = ..., cancelled: _Optional[int] = ..., task_ids: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    cancel_requested: int
+    def __init__(self, matched: _Optional[int] = ..., cancelled: _Optional[int] = ..., task_ids: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., cancel_requested: _Optional[int] = ...) -> None: ...
 
 class PurgeQueueRequest(_message.Message):
     __slots__ = ("queue", "dry_run", "reason")

@@ -669,7 +669,8 @@ class AdminServicer:
     def CancelTasks(self, request, context):
         """CancelTasks cancels the waiting (queued or scheduled) tasks of one queue that
         match a filter, or only counts them with dry_run (audited: one entry per call).
-        A task a worker started is never cancelled by it. Bounded work per Redis call.
+        A task a worker started is only flagged cancel_requested, and only when the
+        filter names ACTIVE. Bounded work per Redis call.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -284,6 +284,7 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
         result, request_id = await self._bulk_cancel(flt, context, "cancel_tasks",
                                                      request.dry_run, limit, request.reason)
         return pb.CancelTasksResponse(matched=result.matched, cancelled=result.cancelled,
+                                      cancel_requested=result.requested,
                                       task_ids=result.task_ids, request_id=request_id)
 
     @_rpc

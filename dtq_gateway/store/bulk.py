@@ -37,7 +37,9 @@ class TaskFilter:
 
     queue: str
     task_type: str = ""
-    #: subset of {"queued", "scheduled"}; empty = both
+    #: subset of {"queued", "scheduled", "active"}; empty = queued and scheduled (a
+    #: started task only when "active" is asked for: it is then flagged
+    #: cancel_requested, as CancelTask does)
     statuses: frozenset[str] = frozenset()
     metadata: dict[str, str] = field(default_factory=dict)
     min_age_ms: int = 0
@@ -67,11 +69,13 @@ class TaskFilter:
 
 @dataclass(slots=True)
 class BulkResult:
-    """Outcome of a bulk cancel: tasks matched, tasks cancelled (0 with dry_run), the
-    first :data:`LIST_MAX` matched ids."""
+    """Outcome of a bulk cancel: tasks matched, tasks cancelled and active tasks flagged
+    (0 with dry_run), the first :data:`LIST_MAX` matched ids."""
 
     matched: int = 0
     cancelled: int = 0
+    #: active tasks flagged cancel_requested (0 with dry_run)
+    requested: int = 0
     task_ids: list[str] = field(default_factory=list)
 
 
@@ -79,17 +83,19 @@ async def cancel_matching(redis: Redis, flt: TaskFilter, *, dry_run: bool, limit
                           task_retention_s: int, keep_finished: int = 0,
                           actor: str = "") -> BulkResult:
     """Cancel (or with ``dry_run`` count) up to ``limit`` waiting tasks of ``flt.queue``
-    that match ``flt``: queued ones first (band p9 to p0, oldest entry first), then
-    scheduled ones (soonest due first). Steps of :data:`STEP` entries, each one script
+    that match ``flt``: queued (and, when asked, active) ones first (band p9 to p0,
+    oldest entry first), then scheduled ones (soonest due first). Steps of :data:`STEP` entries, each one script
     call. Returns the counts; appends no audit entry (see :func:`bulk_cancel`)."""
     now = await redis_now_ms(redis)
     after, before = flt.window(now)
     meta = json.dumps(flt.metadata, separators=(",", ":")) if flt.metadata else "{}"
     q = flt.queue
+    states = flt.statuses or frozenset({"queued", "scheduled"})
+    in_bands = ",".join(s for s in ("queued", "active") if s in states)
     targets: list[tuple[str, str]] = []
-    if not flt.statuses or "queued" in flt.statuses:
+    if in_bands:
         targets += [("stream", k) for k in keys.queue_streams_desc(q)]
-    if not flt.statuses or "scheduled" in flt.statuses:
+    if "scheduled" in states:
         targets.append(("schedule", keys.schedule(q)))
     out = BulkResult()
     for kind, key in targets:
@@ -100,10 +106,12 @@ async def cancel_matching(redis: Redis, flt: TaskFilter, *, dry_run: bool, limit
                 key, keys.cancelled(q), keys.expiring(q), keys.finished(q),
                 keys.queue_counters(q)], Script.argv(
                 q, kind, cursor, step, "1" if dry_run else "0", flt.task_type, meta,
-                after, before, task_retention_s, keep_finished, keys.GROUP, actor))
+                after, before, task_retention_s, keep_finished, keys.GROUP, actor,
+                in_bands))
             cursor = text(reply[0])
             read, matched, cancelled = int(reply[1]), int(reply[2]), int(reply[3])
-            ids = [text(i) for i in reply[4:]]
+            out.requested += int(reply[4])
+            ids = [text(i) for i in reply[5:]]
             if dry_run and out.matched + matched > limit:
                 matched, ids = limit - out.matched, ids[:limit - out.matched]
             out.matched += matched
@@ -123,7 +131,8 @@ async def bulk_cancel(redis: Redis, flt: TaskFilter, call: CallInfo, *, action: 
                                 task_retention_s=task_retention_s,
                                 keep_finished=keep_finished, actor=call.actor)
     detail = json.dumps({**flt.audit_detail(), "dry_run": dry_run, "matched": out.matched,
-                         "cancelled": out.cancelled, "reason": reason},
+                         "cancelled": out.cancelled, "cancel_requested": out.requested,
+                         "reason": reason},
                         separators=(",", ":"))
     await append_audit(redis, call.actor, action, flt.queue, call.request_id, detail,
                        maxlen=audit_maxlen)

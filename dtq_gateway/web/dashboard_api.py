@@ -423,7 +423,8 @@ async def _bulk(b: Backend, flt: bulk.TaskFilter, call: CallInfo, action: str, d
                                  task_retention_s=s.task_retention_s,
                                  keep_finished=s.keep_finished_for(flt.queue),
                                  audit_maxlen=s.audit_maxlen)
-    return {"matched": out.matched, "cancelled": out.cancelled, "dry_run": dry_run,
+    return {"matched": out.matched, "cancelled": out.cancelled,
+            "cancel_requested": out.requested, "dry_run": dry_run,
             "task_ids": out.task_ids, "request_id": call.request_id}
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 
@@ -63,11 +65,25 @@ def test_search_finds_a_task_by_metadata(env):
     (["cancel", "0" * 32, "--filter", "queue=bulk1"], "not both or neither"),
     (["cancel", "--filter", "type=mail"], "queue=Q is required"),
     (["cancel", "--filter", "queue=bulk1", "--filter", "colour=red"], "unknown filter 'colour'"),
-    (["cancel", "--filter", "queue=bulk1", "--filter", "status=active"],
-     "status 'active': queued or scheduled"),
+    (["cancel", "--filter", "queue=bulk1", "--filter", "status=succeeded"],
+     "status 'succeeded': queued, scheduled or active"),
     (["cancel", "--filter", "queue=bulk1", "--filter", "older-than=soon"], "older-than:"),
     (["search", "--meta", "novalue"], "'novalue' is not K=V")])
 def test_bad_filters_are_usage_errors_that_say_why(env, args, says):
     res = env.run(*args, "--yes") if args[0] == "cancel" else env.run(*args)
     assert res.exit_code == 2, (res.exit_code, res.output)
     assert says in res.stderr
+
+
+def test_cancel_by_filter_flags_a_running_task_only_with_status_active(env):
+    tid = _enqueue(env, "cli", "slow", "job=flag")  # the worker serves "cli": it runs
+    deadline = time.monotonic() + 30
+    while _status(env, tid) != "ACTIVE":  # poll with a deadline
+        assert time.monotonic() < deadline, "the slow task never started"
+        time.sleep(0.05)
+    plain = env.json("cancel", "--filter", "queue=cli", "--filter", "meta.job=flag", "--yes")
+    assert (plain["matched"], plain["cancel_requested"]) == (0, 0)
+    flagged = env.json("cancel", "--filter", "queue=cli", "--filter", "meta.job=flag",
+                       "--filter", "status=active", "--yes")
+    assert (flagged["matched"], flagged["cancel_requested"]) == (1, 1)
+    assert env.json("get", tid)["cancel_requested"] is True

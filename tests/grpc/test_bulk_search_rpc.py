@@ -108,11 +108,36 @@ async def test_cancel_by_filter_matches_type_metadata_status_and_age(broker_stub
         done.request_id, {"region": "eu"}, 3)
 
 
+async def test_cancel_tasks_flags_active_tasks_only_when_asked(broker_stub, admin,
+                                                                gateway) -> None:
+    (running,) = await _enqueue(broker_stub, 1, metadata={"batch": "7"})
+    stream = await LeaseStream(broker_stub, "w1", ["q"], max_in_flight=1).open()
+    try:
+        (started,) = await stream.take(1)
+        assert started.task_id == running
+        waiting = await _enqueue(broker_stub, 2, metadata={"batch": "7"})
+        flt = pb.TaskFilter(queue="q", metadata={"batch": "7"})
+        plain = await admin.CancelTasks(pb.CancelTasksRequest(filter=flt))
+        assert (plain.matched, plain.cancelled, plain.cancel_requested) == (2, 2, 0)
+        task = (await broker_stub.GetTask(pb.GetTaskRequest(task_id=running))).task
+        assert task.status == S.TASK_STATUS_ACTIVE and not task.cancel_requested
+        flt.statuses.append(S.TASK_STATUS_ACTIVE)
+        dry = await admin.CancelTasks(pb.CancelTasksRequest(filter=flt, dry_run=True))
+        assert (dry.matched, dry.cancel_requested, list(dry.task_ids)) == (1, 0, [running])
+        done = await admin.CancelTasks(pb.CancelTasksRequest(filter=flt))
+        assert (done.matched, done.cancelled, done.cancel_requested) == (1, 0, 1)
+        task = (await broker_stub.GetTask(pb.GetTaskRequest(task_id=running))).task
+        assert task.status == S.TASK_STATUS_ACTIVE and task.cancel_requested
+        assert {await _status(broker_stub, t) for t in waiting} == {S.TASK_STATUS_CANCELLED}
+    finally:
+        stream.close()
+
+
 @pytest.mark.parametrize("req,field", [
     (pb.CancelTasksRequest(), "filter.queue"),
     (pb.CancelTasksRequest(filter=pb.TaskFilter(queue="a:b")), "filter.queue"),
     (pb.CancelTasksRequest(filter=pb.TaskFilter(
-        queue="q", statuses=[S.TASK_STATUS_ACTIVE])), "filter.statuses"),
+        queue="q", statuses=[S.TASK_STATUS_SUCCEEDED])), "filter.statuses"),
     (pb.CancelTasksRequest(filter=pb.TaskFilter(queue="q", task_type="bad type")),
      "filter.task_type"),
     (pb.CancelTasksRequest(filter=pb.TaskFilter(queue="q", min_age_ms=5, max_age_ms=1)),

@@ -42,7 +42,7 @@ async def test_cancel_matching_purge_and_search(redis_url):
 
 @pytest.mark.parametrize("path,body,field", [
     ("/api/tasks/cancel-matching", {"filter": {}}, "filter.queue"),
-    ("/api/tasks/cancel-matching", {"filter": {"queue": "mail", "statuses": ["ACTIVE"]}},
+    ("/api/tasks/cancel-matching", {"filter": {"queue": "mail", "statuses": ["SUCCEEDED"]}},
      "filter.statuses"),
     ("/api/tasks/cancel-matching", {"filter": {"queue": "mail", "metadata": {"a": 1}}},
      "filter.metadata"),

@@ -4,7 +4,8 @@
 -- with the semantics of cancel.lua for each: a queued entry no read has taken is
 -- deleted, one a lease read already took goes to the cancelled set (activate.lua acks
 -- it away); a scheduled task leaves the schedule. A task a worker started (status
--- active) never matches. Every key is of the queue's slot: the task records and
+-- active) matches only when ARGV[16] asks for it, and is then flagged cancel_requested
+-- as cancel.lua flags it (its worker stops it at its next heartbeat). Every key is of the queue's slot: the task records and
 -- idempotency records are named from the ids the script reads (finished_task_keys,
 -- idem_key_of), which carry the queue's slot tag.
 --
@@ -19,7 +20,9 @@
 -- ARGV[10] created at or after (epoch ms, 0 = none)  [11] created before (0 = none)
 -- ARGV[12] task retention s  [13] DTQ_KEEP_FINISHED  [14] consumer group
 -- ARGV[15] actor (TASK_CANCELLED metadata)
--- Reply: {next cursor, read, matched, cancelled, ids...}: read < batch = the end.
+-- ARGV[16] the band entries' states that match: 'queued', 'active' or 'queued,active'
+-- Reply: {next cursor, read, matched, cancelled, requested, ids...}: read < batch = the
+-- end (requested: active tasks flagged).
 
 local target, queue, kind = KEYS[1], ARGV[3], ARGV[4]
 local cancelled_key, expiring_key, finished_key, counters_key = KEYS[2], KEYS[3], KEYS[4],
@@ -29,6 +32,8 @@ local want_type = ARGV[8]
 local want_meta = cjson.decode(ARGV[9])
 local after_ms, before_ms = tonumber(ARGV[10]), tonumber(ARGV[11])
 local retention_s, keep, group = tonumber(ARGV[12]), tonumber(ARGV[13]), ARGV[14]
+local want_queued = string.find(ARGV[16] or 'queued', 'queued', 1, true) ~= nil
+local want_active = string.find(ARGV[16] or '', 'active', 1, true) ~= nil
 local now = now_ms()
 
 local function idem_key_of(digest)
@@ -50,7 +55,7 @@ local function matches(h)
   return true
 end
 
-local matched, done, ids = 0, 0, {}
+local matched, done, requested, ids = 0, 0, 0, {}
 local finished = {}
 
 -- cancel one waiting task (h: HMGET below); `entry` = its band entry id or nil
@@ -82,14 +87,24 @@ local function visit(task_id, entry)
     'attempt', 'idem_key', 'idem_digest', 'entry_id', 'queue')
   if h[9] ~= queue then return false end
   if entry then
-    if h[1] ~= 'queued' or h[8] ~= entry then return false end
+    if h[8] ~= entry then return false end
+    if not ((h[1] == 'queued' and want_queued) or (h[1] == 'active' and want_active)) then
+      return false
+    end
   elseif h[1] ~= 'scheduled' then
     return false
   end
   if not matches(h) then return false end
   matched = matched + 1
   ids[#ids + 1] = task_id
-  if not dry then cancel_one(task_key, task_id, h, entry) end
+  if dry then return true end
+  if h[1] == 'active' then
+    redis.call('HSET', task_key, 'cancel_requested', '1')
+    keep_live(task_key, now)
+    requested = requested + 1
+    return false  -- its entry stays in the stream
+  end
+  cancel_one(task_key, task_id, h, entry)
   return true
 end
 
@@ -121,6 +136,6 @@ if done > 0 then
   redis.call('HINCRBY', counters_key, 'cancelled', done)
   keep_finished(finished_key, keep, finished)
 end
-local reply = {cursor, read, matched, done}
+local reply = {cursor, read, matched, done, requested}
 for i = 1, #ids do reply[#reply + 1] = ids[i] end
 return reply
