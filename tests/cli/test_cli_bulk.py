@@ -58,6 +58,12 @@ def test_search_finds_a_task_by_metadata(env):
     assert [t["task_id"] for t in found["tasks"]] == [hit]
     res = env.run("search", "--meta", "user=42", "--queue", "bulk3")
     assert res.exit_code == 0 and hit in res.stdout
+    # one task per page: the next page's token is printed, and --page goes on
+    first = env.run("search", "--queue", "bulk3", "-n", "1")
+    assert first.exit_code == 0 and hit in first.stdout
+    token = first.stderr.split("--page ")[1].strip()
+    second = env.json("search", "--queue", "bulk3", "-n", "1", "--page", token)
+    assert [t["metadata"]["user"] for t in second["tasks"]] == ["1"]
 
 
 @pytest.mark.parametrize("args,says", [
