@@ -79,6 +79,8 @@ async def test_memory_stays_flat_over_100000_tasks(redis_url):
         # 1 KB each) would have added tens of MB
         assert mem_at_100k < mem_at_20k * 1.1, (mem_at_20k, mem_at_100k)
         assert await env.redis.zcard(keys.finished("q")) == 1000
+        # the index itself: under 200 bytes per kept task (docs/operations.md)
+        assert await env.redis.memory_usage(keys.finished("q")) < 200 * 1000
     finally:
         await env.redis.aclose()
 
