@@ -203,3 +203,18 @@ async def test_search_reads_a_bounded_number_of_entries_per_page(broker_stub, ad
         await admin.SearchTasks(pb.SearchTasksRequest(page_token="x"))
     assert error_field(exc.value) == "page_token"
     assert keys.RECENT_TASKS  # the index searched (docs/redis-layout.md)
+
+
+@pytest.mark.parametrize("method,req", [
+    ("PurgeQueue", pb.PurgeQueueRequest(queue="q")),
+    ("CancelTasks", pb.CancelTasksRequest(filter=pb.TaskFilter(queue="q"))),
+    ("SearchTasks", pb.SearchTasksRequest())])
+async def test_bulk_and_search_need_the_admin_role(redis_url, method, req) -> None:
+    from tests.support.ops_server import ops_server
+
+    tokens = "adm-token-1=admin:ops,prod-token-1=producer:app"
+    async with ops_server(redis_url, auth_tokens=tokens) as srv:
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await getattr(srv.admin, method)(
+                req, metadata=(("authorization", "Bearer prod-token-1"),))
+        assert exc.value.code() == grpc.StatusCode.PERMISSION_DENIED
