@@ -209,7 +209,7 @@ def cli(ctx: click.Context, gateway: str | None, token: str | None, tls: bool | 
 
 def register_commands() -> None:
     """Add every command to ``cli`` (importing a command module registers its commands)."""
-    from dtq_cli import admin_cmd, schedule_cmd, tasks_cmd  # noqa: F401
+    from dtq_cli import admin_cmd, bulk_cmd, schedule_cmd, tasks_cmd  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> None:

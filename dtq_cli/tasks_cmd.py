@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from dtq_cli import bulk_cmd
 from dtq_cli.main import ExitCode, Failure, State, cli, json_option, pass_state
 from dtq_cli.render import (
     Duration,
@@ -242,12 +243,26 @@ def wait(state: State, task_id: str, timeout_ms: int) -> None:
 
 
 @cli.command()
-@click.argument("task_id", metavar="ID")
+@click.argument("task_id", metavar="[ID]", required=False)
 @click.option("--reason", default="", help="Reason recorded in the audit stream.")
+@click.option("--filter", "filters", multiple=True, metavar="KEY=VALUE",
+              help="Cancel every waiting task matching these instead of one ID. "
+              + bulk_cmd.FILTER_HELP)
+@click.option("--dry-run", is_flag=True, help="With --filter: only count and list matches.")
+@click.option("--limit", type=click.IntRange(1, 1_000_000),
+              help="With --filter: stop after this many [100000].")
+@click.option("-y", "--yes", is_flag=True, help="With --filter: do not ask for confirmation.")
 @json_option
 @pass_state
-def cancel(state: State, task_id: str, reason: str) -> None:
-    """Cancel a queued, scheduled or running task."""
+def cancel(state: State, task_id: str | None, reason: str, filters: tuple[str, ...],
+           dry_run: bool, limit: int | None, yes: bool) -> None:
+    """Cancel a queued, scheduled or running task, or with --filter every waiting
+    (queued or scheduled) task of a queue that matches (a started task goes on)."""
+    if bool(task_id) == bool(filters):
+        raise bulk_cmd.no_target()
+    if filters:
+        bulk_cmd.cancel_by_filter(state, filters, dry_run, limit, reason, yes)
+        return
     res = state.client.cancel(task_id, reason=reason)
     if state.json:
         emit_json({"task_id": task_id, "status": res.status.name,

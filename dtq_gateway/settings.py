@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
+import re
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+#: A queue name (dtq_gateway.store.keys.QUEUE_RE; settings import nothing of the store).
+_QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 
 
 class SettingsError(ValueError):
@@ -135,6 +140,13 @@ class Settings:
     history_points: int = field(default=120, metadata=_meta(
         "History samples kept per queue and for all queues together (each list is "
         "trimmed to this many and expires after points x interval)."))
+    keep_finished: int = field(default=0, metadata=_meta(
+        "Most succeeded or cancelled task records kept per queue, besides their TTL "
+        "(DTQ_TASK_RETENTION_S): past it the oldest are deleted with their results by "
+        "the acks and cancels themselves. 0 = no count limit."))
+    keep_finished_queues: str = field(default="", metadata=_meta(
+        "Per-queue DTQ_KEEP_FINISHED: 'queue=N,queue2=M' (N >= 0; 0 = no count limit for "
+        "that queue); queues not named use DTQ_KEEP_FINISHED."))
     max_queue_depth: int = field(default=0, metadata=_meta(
         "Per-queue depth gate: Enqueue answers RESOURCE_EXHAUSTED above it; 0 = none."))
     max_payload_bytes: int = field(default=1 << 20, metadata=_meta("Largest payload (bytes)."))
@@ -222,6 +234,12 @@ class Settings:
         """Heartbeat interval in ms."""
         return int(self.heartbeat_interval_s * 1000)
 
+    def keep_finished_for(self, queue: str) -> int:
+        """DTQ_KEEP_FINISHED of ``queue``: its DTQ_KEEP_FINISHED_QUEUES entry, else
+        DTQ_KEEP_FINISHED (0 = no count limit)."""
+        return parse_keep_finished_queues(self.keep_finished_queues).get(
+            queue, self.keep_finished)
+
     @property
     def worker_ttl_ms(self) -> int:
         """TTL of worker hashes: three heartbeat intervals (ms)."""
@@ -242,8 +260,8 @@ _POSITIVE = {
     "followup_sweep_interval_s", "history_interval_s", "history_points",
 }
 _NON_NEGATIVE = {"queue_idle_delete_s", "grpc_max_connection_idle_ms", "metrics_port",
-                 "dashboard_port", "max_queue_depth", "lease_grace_ms", "shutdown_grace_s",
-                 "lease_stall_heartbeats"}
+                 "dashboard_port", "max_queue_depth", "keep_finished", "lease_grace_ms",
+                 "shutdown_grace_s", "lease_stall_heartbeats"}
 
 
 def env_name(name: str) -> str:
@@ -270,7 +288,27 @@ def _convert(name: str, raw: str, typ: Any, source: str) -> Any:
     return raw
 
 
+@functools.cache
+def parse_keep_finished_queues(text: str) -> dict[str, int]:
+    """``{queue: N}`` of DTQ_KEEP_FINISHED_QUEUES (``queue=N,...``; blanks ignored).
+
+    Raises:
+        SettingsError: an item that is not ``<queue name>=<integer >= 0>``.
+    """
+    out: dict[str, int] = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        name, sep, raw = item.strip().partition("=")
+        if not sep or not _QUEUE_NAME_RE.match(name) or not raw.strip().isdigit():
+            raise SettingsError(f"DTQ_KEEP_FINISHED_QUEUES: {item.strip()!r} is not "
+                                "queue=N (a queue name and an integer >= 0)")
+        out[name] = int(raw)
+    return out
+
+
 def _validate(s: Settings) -> None:
+    parse_keep_finished_queues(s.keep_finished_queues)
     for name in _POSITIVE:
         if getattr(s, name) <= 0:
             raise SettingsError(f"{env_name(name)} must be > 0 (got {getattr(s, name)})")

@@ -1157,3 +1157,96 @@ class TaskTypeWaiting(_message.Message):
     oldest_age_ms: int
     taken: bool
     def __init__(self, task_type: _Optional[str] = ..., waiting: _Optional[int] = ..., oldest_age_ms: _Optional[int] = ..., taken: _Optional[bool] = ...) -> None: ...
+
+class TaskFilter(_message.Message):
+    __slots__ = ("queue", "task_type", "statuses", "metadata", "min_age_ms", "max_age_ms", "created_after_ms", "created_before_ms")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    MIN_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BEFORE_MS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    task_type: str
+    statuses: _containers.RepeatedScalarFieldContainer[TaskStatus]
+    metadata: _containers.ScalarMap[str, str]
+    min_age_ms: int
+    max_age_ms: int
+    created_after_ms: int
+    created_before_ms: int
+    def __init__(self, queue: _Optional[str] = ..., task_type: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[TaskStatus, str]]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., min_age_ms: _Optional[int] = ..., max_age_ms: _Optional[int] = ..., created_after_ms: _Optional[int] = ..., created_before_ms: _Optional[int] = ...) -> None: ...
+
+class CancelTasksRequest(_message.Message):
+    __slots__ = ("filter", "dry_run", "limit", "reason")
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    filter: TaskFilter
+    dry_run: bool
+    limit: int
+    reason: str
+    def __init__(self, filter: _Optional[_Union[TaskFilter, _Mapping]] = ..., dry_run: _Optional[bool] = ..., limit: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CancelTasksResponse(_message.Message):
+    __slots__ = ("matched", "cancelled", "task_ids", "request_id", "cancel_requested")
+    MATCHED_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    matched: int
+    cancelled: int
+    task_ids: _containers.RepeatedScalarFieldContainer[str]
+    request_id: str
+    cancel_requested: int
+    def __init__(self, matched: _Optional[int] = ..., cancelled: _Optional[int] = ..., task_ids: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., cancel_requested: _Optional[int] = ...) -> None: ...
+
+class PurgeQueueRequest(_message.Message):
+    __slots__ = ("queue", "dry_run", "reason")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    dry_run: bool
+    reason: str
+    def __init__(self, queue: _Optional[str] = ..., dry_run: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class PurgeQueueResponse(_message.Message):
+    __slots__ = ("matched", "cancelled", "request_id")
+    MATCHED_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    matched: int
+    cancelled: int
+    request_id: str
+    def __init__(self, matched: _Optional[int] = ..., cancelled: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class SearchTasksRequest(_message.Message):
+    __slots__ = ("filter", "page_size", "page_token")
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    filter: TaskFilter
+    page_size: int
+    page_token: str
+    def __init__(self, filter: _Optional[_Union[TaskFilter, _Mapping]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class SearchTasksResponse(_message.Message):
+    __slots__ = ("tasks", "next_page_token", "examined")
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    EXAMINED_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[Task]
+    next_page_token: str
+    examined: int
+    def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., examined: _Optional[int] = ...) -> None: ...

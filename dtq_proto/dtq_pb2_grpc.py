@@ -494,6 +494,21 @@ class AdminStub:
                 request_serializer=dtq__proto_dot_dtq__pb2.RedriveDeadLettersRequest.SerializeToString,
                 response_deserializer=dtq__proto_dot_dtq__pb2.RedriveDeadLettersResponse.FromString,
                 _registered_method=True)
+        self.CancelTasks = channel.unary_unary(
+                '/dtq.v1.Admin/CancelTasks',
+                request_serializer=dtq__proto_dot_dtq__pb2.CancelTasksRequest.SerializeToString,
+                response_deserializer=dtq__proto_dot_dtq__pb2.CancelTasksResponse.FromString,
+                _registered_method=True)
+        self.PurgeQueue = channel.unary_unary(
+                '/dtq.v1.Admin/PurgeQueue',
+                request_serializer=dtq__proto_dot_dtq__pb2.PurgeQueueRequest.SerializeToString,
+                response_deserializer=dtq__proto_dot_dtq__pb2.PurgeQueueResponse.FromString,
+                _registered_method=True)
+        self.SearchTasks = channel.unary_unary(
+                '/dtq.v1.Admin/SearchTasks',
+                request_serializer=dtq__proto_dot_dtq__pb2.SearchTasksRequest.SerializeToString,
+                response_deserializer=dtq__proto_dot_dtq__pb2.SearchTasksResponse.FromString,
+                _registered_method=True)
         self.ListWorkers = channel.unary_unary(
                 '/dtq.v1.Admin/ListWorkers',
                 request_serializer=dtq__proto_dot_dtq__pb2.ListWorkersRequest.SerializeToString,
@@ -651,6 +666,32 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelTasks(self, request, context):
+        """CancelTasks cancels the waiting (queued or scheduled) tasks of one queue that
+        match a filter, or only counts them with dry_run (audited: one entry per call).
+        A task a worker started is only flagged cancel_requested, and only when the
+        filter names ACTIVE. Bounded work per Redis call.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PurgeQueue(self, request, context):
+        """PurgeQueue cancels every waiting (queued or scheduled) task of a queue, or only
+        counts them with dry_run (audited); running tasks go on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SearchTasks(self, request, context):
+        """SearchTasks pages through the recent-tasks index (newest first) for tasks
+        matching a filter; each page reads at most 1000 index entries.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListWorkers(self, request, context):
         """ListWorkers lists known workers with heartbeat age and liveness.
         """
@@ -802,6 +843,21 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.RedriveDeadLetters,
                     request_deserializer=dtq__proto_dot_dtq__pb2.RedriveDeadLettersRequest.FromString,
                     response_serializer=dtq__proto_dot_dtq__pb2.RedriveDeadLettersResponse.SerializeToString,
+            ),
+            'CancelTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelTasks,
+                    request_deserializer=dtq__proto_dot_dtq__pb2.CancelTasksRequest.FromString,
+                    response_serializer=dtq__proto_dot_dtq__pb2.CancelTasksResponse.SerializeToString,
+            ),
+            'PurgeQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.PurgeQueue,
+                    request_deserializer=dtq__proto_dot_dtq__pb2.PurgeQueueRequest.FromString,
+                    response_serializer=dtq__proto_dot_dtq__pb2.PurgeQueueResponse.SerializeToString,
+            ),
+            'SearchTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.SearchTasks,
+                    request_deserializer=dtq__proto_dot_dtq__pb2.SearchTasksRequest.FromString,
+                    response_serializer=dtq__proto_dot_dtq__pb2.SearchTasksResponse.SerializeToString,
             ),
             'ListWorkers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListWorkers,
@@ -1143,6 +1199,87 @@ class Admin:
             '/dtq.v1.Admin/RedriveDeadLetters',
             dtq__proto_dot_dtq__pb2.RedriveDeadLettersRequest.SerializeToString,
             dtq__proto_dot_dtq__pb2.RedriveDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dtq.v1.Admin/CancelTasks',
+            dtq__proto_dot_dtq__pb2.CancelTasksRequest.SerializeToString,
+            dtq__proto_dot_dtq__pb2.CancelTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PurgeQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dtq.v1.Admin/PurgeQueue',
+            dtq__proto_dot_dtq__pb2.PurgeQueueRequest.SerializeToString,
+            dtq__proto_dot_dtq__pb2.PurgeQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SearchTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dtq.v1.Admin/SearchTasks',
+            dtq__proto_dot_dtq__pb2.SearchTasksRequest.SerializeToString,
+            dtq__proto_dot_dtq__pb2.SearchTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,

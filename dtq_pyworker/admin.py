@@ -201,6 +201,31 @@ class AdminClient(Client):
         return self._admin_call("RedriveDeadLetters",
                                 new_message(dtq_pb2.RedriveDeadLettersRequest, **filters))
 
+    # -- bulk cancels and search --------------------------------------------------------
+    def cancel_tasks(self, *, dry_run: bool = False, limit: int = 0, reason: str = "",
+                     **filters: Any) -> dtq_pb2.CancelTasksResponse:
+        """Cancel (or with ``dry_run`` count) the waiting tasks matching ``filters``
+        (fields of ``TaskFilter``: queue (required), task_type, statuses, metadata,
+        min_age_ms, max_age_ms, created_after_ms, created_before_ms). A started task is
+        never cancelled; ``limit`` 0 = 100000."""
+        return self._admin_call("CancelTasks", dtq_pb2.CancelTasksRequest(
+            filter=new_message(dtq_pb2.TaskFilter, **filters), dry_run=dry_run,
+            limit=limit, reason=reason))
+
+    def purge_queue(self, queue: str, *, dry_run: bool = False,
+                    reason: str = "") -> dtq_pb2.PurgeQueueResponse:
+        """Cancel (or with ``dry_run`` count) every waiting task of ``queue``."""
+        return self._admin_call("PurgeQueue", dtq_pb2.PurgeQueueRequest(
+            queue=queue, dry_run=dry_run, reason=reason))
+
+    def search_tasks(self, *, page_size: int = 50, page_token: str = "",
+                     **filters: Any) -> dtq_pb2.SearchTasksResponse:
+        """One page of SearchTasks (``filters``: fields of ``TaskFilter``); the reply's
+        ``next_page_token`` continues it, "" at the end."""
+        return self._admin_call("SearchTasks", dtq_pb2.SearchTasksRequest(
+            filter=new_message(dtq_pb2.TaskFilter, **filters), page_size=page_size,
+            page_token=page_token))
+
     # -- workers, recent tasks, audit ------------------------------------------------
     def workers(self) -> list[dtq_pb2.WorkerInfo]:
         """Known workers, sorted by id."""

@@ -125,7 +125,8 @@ class Completion:
             parts += [acks[i:i + ACK_CHUNK] for i in range(0, len(acks), ACK_CHUNK)]
             todo += done
         replies = await store.ack(self.redis, parts, s.result_max_bytes,
-                                  s.result_retention_s, s.task_retention_s, self.wait)
+                                  s.result_retention_s, s.task_retention_s, self.wait,
+                                  keep_finished=s.keep_finished_for)
         self._record(todo, replies)
         return outcomes
 

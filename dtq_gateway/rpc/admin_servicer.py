@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from dtq_gateway import metrics
-from dtq_gateway.errors import InvalidArgument, Unavailable
+from dtq_gateway import metrics, task_filters
+from dtq_gateway.errors import InvalidArgument, NotFound, Unavailable
 from dtq_gateway.queue_rates import RATES
 from dtq_gateway.rpc.auth import actor_of
 from dtq_gateway.rpc.grpc_errors import abort
@@ -26,10 +26,12 @@ from dtq_gateway.store import (
     admin,
     admin_dlq,
     admin_lists,
+    bulk,
     keys,
     queue_delete,
     ratelimits,
     schedules,
+    search,
 )
 from dtq_gateway.store.admin import CallInfo, as_int, page_size
 from dtq_gateway.store.audit import append_audit, request_id_of
@@ -47,6 +49,7 @@ MAX_REDRIVE_LIMIT = 100_000
 MAX_REDRIVE_RATE = 10_000
 LIST_QUEUES_PAGE_DEFAULT = 100
 LIST_QUEUES_PAGE_MAX = 1000
+MAX_CANCEL_LIMIT = task_filters.MAX_CANCEL_LIMIT
 
 
 def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
@@ -257,6 +260,57 @@ class AdminServicer(dtq_pb2_grpc.AdminServicer):
         return pb.RedriveDeadLettersResponse(matched=result.matched, requeued=result.requeued,
                                              task_ids=result.task_ids,
                                              request_id=call.request_id)
+
+    async def _bulk_cancel(self, flt: bulk.TaskFilter, context: Any, action: str,
+                           dry_run: bool, limit: int, reason: str) -> tuple[bulk.BulkResult, str]:
+        if not await admin.queue_known(self.redis, flt.queue):
+            raise NotFound(f"queue: no queue named {flt.queue!r}", reason="QUEUE_NOT_FOUND")
+        call = _call(context)
+        result = await bulk.bulk_cancel(
+            self.redis, flt, call, action=action, dry_run=dry_run, limit=limit,
+            reason=cut_utf8(reason, MAX_REASON_BYTES),
+            task_retention_s=self.settings.task_retention_s,
+            keep_finished=self.settings.keep_finished_for(flt.queue),
+            audit_maxlen=self.settings.audit_maxlen)
+        return result, call.request_id
+
+    @_rpc
+    async def CancelTasks(self, request: pb.CancelTasksRequest, context: Any
+                          ) -> pb.CancelTasksResponse:
+        """Cancel (or count, with dry_run) the waiting tasks of one queue matching the
+        filter; audited as cancel_tasks. NOT_FOUND for an unknown queue."""
+        flt = task_filters.cancel_filter(request.filter)
+        limit = page_size(request.limit, "limit", 100_000, MAX_CANCEL_LIMIT)
+        result, request_id = await self._bulk_cancel(flt, context, "cancel_tasks",
+                                                     request.dry_run, limit, request.reason)
+        return pb.CancelTasksResponse(matched=result.matched, cancelled=result.cancelled,
+                                      cancel_requested=result.requested,
+                                      task_ids=result.task_ids, request_id=request_id)
+
+    @_rpc
+    async def PurgeQueue(self, request: pb.PurgeQueueRequest, context: Any
+                         ) -> pb.PurgeQueueResponse:
+        """Cancel (or count, with dry_run) every waiting task of a queue; audited as
+        purge_queue. NOT_FOUND for an unknown queue."""
+        admin.validate_queue(request.queue)
+        result, request_id = await self._bulk_cancel(
+            bulk.TaskFilter(queue=request.queue), context, "purge_queue", request.dry_run,
+            MAX_CANCEL_LIMIT, request.reason)
+        return pb.PurgeQueueResponse(matched=result.matched, cancelled=result.cancelled,
+                                     request_id=request_id)
+
+    @_rpc
+    async def SearchTasks(self, request: pb.SearchTasksRequest, context: Any
+                          ) -> pb.SearchTasksResponse:
+        """One page of the tasks of the recent-tasks index matching the filter, newest
+        first (payload omitted); at most 1000 index entries read per page."""
+        size = page_size(request.page_size, "page_size", 50, 500)
+        flt = await task_filters.search_filter(self.redis, request.filter)
+        rows, token, examined = await search.search(self.redis, flt, size,
+                                                    request.page_token)
+        return pb.SearchTasksResponse(
+            tasks=[task_from_hash(r, None, include_payload=False) for r in rows],
+            next_page_token=token, examined=examined)
 
     @_rpc
     async def ListWorkers(self, request: pb.ListWorkersRequest, context: Any

@@ -29,7 +29,7 @@ from dtq_gateway.validation import NewTask
 log = logging.getLogger(__name__)
 
 ENQUEUE = Script("enqueue")
-CANCEL = Script("cancel", allow_oom=True)
+CANCEL = Script("cancel", helpers=("_finished",), allow_oom=True)
 #: Most tasks per enqueue.lua call: bounds how long one script holds Redis (~25 us each).
 CHUNK = 100
 
@@ -240,12 +240,14 @@ class Broker:
         # every key of the queue's slot; without a readable record the task key stands in
         # (the script then answers "missing")
         keys_ = [tkey, keys.cancelled(queue) if valid else tkey,
-                 keys.schedule(queue) if valid else tkey, tkey,
+                 keys.schedule(queue) if valid else tkey,
+                 keys.finished(queue) if valid else tkey,
                  keys.idempotency(queue, _s(rec[1])) if has_idem and valid else tkey,
                  keys.stream(queue, int(band)) if valid else tkey]
         reply = await CANCEL(self.redis, keys_, Script.argv(
             task_id, actor, request_id, reason[:1024], self.settings.audit_maxlen,
-            self.settings.task_retention_s, "1" if has_idem and valid else "0", keys.GROUP))
+            self.settings.task_retention_s, "1" if has_idem and valid else "0", keys.GROUP,
+            self.settings.keep_finished_for(queue)))
         kind = _s(reply[0])
         if kind == "missing":
             raise NotFound(f"task {task_id} not found", field="task_id")

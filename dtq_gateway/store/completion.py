@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -23,7 +23,7 @@ from dtq_gateway.store.indexes import queue_set_add
 from dtq_gateway.store.replies import text as _s
 from dtq_gateway.store.scripts import Script, call_chunks, call_each, execute
 
-ACK = Script("ack", allow_oom=True)
+ACK = Script("ack", helpers=("_finished",), allow_oom=True)
 FAIL = Script("fail", allow_oom=True)
 HEARTBEAT = Script("heartbeat", allow_oom=True)
 WORKER_BEAT = Script("worker_beat", allow_oom=True)
@@ -162,11 +162,17 @@ async def heartbeat(redis: Client, beat: WorkerBeat,
 
 async def ack(redis: Client, parts: Sequence[Sequence[tuple[LeaseRef, bytes]]],
               result_max_bytes: int, result_retention_s: int, task_retention_s: int,
-              wait: ReplicaWait | None = None) -> list[list]:
+              wait: ReplicaWait | None = None,
+              keep_finished: Callable[[str], int] | None = None) -> list[list]:
     """ack.lua, one call per part: (lease, result) pairs of one queue (one hash slot),
     at most :data:`ACK_CHUNK` each; one EVALSHA for one part, one pipeline beyond.
 
     A result longer than ``result_max_bytes`` is stored cut, marked truncated.
+
+    With ``keep_finished`` (queue -> DTQ_KEEP_FINISHED of that queue, e.g.
+    ``Settings.keep_finished_for``) each call of a queue whose value is > 0 adds its
+    tasks to the queue's finished index and deletes the oldest records beyond that many
+    (at most the call's task count + 64 per call; see ``lua/_finished.lua``).
 
     With ``wait`` (DTQ_REDIS_MIN_REPLICAS_ACK) each call is followed by WAIT; a call
     fewer replicas confirmed is returned as :class:`ReplicasNotAcked` per lease of it,
@@ -181,8 +187,9 @@ async def ack(redis: Client, parts: Sequence[Sequence[tuple[LeaseRef, bytes]]],
     calls = []
     for part in parts:
         keys_: list[str] = []
+        keep = keep_finished(part[0][0].queue) if keep_finished and part else 0
         args = Script.argv_notified(keys.GROUP, len(part), result_retention_s,
-                                    task_retention_s)
+                                    task_retention_s, keep)
         for le, raw in part:
             result = raw[:result_max_bytes]
             keys_ += (keys.stream(le.queue, le.band), keys.task(le.task_id),
@@ -190,6 +197,8 @@ async def ack(redis: Client, parts: Sequence[Sequence[tuple[LeaseRef, bytes]]],
                       keys.queue_counters(le.queue))
             args += (le.entry_id, le.attempt, le.worker_id, le.task_id, result,
                      "1" if len(raw) > len(result) else "0", le.tag)
+        if keep > 0:
+            keys_.append(keys.finished(part[0][0].queue))
         calls.append((keys_, args))
     if wait is None:
         return await call_chunks(redis, ACK, calls)

@@ -196,6 +196,14 @@ def expiring(queue: str) -> str:
     return f"{PREFIX}expiring:{{{queue}}}"
 
 
+def finished(queue: str) -> str:
+    """Finished-task index of a queue for DTQ_KEEP_FINISHED, a zset of the ids of its
+    succeeded and cancelled tasks scored by finish time in microseconds (Redis TIME):
+    ``dtq:finished:{<queue>}``.
+    Written (and trimmed to the newest N) only while DTQ_KEEP_FINISHED is set."""
+    return f"{PREFIX}finished:{{{queue}}}"
+
+
 def busy_marker(queue: str) -> str:
     """``dtq:queue:{<queue>}:busy``: "1" while the queue may hold work (set by the
     scripts that add work to an idle queue, deleted by the reaper's script that found

@@ -70,6 +70,7 @@ HTTP_STATUS = {
 _HTTP_CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
                404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "TOO_LARGE"}
 STATIC = {"/": ("index.html", "text/html"), "/static/app.js": ("app.js", "text/javascript"),
+          "/static/bulk.js": ("bulk.js", "text/javascript"),
           "/static/app.css": ("app.css", "text/css"),
           # history charts, schedules, rate limits, chain and group (dashboard_pages.py)
           "/static/pages.js": ("pages.js", "text/javascript"),
@@ -168,6 +169,9 @@ class Dashboard:
         r.add_get("/api/queues/{name}", self._queue)
         r.add_post("/api/queues/{name}/pause", self._pause)
         r.add_post("/api/queues/{name}/resume", self._resume)
+        r.add_post("/api/queues/{name}/purge", self._purge)
+        r.add_post("/api/tasks/cancel-matching", self._cancel_matching)
+        r.add_post("/api/search", self._search)
         r.add_get("/api/tasks/{task_id}", self._task)
         r.add_post("/api/tasks/{task_id}/cancel", self._cancel)
         r.add_get("/api/recent", self._recent)
@@ -370,6 +374,23 @@ class Dashboard:
     async def _redrive(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         return web.json_response(await api.redrive(self.backend, body, self._call(request)))
+
+    async def _purge(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        return web.json_response(await api.purge_queue(
+            self.backend, request.match_info["name"], body, self._call(request)))
+
+    async def _cancel_matching(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        return web.json_response(await api.cancel_matching(self.backend, body,
+                                                           self._call(request)))
+
+    async def _search(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        size = api.int_arg(body.get("page_size"), "page_size", 50, 1, 500)
+        token = api.str_arg(body.get("page_token"), "page_token", 64)
+        return web.json_response(await api.search_tasks(self.backend, body.get("filter"),
+                                                        size, token))
 
     async def _workers(self, request: web.Request) -> web.Response:
         return web.json_response(await api.workers(self.backend))

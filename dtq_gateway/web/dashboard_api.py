@@ -17,9 +17,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from dtq_gateway.errors import InvalidArgument
+from dtq_gateway import task_filters
+from dtq_gateway.errors import InvalidArgument, NotFound
 from dtq_gateway.settings import Settings
-from dtq_gateway.store import admin, admin_dlq, admin_lists, keys
+from dtq_gateway.store import admin, admin_dlq, admin_lists, bulk, keys, search
 from dtq_gateway.store.admin import CallInfo, as_int
 from dtq_gateway.store.broker import Broker
 from dtq_gateway.store.client import Client
@@ -372,3 +373,84 @@ async def audit(b: Backend, size: int, token: str) -> dict[str, Any]:
     return {"entries": [{"entry_id": a.entry_id, "actor": a.actor, "action": a.action,
                          "task_id": a.task_id, "ts_ms": a.ts_ms, "request_id": a.request_id,
                          "detail": a.detail} for a in items], "next_page_token": next_token}
+
+
+# -- bulk cancels and search (CancelTasks, PurgeQueue, SearchTasks) ------------------------
+def task_filter(raw: Any) -> pb.TaskFilter:
+    """A ``TaskFilter`` from JSON: ``{"queue", "task_type", "statuses": ["QUEUED", ...],
+    "metadata": {k: v}, "min_age_ms", "max_age_ms", "created_after_ms",
+    "created_before_ms"}`` (every field optional here; the callers' rules follow).
+
+    Raises:
+        InvalidArgument: a field of the wrong type or range (named ``filter.<field>``).
+    """
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise InvalidArgument("filter: must be an object", field="filter")
+    statuses = raw.get("statuses") or []
+    if not isinstance(statuses, list):
+        raise InvalidArgument("filter.statuses: must be a list", field="filter.statuses")
+    values = []
+    for name in statuses:
+        key = str(name).lower()
+        if not isinstance(name, str) or key not in STATUS_BY_NAME:
+            raise InvalidArgument("filter.statuses: one of " + ", ".join(
+                n.upper() for n in STATUS_BY_NAME), field="filter.statuses")
+        values.append(STATUS_BY_NAME[key])
+    meta = raw.get("metadata") or {}
+    if not isinstance(meta, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise InvalidArgument("filter.metadata: must be an object of strings",
+                              field="filter.metadata")
+    day = 365 * 86_400_000
+    ints = {name: int_arg(raw.get(name), "filter." + name, 0, 0, day)
+            for name in ("min_age_ms", "max_age_ms")}
+    for name in ("created_after_ms", "created_before_ms"):
+        ints[name] = int_arg(raw.get(name), "filter." + name, 0, 0, 1 << 62)
+    return pb.TaskFilter(queue=str_arg(raw.get("queue"), "filter.queue", 64),
+                         task_type=str_arg(raw.get("task_type"), "filter.task_type", 128),
+                         statuses=values, metadata=meta, **ints)
+
+
+async def _bulk(b: Backend, flt: bulk.TaskFilter, call: CallInfo, action: str, dry_run: bool,
+                limit: int, reason: str) -> dict[str, Any]:
+    if not await admin.queue_known(b.redis, flt.queue):
+        raise NotFound(f"queue: no queue named {flt.queue!r}", reason="QUEUE_NOT_FOUND")
+    s = b.settings
+    out = await bulk.bulk_cancel(b.redis, flt, call, action=action, dry_run=dry_run,
+                                 limit=limit, reason=cut_utf8(reason, MAX_REASON_BYTES),
+                                 task_retention_s=s.task_retention_s,
+                                 keep_finished=s.keep_finished_for(flt.queue),
+                                 audit_maxlen=s.audit_maxlen)
+    return {"matched": out.matched, "cancelled": out.cancelled,
+            "cancel_requested": out.requested, "dry_run": dry_run,
+            "task_ids": out.task_ids, "request_id": call.request_id}
+
+
+async def cancel_matching(b: Backend, body: dict[str, Any], call: CallInfo) -> dict[str, Any]:
+    """CancelTasks: cancel (or count, with ``dry_run``) the waiting tasks of
+    ``filter.queue`` matching ``filter`` (audited as cancel_tasks)."""
+    flt = task_filters.cancel_filter(task_filter(body.get("filter")))
+    limit = int_arg(body.get("limit"), "limit", 100_000, 1, task_filters.MAX_CANCEL_LIMIT)
+    return await _bulk(b, flt, call, "cancel_tasks", bool_arg(body.get("dry_run"), "dry_run"),
+                       limit, str_arg(body.get("reason"), "reason"))
+
+
+async def purge_queue(b: Backend, name: str, body: dict[str, Any], call: CallInfo
+                      ) -> dict[str, Any]:
+    """PurgeQueue: cancel (or count, with ``dry_run``) every waiting task of ``name``
+    (audited as purge_queue)."""
+    admin.validate_queue(name)
+    return await _bulk(b, bulk.TaskFilter(queue=name), call, "purge_queue",
+                       bool_arg(body.get("dry_run"), "dry_run"),
+                       task_filters.MAX_CANCEL_LIMIT, str_arg(body.get("reason"), "reason"))
+
+
+async def search_tasks(b: Backend, raw_filter: Any, size: int, token: str) -> dict[str, Any]:
+    """SearchTasks: one page of matching tasks of the recent-tasks index, newest first."""
+    flt = await task_filters.search_filter(b.redis, task_filter(raw_filter))
+    rows, next_token, examined = await search.search(b.redis, flt, size, token)
+    return {"tasks": [task_json(task_from_hash(f, None, include_payload=False),
+                                with_payload=False) for f in rows],
+            "next_page_token": next_token, "examined": examined}

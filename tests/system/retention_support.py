@@ -72,6 +72,7 @@ FAMILY_EXAMPLES = {
     "queue-registry": keys.QUEUES,
     "registry-backfilled": keys.QUEUES_BACKFILLED,
     "recent": keys.RECENT_TASKS,
+    "finished": keys.finished("q-1"),
     "scheduler-lock": keys.SCHEDULER_LOCK,
     "busy-queues": keys.BUSY_QUEUES,
     "chain-pending": keys.chain_pending("q-1"),

@@ -320,3 +320,46 @@ def _incr_script():
     script.name, script.source = "incr", "return redis.call('INCR', KEYS[1])"
     script.sha = hashlib.sha1(script.source.encode()).hexdigest()
     return script
+
+
+def test_bulk_cancels_search_and_keep_finished_across_primaries(env: FailoverEnv) -> None:
+    """PurgeQueue, CancelTasks and SearchTasks over queues on all three primaries, and
+    DTQ_KEEP_FINISHED trimmed by the acks and the bulk cancels themselves: every
+    script touches one queue's slot (the trimmed records carry its slot tag)."""
+    gw = env.gateway(extra={"keep-finished": "2"})
+    client = env.client(gw.target)
+    channel = grpc.insecure_channel(gw.target)
+    admin = dtq_pb2_grpc.AdminStub(channel)
+    try:
+        items = [{"queue": q, "task_type": "chaos.sleep", "payload": {"sleep_s": 0},
+                  "metadata": {"m": q, "half": str(i % 2)}}
+                 for q in QUEUES for i in range(4)]
+        ids = [r.task_id for r in client.enqueue_batch(items)]
+        found = admin.SearchTasks(pb.SearchTasksRequest(filter=pb.TaskFilter(
+            metadata={"m": "cq3"})))
+        assert sorted(t.task_id for t in found.tasks) == sorted(
+            t for t, i in zip(ids, items) if i["queue"] == "cq3")
+        for n, q in enumerate(QUEUES):
+            if n % 2:
+                done = admin.PurgeQueue(pb.PurgeQueueRequest(queue=q))
+                assert (done.matched, done.cancelled) == (4, 4)
+            else:
+                done = admin.CancelTasks(pb.CancelTasksRequest(filter=pb.TaskFilter(
+                    queue=q, metadata={"half": "1"})))
+                assert (done.matched, done.cancelled) == (2, 2)
+        for q in QUEUES:
+            assert env.rds.zcard(keys.finished(q)) == 2
+        # the remaining half runs; the acks keep two finished records per queue too
+        env.worker(gw.target, "w-all", queue=",".join(QUEUES), concurrency=4)
+        survivors = [t for t, i in zip(ids, items)
+                     if QUEUES.index(i["queue"]) % 2 == 0 and i["metadata"]["half"] == "0"]
+        wait_until(lambda: all(client.get_task(t).status == pb.TASK_STATUS_SUCCEEDED
+                               for t in survivors), 30, "every survivor succeeded")
+        assert all(env.rds.zcard(keys.finished(q)) == 2 for q in QUEUES)
+        # the newest two of each queue: the last two purged (in stream order), or the
+        # two survivors, whose acks came after the cancels
+        purged_last = {t for n, t in enumerate(ids)
+                       if QUEUES.index(items[n]["queue"]) % 2 and n % 4 >= 2}
+        assert {t for t in ids if env.rds.exists(keys.task(t))} == purged_last | {*survivors}
+    finally:
+        channel.close()

@@ -100,7 +100,7 @@ def test_delete_queue_touches_one_slot_only() -> None:
     from dtq_gateway.store.queue_delete import queue_keys
 
     names = queue_keys("emails")
-    assert len(set(names)) == 20
+    assert len(set(names)) == 21
     assert {keys.key_slot(k) for k in names} == {keys.key_slot("{emails}")}
 
 
@@ -134,3 +134,25 @@ def test_entry_digest_prefers_the_entry_field_and_falls_back_for_old_entries():
         == inner
     assert entry_idem_digest({"idempotency_key": "k"}) == keys.idempotency_digest("k")
     assert entry_idem_digest({"idempotency_key": ""}) == ""
+
+
+def test_the_finished_index_builds_the_task_keys_the_layout_does() -> None:
+    """_finished.lua deletes the records it trims by names it builds from task ids; they
+    must be keys.task / keys.result of the id, tagged and untagged."""
+    import re
+
+    from dtq_gateway.store.scripts import LUA_DIR
+
+    lua = (LUA_DIR / "_finished.lua").read_text()
+    assert re.search(r"string\.match\(task_id, '%-\(\[0-9a-z\]\+\)\$'\)", lua)
+    tagged = keys.new_task_id("emails")
+    tag = tagged.rpartition("-")[2]
+    assert "'dtq:task:{' .. tag .. '}:' .. task_id" in lua
+    assert "'dtq:result:{' .. tag .. '}:' .. task_id" in lua
+    assert keys.task(tagged) == f"dtq:task:{{{tag}}}:{tagged}"
+    assert keys.result(tagged) == f"dtq:result:{{{tag}}}:{tagged}"
+    untagged = "0" * 32
+    assert "'dtq:task:' .. task_id, 'dtq:result:' .. task_id" in lua
+    assert keys.task(untagged) == f"dtq:task:{untagged}"
+    assert keys.result(untagged) == f"dtq:result:{untagged}"
+    assert keys.key_slot(keys.finished("emails")) == keys.key_slot(keys.task(tagged))

@@ -13,8 +13,11 @@
 --   removes A, and the leader's follow-up sweep finishes what a dead gateway left.
 --   [k+6] the queue's counters hash dtq:queue:{<q>}:counters (field succeeded: one HINCRBY
 --   per queue per call)
+-- KEYS[n*6+1] (optional) the queue's finished index dtq:finished:{<q>} (every lease of
+--   one call is of one queue); present when ARGV[7] > 0
 -- ARGV[3] group  [4] n leases  [5] result TTL s  [6] task retention s
--- then per lease i, 7 values from a = 6 + (i-1)*7:
+-- ARGV[7] DTQ_KEEP_FINISHED ('0' or absent = no count limit; see _finished.lua)
+-- then per lease i, 7 values from a = 7 + (i-1)*7:
 --   [a+1] entry id  [a+2] attempt  [a+3] worker id  [a+4] task id  [a+5] result bytes
 --   [a+6] '1' if the result was truncated  [a+7] lease tag (see current_lease)
 -- Reply: one item per lease, in order:
@@ -22,7 +25,9 @@
 --   | {'stale', status}; follow: 'c' chain step owed, 'g' group member, 'cg' both, '' none
 local group, n = ARGV[3], tonumber(ARGV[4])
 local result_ttl_s, retention_s = tonumber(ARGV[5]), tonumber(ARGV[6])
+local keep = tonumber(ARGV[7]) or 0
 local now = now_ms()
+local finished = {}  -- task ids completed by this call (for the finished index)
 local done = {}  -- band stream key -> entry ids completed by this call
 local succeeded = {}  -- counters hash key -> leases completed by this call
 
@@ -40,6 +45,7 @@ local function ack_one(k, a)
   local ids = done[stream]
   if not ids then ids = {}; done[stream] = ids end
   ids[#ids + 1] = id
+  finished[#finished + 1] = task_id
   succeeded[KEYS[k + 6]] = (succeeded[KEYS[k + 6]] or 0) + 1
   -- one HSET for the state, the attempt record and the stamp (hot path). The attempt
   -- JSON is concatenated: worker ids are [A-Za-z0-9_.:@-] and the numbers are Redis
@@ -66,7 +72,7 @@ local function ack_one(k, a)
 end
 
 local replies = {}
-for i = 1, n do replies[i] = ack_one((i - 1) * 6, 6 + (i - 1) * 7) end
+for i = 1, n do replies[i] = ack_one((i - 1) * 6, 7 + (i - 1) * 7) end
 -- the same script call, so the record and the PEL/stream change together
 for stream, ids in pairs(done) do
   redis.call('XACK', stream, group, unpack(ids))
@@ -75,4 +81,5 @@ end
 for counters_key, count in pairs(succeeded) do
   redis.call('HINCRBY', counters_key, 'succeeded', count)
 end
+if keep > 0 then keep_finished(KEYS[n * 6 + 1], keep, finished) end
 return replies

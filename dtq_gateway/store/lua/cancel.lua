@@ -5,12 +5,14 @@
 -- already took (the moment before its activation) is left to activate.lua, which
 -- acks it away and drops the id from the cancelled set.
 -- KEYS[1] task hash  [2] the queue's cancelled set  [3] the queue's schedule zset
--- KEYS[4] unused (the task hash again)
+-- KEYS[4] the queue's finished index (DTQ_KEEP_FINISHED, see _finished.lua; the task
+--         hash again when the record could not be read)
 -- KEYS[5] idempotency record or the task hash again (see has_idem)
 -- KEYS[6] the task's band stream (its queue and priority; the task hash again when
 --         the record could not be read)
 -- ARGV[3] task id  [4..7] unused (actor, request id, reason, audit MAXLEN)
 -- ARGV[8] task retention s  [9] has_idem '1'/'0'  [10] consumer group
+-- ARGV[11] DTQ_KEEP_FINISHED ('0' or absent = no count limit)
 -- Reply: {'cancelled'} | {'requested'} | {'terminal', status} | {'missing'}
 local task_key, cancelled_key, schedule_key = KEYS[1], KEYS[2], KEYS[3]
 local idem_key = ARGV[9] == '1' and KEYS[5] or nil
@@ -49,6 +51,8 @@ else
   publish('TASK_CANCELLED', now, task_id, h[2], h[3], h[4], '', {stage = status})
   reply = {'cancelled'}
 end
-if reply[1] == 'cancelled' then retire(task_key, now, tonumber(ARGV[8]))
+if reply[1] == 'cancelled' then
+  retire(task_key, now, tonumber(ARGV[8]))
+  if KEYS[4] ~= task_key then keep_finished(KEYS[4], tonumber(ARGV[11]) or 0, {task_id}) end
 else keep_live(task_key, now) end
 return reply

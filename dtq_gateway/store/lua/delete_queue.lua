@@ -22,6 +22,7 @@
 -- KEYS[15] dtq:queue:{<queue>}:counters     KEYS[16] dtq:queue:{<queue>}:ratelimit
 -- KEYS[17] dtq:cancelled:{<queue>}          KEYS[18] dtq:chains:pending:{<queue>}
 -- KEYS[19] dtq:groups:pending:{<queue>}     KEYS[20] dtq:expiring:{<queue>}
+-- KEYS[21] dtq:finished:{<queue>} (DTQ_KEEP_FINISHED's index)
 -- (all in the queue's hash slot)
 -- ARGV[1] events channel, ARGV[2] event-id prefix (unused; _lib.lua convention)
 -- ARGV[3] "1" = delete the dead letters too   ARGV[4] "1" = dry run

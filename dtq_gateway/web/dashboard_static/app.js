@@ -242,7 +242,8 @@ async function queueView(name) {
       el("tr", {}, el("td", {}, c.name), num(c.pending), num(dur(c.idle_ms))))),
     el("h2", {}, "Recent tasks"), taskTable(q.recent),
     el("p", {}, link("#/dead-letters?queue=" + encodeURIComponent(name),
-      "Dead letters of " + name)));
+      "Dead letters of " + name), " · ", link("#/bulk?queue=" + encodeURIComponent(name),
+      "Bulk actions on " + name)));
   autoRefresh();
 }
 
@@ -564,6 +565,7 @@ async function route(quiet) {
     else if (parts[0] === "history") await historyView(params);
     else if (parts[0] === "schedules") await schedulesView(params);
     else if (parts[0] === "rate-limits") await rateLimitsView(params);
+    else if (window.dtqViews && window.dtqViews[parts[0]]) await window.dtqViews[parts[0]](params);
     else await queuesView(params);
   } catch (e) {
     if (e.status === 401) return;

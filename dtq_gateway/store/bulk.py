@@ -1,0 +1,139 @@
+"""Bulk cancels of waiting tasks: CancelTasks (by filter) and PurgeQueue.
+
+A bulk cancel walks one queue's waiting work in bounded steps: each step is one
+``cancel_matching.lua`` call that reads at most :data:`STEP` entries of one band stream
+(p9 first) or of the queue's schedule from a cursor, and cancels the matching ones
+with cancel.lua's semantics (a task a worker started is never touched; an entry a
+lease read took a moment ago is left to activate.lua through the cancelled set). Each
+step is atomic and touches the keys of one queue (one hash slot), so the walk is
+cluster-safe and never holds Redis for more than one step; tasks enqueued behind the
+cursor while the walk runs may be left. One audit entry per bulk call follows the
+walk (the filter, matched and cancelled counts).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from redis.asyncio import Redis
+
+from dtq_gateway.store import keys
+from dtq_gateway.store.admin import CallInfo, redis_now_ms
+from dtq_gateway.store.audit import append_audit
+from dtq_gateway.store.replies import text
+from dtq_gateway.store.scripts import Script
+
+CANCEL_MATCHING = Script("cancel_matching", helpers=("_finished",))
+#: Entries one cancel_matching.lua call reads (bounds the time one step holds Redis).
+STEP = 100
+#: Most task ids a bulk cancel lists in its reply.
+LIST_MAX = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFilter:
+    """A validated filter of waiting tasks (see TaskFilter in proto/dtq.proto)."""
+
+    queue: str
+    task_type: str = ""
+    #: subset of {"queued", "scheduled", "active"}; empty = queued and scheduled (a
+    #: started task only when "active" is asked for: it is then flagged
+    #: cancel_requested, as CancelTask does)
+    statuses: frozenset[str] = frozenset()
+    metadata: dict[str, str] = field(default_factory=dict)
+    min_age_ms: int = 0
+    max_age_ms: int = 0
+    created_after_ms: int = 0
+    created_before_ms: int = 0
+
+    def window(self, now_ms: int) -> tuple[int, int]:
+        """(created at or after, created before) in epoch ms from the absolute bounds
+        and the ages; 0 = unbounded."""
+        after, before = self.created_after_ms, self.created_before_ms
+        if self.max_age_ms:
+            after = max(after, now_ms - self.max_age_ms)
+        if self.min_age_ms:
+            bound = now_ms - self.min_age_ms + 1
+            before = min(before, bound) if before else bound
+        return after, before
+
+    def audit_detail(self) -> dict:
+        """The filter as the audit entry records it."""
+        return {"queue": self.queue, "task_type": self.task_type,
+                "statuses": sorted(self.statuses), "metadata": self.metadata,
+                "min_age_ms": self.min_age_ms, "max_age_ms": self.max_age_ms,
+                "created_after_ms": self.created_after_ms,
+                "created_before_ms": self.created_before_ms}
+
+
+@dataclass(slots=True)
+class BulkResult:
+    """Outcome of a bulk cancel: tasks matched, tasks cancelled and active tasks flagged
+    (0 with dry_run), the first :data:`LIST_MAX` matched ids."""
+
+    matched: int = 0
+    cancelled: int = 0
+    #: active tasks flagged cancel_requested (0 with dry_run)
+    requested: int = 0
+    task_ids: list[str] = field(default_factory=list)
+
+
+async def cancel_matching(redis: Redis, flt: TaskFilter, *, dry_run: bool, limit: int,
+                          task_retention_s: int, keep_finished: int = 0,
+                          actor: str = "") -> BulkResult:
+    """Cancel (or with ``dry_run`` count) up to ``limit`` waiting tasks of ``flt.queue``
+    that match ``flt``: queued (and, when asked, active) ones first (band p9 to p0,
+    oldest entry first), then scheduled ones (soonest due first). Steps of :data:`STEP` entries, each one script
+    call. Returns the counts; appends no audit entry (see :func:`bulk_cancel`)."""
+    now = await redis_now_ms(redis)
+    after, before = flt.window(now)
+    meta = json.dumps(flt.metadata, separators=(",", ":")) if flt.metadata else "{}"
+    q = flt.queue
+    states = flt.statuses or frozenset({"queued", "scheduled"})
+    in_bands = ",".join(s for s in ("queued", "active") if s in states)
+    targets: list[tuple[str, str]] = []
+    if in_bands:
+        targets += [("stream", k) for k in keys.queue_streams_desc(q)]
+    if "scheduled" in states:
+        targets.append(("schedule", keys.schedule(q)))
+    out = BulkResult()
+    for kind, key in targets:
+        cursor = ""
+        while out.matched < limit:
+            step = min(STEP, limit - out.matched) if not dry_run else STEP
+            reply = await CANCEL_MATCHING(redis, [
+                key, keys.cancelled(q), keys.expiring(q), keys.finished(q),
+                keys.queue_counters(q)], Script.argv(
+                q, kind, cursor, step, "1" if dry_run else "0", flt.task_type, meta,
+                after, before, task_retention_s, keep_finished, keys.GROUP, actor,
+                in_bands))
+            cursor = text(reply[0])
+            read, matched, cancelled = int(reply[1]), int(reply[2]), int(reply[3])
+            out.requested += int(reply[4])
+            ids = [text(i) for i in reply[5:]]
+            if dry_run and out.matched + matched > limit:
+                matched, ids = limit - out.matched, ids[:limit - out.matched]
+            out.matched += matched
+            out.cancelled += cancelled
+            out.task_ids += ids[:max(0, LIST_MAX - len(out.task_ids))]
+            if read < step:
+                break
+    return out
+
+
+async def bulk_cancel(redis: Redis, flt: TaskFilter, call: CallInfo, *, action: str,
+                      dry_run: bool, limit: int, reason: str, task_retention_s: int,
+                      keep_finished: int, audit_maxlen: int) -> BulkResult:
+    """:func:`cancel_matching`, then one audit entry (``action``: cancel_tasks or
+    purge_queue; target the queue; detail the filter, dry_run, counts and reason)."""
+    out = await cancel_matching(redis, flt, dry_run=dry_run, limit=limit,
+                                task_retention_s=task_retention_s,
+                                keep_finished=keep_finished, actor=call.actor)
+    detail = json.dumps({**flt.audit_detail(), "dry_run": dry_run, "matched": out.matched,
+                         "cancelled": out.cancelled, "cancel_requested": out.requested,
+                         "reason": reason},
+                        separators=(",", ":"))
+    await append_audit(redis, call.actor, action, flt.queue, call.request_id, detail,
+                       maxlen=audit_maxlen)
+    return out
