@@ -77,7 +77,10 @@ async def measure(target: str, tasks: int) -> dict[str, Any]:
                 pb.EnqueueRequest(queue="b", task_type="t", payload=PAYLOAD)
                 for _ in range(min(BATCH, tasks - i))]))
         batch_s = time.perf_counter() - t0
-        lease = await LeaseStream(broker, "bench", ["d"], max_in_flight=tasks).open()
+        # every task in one stream before the first ack: concurrency = tasks sizes the
+        # stream's unread window for that (protocol.md 3.3)
+        lease = await LeaseStream(broker, "bench", ["d"], max_in_flight=tasks,
+                                  concurrency=tasks).open()
         leased = await lease.take(tasks, timeout_s=60)
         acks: list[float] = []
         t0 = time.perf_counter()

@@ -11,6 +11,7 @@ already in use``) and when a stop outlasts DTQ_SHUTDOWN_GRACE_S + 5 s.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -74,7 +75,8 @@ class Watchdog:
     def _expire(self) -> None:
         log.error("shutdown did not finish within %.1f s; exiting now", self.limit_s)
         for handler in logging.getLogger().handlers:
-            handler.flush()
+            with contextlib.suppress(Exception):  # a closed stream must not stop the exit
+                handler.flush()
         self._exit(1)
 
 

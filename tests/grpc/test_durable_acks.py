@@ -64,7 +64,10 @@ async def stubs(pair) -> AsyncIterator[tuple[dtq_pb2_grpc.BrokerStub, redis.Redi
     # leases outlive the frozen replica's timeouts (the test's stream sends no extensions)
     gw = Gateway(gateway_settings(primary.url, redis_min_replicas_ack=1,
                                   redis_replica_ack_timeout_ms=ACK_TIMEOUT_MS,
-                                  visibility_timeout_s=60), primary.url)
+                                  visibility_timeout_s=60,
+                                  # a stream that sends no heartbeats is not judged by
+                                  # stream health here (tests/grpc/test_stream_health.py)
+                                  lease_stall_heartbeats=0), primary.url)
     await gw.start()
     ch = grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}")
     on_replica = redis.Redis(port=replica.port, socket_timeout=2, decode_responses=True)

@@ -34,7 +34,8 @@ from tests.support.redis_server import free_port
 ROOT = Path(__file__).resolve().parents[2]
 FILES = 30
 #: Families that carry a TTL (the rest are bounded by trimming or cleaned as they go).
-_EXPIRING = {"task", "result", "idempotency", "worker", "scheduler-lock", "gateway"}
+_EXPIRING = {"task", "result", "idempotency", "worker", "scheduler-lock", "gateway",
+             "history"}
 _GATEWAY_TAG_RE = re.compile(r"^[0-9a-f]{16}\Z")
 
 
@@ -50,7 +51,8 @@ def key_family(key: str) -> str | None:
                keys.WORKERS: "workers", keys.DEAD_LETTER_QUEUES: "dead-letter-queues",
                keys.RECENT_TASKS: "recent-tasks", keys.SCHEDULER_LOCK: "scheduler-lock",
                keys.BUSY_QUEUES: "busy-queues", keys.QUEUES: "queue-registry",
-               keys.QUEUES_BACKFILLED: "registry-backfilled", keys.LEASE_SECRET: "lease-secret"}
+               keys.QUEUES_BACKFILLED: "registry-backfilled", keys.LEASE_SECRET: "lease-secret",
+               keys.HISTORY: "history"}
     if key in singles:
         return singles[key]
     for family, build, pattern in (("task", keys.task, keys.TASK_ID_RE),
@@ -66,7 +68,7 @@ def key_family(key: str) -> str | None:
         return "idempotency"
     for family, build in (("paused", keys.paused), ("busy-marker", keys.busy_marker),
                           ("dead-letter", keys.dead_letter), ("retry-schedule", keys.schedule),
-                          ("queue-counters", keys.queue_counters)):
+                          ("queue-counters", keys.queue_counters), ("history", keys.history)):
         if keys.QUEUE_RE.match(tag) and key == build(tag):
             return family
     if len(parts) == 3 and keys.QUEUE_RE.match(tag) and key == keys.cancelled(tag):
@@ -195,6 +197,7 @@ def test_key_family_knows_the_layout_and_nothing_else() -> None:
     assert key_family(keys.dead_letter("demo")) == "dead-letter"
     assert key_family(keys.cancelled("demo")) == "cancelled"
     assert key_family(keys.schedule("demo")) == "retry-schedule"
+    assert key_family(keys.history("demo")) == key_family(keys.HISTORY) == "history"
     assert key_family(keys.task("not-a-task-id")) is None
     assert key_family(keys.PREFIX + "something:else") is None
 
