@@ -1,9 +1,13 @@
-"""The Redis commands of an Enqueue without debounce: debounce adds none to them."""
+"""enqueue.lua's debounce against a real Redis: the record it keeps, and the Redis
+commands of an Enqueue without debounce (debounce adds none to them)."""
 
 from __future__ import annotations
 
+import json
+
 import redis.asyncio as aioredis
 
+from dtq_gateway.store import keys
 from dtq_gateway.store.broker import Broker
 from dtq_gateway.store.groups import Groups
 from dtq_gateway.validation import validate_enqueue
@@ -42,3 +46,24 @@ def test_enqueue_without_debounce_sends_the_same_arguments(redis_url):
     task = validate_enqueue(pb.EnqueueRequest(queue="q", task_type="t"), settings)
     keys_, args = broker._enqueue_call([task, task])
     assert (len(keys_), len(args), args[3]) == (3 + 2 * 3, 7 + 2 * 19, 0)
+
+
+async def test_debounce_record_lives_in_the_queue_slot_with_its_ttl(redis_url):
+    r = aioredis.Redis.from_url(redis_url)
+    settings = gateway_settings(redis_url)
+    broker = Broker(r, settings, Groups())
+    outs = {}
+    for mode, window in ((pb.DEBOUNCE_MODE_KEEP_FIRST, 5000), (pb.DEBOUNCE_MODE_KEEP_LAST, 2000)):
+        req = pb.EnqueueRequest(queue="q", task_type="t", debounce=pb.Debounce(
+            key=f"k{mode}", window_ms=window, mode=mode))
+        (outs[mode],) = await broker.enqueue_many([validate_enqueue(req, settings)])
+    first_key = keys.debounce("q", keys.idempotency_digest(f"k{pb.DEBOUNCE_MODE_KEEP_FIRST}"))
+    last_key = keys.debounce("q", keys.idempotency_digest(f"k{pb.DEBOUNCE_MODE_KEEP_LAST}"))
+    assert first_key.startswith("dtq:debounce:{q}:")
+    assert keys.key_slot(first_key) == keys.key_slot(keys.schedule("q"))
+    first, last = [json.loads(await r.get(k)) for k in (first_key, last_key)]
+    assert (first["task_id"], first["mode"]) == (outs[pb.DEBOUNCE_MODE_KEEP_FIRST].task_id, "first")
+    assert first["until_ms"] - first["first_ms"] == 5000 and 0 < await r.pttl(first_key) <= 5000
+    assert last["until_ms"] - last["first_ms"] == 2000  # the task's due time
+    assert 2000 + 60_000 - 1000 < await r.pttl(last_key) <= 2000 + 60_000
+    await r.aclose()
