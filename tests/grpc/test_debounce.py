@@ -5,6 +5,7 @@ never changed, and bad input refused."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 import pytest
@@ -111,6 +112,14 @@ async def test_keep_first_window_over_starts_a_new_task(gateway):
     assert again.task_id != first.task_id and not first.debounced
 
 
+async def test_debounce_keys_are_scoped_to_their_queue(gateway):
+    debounce = {"key": "same", "window_ms": 60_000, "mode": "keep_first"}
+    async with AsyncClient(_target(gateway)) as client:
+        a = await client.enqueue("scope-a", "sync", {}, debounce=debounce)
+        b = await client.enqueue("scope-b", "sync", {}, debounce=debounce)
+    assert not a.debounced and not b.debounced and a.task_id != b.task_id
+
+
 async def test_keep_last_never_delays_beyond_max_delay(gateway, redis_url):
     debounce = {"key": "busy", "window_ms": 1000, "mode": "keep_last", "max_delay_ms": 2500}
     r = aioredis.Redis.from_url(redis_url)
@@ -163,12 +172,14 @@ async def test_enqueue_batch_debounces_per_item(gateway):
     last = {"key": "b", "window_ms": 60_000, "mode": "keep_last"}
     async with AsyncClient(_target(gateway)) as client:
         out = await client.enqueue_batch([
-            {"queue": "batch", "task_type": "sync", "payload": {"i": i}, "debounce": last}
+            {"queue": "batch", "task_type": "sync", "payload": {"i": i}, "debounce": last,
+             "metadata": {"i": str(i)}, "content_type": f"application/x-{i}+json"}
             for i in range(3)] + [{"queue": "batch", "task_type": "sync", "payload": {}}])
         task = await client.get_task(out[0].task_id)
     assert [r.debounced for r in out] == [False, True, True, False]
     assert len({r.task_id for r in out[:3]}) == 1 and out[3].task_id != out[0].task_id
-    assert task.payload == {"i": 2}
+    assert task.payload == {"i": 2} and task.metadata == {"i": "2"}
+    assert task.content_type == "application/x-2+json"
 
 
 BAD = [
@@ -182,7 +193,11 @@ BAD = [
     ({"key": "k", "window_ms": 10, "mode": 2, "max_delay_ms": 9}, {},
      "debounce.max_delay_ms"),
     ({"key": "k", "window_ms": 10, "mode": 2}, {"delay_ms": 5}, "debounce"),
+    ({"key": "k", "window_ms": 10, "mode": 2},
+     {"not_before_ms": int(time.time() * 1000) + 60_000}, "debounce"),
     ({"key": "k", "window_ms": 10, "mode": 1}, {"idempotency_key": "i"}, "debounce"),
+    ({"key": "k", "window_ms": 10, "mode": 1},
+     {"chain": [dtq_pb2.EnqueueRequest(queue="bad", task_type="next")]}, "debounce"),
 ]
 
 
@@ -200,3 +215,13 @@ async def test_bad_debounce_is_refused_naming_the_field(broker_stub, redis_url, 
     r = aioredis.Redis.from_url(redis_url)
     assert not [k async for k in r.scan_iter("dtq:task:*")]  # nothing was written
     await r.aclose()
+
+
+async def test_a_group_item_cannot_be_debounced(broker_stub):
+    item = dtq_pb2.EnqueueRequest(queue="grp", task_type="sync", debounce=dtq_pb2.Debounce(
+        key="k", window_ms=10, mode=dtq_pb2.DEBOUNCE_MODE_KEEP_FIRST))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await broker_stub.EnqueueBatch(dtq_pb2.EnqueueBatchRequest(
+            items=[item], group_callback=dtq_pb2.EnqueueRequest(queue="grp", task_type="done")))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_field(err.value) == "items[0].debounce"
