@@ -7,6 +7,7 @@ Redis consistent. Batches are pipelined: one Redis round trip per batch.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,9 @@ CHUNK = 100
 #: Most calls one debounced enqueue makes while other producers keep moving its
 #: debounce record to new tasks (each call learns the record's current task).
 DEBOUNCE_TRIES = 8
+#: Debounce keys whose burst's task this gateway remembers (oldest forgotten first),
+#: so that an enqueue absorbed into a burst it has seen takes one script call, not two.
+DEBOUNCE_SEEN = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,9 @@ class Broker:
         #: DTQ_REDIS_MIN_REPLICAS_ACK: enqueues wait for replicas (None = off)
         self.wait = ReplicaWait.of(settings.redis_min_replicas_ack,
                                    settings.redis_replica_ack_timeout_ms)
+        #: (queue, debounce digest) -> the task id its record named last time (a hint:
+        #: enqueue.lua checks it and answers debounce_retry when it is stale)
+        self._debounce_seen: OrderedDict[tuple[str, str], str] = OrderedDict()
 
     def _enqueue_call(self, tasks: list[NewTask], takeover: str = "",
                       believed: str = "") -> tuple[list[str], list]:
@@ -86,8 +93,10 @@ class Broker:
             elif t.debounce_spec:
                 third = keys.debounce(t.queue, t.debounce_digest)
             keys_ += (task_key, keys.stream(t.queue, t.priority), third)
+            hint = believed or (self._debounce_seen.get((t.queue, t.debounce_digest), "")
+                                if t.debounce_spec else "")
             if deb:
-                keys_.append(keys.task(believed) if believed else task_key)
+                keys_.append(keys.task(hint) if hint else task_key)
             if gate:
                 keys_ += keys.queue_streams_desc(t.queue)
             args += (t.task_id, t.queue, t.task_type, t.payload, t.content_type, t.priority,
@@ -95,7 +104,7 @@ class Broker:
                      t.backoff_base_ms, t.backoff_cap_ms, t.delay_ms, t.not_before_ms,
                      t.expires_at_ms, t.ttl_ms, takeover, t.extra_json)
             if deb:
-                args.append(f"{t.debounce_spec}:{believed}" if t.debounce_spec else "")
+                args.append(f"{t.debounce_spec}:{hint}" if t.debounce_spec else "")
         return keys_, args
 
     async def enqueue_many(self, tasks: list[NewTask]) -> list[Enqueued | Exception]:
@@ -210,6 +219,8 @@ class Broker:
     async def _outcome(self, task: NewTask, reply: list, recent: list,
                        busy: list[str]) -> Enqueued | DtqError:
         kind = _s(reply[0])
+        if task.debounce_spec and kind in ("ok", "debounced", "debounce_retry"):
+            self._remember_debounce(task, task.task_id if kind == "ok" else _s(reply[1]))
         if kind == "ok":
             return Enqueued(task.task_id, _s(reply[2]), queue=task.queue)
         if kind == "debounced":
@@ -232,6 +243,13 @@ class Broker:
             self._collect_meta(chunk, task.queue, recent, busy)
             return await self._outcome(task, chunk[0], recent, busy)
         return Enqueued(earlier, _s(status), deduplicated=True, queue=task.queue)
+
+    def _remember_debounce(self, task: NewTask, task_id: str) -> None:
+        seen = self._debounce_seen
+        seen[(task.queue, task.debounce_digest)] = task_id
+        seen.move_to_end((task.queue, task.debounce_digest))
+        if len(seen) > DEBOUNCE_SEEN:
+            seen.popitem(last=False)
 
     async def _debounce_again(self, task: NewTask, believed: str, recent: list,
                               busy: list[str]) -> Enqueued | DtqError:

@@ -67,3 +67,29 @@ async def test_debounce_record_lives_in_the_queue_slot_with_its_ttl(redis_url):
     assert last["until_ms"] - last["first_ms"] == 2000  # the task's due time
     assert 2000 + 60_000 - 1000 < await r.pttl(last_key) <= 2000 + 60_000
     await r.aclose()
+
+
+async def _evalshas(r, coro) -> tuple[object, int]:
+    await r.config_resetstat()
+    out = await coro
+    stats = await r.info("commandstats")
+    return out, stats.get("cmdstat_evalsha", {}).get("calls", 0)
+
+
+async def test_a_gateway_that_knows_the_burst_absorbs_in_one_call(redis_url):
+    """The script touches only the task hash it is given: a gateway that has not seen
+    the burst's task learns it from a debounce_retry reply (two calls), then
+    remembers it (one call)."""
+    r = aioredis.Redis.from_url(redis_url)
+    settings = gateway_settings(redis_url)
+    a, b = (Broker(r, settings, Groups()) for _ in range(2))
+    req = pb.EnqueueRequest(queue="q", task_type="t", debounce=pb.Debounce(
+        key="k", window_ms=60_000, mode=pb.DEBOUNCE_MODE_KEEP_LAST))
+    (first,), _ = await _evalshas(r, a.enqueue_many([validate_enqueue(req, settings)]))
+    (same,), calls_a = await _evalshas(r, a.enqueue_many([validate_enqueue(req, settings)]))
+    (other,), calls_b = await _evalshas(r, b.enqueue_many([validate_enqueue(req, settings)]))
+    (again,), calls_b2 = await _evalshas(r, b.enqueue_many([validate_enqueue(req, settings)]))
+    await r.aclose()
+    assert not first.debounced and same.debounced and other.debounced and again.debounced
+    assert {same.task_id, other.task_id, again.task_id} == {first.task_id}
+    assert (calls_a, calls_b, calls_b2) == (1, 2, 1)
