@@ -93,3 +93,20 @@ async def test_a_gateway_that_knows_the_burst_absorbs_in_one_call(redis_url):
     assert not first.debounced and same.debounced and other.debounced and again.debounced
     assert {same.task_id, other.task_id, again.task_id} == {first.task_id}
     assert (calls_a, calls_b, calls_b2) == (1, 2, 1)
+
+
+async def test_debounce_with_a_depth_limit_counts_only_created_tasks(redis_url):
+    """With DTQ_MAX_QUEUE_DEPTH the ten band streams follow the debounce KEY of each
+    task; an absorbed enqueue adds nothing, so it is never refused as full."""
+    r = aioredis.Redis.from_url(redis_url)
+    settings = gateway_settings(redis_url, max_queue_depth=2)
+    broker = Broker(r, settings, Groups())
+    first = pb.Debounce(key="k", window_ms=60_000, mode=pb.DEBOUNCE_MODE_KEEP_FIRST)
+    reqs = [pb.EnqueueRequest(queue="q", task_type="t", debounce=first),
+            pb.EnqueueRequest(queue="q", task_type="t"),
+            pb.EnqueueRequest(queue="q", task_type="t", debounce=first),
+            pb.EnqueueRequest(queue="q", task_type="t")]
+    outs = await broker.enqueue_many([validate_enqueue(q, settings) for q in reqs])
+    await r.aclose()
+    assert [type(o).__name__ for o in outs] == ["Enqueued", "Enqueued", "Enqueued", "QueueFull"]
+    assert outs[2].debounced and outs[2].task_id == outs[0].task_id
