@@ -102,11 +102,10 @@ async def test_debounce_with_a_depth_limit_counts_only_created_tasks(redis_url):
     settings = gateway_settings(redis_url, max_queue_depth=2)
     broker = Broker(r, settings, Groups())
     first = pb.Debounce(key="k", window_ms=60_000, mode=pb.DEBOUNCE_MODE_KEEP_FIRST)
-    reqs = [pb.EnqueueRequest(queue="q", task_type="t", debounce=first),
-            pb.EnqueueRequest(queue="q", task_type="t"),
-            pb.EnqueueRequest(queue="q", task_type="t", debounce=first),
-            pb.EnqueueRequest(queue="q", task_type="t")]
+    reqs = [pb.EnqueueRequest(queue="q", task_type="t", priority=0, debounce=first),
+            pb.EnqueueRequest(queue="q", task_type="t", priority=0)]
+    made = await broker.enqueue_many([validate_enqueue(q, settings) for q in reqs])
     outs = await broker.enqueue_many([validate_enqueue(q, settings) for q in reqs])
     await r.aclose()
-    assert [type(o).__name__ for o in outs] == ["Enqueued", "Enqueued", "Enqueued", "QueueFull"]
-    assert outs[2].debounced and outs[2].task_id == outs[0].task_id
+    assert [type(o).__name__ for o in made + outs] == ["Enqueued"] * 3 + ["QueueFull"]
+    assert outs[0].debounced and outs[0].task_id == made[0].task_id
