@@ -185,6 +185,16 @@ def _metadata(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--content-type", help="Media type; non-JSON payloads are sent as UTF-8 text "
               "[application/json].")
 @click.option("--meta", multiple=True, metavar="KEY=VALUE", help="Metadata (repeatable).")
+@click.option("--debounce-key", help="Debounce key: one task for a burst of enqueues with "
+              "it (docs/handlers.md).")
+@click.option("--debounce-window", type=Duration(min_ms=1, max_ms=MAX_DELAY_MS), default="1s",
+              show_default=True, help="Debounce window.")
+@click.option("--debounce-mode", type=click.Choice(["keep-last", "keep-first"]),
+              default="keep-last", show_default=True,
+              help="keep-last: replace the waiting task's payload and push it back; "
+              "keep-first: absorb later enqueues.")
+@click.option("--debounce-max-delay", type=Duration(min_ms=1, max_ms=MAX_DELAY_MS),
+              help="keep-last: run at most this long after the burst's first enqueue.")
 @click.option("--wait", "wait_", is_flag=True, help="Wait for the outcome; exit code tells it.")
 @click.option("--wait-timeout", type=Duration(max_ms=MAX_DELAY_MS), default="30s", show_default=True,
               help="How long --wait waits.")
@@ -199,13 +209,14 @@ def enqueue(state: State, queue: str, task_type: str, payload: str | None,
     \b
     dtq enqueue emails email.send '{"to": "ada@example.com"}' --priority 7
     dtq enqueue reports report.build @params.json --delay 5m --key report-2026-11
+    dtq enqueue search reindex '{"doc": 7}' --debounce-key doc-7 --debounce-window 2s
     """
     body = _payload(payload, opts["content_type"])
     options = {"priority": opts["priority"], "delay_ms": opts["delay"],
                "idempotency_key": opts["idempotency_key"],
                "max_attempts": opts["max_attempts"], "timeout_ms": opts["task_timeout"],
                "ttl_ms": opts["ttl"], "content_type": opts["content_type"],
-               "metadata": _metadata(opts["meta"])}
+               "metadata": _metadata(opts["meta"]), "debounce": _debounce(opts)}
     res = state.client.enqueue(queue, task_type, body,
                                **{k: v for k, v in options.items() if v is not None})
     if wait_:
@@ -213,13 +224,28 @@ def enqueue(state: State, queue: str, task_type: str, payload: str | None,
         return
     if state.json:
         emit_json({"task_id": res.task_id, "deduplicated": res.deduplicated,
-                   "status": res.status.name})
+                   "debounced": res.debounced, "status": res.status.name})
         return
     if quiet:
         click.echo(res.task_id)
         return
     dedup = " (deduplicated: an earlier task has this key)" if res.deduplicated else ""
+    if res.debounced:
+        dedup = " (debounced into the burst's task)"
     click.echo(f"{res.task_id} {res.status.name}{dedup}")
+
+
+def _debounce(opts: dict[str, Any]) -> dict[str, Any] | None:
+    """The client's ``debounce=`` option from the --debounce-* flags (None without a key)."""
+    if opts["debounce_key"] is None:
+        if opts["debounce_max_delay"] is not None:
+            raise click.BadParameter("needs --debounce-key", param_hint="--debounce-max-delay")
+        return None
+    out = {"key": opts["debounce_key"], "window_ms": opts["debounce_window"],
+           "mode": opts["debounce_mode"].replace("-", "_")}
+    if opts["debounce_max_delay"] is not None:
+        out["max_delay_ms"] = opts["debounce_max_delay"]
+    return out
 
 
 @cli.command()

@@ -52,6 +52,9 @@ def _check_template(step: dtq_pb2.EnqueueRequest, settings: Settings, prefix: st
     """Refuse a chain step or group callback that cannot become a task."""
     if step.chain:
         raise InvalidArgument(f"{prefix}chain: must be empty here", field=prefix + "chain")
+    if step.HasField("debounce"):
+        raise InvalidArgument(f"{prefix}debounce: must be empty here",
+                              field=prefix + "debounce")
     for name in ("idempotency_key", "traceparent", "tracestate"):
         if getattr(step, name):
             raise InvalidArgument(f"{prefix}{name}: must be empty here (dtq sets it)",

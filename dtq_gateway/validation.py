@@ -61,6 +61,10 @@ class NewTask:
     #: Extra record fields as a flat JSON array [name, value, ...] ("" = none): chain
     #: and group membership, set by followups.py.
     extra_json: str = ""
+    #: Debounce ("" = none): ``<first|last>:<window ms>:<max delay ms>`` for enqueue.lua,
+    #: and the SHA-256 hex of the debounce key (the record's name, keys.debounce).
+    debounce_spec: str = ""
+    debounce_digest: str = ""
 
 
 def check_queue(queue: str, field: str = "queue") -> str:
@@ -281,6 +285,43 @@ def _timing(req: dtq_pb2.EnqueueRequest, prefix: str, now_ms: int) -> None:
               prefix + "expires_at_ms")
 
 
+#: Debounce modes as enqueue.lua spells them.
+_DEBOUNCE_MODES = {dtq_pb2.DEBOUNCE_MODE_KEEP_FIRST: "first",
+                   dtq_pb2.DEBOUNCE_MODE_KEEP_LAST: "last"}
+
+
+def _debounce(req: dtq_pb2.EnqueueRequest, prefix: str) -> tuple[str, str]:
+    """(spec, digest) of ``req.debounce`` for NewTask, ("", "") when unset.
+
+    Raises:
+        InvalidArgument: naming ``debounce.<field>`` (or ``debounce`` when it clashes
+            with another field).
+    """
+    if not req.HasField("debounce"):
+        return "", ""
+    d, field = req.debounce, prefix + "debounce"
+    for other in ("idempotency_key", "chain"):
+        if getattr(req, other):
+            raise InvalidArgument(f"{field}: exclusive with {other}", field=field)
+    if not 1 <= len(d.key.encode()) <= 256:
+        raise InvalidArgument(f"{field}.key: 1..256 bytes required", field=field + ".key")
+    _range(d.window_ms, 1, MAX_DELAY_MS, field + ".window_ms")
+    mode = _DEBOUNCE_MODES.get(d.mode)
+    if mode is None:
+        raise InvalidArgument(f"{field}.mode: KEEP_FIRST or KEEP_LAST required",
+                              field=field + ".mode")
+    if mode == "first" and d.max_delay_ms:
+        raise InvalidArgument(f"{field}.max_delay_ms: KEEP_LAST only", field=field + ".max_delay_ms")
+    if mode == "last":
+        if d.max_delay_ms:
+            _range(d.max_delay_ms, d.window_ms, MAX_DELAY_MS, field + ".max_delay_ms")
+        for other in ("delay_ms", "not_before_ms"):
+            if getattr(req, other):
+                raise InvalidArgument(f"{field}: KEEP_LAST is exclusive with {other}",
+                                      field=field)
+    return f"{mode}:{d.window_ms}:{d.max_delay_ms}", keys.idempotency_digest(d.key)
+
+
 def validate_enqueue(req: dtq_pb2.EnqueueRequest, settings: Settings,
                      prefix: str = "", now_ms: int | None = None,
                      trace: tuple[str, str] = ("", "")) -> NewTask:
@@ -323,6 +364,7 @@ def validate_enqueue(req: dtq_pb2.EnqueueRequest, settings: Settings,
         raise InvalidArgument(f"{field}: must be at least backoff_base_ms ({base} ms; got "
                               f"{cap} ms{given})", field=field)
     idem = req.idempotency_key
+    debounce_spec, debounce_digest = _debounce(req, prefix)
     return NewTask(
         task_id=keys.new_task_id(req.queue), queue=req.queue, task_type=req.task_type,
         payload=req.payload, content_type=content_type, priority=priority,
@@ -330,4 +372,5 @@ def validate_enqueue(req: dtq_pb2.EnqueueRequest, settings: Settings,
         idem_digest=keys.idempotency_digest(idem) if idem else "",
         metadata_json=_metadata(req, prefix, trace), backoff_base_ms=base, backoff_cap_ms=cap,
         delay_ms=req.delay_ms, not_before_ms=req.not_before_ms,
-        expires_at_ms=req.expires_at_ms, ttl_ms=req.ttl_ms)
+        expires_at_ms=req.expires_at_ms, ttl_ms=req.ttl_ms,
+        debounce_spec=debounce_spec, debounce_digest=debounce_digest)

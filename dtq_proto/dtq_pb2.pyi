@@ -18,6 +18,12 @@ class TaskStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_STATUS_CANCELLED: _ClassVar[TaskStatus]
     TASK_STATUS_EXPIRED: _ClassVar[TaskStatus]
 
+class DebounceMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DEBOUNCE_MODE_UNSPECIFIED: _ClassVar[DebounceMode]
+    DEBOUNCE_MODE_KEEP_FIRST: _ClassVar[DebounceMode]
+    DEBOUNCE_MODE_KEEP_LAST: _ClassVar[DebounceMode]
+
 class FailMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FAIL_MODE_UNSPECIFIED: _ClassVar[FailMode]
@@ -66,6 +72,9 @@ TASK_STATUS_SUCCEEDED: TaskStatus
 TASK_STATUS_DEAD_LETTERED: TaskStatus
 TASK_STATUS_CANCELLED: TaskStatus
 TASK_STATUS_EXPIRED: TaskStatus
+DEBOUNCE_MODE_UNSPECIFIED: DebounceMode
+DEBOUNCE_MODE_KEEP_FIRST: DebounceMode
+DEBOUNCE_MODE_KEEP_LAST: DebounceMode
 FAIL_MODE_UNSPECIFIED: FailMode
 FAIL_MODE_FAILURE: FailMode
 FAIL_MODE_RELEASE: FailMode
@@ -105,7 +114,7 @@ class RetryPolicy(_message.Message):
     def __init__(self, backoff_base_ms: _Optional[int] = ..., backoff_cap_ms: _Optional[int] = ...) -> None: ...
 
 class EnqueueRequest(_message.Message):
-    __slots__ = ("queue", "task_type", "payload", "content_type", "priority", "max_attempts", "timeout_ms", "idempotency_key", "delay_ms", "not_before_ms", "expires_at_ms", "ttl_ms", "retry_policy", "metadata", "traceparent", "tracestate", "chain")
+    __slots__ = ("queue", "task_type", "payload", "content_type", "priority", "max_attempts", "timeout_ms", "idempotency_key", "delay_ms", "not_before_ms", "expires_at_ms", "ttl_ms", "retry_policy", "metadata", "traceparent", "tracestate", "chain", "debounce")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +139,7 @@ class EnqueueRequest(_message.Message):
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     TRACESTATE_FIELD_NUMBER: _ClassVar[int]
     CHAIN_FIELD_NUMBER: _ClassVar[int]
+    DEBOUNCE_FIELD_NUMBER: _ClassVar[int]
     queue: str
     task_type: str
     payload: bytes
@@ -147,19 +157,34 @@ class EnqueueRequest(_message.Message):
     traceparent: str
     tracestate: str
     chain: _containers.RepeatedCompositeFieldContainer[EnqueueRequest]
-    def __init__(self, queue: _Optional[str] = ..., task_type: _Optional[str] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., priority: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., delay_ms: _Optional[int] = ..., not_before_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., chain: _Optional[_Iterable[_Union[EnqueueRequest, _Mapping]]] = ...) -> None: ...
+    debounce: Debounce
+    def __init__(self, queue: _Optional[str] = ..., task_type: _Optional[str] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., priority: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., delay_ms: _Optional[int] = ..., not_before_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., chain: _Optional[_Iterable[_Union[EnqueueRequest, _Mapping]]] = ..., debounce: _Optional[_Union[Debounce, _Mapping]] = ...) -> None: ...
+
+class Debounce(_message.Message):
+    __slots__ = ("key", "window_ms", "mode", "max_delay_ms")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    MAX_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    window_ms: int
+    mode: DebounceMode
+    max_delay_ms: int
+    def __init__(self, key: _Optional[str] = ..., window_ms: _Optional[int] = ..., mode: _Optional[_Union[DebounceMode, str]] = ..., max_delay_ms: _Optional[int] = ...) -> None: ...
 
 class EnqueueResponse(_message.Message):
-    __slots__ = ("task_id", "deduplicated", "status", "chain_task_ids")
+    __slots__ = ("task_id", "deduplicated", "status", "chain_task_ids", "debounced")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     CHAIN_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    DEBOUNCED_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     deduplicated: bool
     status: TaskStatus
     chain_task_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, task_id: _Optional[str] = ..., deduplicated: _Optional[bool] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., chain_task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    debounced: bool
+    def __init__(self, task_id: _Optional[str] = ..., deduplicated: _Optional[bool] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., chain_task_ids: _Optional[_Iterable[str]] = ..., debounced: _Optional[bool] = ...) -> None: ...
 
 class EnqueueBatchRequest(_message.Message):
     __slots__ = ("items", "group_callback")
@@ -180,18 +205,20 @@ class EnqueueBatchResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[EnqueueBatchResult, _Mapping]]] = ..., group_id: _Optional[str] = ..., group_callback_task_id: _Optional[str] = ...) -> None: ...
 
 class EnqueueBatchResult(_message.Message):
-    __slots__ = ("task_id", "deduplicated", "status", "error", "chain_task_ids")
+    __slots__ = ("task_id", "deduplicated", "status", "error", "chain_task_ids", "debounced")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     CHAIN_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    DEBOUNCED_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     deduplicated: bool
     status: TaskStatus
     error: ItemError
     chain_task_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, task_id: _Optional[str] = ..., deduplicated: _Optional[bool] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., error: _Optional[_Union[ItemError, _Mapping]] = ..., chain_task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    debounced: bool
+    def __init__(self, task_id: _Optional[str] = ..., deduplicated: _Optional[bool] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., error: _Optional[_Union[ItemError, _Mapping]] = ..., chain_task_ids: _Optional[_Iterable[str]] = ..., debounced: _Optional[bool] = ...) -> None: ...
 
 class ItemError(_message.Message):
     __slots__ = ("code", "reason", "message", "field")

@@ -27,7 +27,11 @@ _INT_RANGES = {FieldDescriptor.CPPTYPE_INT32: (-(1 << 31), (1 << 31) - 1),
 
 _ENQUEUE_OPTIONS = ("content_type", "priority", "max_attempts", "timeout_ms",
                     "idempotency_key", "delay_ms", "not_before_ms", "expires_at_ms", "ttl_ms",
-                    "retry_policy", "metadata", "traceparent", "tracestate")
+                    "retry_policy", "metadata", "traceparent", "tracestate", "debounce")
+
+#: Debounce modes by the names the client takes (``debounce={"mode": ...}``).
+DEBOUNCE_MODES = {"keep_first": dtq_pb2.DEBOUNCE_MODE_KEEP_FIRST,
+                  "keep_last": dtq_pb2.DEBOUNCE_MODE_KEEP_LAST}
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,8 @@ class EnqueueResult:
     status: TaskStatus
     #: Ids the chain steps will have, in order (empty without a chain).
     chain_task_ids: tuple[str, ...] = ()
+    #: True when the request's debounce absorbed it into the burst's task (task_id).
+    debounced: bool = False
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,7 @@ def enqueue_request(queue: str, task_type: str, payload: Any = None, *,
                     metadata: Mapping[str, str] | None = None,
                     chain: list | None = None, traceparent: str | None = None,
                     tracestate: str | None = None,
+                    debounce: Mapping[str, Any] | dtq_pb2.Debounce | None = None,
                     _step: bool = False) -> dtq_pb2.EnqueueRequest:
     """Build an EnqueueRequest; None leaves a field to the gateway's default.
 
@@ -116,7 +123,9 @@ def enqueue_request(queue: str, task_type: str, payload: Any = None, *,
     RetryPolicy or a dict with ``backoff_base_ms`` / ``backoff_cap_ms``. ``chain`` is a
     list of steps (dicts of these arguments with queue and task_type, or
     EnqueueRequest messages); a step without a payload receives the previous step's
-    result as its payload.
+    result as its payload. ``debounce`` is a Debounce message or a dict with ``key``,
+    ``window_ms``, ``mode`` ("keep_first" or "keep_last") and, for keep_last,
+    ``max_delay_ms`` (see docs/handlers.md, "Debounce").
 
     Raises:
         ValueError, TypeError: An integer option its field cannot hold, or not an
@@ -149,7 +158,25 @@ def enqueue_request(queue: str, task_type: str, payload: Any = None, *,
         req.tracestate = tracestate or ""
     for step in chain or ():
         req.chain.append(template_request(step))
+    if debounce is not None:
+        req.debounce.CopyFrom(debounce_message(debounce))
     return req
+
+
+def debounce_message(debounce: Mapping[str, Any] | dtq_pb2.Debounce) -> dtq_pb2.Debounce:
+    """A Debounce message from a dict of key, window_ms, mode, max_delay_ms.
+
+    Raises:
+        ValueError: ``mode`` is not "keep_first" or "keep_last" (or an integer
+            its field cannot hold); the gateway checks the documented ranges.
+    """
+    if isinstance(debounce, dtq_pb2.Debounce):
+        return debounce
+    fields = dict(debounce)
+    mode = fields.pop("mode", None)
+    if mode not in DEBOUNCE_MODES:
+        raise ValueError(f"debounce.mode: one of {sorted(DEBOUNCE_MODES)} (got {mode!r})")
+    return new_message(dtq_pb2.Debounce, "debounce.", mode=DEBOUNCE_MODES[mode], **fields)
 
 
 def template_request(step) -> dtq_pb2.EnqueueRequest:
@@ -182,7 +209,7 @@ def batch_request(items) -> dtq_pb2.EnqueueBatchRequest:
 def enqueue_result(resp) -> EnqueueResult:
     """EnqueueResult from an EnqueueResponse."""
     return EnqueueResult(resp.task_id, resp.deduplicated, TaskStatus.of(resp.status),
-                         tuple(resp.chain_task_ids))
+                         tuple(resp.chain_task_ids), resp.debounced)
 
 
 def batch_results(resp: dtq_pb2.EnqueueBatchResponse) -> list[EnqueueResult | DtqRpcError]:
@@ -193,7 +220,7 @@ def batch_results(resp: dtq_pb2.EnqueueBatchResponse) -> list[EnqueueResult | Dt
             out.append(DtqRpcError.from_item_error(r.error))
         else:
             out.append(EnqueueResult(r.task_id, r.deduplicated, TaskStatus.of(r.status),
-                                     tuple(r.chain_task_ids)))
+                                     tuple(r.chain_task_ids), r.debounced))
     return out
 
 

@@ -119,12 +119,14 @@ class Client:
             payload: JSON-encodable value, or bytes sent as-is.
             **options: priority, max_attempts, timeout_ms, idempotency_key, delay_ms,
                 not_before_ms, expires_at_ms, ttl_ms, retry_policy, metadata,
-                content_type, traceparent, tracestate (see ``EnqueueRequest``), and
+                content_type, traceparent, tracestate (see ``EnqueueRequest``),
                 ``chain``: steps run one after another once this task succeeded (dicts
-                of these arguments; a step without payload gets the previous result).
+                of these arguments; a step without payload gets the previous result),
+                and ``debounce``: ``{"key": ..., "window_ms": ..., "mode": "keep_first"
+                | "keep_last", "max_delay_ms": ...}`` (docs/handlers.md, "Debounce").
 
         Returns:
-            EnqueueResult(task_id, deduplicated, status, chain_task_ids).
+            EnqueueResult(task_id, deduplicated, status, chain_task_ids, debounced).
 
         With OpenTelemetry installed the call runs in a "dtq.enqueue" PRODUCER span
         whose context travels with the task to its handler.

@@ -129,7 +129,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
             chain_ids = []  # the earlier task's chain (if any) is the one that runs
         return dtq_pb2.EnqueueResponse(task_id=out.task_id, deduplicated=out.deduplicated,
                                        status=status_enum(out.status),
-                                       chain_task_ids=chain_ids)
+                                       chain_task_ids=chain_ids, debounced=out.debounced)
 
     async def EnqueueBatch(self, request, context):
         trace = tracing.call_trace(context)
@@ -156,7 +156,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
             if isinstance(out, Enqueued):
                 results[i] = dtq_pb2.EnqueueBatchResult(
                     task_id=out.task_id, deduplicated=out.deduplicated,
-                    status=status_enum(out.status),
+                    status=status_enum(out.status), debounced=out.debounced,
                     chain_task_ids=[] if out.deduplicated else chains.get(i, []))
             else:
                 results[i] = dtq_pb2.EnqueueBatchResult(error=grpc_errors.item_error(out))
@@ -175,9 +175,11 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
         valid, where, chains = [], [], {}
         for i, item in enumerate(request.items):
             try:
-                if grouped and item.chain:
-                    raise InvalidArgument(f"items[{i}].chain: not allowed in a group",
-                                          field=f"items[{i}].chain")
+                for name, used in (("chain", bool(item.chain)),
+                                   ("debounce", item.HasField("debounce"))):
+                    if grouped and used:
+                        raise InvalidArgument(f"items[{i}].{name}: not allowed in a group",
+                                              field=f"items[{i}].{name}")
                 task = validate_enqueue(item, self.settings, prefix=f"items[{i}].", trace=trace)
                 task, chains[i] = plan_chain(item, task, self.settings, prefix=f"items[{i}].")
                 valid.append(task)

@@ -7,6 +7,7 @@ Redis consistent. Batches are pipelined: one Redis round trip per batch.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,12 @@ ENQUEUE = Script("enqueue")
 CANCEL = Script("cancel", helpers=("_finished",), allow_oom=True)
 #: Most tasks per enqueue.lua call: bounds how long one script holds Redis (~25 us each).
 CHUNK = 100
+#: Most calls one debounced enqueue makes while other producers keep moving its
+#: debounce record to new tasks (each call learns the record's current task).
+DEBOUNCE_TRIES = 8
+#: Debounce keys whose burst's task this gateway remembers (oldest forgotten first),
+#: so that an enqueue absorbed into a burst it has seen takes one script call, not two.
+DEBOUNCE_SEEN = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +49,8 @@ class Enqueued:
     status: str
     deduplicated: bool = False
     queue: str = ""
+    #: absorbed by the task's debounce into ``task_id``, the burst's task
+    debounced: bool = False
 
 
 class Broker:
@@ -60,26 +69,42 @@ class Broker:
         #: DTQ_REDIS_MIN_REPLICAS_ACK: enqueues wait for replicas (None = off)
         self.wait = ReplicaWait.of(settings.redis_min_replicas_ack,
                                    settings.redis_replica_ack_timeout_ms)
+        #: (queue, debounce digest) -> the task id its record named last time (a hint:
+        #: enqueue.lua checks it and answers debounce_retry when it is stale)
+        self._debounce_seen: OrderedDict[tuple[str, str], str] = OrderedDict()
 
-    def _enqueue_call(self, tasks: list[NewTask], takeover: str = "") -> tuple[list[str], list]:
+    def _enqueue_call(self, tasks: list[NewTask], takeover: str = "",
+                      believed: str = "") -> tuple[list[str], list]:
         """KEYS and ARGV of one enqueue.lua call for ``tasks``, all of one queue (see the
-        script's header)."""
+        script's header). A call without debounced tasks has the layout it always had;
+        ``believed`` is the task id a single debounced task's record is thought to name."""
         s = self.settings
         gate = s.max_queue_depth > 0
+        deb = any(t.debounce_spec for t in tasks)
         queue = tasks[0].queue
         keys_ = [keys.schedule(queue), keys.busy_marker(queue), keys.expiring(queue)]
-        args = Script.argv_notified(len(tasks), 0, s.idem_ttl_s,
+        args = Script.argv_notified(len(tasks), int(deb), s.idem_ttl_s,
                                     s.recent_max, s.max_queue_depth)
         for t in tasks:
             task_key = keys.task(t.task_id)
-            keys_ += (task_key, keys.stream(t.queue, t.priority),
-                      keys.idempotency(t.queue, t.idem_digest) if t.idem_key else task_key)
+            third = task_key
+            if t.idem_key:
+                third = keys.idempotency(t.queue, t.idem_digest)
+            elif t.debounce_spec:
+                third = keys.debounce(t.queue, t.debounce_digest)
+            keys_ += (task_key, keys.stream(t.queue, t.priority), third)
+            hint = believed or (self._debounce_seen.get((t.queue, t.debounce_digest), "")
+                                if t.debounce_spec else "")
+            if deb:
+                keys_.append(keys.task(hint) if hint else task_key)
             if gate:
                 keys_ += keys.queue_streams_desc(t.queue)
             args += (t.task_id, t.queue, t.task_type, t.payload, t.content_type, t.priority,
                      t.max_attempts, t.timeout_ms, t.idem_key, t.idem_digest, t.metadata_json,
                      t.backoff_base_ms, t.backoff_cap_ms, t.delay_ms, t.not_before_ms,
                      t.expires_at_ms, t.ttl_ms, takeover, t.extra_json)
+            if deb:
+                args.append(f"{t.debounce_spec}:{hint}" if t.debounce_spec else "")
         return keys_, args
 
     async def enqueue_many(self, tasks: list[NewTask]) -> list[Enqueued | Exception]:
@@ -104,7 +129,8 @@ class Broker:
             return [queue_limit(t.queue, self.groups.max_queues) if t.queue in refused
                     else next(it) for t in tasks]
         if len(tasks) == 1 and self.read_ahead is not None and not tasks[0].delay_ms \
-                and not tasks[0].not_before_ms:
+                and not tasks[0].not_before_ms \
+                and not tasks[0].debounce_spec.startswith("last"):  # always scheduled
             ahead = self.read_ahead(tasks[0].queue, tasks[0].task_type)
             if ahead is not None:
                 return [await self._enqueue_read_ahead(tasks[0], ahead)]
@@ -136,7 +162,8 @@ class Broker:
                 slots[i] = await self._outcome(tasks[i], reply, recent, busy)
         await write_indexes(self.redis, recent, busy, self.settings.recent_max)
         out: list[Enqueued | Exception] = [o for o in slots if o is not None]
-        fresh = [o.queue for o in out if isinstance(o, Enqueued) and not o.deduplicated]
+        fresh = [o.queue for o in out
+                 if isinstance(o, Enqueued) and not (o.deduplicated or o.debounced)]
         for q in set(fresh):
             observe.enqueued(q, fresh.count(q))
         for q in {o.queue for o in out if isinstance(o, Enqueued) and o.status == "queued"}:
@@ -171,7 +198,7 @@ class Broker:
         self._collect_meta(replies, task.queue, recent, busy)
         out = await self._outcome(task, replies[0], recent, busy)
         await write_indexes(self.redis, recent, busy, self.settings.recent_max)
-        if isinstance(out, Enqueued) and not out.deduplicated:
+        if isinstance(out, Enqueued) and not (out.deduplicated or out.debounced):
             observe.enqueued(task.queue, 1)
             if _s(replies[0][0]) != "ok" and out.status == "queued":
                 self.on_queued(task.queue)  # queued by a take-over after the read ran
@@ -192,8 +219,14 @@ class Broker:
     async def _outcome(self, task: NewTask, reply: list, recent: list,
                        busy: list[str]) -> Enqueued | DtqError:
         kind = _s(reply[0])
+        if task.debounce_spec and kind in ("ok", "debounced", "debounce_retry"):
+            self._remember_debounce(task, task.task_id if kind == "ok" else _s(reply[1]))
         if kind == "ok":
             return Enqueued(task.task_id, _s(reply[2]), queue=task.queue)
+        if kind == "debounced":
+            return Enqueued(_s(reply[1]), _s(reply[2]), queue=task.queue, debounced=True)
+        if kind == "debounce_retry":
+            return await self._debounce_again(task, _s(reply[1]), recent, busy)
         if kind == "full":
             return QueueFull(f"queue {task.queue!r} is at its depth limit "
                              f"({self.settings.max_queue_depth})", retry_after_ms=1000)
@@ -210,6 +243,31 @@ class Broker:
             self._collect_meta(chunk, task.queue, recent, busy)
             return await self._outcome(task, chunk[0], recent, busy)
         return Enqueued(earlier, _s(status), deduplicated=True, queue=task.queue)
+
+    def _remember_debounce(self, task: NewTask, task_id: str) -> None:
+        seen = self._debounce_seen
+        seen[(task.queue, task.debounce_digest)] = task_id
+        seen.move_to_end((task.queue, task.debounce_digest))
+        if len(seen) > DEBOUNCE_SEEN:
+            seen.popitem(last=False)
+
+    async def _debounce_again(self, task: NewTask, believed: str, recent: list,
+                              busy: list[str]) -> Enqueued | DtqError:
+        """Call enqueue.lua again for a debounced task whose record names ``believed``
+        (a script may touch only the keys it is given, and the burst's task hash is
+        known only once the record is read). Raises RuntimeError after
+        DEBOUNCE_TRIES calls that each found the record moved on."""
+        for _ in range(DEBOUNCE_TRIES):
+            (chunk,) = await call_each(self.redis, ENQUEUE, [
+                self._enqueue_call([task], believed=believed)], self.wait)
+            if isinstance(chunk, Exception):
+                raise chunk
+            self._collect_meta(chunk, task.queue, recent, busy)
+            reply = chunk[0]
+            if _s(reply[0]) != "debounce_retry":
+                return await self._outcome(task, reply, recent, busy)
+            believed = _s(reply[1])
+        raise RuntimeError(f"debounce record of queue {task.queue!r} kept moving")
 
     async def get(self, task_id: str) -> tuple[dict[bytes, bytes], bytes | None]:
         """The task hash and its stored result (None when absent or expired).

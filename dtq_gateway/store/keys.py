@@ -264,6 +264,16 @@ def idempotency(queue: str, digest: str) -> str:
     return f"{PREFIX}idempotency:{{{queue}}}:{digest}"
 
 
+def debounce(queue: str, digest: str) -> str:
+    """Debounce record: ``dtq:debounce:{<queue>}:<sha256 hex of the key>`` (a JSON
+    string {task_id, first_ms, until_ms}, with a TTL; enqueue.lua owns it).
+
+    ``digest`` comes from :func:`idempotency_digest`; the record lives in the
+    queue's hash slot, beside the tasks it points at.
+    """
+    return f"{PREFIX}debounce:{{{queue}}}:{digest}"
+
+
 def worker(worker_id: str) -> str:
     """Worker liveness hash: ``dtq:worker:{workers}:<worker_id>``."""
     return f"{PREFIX}worker:{WORKERS_TAG}:{worker_id}"

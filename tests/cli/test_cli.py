@@ -100,6 +100,25 @@ def test_enqueue_options_reach_the_task(env):
     assert env.json("get", piped["task_id"])["payload"] == {"from": "stdin"}
 
 
+def test_enqueue_debounce_options(env):
+    opts = ("--debounce-key", "doc-7", "--debounce-window", "1m", "--debounce-max-delay", "5m")
+    first = env.json("enqueue", "idle", "t", '{"v": 1}', *opts)
+    again = env.json("enqueue", "idle", "t", '{"v": 2}', *opts)
+    assert (first["debounced"], first["status"]) == (False, "SCHEDULED")
+    assert again == {**first, "debounced": True}
+    task = env.json("get", first["task_id"])
+    assert task["payload"] == {"v": 2}  # keep-last is the default mode
+    kept = env.run("enqueue", "idle", "t", '{"v": 3}', "--debounce-key", "rep",
+                   "--debounce-mode", "keep-first")
+    absorbed = env.run("enqueue", "idle", "t", '{"v": 4}', "--debounce-key", "rep",
+                       "--debounce-mode", "keep-first")
+    assert "debounced" not in kept.stdout and absorbed.stdout.split()[0] == kept.stdout.split()[0]
+    assert "(debounced into the burst's task)" in absorbed.stdout
+    bad = env.run("enqueue", "idle", "t", "{}", "--debounce-key", "x", "--debounce-mode",
+                  "keep-first", "--debounce-max-delay", "5m")
+    assert bad.exit_code != 0 and "debounce.max_delay_ms" in bad.stderr
+
+
 def test_wait_exit_codes_tell_the_outcome(env):
     failed = env.run("enqueue", SERVED, "boom", "{}", "--wait")
     assert failed.exit_code == ExitCode.TASK_FAILED == 4

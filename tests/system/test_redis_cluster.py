@@ -363,3 +363,22 @@ def test_bulk_cancels_search_and_keep_finished_across_primaries(env: FailoverEnv
         assert {t for t in ids if env.rds.exists(keys.task(t))} == purged_last | {*survivors}
     finally:
         channel.close()
+
+
+def test_debounce_on_all_three_primaries_through_two_gateways(env: FailoverEnv) -> None:
+    """Each enqueue.lua call names only keys of its queue's slot (a cross-slot call
+    fails on a cluster): bursts on queues of every primary, through two gateways."""
+    a = env.client(env.gateway("deb-a").target)
+    b = env.client(env.gateway("deb-b").target)
+    last = {"key": "k", "window_ms": 60_000, "mode": "keep_last", "max_delay_ms": 120_000}
+    first = {"key": "k", "window_ms": 60_000, "mode": "keep_first"}
+    for q in QUEUES:
+        burst = [c.enqueue(q, "chaos.sleep", {"n": n}, debounce=last)
+                 for n, c in enumerate([a, b, a, b])]
+        assert {r.task_id for r in burst} == {burst[0].task_id}
+        assert [r.debounced for r in burst] == [False, True, True, True]
+        assert a.get_task(burst[0].task_id).payload == {"n": 3}
+        kept = [c.enqueue(f"{q}-first", "chaos.sleep", {"n": n}, debounce=first)
+                for n, c in enumerate([b, a, b])]
+        assert {r.task_id for r in kept} == {kept[0].task_id}
+        assert [r.debounced for r in kept] == [False, True, True]

@@ -15,6 +15,7 @@ def test_layout_hash_tags_every_queue_key_with_the_queue_name():
     assert keys.paused("emails") == "dtq:queue:{emails}:paused"
     assert keys.busy_marker("emails") == "dtq:queue:{emails}:busy"
     assert keys.idempotency("emails", "ab") == "dtq:idempotency:{emails}:ab"
+    assert keys.debounce("emails", "ab") == "dtq:debounce:{emails}:ab"
     assert keys.AUDIT == "dtq:stream:audit"
     assert keys.RETRY_CLAIMED == "dtq:retry:claimed"
     assert keys.worker("w-1") == "dtq:worker:{workers}:w-1"

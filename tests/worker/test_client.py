@@ -92,6 +92,22 @@ def test_enqueue_refuses_integers_a_field_cannot_hold_naming_the_field(threaded)
     assert threaded.broker.tasks == {}
 
 
+def test_enqueue_debounce_option_builds_the_message_or_refuses_it(threaded):
+    from dtq_pyworker._requests import enqueue_request
+
+    req = enqueue_request("q", "t", {}, debounce={"key": "k", "window_ms": 500,
+                                                   "mode": "keep_last", "max_delay_ms": 2000})
+    assert req.debounce == dtq_pb2.Debounce(key="k", window_ms=500, max_delay_ms=2000,
+                                            mode=dtq_pb2.DEBOUNCE_MODE_KEEP_LAST)
+    with Client(threaded.target) as client:
+        with pytest.raises(ValueError, match=r"^debounce\.mode: one of "):
+            client.enqueue("q", "t", {}, debounce={"key": "k", "window_ms": 5, "mode": "last"})
+        with pytest.raises(ValueError, match=r"^debounce\.window_ms: must be "):
+            client.enqueue("q", "t", {}, debounce={"key": "k", "window_ms": -5,
+                                                   "mode": "keep_first"})
+    assert threaded.broker.tasks == {}
+
+
 def test_admin_client_refuses_integers_a_field_cannot_hold_naming_the_field():
     with AdminClient("127.0.0.1:1") as admin:  # refused before sending: no gateway needed
         with pytest.raises(ValueError, match=r"^rate_limit\.limit: must be 0\.\.4294967295, "

@@ -9,14 +9,18 @@
 -- KEYS[1]  the queue's schedule zset  dtq:retry:{<queue>}:schedule
 -- KEYS[2]  the queue's busy marker    dtq:queue:{<queue>}:busy
 -- KEYS[3]  the queue's expiry index  dtq:expiring:{<queue>} (queued tasks with an expiry)
--- then per task i (stride s = 3, or 13 with a depth limit), from k = 3 + (i-1)*s:
+-- then per task i (stride s = 3, +1 when the call debounces, +10 with a depth limit),
+-- from k = 3 + (i-1)*s:
 --   KEYS[k+1] task hash dtq:task:{<slot>}:<id>   KEYS[k+2] band stream dtq:stream:{<queue>}:p<priority>
---   KEYS[k+3] idempotency record dtq:idempotency:{<queue>}:<sha256> (the task hash again
---             when the task has no idempotency key)
---   KEYS[k+4 .. k+13] the queue's ten band streams (depth gate; only with a depth limit)
--- ARGV[3] n tasks  [4] unused (kept for the argument layout)
+--   KEYS[k+3] idempotency record dtq:idempotency:{<queue>}:<sha256>, or the debounce
+--             record dtq:debounce:{<queue>}:<sha256> of a debounced task (the task hash
+--             again when the task has neither)
+--   KEYS[k+4] (debouncing calls only) the task hash the caller believes the debounce
+--             record points at (the new task's own hash when it knows none)
+--   then the queue's ten band streams (depth gate; only with a depth limit)
+-- ARGV[3] n tasks  [4] 1 = the call debounces (one more KEY and ARGV per task), else 0
 -- [5] idempotency TTL s  [6] recent max entries  [7] max queue depth (0 = none)
--- then per task i, 19 values from a = 7 + (i-1)*19:
+-- then per task i, 19 values (20 when the call debounces) from a = 7 + (i-1)*19 (or 20):
 --   [a+1] task_id  [a+2] queue  [a+3] task_type  [a+4] payload  [a+5] content_type
 --   [a+6] priority 0..9  [a+7] max_attempts  [a+8] timeout_ms  [a+9] idempotency key
 --   ('' = none)  [a+10] idempotency digest  [a+11] metadata JSON  [a+12] backoff_base_ms
@@ -26,8 +30,13 @@
 --   [a+19] extra record fields as a flat JSON array [name, value, ...] ('' = none):
 --   chain and group membership (followups.py), written by the same HSET-bearing call so
 --   a task never exists without its follow-ups.
+--   [a+20] (debouncing calls only) '' = no debounce, else
+--   '<first|last>:<window ms>:<max delay ms>:<believed task id>' (see debounce() below)
 -- Reply: one item per task, in order:
 --   {'ok', task_id, status} | {'dup', earlier task_id, earlier state} | {'full', depth}
+--   | {'debounced', earlier task_id, its status} (absorbed; keep_last replaced the
+--   payload and pushed the due time) | {'debounce_retry', task id the record points
+--   at} (the caller believed another: call again with that task's hash as KEYS[k+4])
 -- then one last item {'meta', now_ms, became_busy (1 = this call set the busy marker:
 -- the caller adds the queue to dtq:queues:busy), created task ids and times for the
 -- recent-tasks index as {ms, id, ms, id, ...}}
@@ -35,7 +44,10 @@ local schedule_key, busy_key, expiring_key = KEYS[1], KEYS[2], KEYS[3]
 local n = tonumber(ARGV[3])
 local idem_ttl_s = tonumber(ARGV[5])
 local recent_max, max_depth = tonumber(ARGV[6]), tonumber(ARGV[7])
-local stride = max_depth > 0 and 13 or 3
+local deb_on = ARGV[4] == '1'
+local dk = deb_on and 1 or 0
+local stride = 3 + dk + (max_depth > 0 and 10 or 0)
+local astride = 19 + dk
 local now = now_ms()
 local recent, depths = {}, {}
 local busy = false
@@ -46,9 +58,46 @@ local function depth_of(queue, k)
   local d = depths[queue]
   if not d then
     d = 0
-    for i = k + 4, k + 13 do d = d + redis.call('XLEN', KEYS[i]) end
+    for i = k + 4 + dk, k + 13 + dk do d = d + redis.call('XLEN', KEYS[i]) end
   end
   return d
+end
+
+-- Debounce (one transition per outcome, all in this call): the record
+-- {task_id, mode, first_ms, until_ms} in the queue's slot names the burst's task.
+-- keep_first: within until_ms every enqueue is absorbed, whatever the task's state.
+-- keep_last: while the task is still scheduled and never started, replace its payload,
+-- content type and metadata and push its due time to now + window, capped at
+-- first_ms + max delay (0 = no cap). Otherwise (no record, window over, task moved
+-- on) nil: the caller creates a new task and a new record.
+-- Returns a reply, or nil and the due time a new task gets (0 = its own timing).
+local function debounce(k, a)
+  local mode, window, max_delay, believed =
+    string.match(ARGV[a + 20], '^(%a+):(%d+):(%d+):(.*)$')
+  window, max_delay = tonumber(window), tonumber(max_delay)
+  local new_due = mode == 'last' and now + window or 0
+  local raw = redis.call('GET', KEYS[k + 3])
+  if not raw then return nil, new_due end
+  local rec = cjson.decode(raw)
+  if rec.mode ~= mode then return nil, new_due end
+  if rec.task_id ~= believed then return {'debounce_retry', rec.task_id} end
+  local prev_key = KEYS[k + 4]
+  if mode == 'first' then
+    if now >= rec.until_ms then return nil, new_due end
+    return {'debounced', rec.task_id, redis.call('HGET', prev_key, 'status') or 'unknown'}
+  end
+  local f = redis.call('HMGET', prev_key, 'status', 'started_at_ms', 'attempt')
+  if f[1] ~= 'scheduled' or (tonumber(f[2]) or 0) ~= 0 or tonumber(f[3]) ~= 1 then
+    return nil, new_due  -- left the schedule or started: never changed
+  end
+  local due = new_due
+  if max_delay > 0 and due > rec.first_ms + max_delay then due = rec.first_ms + max_delay end
+  redis.call('HSET', prev_key, 'due_at_ms', due, 'updated_at_ms', now,
+    'content_type', ARGV[a + 5], 'metadata', ARGV[a + 11], 'payload', ARGV[a + 4])
+  redis.call('ZADD', schedule_key, due, rec.task_id)
+  rec.until_ms = due
+  redis.call('SET', KEYS[k + 3], cjson.encode(rec), 'PX', due - now + math.max(window, 60000))
+  return {'debounced', rec.task_id, 'scheduled'}
 end
 
 local function enqueue_one(k, a)
@@ -67,9 +116,17 @@ local function enqueue_one(k, a)
     end
   end
 
+  local deb_due = 0
+  if deb_on and ARGV[a + 20] ~= '' then
+    local reply
+    reply, deb_due = debounce(k, a)
+    if reply then return reply end
+  end
+
   local due = 0
   local delay_ms, not_before = tonumber(ARGV[a + 14]), tonumber(ARGV[a + 15])
   if delay_ms > 0 then due = now + delay_ms elseif not_before > now then due = not_before end
+  if deb_due > 0 then due = deb_due end
   local expires_at = tonumber(ARGV[a + 16])
   if tonumber(ARGV[a + 17]) > 0 then expires_at = now + tonumber(ARGV[a + 17]) end
 
@@ -129,6 +186,17 @@ local function enqueue_one(k, a)
       updated_at = now, expires_at_ms = now + idem_ttl_s * 1000}))
   end
 
+  if deb_on and ARGV[a + 20] ~= '' then
+    -- the burst's record: keep_first holds it for the window; keep_last until the
+    -- task is due, with slack for a late scheduler (the task's state decides anyway)
+    local mode, window = string.match(ARGV[a + 20], '^(%a+):(%d+):')
+    window = tonumber(window)
+    local until_ms = mode == 'last' and due or now + window
+    local ttl = mode == 'last' and (due - now + math.max(window, 60000)) or window
+    redis.call('SET', KEYS[k + 3], cjson.encode({task_id = task_id, mode = mode,
+      first_ms = now, until_ms = until_ms}), 'PX', ttl)
+  end
+
   local meta = nil
   if status == 'scheduled' then meta = {due_at_ms = due} end
   publish('TASK_QUEUED', now, task_id, queue, task_type, 1, '', meta)
@@ -137,7 +205,7 @@ end
 
 local replies = {}
 for i = 1, n do
-  replies[i] = enqueue_one(3 + (i - 1) * stride, 7 + (i - 1) * 19)
+  replies[i] = enqueue_one(3 + (i - 1) * stride, 7 + (i - 1) * astride)
 end
 local became_busy = 0
 if busy and redis.call('SET', busy_key, '1', 'NX') then became_busy = 1 end

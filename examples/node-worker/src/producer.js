@@ -129,7 +129,11 @@ const OPTION_FIELDS = {
   ttlMs: 'ttl_ms',
   metadata: 'metadata',
   retryPolicy: 'retry_policy',
+  debounce: 'debounce',
 };
+
+/** Debounce modes by the names `enqueue` takes (docs/handlers.md, "Debounce"). */
+const DEBOUNCE_MODES = { keep_first: 'DEBOUNCE_MODE_KEEP_FIRST', keep_last: 'DEBOUNCE_MODE_KEEP_LAST' };
 
 /**
  * Build an EnqueueRequest.
@@ -154,6 +158,11 @@ function enqueueRequest(queue, taskType, payload, options = {}) {
     if (!field) throw new TypeError(`unknown enqueue option: ${name}`);
     if (name === 'retryPolicy') {
       req.retry_policy = { backoff_base_ms: value.backoffBaseMs || 0, backoff_cap_ms: value.backoffCapMs || 0 };
+    } else if (name === 'debounce') {
+      const mode = DEBOUNCE_MODES[value.mode];
+      if (!mode) throw new TypeError(`debounce.mode: keep_first or keep_last (got ${value.mode})`);
+      req.debounce = { key: value.key, window_ms: value.windowMs || 0, mode,
+        max_delay_ms: value.maxDelayMs || 0 };
     } else if (name === 'metadata') {
       req.metadata = Object.fromEntries(Object.entries(value).map(([k, v]) => [k, String(v)]));
     } else {
@@ -208,12 +217,13 @@ class Producer {
    * @param {*} [payload] JSON-encodable value, or a Buffer sent as-is
    * @param {object} [options] priority (0..9), delayMs, idempotencyKey, maxAttempts,
    *   timeoutMs, ttlMs, notBeforeMs, expiresAtMs, metadata, retryPolicy
-   *   ({backoffBaseMs, backoffCapMs}), contentType
-   * @returns {Promise<{taskId: string, deduplicated: boolean, status: string}>}
+   *   ({backoffBaseMs, backoffCapMs}), contentType, debounce ({key, windowMs, mode:
+   *   'keep_first' | 'keep_last', maxDelayMs}: one task for a burst, docs/handlers.md)
+   * @returns {Promise<{taskId: string, deduplicated: boolean, debounced: boolean, status: string}>}
    */
   async enqueue(queue, taskType, payload, options = {}) {
     const resp = await this._call('Enqueue', enqueueRequest(queue, taskType, payload, options));
-    return { taskId: resp.task_id, deduplicated: resp.deduplicated,
+    return { taskId: resp.task_id, deduplicated: resp.deduplicated, debounced: resp.debounced,
       status: resp.status.replace(/^TASK_STATUS_/, '') };
   }
 

@@ -25,6 +25,26 @@ test('enqueueRequest: JSON by default, Buffers as octet-stream, options mapped',
   const raw = enqueueRequest('q', 't', Buffer.from([0, 255]));
   assert.equal(raw.content_type, 'application/octet-stream');
   assert.throws(() => enqueueRequest('q', 't', {}, { colour: 'red' }), TypeError);
+  const deb = enqueueRequest('q', 't', {}, { debounce: { key: 'k', windowMs: 100, mode: 'keep_last', maxDelayMs: 500 } });
+  assert.deepEqual(deb.debounce, { key: 'k', window_ms: 100, mode: 'DEBOUNCE_MODE_KEEP_LAST', max_delay_ms: 500 });
+  assert.throws(() => enqueueRequest('q', 't', {}, { debounce: { key: 'k', windowMs: 1, mode: 'last' } }), TypeError);
+});
+
+test('producer: a debounced burst is one task with the last payload', live, async () => {
+  const producer = new Producer({ gateway: GATEWAY });
+  try {
+    const debounce = { key: 'node-doc', windowMs: 60000, mode: 'keep_last' };
+    const first = await producer.enqueue(`${QUEUE}-idle`, 'ok', { rev: 1 }, { debounce });
+    const second = await producer.enqueue(`${QUEUE}-idle`, 'ok', { rev: 2 }, { debounce });
+    assert.equal(first.debounced, false);
+    assert.equal(first.status, 'SCHEDULED');
+    assert.equal(second.debounced, true);
+    assert.equal(second.taskId, first.taskId);
+    assert.deepEqual((await producer.get(first.taskId)).payload, { rev: 2 });
+    await producer.cancel(first.taskId, 'node test');
+  } finally {
+    producer.close();
+  }
 });
 
 test('the package exports the producer and the worker', () => {
