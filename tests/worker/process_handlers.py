@@ -9,13 +9,15 @@ import time
 
 
 def echo(payload, ctx):
-    """Return the payload and the pid of the process that ran it."""
-    return {"payload": payload, "pid": os.getpid(), "attempt": ctx.attempt}
+    """Return the payload, the pid of the process that ran it and when (epoch s)."""
+    return {"payload": payload, "pid": os.getpid(), "ran_at": time.time()}
 
 
 def c_sleep(payload, ctx):
-    """Block in C (libc ``sleep``) for ``payload["s"]`` seconds: no Python code runs, so
-    neither a thread-pool timeout nor ``ctx.cancelled`` can stop it."""
+    """Report its pid as progress, then block in C (libc ``sleep``) for ``payload["s"]``
+    seconds: no Python code runs, so neither a thread-pool timeout nor
+    ``ctx.cancelled`` can stop it."""
+    ctx.progress(1, str(os.getpid()))
     ctypes.CDLL(ctypes.util.find_library("c")).sleep(int(payload["s"]))
     return {"slept": payload["s"]}
 
@@ -25,13 +27,13 @@ def abort(payload, ctx):
     os.abort()
 
 
-def progress(payload, ctx):
-    """Report progress, then wait (bounded) until the test saw it."""
-    ctx.progress(42.0, "half way")
-    time.sleep(payload.get("hold_s", 0))
+def hold(payload, ctx):
+    """Sleep ``payload["s"]`` seconds (in Python), then return its pid."""
+    time.sleep(payload["s"])
     return {"pid": os.getpid()}
 
 
 def polite(payload, ctx):
-    """Return as soon as ``ctx.cancelled`` is set (within 30 s)."""
-    return {"cancelled_seen": ctx.cancelled.wait(30)}
+    """Report its pid, then return as soon as ``ctx.cancelled`` is set (within 60 s)."""
+    ctx.progress(1, str(os.getpid()))
+    return {"cancelled_seen": ctx.cancelled.wait(60), "pid": os.getpid()}

@@ -1,0 +1,146 @@
+"""``Worker(pool="process")`` against the in-process gateway and a private Redis:
+hard timeouts, dead children, cancellation and progress across the process boundary."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from dtq_proto import dtq_pb2
+from dtq_pyworker import AsyncClient, TaskStatus, Worker
+from tests.worker import process_handlers as h
+from tests.worker.helpers import running
+
+POLL_S = 0.02  # GetTask poll interval, bounded by each wait's deadline
+NEXT_TASK_S = 1.0  # the issue's bound: the task after a killed/dead child starts within 1 s
+#: A retry far in the future: a failed attempt stays SCHEDULED while the test looks.
+LATE_RETRY = {"backoff_base_ms": 600_000, "backoff_cap_ms": 600_000}
+
+
+def _worker(gateway, **kwargs) -> Worker:
+    kwargs.setdefault("worker_id", "w-proc")
+    kwargs.setdefault("drain_grace_s", 5)
+    kwargs.setdefault("concurrency", 1)
+    worker = Worker(["proc"], f"127.0.0.1:{gateway.port}", pool="process", **kwargs)
+    for name in ("echo", "c_sleep", "abort", "hold", "polite"):
+        worker.register(name, getattr(h, name))
+    return worker
+
+
+async def _poll_task(client, task_id, predicate, timeout_s=20.0):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        task = await client.get_task(task_id)
+        if predicate(task):
+            return task
+        assert asyncio.get_running_loop().time() < deadline, task
+        await asyncio.sleep(POLL_S)
+
+
+async def _gone(pid: int, timeout_s: float = 10.0) -> None:
+    """Wait until no process has ``pid`` (our children are reaped by the forkserver)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        assert asyncio.get_running_loop().time() < deadline, f"process {pid} still alive"
+        await asyncio.sleep(POLL_S)
+
+
+def _failed_once(error_class):
+    return lambda t: (len(t.attempts) == 1 and t.attempts[0].outcome == "failed"
+                      and t.attempts[0].error_class == error_class)
+
+
+async def test_handler_stuck_in_c_is_killed_at_its_timeout_and_the_next_task_runs(gateway):
+    worker = _worker(gateway)
+    async with AsyncClient(f"127.0.0.1:{gateway.port}") as client, running(worker):
+        first = await client.wait((await client.enqueue("proc", "echo", {})).task_id, 20)
+        stuck = await client.enqueue("proc", "c_sleep", {"s": 120}, timeout_ms=500,
+                                     max_attempts=3, retry_policy=LATE_RETRY)
+        after = await client.enqueue("proc", "echo", {"n": 2})
+        failed = await _poll_task(client, stuck.task_id, _failed_once("Timeout"))
+        done = await client.wait(after.task_id, 20)
+        await _gone(first.result["pid"])
+    assert failed.status is TaskStatus.SCHEDULED  # Timeout is retryable: a retry waits
+    assert failed.attempts[0].error_message == "handler exceeded timeout_ms=500"
+    assert done.status is TaskStatus.SUCCEEDED
+    assert done.result["pid"] != first.result["pid"]  # the slot's child was replaced
+    gap_s = done.result["ran_at"] - failed.attempts[0].finished_at.timestamp()
+    assert gap_s < NEXT_TASK_S, gap_s
+    assert worker.stats["timeouts"] == 1 and worker.stats["processed"] == 2
+
+
+async def test_child_that_aborts_fails_only_its_own_task(gateway):
+    worker = _worker(gateway, concurrency=2)
+    async with AsyncClient(f"127.0.0.1:{gateway.port}") as client, running(worker):
+        held = await client.enqueue("proc", "hold", {"s": 2})
+        await _poll_task(client, held.task_id, lambda t: t.status is TaskStatus.ACTIVE)
+        dead = await client.enqueue("proc", "abort", {}, max_attempts=3,
+                                    retry_policy=LATE_RETRY)
+        failed = await _poll_task(client, dead.task_id, _failed_once("HandlerProcessDied"))
+        after = await client.enqueue("proc", "echo", {})
+        done = await client.wait(after.task_id, 20)
+        held_done = await client.wait(held.task_id, 20)
+    assert failed.status is TaskStatus.SCHEDULED  # retryable, per the retry policy
+    assert "killed by signal SIGABRT" in failed.attempts[0].error_message
+    assert held_done.status is TaskStatus.SUCCEEDED  # the other child ran on
+    assert done.status is TaskStatus.SUCCEEDED
+    gap_s = done.result["ran_at"] - failed.attempts[0].finished_at.timestamp()
+    assert gap_s < NEXT_TASK_S, gap_s
+
+
+async def test_cancel_kills_a_child_that_ignores_it_after_the_grace(gateway):
+    grace_s = 0.5
+    worker = _worker(gateway, cancel_grace_s=grace_s)
+    loop = asyncio.get_running_loop()
+    async with AsyncClient(f"127.0.0.1:{gateway.port}") as client, running(worker):
+        stuck = await client.enqueue("proc", "c_sleep", {"s": 120})
+        # the child's ctx.progress reaches the gateway through the parent's heartbeat
+        active = await _poll_task(client, stuck.task_id, lambda t: t.progress_message != "")
+        pid = int(active.progress_message)
+        asked = loop.time()
+        assert (await client.cancel(stuck.task_id)).cancel_requested
+        await _gone(pid)
+        killed_after_s = loop.time() - asked
+        cancelled = await client.wait(stuck.task_id, 20, raise_on_failure=False)
+        done = await client.wait((await client.enqueue("proc", "echo", {})).task_id, 20)
+    assert killed_after_s >= grace_s  # the handler had its grace first
+    assert active.progress_percent == 1.0
+    assert cancelled.status == dtq_pb2.TASK_STATUS_CANCELLED
+    assert worker.stats["cancelled"] == 1
+    assert done.status is TaskStatus.SUCCEEDED and done.result["pid"] != pid
+
+
+async def test_cancel_lets_a_handler_that_stops_keep_its_process(gateway):
+    worker = _worker(gateway, cancel_grace_s=30)
+    async with AsyncClient(f"127.0.0.1:{gateway.port}") as client, running(worker):
+        task = await client.enqueue("proc", "polite", {})
+        active = await _poll_task(client, task.task_id, lambda t: t.progress_message != "")
+        await client.cancel(task.task_id)
+        cancelled = await client.wait(task.task_id, 20, raise_on_failure=False)
+        done = await client.wait((await client.enqueue("proc", "echo", {})).task_id, 20)
+    assert cancelled.status == dtq_pb2.TASK_STATUS_CANCELLED
+    assert done.result["pid"] == int(active.progress_message)  # not killed: reused
+
+
+async def test_process_pool_needs_module_level_handlers():
+    worker = Worker(["proc"], "127.0.0.1:1", pool="process")
+
+    @worker.task("nested")
+    def nested(payload, ctx):
+        return None
+
+    with pytest.raises(ValueError, match="handler of 'nested': pool='process' needs"):
+        await worker.run_async(install_signal_handlers=False)
+
+
+def test_unknown_pool_is_refused():
+    with pytest.raises(ValueError, match="pool: 'fork' is not one of thread, process"):
+        Worker(["proc"], "127.0.0.1:1", pool="fork")
+    with pytest.raises(ValueError, match="cancel_grace_s"):
+        Worker(["proc"], "127.0.0.1:1", cancel_grace_s=-1)
