@@ -144,3 +144,19 @@ def test_unknown_pool_is_refused():
         Worker(["proc"], "127.0.0.1:1", pool="fork")
     with pytest.raises(ValueError, match="cancel_grace_s"):
         Worker(["proc"], "127.0.0.1:1", cancel_grace_s=-1)
+
+
+def test_bench_smoke_prints_both_pools(capsys, tmp_path):
+    from bench import process_pool
+
+    out = tmp_path / "pp.json"
+    results = process_pool.main(["--tasks", "40", "--calls", "40", "--concurrency", "2",
+                                 "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert printed.startswith("thread ") and "\nprocess " in printed
+    assert "process pool extra cost:" in printed
+    for pool in ("thread", "process"):
+        assert results[pool]["dispatch_us_per_call"] > 0
+        assert results[pool]["end_to_end"]["tasks"] == 40
+    assert set(results["process_extra_us_per_task"]) == {"dispatch", "end_to_end"}
+    assert out.exists()
