@@ -316,9 +316,14 @@ class ProcessPool:
 
     async def _died(self, slot: _Slot, ex: Execution) -> Outcome:
         status = ""
-        if slot.process is not None:
-            await asyncio.to_thread(slot.process.join, EXIT_STATUS_WAIT_S)
-            status = _exit_status(slot.process.exitcode)
+        # The executor's own thread joins the dead process; wait for that rather than
+        # join it here: under a forkserver the exit status is one read from a pipe,
+        # and two readers racing would leave one with a made-up 255.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.to_thread(slot.executor.shutdown, True),
+                                   EXIT_STATUS_WAIT_S)
+            if slot.process is not None:
+                status = _exit_status(slot.process.exitcode)
         log.error("handler process died", extra={
             "task_id": ex.task.task_id, "pid": slot.pid, "status": status or "unknown"})
         self._replace(slot)

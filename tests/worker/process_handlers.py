@@ -7,6 +7,8 @@ import ctypes.util
 import os
 import time
 
+from dtq_pyworker import PermanentError, Retry
+
 
 def echo(payload, ctx):
     """Return the payload, the pid of the process that ran it and when (epoch s)."""
@@ -37,3 +39,18 @@ def polite(payload, ctx):
     """Report its pid, then return as soon as ``ctx.cancelled`` is set (within 60 s)."""
     ctx.progress(1, str(os.getpid()))
     return {"cancelled_seen": ctx.cancelled.wait(60), "pid": os.getpid()}
+
+
+def refuse(payload, ctx):
+    """Fail for good."""
+    raise PermanentError("bad input")
+
+
+def later(payload, ctx):
+    """Ask for a retry in 30 s."""
+    raise Retry(after_s=30)
+
+
+async def async_pid(payload, ctx):
+    """An async handler: the pid of the process that ran it."""
+    return {"pid": os.getpid()}

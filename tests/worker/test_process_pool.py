@@ -24,7 +24,7 @@ def _worker(gateway, **kwargs) -> Worker:
     kwargs.setdefault("drain_grace_s", 5)
     kwargs.setdefault("concurrency", 1)
     worker = Worker(["proc"], f"127.0.0.1:{gateway.port}", pool="process", **kwargs)
-    for name in ("echo", "c_sleep", "abort", "hold", "polite"):
+    for name in ("echo", "c_sleep", "abort", "hold", "polite", "refuse", "later", "async_pid"):
         worker.register(name, getattr(h, name))
     return worker
 
@@ -92,6 +92,23 @@ async def test_child_that_aborts_fails_only_its_own_task(gateway):
     assert done.status is TaskStatus.SUCCEEDED
     gap_s = done.result["ran_at"] - failed.attempts[0].finished_at.timestamp()
     assert gap_s < NEXT_TASK_S, gap_s
+    assert worker._executor.started == 3  # one child per slot, one replacement
+
+
+async def test_handler_errors_and_async_handlers_map_as_with_threads(gateway):
+    worker = _worker(gateway)
+    async with AsyncClient(f"127.0.0.1:{gateway.port}") as client, running(worker):
+        refused = await client.wait((await client.enqueue("proc", "refuse", {})).task_id, 20,
+                                    raise_on_failure=False)
+        later = await client.enqueue("proc", "later", {}, max_attempts=3)
+        retried = await _poll_task(client, later.task_id, _failed_once("Retry"))
+        ran = await client.wait((await client.enqueue("proc", "async_pid", {})).task_id, 20)
+    assert refused.status is TaskStatus.DEAD_LETTERED
+    assert refused.attempts[0].error_class == "PermanentError"
+    assert refused.attempts[0].error_message == "bad input"
+    assert retried.status is TaskStatus.SCHEDULED
+    assert 29_000 <= retried.due_at_ms - retried.attempts[0].finished_at.timestamp() * 1000 <= 31_000
+    assert ran.result["pid"] != os.getpid()  # the async handler ran in a child
 
 
 async def test_cancel_kills_a_child_that_ignores_it_after_the_grace(gateway):
