@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import signal
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +17,8 @@ from dtq_pyworker import AsyncClient, TaskStatus, Worker
 from tests.worker import process_handlers as h
 from tests.worker.helpers import running
 
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
 POLL_S = 0.02  # GetTask poll interval, bounded by each wait's deadline
 NEXT_TASK_S = 1.0  # the bound: the task after a killed/dead child starts within 1 s
 #: A retry far in the future: a failed attempt stays SCHEDULED while the test looks.
@@ -157,6 +163,8 @@ async def test_process_pool_needs_module_level_handlers():
 
 
 def test_unknown_pool_is_refused():
+    worker = Worker(["proc"], "127.0.0.1:1")
+    assert (worker.pool, worker.cancel_grace_s) == ("thread", 2.0)  # the defaults
     with pytest.raises(ValueError, match="pool: 'fork' is not one of thread, process"):
         Worker(["proc"], "127.0.0.1:1", pool="fork")
     with pytest.raises(ValueError, match="cancel_grace_s"):
@@ -177,3 +185,55 @@ def test_bench_smoke_prints_both_pools(capsys, tmp_path):
         assert results[pool]["end_to_end"]["tasks"] == 40
     assert set(results["process_extra_us_per_task"]) == {"dispatch", "end_to_end"}
     assert out.exists()
+
+
+def _doc_example() -> str:
+    text = (ROOT / "docs" / "handlers.md").read_text(encoding="utf-8")
+    return re.search(r"```python\n(# hard_limits\.py\n.*?)```", text, re.DOTALL).group(1)
+
+
+async def _stop_cli(proc: asyncio.subprocess.Process) -> int:
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+    return await asyncio.wait_for(proc.wait(), 30)
+
+
+async def test_handlers_md_example_runs_under_dtq_pyworker_pool_process(gateway, tmp_path):
+    (tmp_path / "hard_limits.py").write_text(_doc_example(), encoding="utf-8")
+    target = f"127.0.0.1:{gateway.port}"
+    proc = await asyncio.create_subprocess_exec(
+        str(BIN / "dtq-pyworker"), "hard_limits:worker", "--pool", "process",
+        "--target", target, cwd=tmp_path, stderr=asyncio.subprocess.PIPE)
+    try:
+        async with AsyncClient(target) as client:
+            stuck = await client.enqueue("media", "media.transcode", {"seconds": 60},
+                                         timeout_ms=2000, max_attempts=1)
+            seen = await _poll_task(client, stuck.task_id, lambda t: t.progress_message != "")
+            timed_out = await client.wait(stuck.task_id, 30, raise_on_failure=False)
+            quick = await client.enqueue("media", "media.transcode", {"seconds": 0})
+            done = await client.wait(quick.task_id, 30)
+    finally:
+        code = await _stop_cli(proc)
+    log = (await proc.stderr.read()).decode()
+    assert (seen.progress_percent, seen.progress_message) == (10.0, "starting")
+    attempt = timed_out.attempts[0]
+    assert attempt.error_class == "Timeout", log
+    assert 2.0 <= (attempt.finished_at - attempt.started_at).total_seconds() < 10
+    assert done.status is TaskStatus.SUCCEEDED
+    assert done.result["pid"] not in (proc.pid, os.getpid())  # a child of the worker
+    assert "pool=process" in log and code == 0, log
+
+
+async def test_cli_refuses_a_nested_handler_under_pool_process_with_status_2(tmp_path):
+    (tmp_path / "nested_app.py").write_text(
+        "from dtq_pyworker import Worker\n\n"
+        "def make():\n"
+        "    worker = Worker(['q'], '127.0.0.1:1')\n"
+        "    worker.register('t', lambda payload, ctx: None)\n"
+        "    return worker\n", encoding="utf-8")
+    proc = await asyncio.create_subprocess_exec(
+        str(BIN / "dtq-pyworker"), "nested_app:make", cwd=tmp_path,
+        env={**os.environ, "DTQ_POOL": "process"}, stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2
+    assert "handler of 't': pool='process' needs a module-level function" in err.decode()
