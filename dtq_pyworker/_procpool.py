@@ -61,6 +61,8 @@ PROCESS_DIED = "HandlerProcessDied"
 EXIT_STATUS_WAIT_S = 2.0
 #: Seconds between attempts to replace a slot whose new process failed to start.
 REPLACE_RETRY_S = 1.0
+#: Seconds :meth:`ProcessPool.close` waits for replacement children still starting.
+CLOSE_WAIT_S = 10.0
 #: Seconds between two looks at the cancel flag in ``ctx.cancelled.wait``.
 FLAG_POLL_S = 0.05
 
@@ -229,11 +231,18 @@ class ProcessPool:
             The outcome: the handler's result or error, or a retryable
             :data:`PROCESS_DIED` failure when the process died under it.
         """
-        slot = await self._idle.get()
-        slot.cancel_value.value = 0
-        slot.current = ex
         module, qualname = self._refs[ex.task.task_type]
-        future = slot.executor.submit(_child_run, module, qualname, payload, _ctx_fields(ex.ctx))
+        while True:
+            slot = await self._idle.get()
+            slot.cancel_value.value = 0
+            slot.current = ex
+            try:
+                future = slot.executor.submit(_child_run, module, qualname, payload,
+                                              _ctx_fields(ex.ctx))
+                break
+            except BrokenProcessPool:  # the child died while idle (the OOM killer, say)
+                log.warning("idle handler process died; replacing it", extra={"pid": slot.pid})
+                self._replace(slot)
         arm(time.monotonic())
         try:
             kind, data = await asyncio.wrap_future(future)
@@ -250,6 +259,8 @@ class ProcessPool:
     async def close(self) -> None:
         """Stop every process: idle ones exit, busy ones are killed; waits for them."""
         self._closed = True
+        if self._replacing:  # a child being started is shut down as soon as it runs
+            await asyncio.wait(self._replacing, timeout=CLOSE_WAIT_S)
         for task in list(self._replacing):
             task.cancel()
         await asyncio.gather(*self._replacing, return_exceptions=True)

@@ -237,3 +237,28 @@ async def test_cli_refuses_a_nested_handler_under_pool_process_with_status_2(tmp
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
     assert "handler of 't': pool='process' needs a module-level function" in err.decode()
+
+
+async def test_drain_kills_a_stuck_child_and_hands_its_task_back(gateway):
+    worker = _worker(gateway, drain_grace_s=0.3)
+    async with AsyncClient(f"127.0.0.1:{gateway.port}") as client:
+        stuck = await client.enqueue("proc", "c_sleep", {"s": 120}, max_attempts=3)
+        run = asyncio.create_task(worker.run_async(install_signal_handlers=False))
+        active = await _poll_task(client, stuck.task_id, lambda t: t.progress_message != "")
+        worker.stop()
+        await asyncio.wait_for(run, 30)  # does not wait for the 120 s C sleep
+        await _gone(int(active.progress_message))
+        released = await _poll_task(client, stuck.task_id,
+                                    lambda t: t.status is TaskStatus.QUEUED)
+    assert released.attempts[-1].outcome == "released"
+    assert worker.stats["released"] == 1
+
+
+async def test_an_idle_child_killed_from_outside_is_replaced(gateway):
+    worker = _worker(gateway)
+    async with AsyncClient(f"127.0.0.1:{gateway.port}") as client, running(worker):
+        first = await client.wait((await client.enqueue("proc", "echo", {})).task_id, 20)
+        os.kill(first.result["pid"], signal.SIGKILL)  # as the OOM killer would
+        await _gone(first.result["pid"])
+        done = await client.wait((await client.enqueue("proc", "echo", {})).task_id, 20)
+    assert done.status is TaskStatus.SUCCEEDED and done.result["pid"] != first.result["pid"]
