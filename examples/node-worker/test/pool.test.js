@@ -103,3 +103,17 @@ test('progress from a child reaches the heartbeat', async () => {
   assert.equal(await done, 0);
   fake.close();
 });
+
+test('the drain kills a blocked child and releases its task', async () => {
+  const fake = await fakeBroker({ tasks: [task(0, 'pool.pid', {}), task(1, 'pool.block', { ms: 60000 })] });
+  const { worker, done } = poolWorker(fake.port, { DTQ_DRAIN_GRACE_MS: '200' });
+  await until(() => ackOf(fake, 'lease-0') && worker.held.get('lease-1')?.phase === 'running');
+  const started = Date.now();
+  worker.stop();
+  assert.equal(await done, 0);
+  assert.ok(Date.now() - started < 10000); // not the 60 s the handler blocks for
+  const fail = fake.seen.fails.find((f) => f.lease_id === 'lease-1');
+  assert.equal(fail.mode, 'FAIL_MODE_RELEASE');
+  await until(() => !alive(ackOf(fake, 'lease-0').pid));
+  fake.close();
+});
