@@ -262,3 +262,35 @@ async def test_an_idle_child_killed_from_outside_is_replaced(gateway):
         await _gone(first.result["pid"])
         done = await client.wait((await client.enqueue("proc", "echo", {})).task_id, 20)
     assert done.status is TaskStatus.SUCCEEDED and done.result["pid"] != first.result["pid"]
+
+
+SCRIPT = '''\
+import sys
+
+from dtq_pyworker import Worker
+
+
+def double(payload, ctx):
+    return payload * 2
+
+
+worker = Worker(["script"], sys.argv[1], pool="process")
+worker.register("double", double)
+
+if __name__ == "__main__":
+    worker.run()
+'''
+
+
+async def test_a_script_with_a_main_guard_runs_its_own_handlers_in_children(gateway, tmp_path):
+    (tmp_path / "script_worker.py").write_text(SCRIPT, encoding="utf-8")
+    target = f"127.0.0.1:{gateway.port}"
+    proc = await asyncio.create_subprocess_exec(sys.executable, "script_worker.py", target,
+                                                cwd=tmp_path, stderr=asyncio.subprocess.PIPE)
+    try:
+        async with AsyncClient(target) as client:
+            done = await client.wait((await client.enqueue("script", "double", 21)).task_id, 30)
+    finally:
+        code = await _stop_cli(proc)
+    assert done.result == 42
+    assert code == 0, (await proc.stderr.read()).decode()
