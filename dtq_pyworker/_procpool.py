@@ -32,8 +32,10 @@ import inspect
 import logging
 import multiprocessing as mp
 import os
+import select
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -63,6 +65,8 @@ EXIT_STATUS_WAIT_S = 2.0
 REPLACE_RETRY_S = 1.0
 #: Seconds :meth:`ProcessPool.close` waits for replacement children still starting.
 CLOSE_WAIT_S = 10.0
+#: Seconds between two looks at the worker process where there is no pidfd.
+WORKER_POLL_S = 1.0
 #: Seconds between two looks at the cancel flag in ``ctx.cancelled.wait``.
 FLAG_POLL_S = 0.05
 
@@ -126,11 +130,45 @@ class SharedFlag:
 _CHILD: dict[str, Any] = {}
 
 
-def _child_init(progress_conn: Any, cancel_value: Any) -> None:
-    # SIGINT of a terminal reaches the whole process group: the parent drains and
-    # stops the children itself.
+def _child_init(progress_conn: Any, cancel_value: Any, worker_pid: int) -> None:
+    # A terminal's SIGINT, or a SIGTERM sent to the whole process group (systemd,
+    # `kill -- -PGID`), reaches the children too: the parent drains, lets running
+    # handlers finish within its grace and stops the children itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _exit_with_worker(worker_pid)
     _CHILD.update(conn=progress_conn, flag=SharedFlag(cancel_value))
+
+
+def _exit_with_worker(worker_pid: int) -> None:
+    """Exit this child when the worker process ends, however it ends.
+
+    A worker killed outright (SIGKILL, the OOM killer) cannot stop its children, and
+    they would wait for calls forever; their parent is the forkserver, which lives as
+    long as any of them. A daemon thread waits on a pidfd of the worker (Linux), or
+    polls it every :data:`WORKER_POLL_S` seconds elsewhere.
+    """
+    def watch() -> None:
+        try:
+            fd = os.pidfd_open(worker_pid)
+        except (AttributeError, OSError):  # no pidfd here: poll
+            while _alive(worker_pid):
+                time.sleep(WORKER_POLL_S)
+        else:
+            select.select([fd], [], [])  # readable once the process has ended
+        os._exit(1)
+
+    threading.Thread(target=watch, name="dtq-worker-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _send_progress(ctx: TaskContext) -> None:
@@ -213,6 +251,8 @@ class ProcessPool:
 
     async def start(self) -> None:
         """Start every slot's process (they start in parallel; returns when all run)."""
+        if self._mp.get_start_method() == "forkserver":
+            _start_forkserver()
         slots = await asyncio.gather(*(asyncio.to_thread(self._new_slot)
                                        for _ in range(self.size)))
         for slot in slots:
@@ -276,7 +316,7 @@ class ProcessPool:
         progress_in, progress_out = self._mp.Pipe(duplex=False)
         cancel_value = self._mp.RawValue("b", 0)
         executor = ProcessPoolExecutor(1, mp_context=self._mp, initializer=_child_init,
-                                       initargs=(progress_out, cancel_value))
+                                       initargs=(progress_out, cancel_value, os.getpid()))
         pid = executor.submit(os.getpid).result()
         # the Process object gives the dead child's exit status; a private attribute,
         # so its absence only loses the status from the error message
@@ -365,6 +405,26 @@ class ProcessPool:
             except Exception:  # keep the pool its size; say why it shrank
                 log.exception("cannot start a handler process; retrying")
                 await asyncio.sleep(REPLACE_RETRY_S)
+
+
+def _start_forkserver() -> None:
+    """Start the forkserver (if not yet running) with SIGTERM ignored.
+
+    A SIGTERM sent to the whole process group (systemd, ``kill -- -PGID``) would end
+    it, and with it every child's exit-status pipe: each executor would take its
+    child for dead and fail its task. An ignored signal stays ignored across exec, so
+    it is ignored while the forkserver starts; ``signal.signal`` only works on the
+    main thread, elsewhere the forkserver starts on first use with the defaults.
+    """
+    from multiprocessing import forkserver
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _kill(slot: _Slot) -> None:

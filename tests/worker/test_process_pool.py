@@ -294,3 +294,65 @@ async def test_a_script_with_a_main_guard_runs_its_own_handlers_in_children(gate
         code = await _stop_cli(proc)
     assert done.result == 42
     assert code == 0, (await proc.stderr.read()).decode()
+
+
+GROUP_APP = '''\
+import time
+
+from dtq_pyworker import Worker
+
+worker = Worker(["group"], pool="process", concurrency=1)
+
+
+@worker.task("hold")
+def hold(payload, ctx):
+    time.sleep(payload["s"])
+    return {"held_s": payload["s"]}
+'''
+
+
+async def test_sigterm_to_the_process_group_lets_the_running_handler_finish(gateway, tmp_path):
+    (tmp_path / "group_app.py").write_text(GROUP_APP, encoding="utf-8")
+    target = f"127.0.0.1:{gateway.port}"
+    proc = await asyncio.create_subprocess_exec(
+        str(BIN / "dtq-pyworker"), "group_app:worker", "--target", target, cwd=tmp_path,
+        stderr=asyncio.subprocess.PIPE, start_new_session=True)
+    try:
+        async with AsyncClient(target) as client:
+            task = await client.enqueue("group", "hold", {"s": 2})
+            await _poll_task(client, task.task_id, lambda t: t.status is TaskStatus.ACTIVE)
+            os.killpg(proc.pid, signal.SIGTERM)  # as systemd or `kill -- -PGID` would
+            code = await asyncio.wait_for(proc.wait(), 30)  # it drains and exits
+            done = await client.get_task(task.task_id)
+    finally:
+        await _stop_cli(proc)
+    log = (await proc.stderr.read()).decode()
+    assert done.status is TaskStatus.SUCCEEDED, (done.attempts, log)
+    assert done.result == {"held_s": 2} and code == 0, log
+
+
+KILL_APP = '''\
+from dtq_pyworker import Worker
+from tests.worker.process_handlers import c_sleep
+
+worker = Worker(["orphan"], pool="process", concurrency=1)
+worker.register("c_sleep", c_sleep)
+'''
+
+
+async def test_children_end_with_a_worker_killed_outright(gateway, tmp_path):
+    (tmp_path / "kill_app.py").write_text(KILL_APP, encoding="utf-8")
+    target = f"127.0.0.1:{gateway.port}"
+    proc = await asyncio.create_subprocess_exec(
+        str(BIN / "dtq-pyworker"), "kill_app:worker", "--target", target, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=asyncio.subprocess.DEVNULL)
+    try:
+        async with AsyncClient(target) as client:
+            task = await client.enqueue("orphan", "c_sleep", {"s": 120})
+            active = await _poll_task(client, task.task_id, lambda t: t.progress_message != "")
+        proc.kill()  # SIGKILL: no drain, no cleanup in the worker
+        await asyncio.wait_for(proc.wait(), 30)
+        await _gone(int(active.progress_message))  # not left blocked for 120 s
+    finally:
+        if proc.returncode is None:
+            proc.kill()

@@ -46,4 +46,8 @@ process.on('message', (msg) => {
   run(msg);
 });
 process.on('disconnect', () => process.exit(0)); // the worker is gone or closed the pool
-process.on('SIGINT', () => {}); // a terminal's SIGINT reaches the group: the worker drains us
+// A terminal's SIGINT, or a SIGTERM sent to the whole process group, reaches the
+// children too: the worker drains, lets running handlers finish within its grace and
+// stops the children itself.
+process.on('SIGINT', () => {});
+process.on('SIGTERM', () => {});
