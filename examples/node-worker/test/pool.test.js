@@ -117,3 +117,17 @@ test('the drain kills a blocked child and releases its task', async () => {
   await until(() => !alive(ackOf(fake, 'lease-0').pid));
   fake.close();
 });
+
+test('a child ignores a SIGTERM sent to the process group; the worker stops it', async () => {
+  const { ProcessPool } = require('../src/procpool');
+  const pool = new ProcessPool({ size: 1, handlersPath: FIXTURE, cancelGraceMs: 0, workerId: 'w' });
+  pool.start();
+  const run = (n) => pool.run(task(n, 'pool.pid', {}), {}, new AbortController().signal, () => {});
+  const first = JSON.parse((await run(1)).value.toString('utf8')).pid;
+  process.kill(first, 'SIGTERM');
+  await new Promise((r) => setTimeout(r, 300));
+  const second = JSON.parse((await run(2)).value.toString('utf8')).pid;
+  assert.equal(second, first);
+  pool.close();
+  await until(() => !alive(first));
+});
