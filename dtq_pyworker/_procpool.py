@@ -19,22 +19,18 @@ killed child can leave nothing locked behind.
 Children start from a ``forkserver`` (``spawn`` where there is none) that has the
 handler modules imported, so a replacement takes milliseconds, not an interpreter
 start; they find their handler by module and qualified name, which is why handlers
-must be module-level functions.
+must be module-level functions. What runs inside a child is in
+:mod:`dtq_pyworker._procchild`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import importlib
-import inspect
 import logging
 import multiprocessing as mp
 import os
-import select
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -44,15 +40,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dtq_proto import dtq_pb2
-from dtq_pyworker._execute import (
-    STOP_CANCELLED,
-    Execution,
-    Handler,
-    Outcome,
-    exception_outcome,
-    fail_item,
-)
-from dtq_pyworker.codec import encode_result
+from dtq_pyworker import _procchild
+from dtq_pyworker._execute import STOP_CANCELLED, Execution, Handler, Outcome, fail_item
+from dtq_pyworker._procchild import child_init, child_run, resolve
 from dtq_pyworker.context import TaskContext
 
 log = logging.getLogger(__name__)
@@ -65,10 +55,6 @@ EXIT_STATUS_WAIT_S = 2.0
 REPLACE_RETRY_S = 1.0
 #: Seconds :meth:`ProcessPool.close` waits for replacement children still starting.
 CLOSE_WAIT_S = 10.0
-#: Seconds between two looks at the worker process where there is no pidfd.
-WORKER_POLL_S = 1.0
-#: Seconds between two looks at the cancel flag in ``ctx.cancelled.wait``.
-FLAG_POLL_S = 0.05
 
 
 def handler_ref(task_type: str, fn: Callable[..., Any]) -> tuple[str, str]:
@@ -87,117 +73,6 @@ def handler_ref(task_type: str, fn: Callable[..., Any]) -> tuple[str, str]:
                 return module, qualname
     raise ValueError(f"handler of {task_type!r}: pool='process' needs a module-level function "
                      f"(children import it by module and name), got {fn!r}")
-
-
-def resolve(module: str, qualname: str) -> Callable[..., Any]:
-    """Import ``module`` and follow ``qualname``; a TaskHandle gives its function."""
-    obj: Any = sys.modules["__main__"] if module == "__main__" else importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    fn = getattr(obj, "fn", None)  # @worker.task leaves a TaskHandle at the name
-    return fn if fn is not None and getattr(obj, "task_type", None) is not None else obj
-
-
-# -- child side ---------------------------------------------------------------------
-class SharedFlag:
-    """``ctx.cancelled`` in a child: a byte of shared memory the parent sets.
-
-    Offers the ``threading.Event`` methods a handler uses (``is_set``, ``wait``,
-    ``set``); ``wait`` polls every :data:`FLAG_POLL_S` seconds.
-    """
-
-    def __init__(self, value: Any) -> None:
-        self._value = value
-
-    def is_set(self) -> bool:
-        """True once the handler must stop."""
-        return bool(self._value.value)
-
-    def set(self) -> None:
-        """Set the flag (from the parent, or the handler itself)."""
-        self._value.value = 1
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until set or ``timeout`` seconds passed; returns :meth:`is_set`."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.is_set():
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            time.sleep(FLAG_POLL_S)
-        return True
-
-
-_CHILD: dict[str, Any] = {}
-
-
-def _child_init(progress_conn: Any, cancel_value: Any, worker_pid: int) -> None:
-    # A terminal's SIGINT, or a SIGTERM sent to the whole process group (systemd,
-    # `kill -- -PGID`), reaches the children too: the parent drains, lets running
-    # handlers finish within its grace and stops the children itself.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _exit_with_worker(worker_pid)
-    _CHILD.update(conn=progress_conn, flag=SharedFlag(cancel_value))
-
-
-def _exit_with_worker(worker_pid: int) -> None:
-    """Exit this child when the worker process ends, however it ends.
-
-    A worker killed outright (SIGKILL, the OOM killer) cannot stop its children, and
-    they would wait for calls forever; their parent is the forkserver, which lives as
-    long as any of them. A daemon thread waits on a pidfd of the worker (Linux), or
-    polls it every :data:`WORKER_POLL_S` seconds elsewhere.
-    """
-    def watch() -> None:
-        try:
-            fd = os.pidfd_open(worker_pid)
-        except (AttributeError, OSError):  # no pidfd here: poll
-            while _alive(worker_pid):
-                time.sleep(WORKER_POLL_S)
-        else:
-            select.select([fd], [], [])  # readable once the process has ended
-        os._exit(1)
-
-    threading.Thread(target=watch, name="dtq-worker-watch", daemon=True).start()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _send_progress(ctx: TaskContext) -> None:
-    report = ctx.take_progress()
-    if report is not None:
-        _CHILD["conn"].send((ctx.lease_id, report[0], report[1]))
-
-
-def _child_run(module: str, qualname: str, payload: Any,
-               fields: dict[str, Any]) -> tuple[str, bytes]:
-    """Run one handler in the child: ``("ack", result)`` or ``("fail", FailItem bytes)``."""
-    ctx = TaskContext(**fields, cancelled=_CHILD["flag"])
-    ctx._on_progress = functools.partial(_send_progress, ctx)
-    try:
-        value = resolve(module, qualname)(payload, ctx)
-        if inspect.isawaitable(value):
-            value = asyncio.run(_awaited(value))
-    except Exception as exc:  # noqa: BLE001 - every handler error becomes a Fail item
-        outcome = exception_outcome(ctx.lease_id, exc)
-        return "fail", outcome.fail.SerializeToString()
-    try:
-        return "ack", encode_result(value)
-    except (TypeError, ValueError) as exc:
-        return "fail", fail_item(ctx.lease_id, "ResultEncodeError", str(exc),
-                                 False).SerializeToString()
-
-
-async def _awaited(value: Any) -> Any:
-    return await value
 
 
 def _ctx_fields(ctx: TaskContext) -> dict[str, Any]:
@@ -241,7 +116,7 @@ class ProcessPool:
         if self._mp.get_start_method() == "forkserver":
             # takes effect when the forkserver starts (the first pool of this process)
             self._mp.set_forkserver_preload(sorted(
-                {__name__} | {m for m, _ in self._refs.values() if m != "__main__"}))
+                {_procchild.__name__} | {m for m, _ in self._refs.values() if m != "__main__"}))
         self._idle: asyncio.Queue[_Slot] = asyncio.Queue()
         self._slots: set[_Slot] = set()
         self._replacing: set[asyncio.Task] = set()
@@ -277,7 +152,7 @@ class ProcessPool:
             slot.cancel_value.value = 0
             slot.current = ex
             try:
-                future = slot.executor.submit(_child_run, module, qualname, payload,
+                future = slot.executor.submit(child_run, module, qualname, payload,
                                               _ctx_fields(ex.ctx))
                 break
             except BrokenProcessPool:  # the child died while idle (the OOM killer, say)
@@ -315,7 +190,7 @@ class ProcessPool:
         """Start one child and wait until it runs (blocking: call in a thread)."""
         progress_in, progress_out = self._mp.Pipe(duplex=False)
         cancel_value = self._mp.RawValue("b", 0)
-        executor = ProcessPoolExecutor(1, mp_context=self._mp, initializer=_child_init,
+        executor = ProcessPoolExecutor(1, mp_context=self._mp, initializer=child_init,
                                        initargs=(progress_out, cancel_value, os.getpid()))
         pid = executor.submit(os.getpid).result()
         # the Process object gives the dead child's exit status; a private attribute,
