@@ -85,7 +85,8 @@ async def execute(handler: Handler, ex: Execution, executor: Executor) -> Outcom
     Args:
         handler: The handler for the task type.
         ex: The execution (its ctx.cancelled is set on timeout).
-        executor: Thread pool for sync handlers.
+        executor: Thread pool for sync handlers, or the worker's ProcessPool
+            (``pool="process"``), which runs every handler in a child process.
 
     Returns:
         The outcome to report. Cancellation from outside propagates as
@@ -110,6 +111,8 @@ async def execute(handler: Handler, ex: Execution, executor: Executor) -> Outcom
                     scope.reschedule(loop.time() - elapsed_s + timeout_s)
 
             value = await _invoke(handler, payload, ex, executor, arm)
+            if isinstance(value, Outcome):  # run in a child process: already mapped
+                return value
     except TimeoutError as exc:
         if not scope.expired():  # the handler raised TimeoutError itself
             return exception_outcome(task.lease_id, exc)
@@ -129,6 +132,9 @@ async def execute(handler: Handler, ex: Execution, executor: Executor) -> Outcom
 async def _invoke(handler: Handler, payload: Any, ex: Execution, executor: Executor,
                   arm: Callable[[float], None]) -> Any:
     loop = asyncio.get_running_loop()
+    run_handler = getattr(executor, "run_handler", None)
+    if run_handler is not None:  # a ProcessPool (dtq_pyworker._procpool): an Outcome
+        return await run_handler(ex, payload, arm)
     if handler.is_async:
         arm(time.monotonic())
         return await handler.fn(payload, ex.ctx)

@@ -3,7 +3,7 @@
 ``attr`` names a :class:`~dtq_pyworker.Worker` or a zero-argument callable
 returning one. Flags override the Worker's own settings; environment variables
 ``DTQ_GATEWAY``, ``DTQ_QUEUES`` (or ``DTQ_QUEUE``), ``DTQ_CONCURRENCY``, ``DTQ_MAX_IN_FLIGHT``,
-``DTQ_WORKER_ID``, ``DTQ_DRAIN_GRACE_MS``, ``DTQ_ACK_FLUSH_MS`` and
+``DTQ_WORKER_ID``, ``DTQ_POOL``, ``DTQ_DRAIN_GRACE_MS``, ``DTQ_ACK_FLUSH_MS`` and
 ``DTQ_LOG_LEVEL`` are the flag defaults (``DTQ_TOKEN``, ``DTQ_TLS`` and
 ``DTQ_TLS_CA`` are read by the Worker itself). Exit status: 0 after a drain,
 1 when the gateway refused the worker (auth, bad request), 2 for a bad spec.
@@ -23,7 +23,7 @@ import grpc
 
 from dtq_pyworker._channel import check_target
 from dtq_pyworker.errors import DtqRpcError
-from dtq_pyworker.worker import MAX_QUEUES, Worker, check_queues
+from dtq_pyworker.worker import MAX_QUEUES, POOLS, Worker, check_queues
 
 log = logging.getLogger("dtq_pyworker.cli")
 
@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leases held at once, default 2 * concurrency (env DTQ_MAX_IN_FLIGHT)")
     p.add_argument("--worker-id", default=env.get("DTQ_WORKER_ID"),
                    help="worker id, default host-pid-random (env DTQ_WORKER_ID)")
+    p.add_argument("--pool", choices=POOLS, default=env.get("DTQ_POOL") or None,
+                   help="where handlers run: thread (default) or process, which kills a "
+                        "handler past its timeout_ms (env DTQ_POOL)")
     grace_ms = _int_env("DTQ_DRAIN_GRACE_MS")
     p.add_argument("--drain-grace", type=float, metavar="SECONDS",
                    default=grace_ms / 1000.0 if grace_ms is not None else None,
@@ -108,6 +111,8 @@ def apply_flags(worker: Worker, args: argparse.Namespace) -> None:
         worker.max_in_flight = args.max_in_flight
     if args.worker_id:
         worker.worker_id = args.worker_id
+    if args.pool:
+        worker.pool = args.pool
     if args.drain_grace is not None:
         worker.drain_grace_s = args.drain_grace
     if args.ack_flush_ms is not None:
@@ -159,10 +164,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("cannot load %s: %s", args.spec, exc)
         return 2
     apply_flags(worker, args)
-    log.info("starting worker %s on %s, queues=%s, concurrency=%d", worker.worker_id,
-             worker.target, ",".join(worker.queues), worker.concurrency)
+    log.info("starting worker %s on %s, queues=%s, concurrency=%d, pool=%s", worker.worker_id,
+             worker.target, ",".join(worker.queues), worker.concurrency, worker.pool)
     try:
         worker.run()
+    except ValueError as exc:  # a setting the worker refused before connecting (pool)
+        log.error("cannot start worker %s: %s", worker.worker_id, exc)
+        return 2
     except DtqRpcError as exc:
         if exc.code == grpc.StatusCode.INVALID_ARGUMENT:
             # a field of the worker's own configuration: reconnecting cannot help

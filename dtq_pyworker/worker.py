@@ -18,6 +18,7 @@ from dtq_proto import dtq_pb2
 from dtq_pyworker import _session
 from dtq_pyworker._channel import DEFAULT_TARGET, RECONNECT_MAX_S, Connection, check_target
 from dtq_pyworker._execute import Handler
+from dtq_pyworker._procpool import ProcessPool
 from dtq_pyworker._reporter import ResultReporter
 from dtq_pyworker._runtime import STOP_DRAIN, Runtime
 from dtq_pyworker.client import Client
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 DRAIN_STREAM_MIN_S = 2.0
 STAT_NAMES = ("processed", "failed", "retried", "released", "cancelled", "lost", "stale",
               "timeouts", "reconnects", "refused")
+#: Where handlers run: ``thread`` (a thread pool, the default) or ``process``.
+POOLS = ("thread", "process")
 #: Most queues one Lease session may name (LeaseRequest.queues: 1..32 names).
 MAX_QUEUES = 32
 #: A queue name (proto/dtq.proto, docs/protocol.md); the gateway refuses any other.
@@ -82,6 +85,20 @@ class Worker:
             its thread returns: no new task starts there, a warning is logged and
             heartbeats count the slot in ``active_tasks``.
         max_in_flight: Leases held at once (running + buffered); default 2 * concurrency.
+        pool: ``"thread"`` (default) or ``"process"``, else ValueError naming
+            ``pool``. With ``"process"`` every handler (sync or async) runs in one
+            of ``concurrency`` child processes: a handler past its ``timeout_ms`` is
+            killed (SIGKILL) and fails as ``Timeout`` (retryable); a process that
+            dies under its handler fails only that task, as ``HandlerProcessDied``
+            (retryable); a cancelled handler's process is killed after
+            ``cancel_grace_s``. Each killed or dead process is replaced. Handlers
+            must be module-level functions (run_async raises ValueError naming the
+            task type otherwise); payloads, results and ``ctx.progress`` cross
+            the process boundary, heartbeats and acks stay in this process. See
+            docs/handlers.md.
+        cancel_grace_s: With ``pool="process"``, how long a cancelled handler may
+            finish on its own (``ctx.cancelled`` is set) before its process is
+            killed, in seconds >= 0 (default 2).
         worker_id: Stable id of this process; default ``<host>-<pid>-<random>``.
         task_types: Filter sent with the Lease request; default the registered types.
         drain_grace_s: On stop, how long running handlers may finish, in seconds.
@@ -117,6 +134,7 @@ class Worker:
 
     def __init__(self, queues: Iterable[str], target: str | None = None, *,
                  concurrency: int = 8, max_in_flight: int | None = None,
+                 pool: str = "thread", cancel_grace_s: float = 2.0,
                  worker_id: str | None = None, task_types: Iterable[str] | None = None,
                  drain_grace_s: float = 30.0, ack_flush_ms: float = 5,
                  labels: Mapping[str, str] | None = None, rpc_timeout_s: float = 10.0,
@@ -132,6 +150,12 @@ class Worker:
         self._tls_args = {"token": token, "tls": tls, "tls_ca": tls_ca, "tls_cert": tls_cert,
                           "tls_key": tls_key}
         self.concurrency = concurrency
+        if pool not in POOLS:
+            raise ValueError(f"pool: {pool!r} is not one of {', '.join(POOLS)}")
+        self.pool = pool
+        if not cancel_grace_s >= 0:
+            raise ValueError("cancel_grace_s must be >= 0")
+        self.cancel_grace_s = cancel_grace_s
         self.max_in_flight = max_in_flight or 2 * concurrency
         if self.max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
@@ -154,7 +178,7 @@ class Worker:
         self._force: asyncio.Event | None = None
         self._stop_requested = False
         self._runtime: Runtime | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: ThreadPoolExecutor | ProcessPool | None = None
         self._fatal: DtqRpcError | None = None
         self._heartbeat_interval_ms = 0
         self._draining = False  # sent in every heartbeat once the drain began
@@ -212,9 +236,17 @@ class Worker:
         Args:
             install_signal_handlers: Drain on SIGTERM/SIGINT (main thread only;
                 a second signal cuts the grace period short).
+
+        Raises:
+            ValueError: ``pool="process"`` and a handler is not a module-level
+                function (naming its task type), or ``pool`` is not a known pool.
         """
         if not self.handlers:
             raise RuntimeError("no handlers registered")
+        if self.pool not in POOLS:  # the attribute may be set after __init__ (the CLI)
+            raise ValueError(f"pool: {self.pool!r} is not one of {', '.join(POOLS)}")
+        processes = (ProcessPool(self.concurrency, self.handlers, self.cancel_grace_s)
+                     if self.pool == "process" else None)  # ValueError before any I/O
         self._loop = asyncio.get_running_loop()
         self._stop, self._force = asyncio.Event(), asyncio.Event()
         if self._stop_requested:
@@ -225,15 +257,24 @@ class Worker:
         installed = self._install_signals() if install_signal_handlers else []
         channel = conn.channel(aio=True, options=self.channel_options,
                                reconnect_max_s=self.reconnect_max_s)
-        self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix="dtq-handler")
+        if processes is not None:
+            self._executor = processes
+        else:
+            self._executor = ThreadPoolExecutor(self.concurrency,
+                                                thread_name_prefix="dtq-handler")
         try:
+            if processes is not None:
+                await processes.start()
             await self._serve(conn.stub(channel))
             if self._fatal is not None:
                 raise self._fatal
         finally:
             for sig in installed:
                 self._loop.remove_signal_handler(sig)
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            if processes is not None:
+                await processes.close()
+            else:
+                self._executor.shutdown(wait=False, cancel_futures=True)
             self._stop_requested = False
             await channel.close()
             log.info("worker stopped", extra={"worker_id": self.worker_id, "stats": self.stats})

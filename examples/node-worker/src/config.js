@@ -64,6 +64,10 @@ function loadConfig(env = process.env) {
     if (!TASK_TYPE_RE.test(t)) throw new ConfigError(`DTQ_TASK_TYPES: bad task type ${JSON.stringify(t)}`);
   }
   const concurrency = intVar(env, 'DTQ_CONCURRENCY', 4);
+  const pool = (env.DTQ_POOL || 'loop').trim().toLowerCase();
+  if (!['loop', 'process'].includes(pool)) {
+    throw new ConfigError(`DTQ_POOL must be loop or process (got ${JSON.stringify(env.DTQ_POOL)})`);
+  }
   const maxInFlight = intVar(env, 'DTQ_MAX_IN_FLIGHT', 2 * concurrency);
   if (maxInFlight > 10000) throw new ConfigError('DTQ_MAX_IN_FLIGHT must be <= 10000');
   const reconnectBaseMs = intVar(env, 'DTQ_RECONNECT_BASE_MS', 200);
@@ -79,6 +83,8 @@ function loadConfig(env = process.env) {
     workerId,
     concurrency,
     maxInFlight,
+    pool,
+    cancelGraceMs: intVar(env, 'DTQ_CANCEL_GRACE_MS', 2000, 0),
     drainGraceMs: intVar(env, 'DTQ_DRAIN_GRACE_MS', 30000, 0),
     ackFlushMs: intVar(env, 'DTQ_ACK_FLUSH_MS', 5, 0),
     reconnectBaseMs,

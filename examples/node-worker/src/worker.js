@@ -15,6 +15,7 @@ const { unary } = require('./rpc');
 const { FATAL, codeName } = require('./codes');
 const { describeError } = require('./errors');
 const { decodePayload, encodeResult, makeContext } = require('./task');
+const { ProcessPool } = require('./procpool');
 
 const ABORT = Object.freeze({ TIMEOUT: 'timeout', CANCELLED: 'cancelled', LOST: 'lost', DRAIN: 'drain' });
 const DEFAULT_HEARTBEAT_MS = 10000;
@@ -37,9 +38,11 @@ function retriedAfter(res) {
 class Worker {
   /**
    * @param {object} config from loadConfig()
-   * @param {{broker: object, metadata: () => object, handlers: object}} deps
+   * @param {{broker: object, metadata: () => object, handlers: object, handlersPath?: string}} deps
+   *   handlersPath: with DTQ_POOL=process, the module (exporting `{ handlers }`) the
+   *   children load; default src/handlers
    */
-  constructor(config, { broker, metadata, handlers }) {
+  constructor(config, { broker, metadata, handlers, handlersPath }) {
     this.config = config;
     this.broker = broker;
     this.metadata = metadata;
@@ -64,13 +67,17 @@ class Worker {
       onFatal: (err) => this.fatal(err),
     });
     this.done = new Promise((resolve) => { this.resolveDone = resolve; });
+    /** DTQ_POOL=process: handlers run in child processes (src/procpool.js). */
+    this.processes = config.pool === 'process' ? new ProcessPool({ size: config.concurrency,
+      handlersPath, cancelGraceMs: config.cancelGraceMs, workerId: config.workerId }) : null;
   }
 
   /** Run until drained or a fatal error; resolves with the exit code. */
   async run() {
     log.info('worker starting', { worker_id: this.config.workerId, gateway: this.config.gateway,
       queues: this.config.queues, concurrency: this.config.concurrency,
-      max_in_flight: this.config.maxInFlight });
+      max_in_flight: this.config.maxInFlight, pool: this.config.pool });
+    if (this.processes) this.processes.start();
     this.session.run();
     return this.done;
   }
@@ -130,10 +137,12 @@ class Worker {
     });
     try {
       const payload = decodePayload(task);
-      const ctx = makeContext(task, this.config.workerId, signal, (report) => {
+      const onProgress = (report) => {
         lease.progress = report; // sent by an early heartbeat, at most one per second
         this.armProgress();
-      });
+      };
+      if (this.processes) return await this.processes.run(task, payload, signal, onProgress);
+      const ctx = makeContext(task, this.config.workerId, signal, onProgress);
       const value = await Promise.race([Promise.resolve().then(() => handler(payload, ctx)), aborted]);
       if (signal.aborted) return { aborted: signal.reason };
       return { ok: true, value };
@@ -377,6 +386,7 @@ class Worker {
     if (this.progressTimer) clearTimeout(this.progressTimer);
     if (this.held.size > 0) log.warn('exiting with unreported leases', { count: this.held.size });
     this.reporter.abandon();
+    if (this.processes) this.processes.close();
     this.broker.close();
     this.resolveDone(code);
   }
