@@ -1,6 +1,6 @@
 """The Redis side of the gateway's health probe, its liveness key and shutdown.
 
-:class:`dtq_gateway.server.HealthProbe` decides health; these functions read what it
+:class:`dtq_gateway.health_probe.HealthProbe` decides health; these functions read what it
 decides on. In cluster mode each read covers every primary (each holds part of the
 keys): Redis answers only when all primaries answer, and memory is full when any
 primary is at ``maxmemory``, since writes to its slots are then refused. The

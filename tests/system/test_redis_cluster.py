@@ -23,7 +23,7 @@ import redis
 from grpc_health.v1 import health
 from redis.cluster import RedisCluster
 
-from dtq_gateway.server import HealthProbe
+from dtq_gateway.health_probe import HealthProbe
 from dtq_gateway.store import client as client_module
 from dtq_gateway.store import keys
 from dtq_gateway.store.client import make_client
