@@ -9,10 +9,8 @@ take the actor from :func:`dtq_gateway.rpc.auth.actor_of` and the request id fro
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
@@ -20,7 +18,7 @@ from dtq_gateway import metrics, task_filters
 from dtq_gateway.errors import InvalidArgument, NotFound, Unavailable
 from dtq_gateway.queue_rates import RATES
 from dtq_gateway.rpc.auth import actor_of
-from dtq_gateway.rpc.grpc_errors import abort
+from dtq_gateway.rpc.grpc_errors import mapped_errors
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import (
     admin,
@@ -44,7 +42,6 @@ from dtq_proto import dtq_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-R = TypeVar("R")
 MAX_REDRIVE_LIMIT = 100_000
 MAX_REDRIVE_RATE = 10_000
 LIST_QUEUES_PAGE_DEFAULT = 100
@@ -52,19 +49,7 @@ LIST_QUEUES_PAGE_MAX = 1000
 MAX_CANCEL_LIMIT = task_filters.MAX_CANCEL_LIMIT
 
 
-def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
-    """Map any exception of a handler to a gRPC status (one place)."""
-
-    @functools.wraps(fn)
-    async def handler(self: AdminServicer, request: Any, context: grpc.aio.ServicerContext) -> R:
-        try:
-            return await fn(self, request, context)
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - mapped to a status by abort()
-            await abort(context, exc)
-
-    return handler
+_rpc = mapped_errors
 
 
 def _call(context: grpc.aio.ServicerContext) -> CallInfo:

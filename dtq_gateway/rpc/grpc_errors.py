@@ -8,8 +8,10 @@ a traceback and become INTERNAL without leaking details.
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import NoReturn
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
@@ -81,3 +83,23 @@ async def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> NoRetu
 
 
 __all__ = ["abort", "code_pb2", "is_redis_outage", "item_error", "status_of", "to_dtq_error"]
+
+
+R = TypeVar("R")
+
+
+def mapped_errors(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
+    """Decorate a servicer's unary handler ``(self, request, context)`` so that any
+    exception it raises ends the call with its gRPC status (:func:`abort`: a DtqError
+    as its code and reason, a Redis outage UNAVAILABLE, anything else INTERNAL)."""
+
+    @functools.wraps(fn)
+    async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        try:
+            return await fn(self, request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - mapped to a status by abort()
+            await abort(context, exc)
+
+    return handler

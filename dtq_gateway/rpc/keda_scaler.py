@@ -34,18 +34,17 @@ queues (at most every :data:`STREAM_MIN_RECHECK_S`) and every
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
 from dtq_gateway.errors import InvalidArgument
 from dtq_gateway.events.events_hub import EventsHub
-from dtq_gateway.rpc.grpc_errors import abort
+from dtq_gateway.rpc.grpc_errors import abort, mapped_errors
 from dtq_gateway.store import admin
 from dtq_gateway.store.client import Client
 from dtq_proto.keda import externalscaler_pb2 as es
@@ -63,7 +62,6 @@ STREAM_RECHECK_S = 5.0
 STREAM_MIN_RECHECK_S = 0.1
 SERVICE_NAME = es.DESCRIPTOR.services_by_name["ExternalScaler"].full_name
 
-R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,19 +168,7 @@ async def read_figures(redis: Client, trigger: Trigger) -> Figures:
                    backlog_age_s=age_ms / 1000.0)
 
 
-def _rpc(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
-    """Map any exception of a handler to a gRPC status (one place)."""
-
-    @functools.wraps(fn)
-    async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
-        try:
-            return await fn(self, request, context)
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - mapped to a status by abort()
-            await abort(context, exc)
-
-    return handler
+_rpc = mapped_errors
 
 
 class KedaScaler(es_grpc.ExternalScalerServicer):

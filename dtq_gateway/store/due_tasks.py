@@ -8,6 +8,8 @@ raised as redis-py raises them (see :mod:`dtq_gateway.store.errors`).
 
 from __future__ import annotations
 
+from typing import Any
+
 from dtq_gateway.store import keys
 from dtq_gateway.store.admin import redis_now_ms
 from dtq_gateway.store.client import Client
@@ -51,10 +53,7 @@ async def move_due(redis: Client, due: list[tuple[str, str]], task_retention_s: 
         Per task, in order, the script's outcome ("moved", "expired", "gone",
         "skipped", "not_due", "retry") or its error.
     """
-    pipe = redis.pipeline(transaction=False)
-    for _, task_id in due:
-        pipe.hmget(keys.task(task_id), "queue", "priority", "idem_digest")
-    records = await pipe.execute()
+    records = await _key_fields(redis, due)
     pipe = redis.pipeline(transaction=False)
     for (q, task_id), (_, priority, digest) in zip(due, records):
         _MOVE_DUE.queue(pipe, _move_keys(q, task_id, priority, digest),
@@ -111,10 +110,7 @@ async def expire_waiting(redis: Client, due: list[tuple[str, str]], task_retenti
         Per task, in order, the script's outcome ("expired", "reading", "gone",
         "skipped", "not_due", "retry") or its error.
     """
-    pipe = redis.pipeline(transaction=False)
-    for _, task_id in due:
-        pipe.hmget(keys.task(task_id), "queue", "priority", "idem_digest")
-    records = await pipe.execute()
+    records = await _key_fields(redis, due)
     pipe = redis.pipeline(transaction=False)
     for (q, task_id), (_, priority, digest) in zip(due, records):
         keys_ = [keys.expiring(q), keys.task(task_id)]
@@ -126,3 +122,13 @@ async def expire_waiting(redis: Client, due: list[tuple[str, str]], task_retenti
         _EXPIRE_WAITING.queue(pipe, keys_,
                               _EXPIRE_WAITING.argv(task_id, task_retention_s, keys.GROUP))
     return [r if isinstance(r, Exception) else text(r) for r in await execute(redis, pipe)]
+
+
+async def _key_fields(redis: Client, due: list[tuple[str, str]]) -> list[list[Any]]:
+    """One pipeline of HMGET (queue, priority, idempotency digest) per due task: what
+    the scripts need to name their keys. Per task, in order, the three values (None
+    where missing)."""
+    pipe = redis.pipeline(transaction=False)
+    for _, task_id in due:
+        pipe.hmget(keys.task(task_id), "queue", "priority", "idem_digest")
+    return await pipe.execute()

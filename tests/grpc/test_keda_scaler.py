@@ -44,14 +44,17 @@ def admin_stub(channel):
     return dtq_pb2_grpc.AdminStub(channel)
 
 
-async def _known_empty_queue(admin_stub, queue: str) -> None:
-    await admin_stub.PauseQueue(pb.PauseQueueRequest(queue=queue, create=True))
-    await admin_stub.ResumeQueue(pb.ResumeQueueRequest(queue=queue))
+async def _known_empty_queue(broker_stub, queue: str) -> None:
+    """A queue that exists and holds no work: one task enqueued and cancelled (a queue
+    only paused with create and resumed has no stream, and the idle-queue sweep may
+    drop it from the registry at its next look)."""
+    task = await broker_stub.Enqueue(pb.EnqueueRequest(queue=queue, task_type="t"))
+    await broker_stub.CancelTask(pb.CancelTaskRequest(task_id=task.task_id))
 
 
 async def test_is_active_goes_false_true_false_as_the_queue_fills_and_drains(
         gateway, broker_stub, admin_stub, scaler):
-    await _known_empty_queue(admin_stub, "ka")
+    await _known_empty_queue(broker_stub, "ka")
     assert not (await scaler.IsActive(ref(queue="ka"))).result
     for _ in range(3):
         await broker_stub.Enqueue(pb.EnqueueRequest(queue="ka", task_type="t"))
@@ -112,7 +115,7 @@ async def test_several_queues_are_summed(gateway, broker_stub, scaler):
 
 async def test_stream_is_active_pushes_within_1_s_of_the_first_enqueue(
         gateway, broker_stub, admin_stub, scaler):
-    await _known_empty_queue(admin_stub, "kp")
+    await _known_empty_queue(broker_stub, "kp")
     stream = scaler.StreamIsActive(ref(queue="kp"))
     first = await asyncio.wait_for(stream.read(), 10)
     assert first.result is False
