@@ -76,12 +76,16 @@ async def test_late_and_missed_fires_are_counted(env) -> None:
         "dtq_schedule_fires_missed_total", policy="skip")
     fired = sample("dtq_schedule_fires_total")
     await env.firer.tick()
+    # the tick's own clock decides what is older than 30 s: on a busy machine each
+    # second between `now` and the tick moves one fire from late to missed
+    slack = (await redis_ms(env.redis) - now) // 1000
     enqueued = sample("dtq_schedule_fires_total") - fired
-    assert 29 <= sample("dtq_schedule_fires_missed_total", policy="skip") - missed <= 30
-    assert 29 <= enqueued <= 32
+    assert 29 <= sample("dtq_schedule_fires_missed_total", policy="skip") - missed <= 30 + slack
+    assert 29 - slack <= enqueued <= 32
     assert enqueued - 3 <= sample("dtq_schedule_fires_late_total") - late <= enqueued
     info = schedules.info_of(await env.redis.hgetall(key))
     assert info.fires_total == enqueued and info.next_fire_ms > now
+    missed_first = sample("dtq_schedule_fires_missed_total", policy="skip")
     await env.firer.tick()  # nothing more is due: nothing counted twice
     assert sample("dtq_schedule_fires_total") - fired == enqueued
-    assert 29 <= sample("dtq_schedule_fires_missed_total", policy="skip") - missed <= 30
+    assert sample("dtq_schedule_fires_missed_total", policy="skip") == missed_first

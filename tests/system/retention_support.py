@@ -59,6 +59,7 @@ FAMILY_EXAMPLES = {
     "task": keys.task("0" * 32 + "-9z"),
     "result": keys.result("0" * 32 + "-9z"),
     "idempotency": keys.idempotency("q-1", keys.idempotency_digest("k")),
+    "debounce": keys.debounce("q-1", keys.idempotency_digest("k")),
     "worker": keys.worker("host-1:w@1"),
     "gateway": keys.gateway(keys.gateway_tag("gw-1")),
     "lease-secret": keys.LEASE_SECRET,
