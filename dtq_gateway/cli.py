@@ -39,6 +39,18 @@ def _raise_stop(signum: int, frame: object) -> None:
     raise StopRequested(signal.Signals(signum).name)
 
 
+#: Stop signals that arrived between the embedded Redis start and the event loop
+#: taking the signals over (:func:`_note_stop`); :func:`_serve` acts on them at once.
+_NOTED: list[int] = []
+
+
+def _note_stop(signum: int, frame: object) -> None:
+    """Record a stop signal instead of raising: an exception raised by a signal handler
+    inside the event loop's own code (uvloop runs C callbacks) could be swallowed there,
+    and the signal lost."""
+    _NOTED.append(signum)
+
+
 def _ignore_repeat(signum: int, frame: object) -> None:
     log.info("already stopping", extra={"signal": signal.Signals(signum).name})
 
@@ -94,6 +106,8 @@ async def _serve(settings, redis_url: str, watchdog: Watchdog) -> None:
     loop = asyncio.get_running_loop()
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
+    if _NOTED:  # a signal came while the loop started: stop at once
+        stop.set()
     starting = asyncio.create_task(gateway.start(), name="dtq-start")
     stopping = asyncio.create_task(stop.wait(), name="dtq-stop-signal")
     try:
@@ -182,6 +196,8 @@ def _run(settings, watchdog: Watchdog, embedded_box: list) -> int:
         runner = uvloop.run
     except ImportError:
         runner = asyncio.run
+    for sig in STOP_SIGNALS:  # from here on the loop handles them (see _note_stop)
+        signal.signal(sig, _note_stop)
     try:
         runner(_serve(settings, redis_url, watchdog))
     except ListenError as exc:

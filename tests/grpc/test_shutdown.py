@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -187,3 +188,25 @@ def test_ctrl_c_reaches_the_gateway_alone_which_then_stops_its_embedded_redis(tm
         if redis_pid:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(redis_pid, signal.SIGKILL)
+
+
+async def test_a_signal_that_came_while_the_loop_started_stops_the_gateway(redis_url,
+                                                                          monkeypatch):
+    """A SIGTERM between the embedded Redis start and the event loop taking the signals
+    over is noted (not raised inside the loop, where it could be lost) and acted on as
+    soon as the loop runs: the gateway stops instead of serving on."""
+    import signal as signal_mod
+
+    from dtq_gateway import cli
+    from tests.conftest import gateway_settings
+
+    monkeypatch.setattr(cli, "_NOTED", [signal_mod.SIGTERM])
+    exits: list[int] = []
+    saved = {sig: signal_mod.getsignal(sig) for sig in cli.STOP_SIGNALS}
+    try:
+        await asyncio.wait_for(cli._serve(gateway_settings(redis_url), redis_url,
+                                          cli.Watchdog(60, exit_=exits.append)), 30)
+    finally:
+        for sig, handler in saved.items():
+            signal_mod.signal(sig, handler)
+    assert exits == []
