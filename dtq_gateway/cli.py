@@ -20,9 +20,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from dtq_gateway import logconf
-from dtq_gateway.listen import ListenError
 from dtq_gateway.settings import SettingsError, load
-from dtq_gateway.store.redis_policy import EvictionPolicyError
 
 log = logging.getLogger("dtq_gateway")
 
@@ -144,6 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         listener that cannot bind, the embedded Redis, the eviction policy) or its stop
         outlasted DTQ_SHUTDOWN_GRACE_S + STOP_MARGIN_S, 2 on bad settings.
     """
+    for sig in STOP_SIGNALS:  # first of all: a signal during the imports is noted
+        signal.signal(sig, _note_stop)
     try:
         settings = load(sys.argv[1:] if argv is None else argv)
     except SettingsError as exc:
@@ -153,6 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dtq_gateway.server import STOP_MARGIN_S
 
     watchdog = Watchdog(settings.shutdown_grace_s + STOP_MARGIN_S)
+    if _NOTED:
+        log.info("stopped while starting", extra={"signal": signal.Signals(_NOTED[0]).name})
+        return 0
     for sig in STOP_SIGNALS:  # until the event loop takes them over
         signal.signal(sig, _raise_stop)
     embedded_box: list = []
@@ -173,6 +176,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(settings, watchdog: Watchdog, embedded_box: list) -> int:
     """Start the embedded Redis when needed (appended to ``embedded_box`` for
     :func:`main` to stop), then serve; return the exit status."""
+    from dtq_gateway.listen import ListenError
+    from dtq_gateway.store.redis_policy import EvictionPolicyError
+
     redis_url = settings.redis_url
     if not redis_url:
         from dtq_gateway.store.embedded import EmbeddedRedis, EmbeddedRedisError

@@ -210,3 +210,24 @@ async def test_a_signal_that_came_while_the_loop_started_stops_the_gateway(redis
         for sig, handler in saved.items():
             signal_mod.signal(sig, handler)
     assert exits == []
+
+
+def test_sigterm_while_the_gateway_loads_its_modules_exits_zero():
+    """A SIGTERM as soon as dtq's code runs (settings being read, the gRPC stack still
+    to be imported) is noted, not left to the default action (killed by the signal)."""
+    code = (
+        "import os, signal, sys\n"
+        "from dtq_gateway import cli\n"
+        "real = cli.load\n"
+        "def load(argv):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return real(argv)\n"
+        "cli.load = load\n"
+        "sys.exit(cli.main([]))\n")
+    env = dict(os.environ, DTQ_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
+               DTQ_LISTEN=f"127.0.0.1:{free_port()}", DTQ_METRICS_PORT="0",
+               DTQ_LOG_FORMAT="json")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert [r["message"] for r in _records(proc.stderr)] == ["stopped while starting"]
