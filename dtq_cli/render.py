@@ -27,8 +27,11 @@ from rich.table import Table
 
 from dtq_pyworker.codec import is_json
 
-_ENUM_PREFIXES = {"TaskStatus": "TASK_STATUS_", "EventType": "EVENT_TYPE_",
-                  "FailMode": "FAIL_MODE_"}
+
+def _enum_prefix(enum_name: str) -> str:
+    """The value prefix of a dtq.v1 enum: its name in upper snake case plus "_"
+    (ChainState -> CHAIN_STATE_), as buf's ENUM_VALUE_PREFIX rule has every value."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", enum_name).upper() + "_"
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
@@ -144,7 +147,7 @@ def enum_name(field: FieldDescriptor, value: int) -> str:
     enum_type = field.enum_type
     desc = enum_type.values_by_number.get(value)
     name = desc.name if desc is not None else str(value)
-    return name.removeprefix(_ENUM_PREFIXES.get(enum_type.name, ""))
+    return name.removeprefix(_enum_prefix(enum_type.name))
 
 
 def to_dict(msg: Message) -> dict[str, Any]:

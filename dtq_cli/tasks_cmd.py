@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from dtq_cli import bulk_cmd
 from dtq_cli.main import ExitCode, Failure, State, cli, json_option, pass_state
@@ -149,10 +150,16 @@ def _payload(payload: str | None, content_type: str | None) -> Any:
         except UnicodeDecodeError:
             raise click.BadParameter(f"{path!r} is not UTF-8 text", param_hint="PAYLOAD"
                                      ) from None
-    if content_type is not None and not is_json(content_type):
-        return payload.encode("utf-8")
     try:
-        return json.loads(payload)
+        if content_type is not None and not is_json(content_type):
+            return payload.encode("utf-8")
+        value = json.loads(payload)
+        json.dumps(value, ensure_ascii=False).encode("utf-8")  # sent as UTF-8 text
+        return value
+    except UnicodeEncodeError:
+        raise click.BadParameter("not valid Unicode text (a lone surrogate, e.g. the "
+                                 "escape \\ud800, or bytes that are not UTF-8)",
+                                 param_hint="PAYLOAD") from None
     except ValueError as exc:
         raise click.BadParameter(f"not valid JSON ({exc}); give --content-type for "
                                  "other media types", param_hint="PAYLOAD") from exc
@@ -238,8 +245,11 @@ def enqueue(state: State, queue: str, task_type: str, payload: str | None,
 def _debounce(opts: dict[str, Any]) -> dict[str, Any] | None:
     """The client's ``debounce=`` option from the --debounce-* flags (None without a key)."""
     if opts["debounce_key"] is None:
-        if opts["debounce_max_delay"] is not None:
-            raise click.BadParameter("needs --debounce-key", param_hint="--debounce-max-delay")
+        ctx = click.get_current_context()
+        for name in ("debounce_window", "debounce_mode", "debounce_max_delay"):
+            if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT):
+                raise click.BadParameter("needs --debounce-key",
+                                         param_hint="--" + name.replace("_", "-"))
         return None
     out = {"key": opts["debounce_key"], "window_ms": opts["debounce_window"],
            "mode": opts["debounce_mode"].replace("-", "_")}

@@ -229,8 +229,12 @@ class ProcessPool:
         else kill its process and replace the slot."""
         slot.cancel_value.value = 1
         if ex.stop_reason == STOP_CANCELLED and self.cancel_grace_s > 0 and not future.done():
+            waited = asyncio.wrap_future(future)
+            # killed below, the child's future ends with BrokenProcessPool: read it, or
+            # asyncio logs "Future exception was never retrieved" at ERROR
+            waited.add_done_callback(_retrieve)
             with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait([asyncio.wrap_future(future)], timeout=self.cancel_grace_s)
+                await asyncio.wait([waited], timeout=self.cancel_grace_s)
         if future.done() and not future.cancelled() and future.exception() is None:
             self._free(slot)  # it returned in time: the process is fine
             return
@@ -300,6 +304,12 @@ def _start_forkserver() -> None:
         forkserver.ensure_running()
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    """Mark a future's outcome as seen (its exception is expected and handled)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _kill(slot: _Slot) -> None:

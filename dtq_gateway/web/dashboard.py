@@ -296,6 +296,11 @@ class Dashboard:
             raise InvalidArgument("body: JSON nested too deeply", field="body") from None
         if not isinstance(body, dict):
             raise InvalidArgument("body: must be a JSON object", field="body")
+        bad = _lone_surrogate_at(body)
+        if bad is not None:  # "\ud800" is valid JSON but no UTF-8 text: refused here
+            field = ".".join(bad) or "body"
+            raise InvalidArgument(f"{field}: not valid Unicode text (a lone surrogate "
+                                  "escape such as \\ud800)", field=field)
         return body
 
     @staticmethod
@@ -419,3 +424,28 @@ async def _security_headers(request: web.Request, response: web.StreamResponse) 
     response.headers["X-Frame-Options"] = "DENY"
     if request.path.startswith("/api/"):
         response.headers["Cache-Control"] = "no-store"
+
+
+def _lone_surrogate_at(value: Any, path: tuple[str, ...] = ()) -> tuple[str, ...] | None:
+    """The path (keys, list indexes) to the first string or key of a decoded JSON value
+    that cannot be UTF-8 (a lone surrogate from an escape like ``\\ud800``), or None.
+    Such text would fail deep inside a handler (INTERNAL) instead of being refused."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _lone_surrogate_at(key, path) if isinstance(key, str) else None
+            if found is None:
+                found = _lone_surrogate_at(item, (*path, str(key)))
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _lone_surrogate_at(item, (*path, str(i)))
+            if found is not None:
+                return found
+    return None

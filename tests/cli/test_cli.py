@@ -117,6 +117,10 @@ def test_enqueue_debounce_options(env):
     bad = env.run("enqueue", "idle", "t", "{}", "--debounce-key", "x", "--debounce-mode",
                   "keep-first", "--debounce-max-delay", "5m")
     assert bad.exit_code != 0 and "debounce.max_delay_ms" in bad.stderr
+    for flag, value in (("--debounce-window", "5s"), ("--debounce-mode", "keep-first"),
+                        ("--debounce-max-delay", "5m")):  # a flag without its key: a typo
+        alone = env.run("enqueue", "idle", "t", "{}", flag, value)
+        assert alone.exit_code == ExitCode.USAGE and "needs --debounce-key" in alone.stderr
 
 
 def test_wait_exit_codes_tell_the_outcome(env):
@@ -475,6 +479,17 @@ def test_deep_json_payload_is_a_usage_error(env):
     assert res.exit_code == ExitCode.USAGE and "nested too deeply" in res.output
 
 
+@pytest.mark.parametrize("payload", ['"\\ud800"', '{"k": "\\udfff"}'])
+def test_a_json_payload_that_is_no_unicode_text_is_a_usage_error(env, payload):
+    """A lone surrogate escape is valid JSON syntax but no UTF-8 text: refused before
+    sending, not a traceback."""
+    before = len(env.client.recent_tasks(limit=1000))
+    res = env.run("enqueue", SERVED, "ok", payload)
+    assert res.exit_code == ExitCode.USAGE, res.output
+    assert "not valid Unicode text" in res.stderr and "Traceback" not in res.output
+    assert len(env.client.recent_tasks(limit=1000)) == before
+
+
 @pytest.mark.parametrize("kind", ["missing", "directory", "no permission", "not UTF-8"])
 def test_an_unreadable_payload_file_is_a_usage_error(env, tmp_path, kind):
     path = tmp_path / "payload.json"
@@ -493,3 +508,16 @@ def test_an_unreadable_payload_file_is_a_usage_error(env, tmp_path, kind):
     assert "Invalid value for PAYLOAD" in res.stderr and str(path) in res.stderr
     assert "Traceback" not in res.output
     assert len(env.client.recent_tasks(limit=1000)) == before
+
+
+def test_every_enum_renders_by_its_short_name():
+    """cli.md: "enum values are short names", for every dtq.v1 enum (chain states and
+    schedule catch-up policies too, not only statuses and event types)."""
+    from dtq_cli.render import enum_name
+    from dtq_proto import dtq_pb2 as pb
+
+    task = pb.Task.DESCRIPTOR.fields_by_name
+    assert enum_name(task["status"], pb.TASK_STATUS_SUCCEEDED) == "SUCCEEDED"
+    assert enum_name(task["chain_state"], pb.CHAIN_STATE_BROKEN) == "BROKEN"
+    catch_up = pb.Schedule.DESCRIPTOR.fields_by_name["catch_up"]
+    assert enum_name(catch_up, pb.SCHEDULE_CATCH_UP_LATEST) == "LATEST"

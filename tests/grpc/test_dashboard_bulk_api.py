@@ -48,7 +48,13 @@ async def test_cancel_matching_purge_and_search(redis_url):
      "filter.metadata"),
     ("/api/search", {"filter": {"statuses": ["NOPE"]}}, "filter.statuses"),
     ("/api/search", {"page_token": "x"}, "page_token"),
-    ("/api/queues/a:b/purge", {}, "queue")])
+    ("/api/queues/a:b/purge", {}, "queue"),
+    # valid JSON escapes that are no Unicode text (lone surrogates): 400, not INTERNAL
+    ("/api/search", {"filter": {"queue": "\ud800"}}, "filter.queue"),
+    ("/api/tasks/cancel-matching",
+     {"filter": {"queue": "mail", "metadata": {"k": "\ud800"}}, "dry_run": True},
+     "filter.metadata.k"),
+    ("/api/queues/mail/pause", {"reason": "\udfff"}, "reason")])
 async def test_bad_input_is_400_naming_the_field(redis_url, path, body, field):
     async with dashboard_gateway(redis_url) as dg, aiohttp.ClientSession() as http:
         tid = await dg.enqueue("mail", "send", {"n": 1})

@@ -4,6 +4,8 @@ hard timeouts, dead children, cancellation and progress across the process bound
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import os
 import re
 import signal
@@ -117,7 +119,7 @@ async def test_handler_errors_and_async_handlers_map_as_with_threads(gateway):
     assert ran.result["pid"] != os.getpid()  # the async handler ran in a child
 
 
-async def test_cancel_kills_a_child_that_ignores_it_after_the_grace(gateway):
+async def test_cancel_kills_a_child_that_ignores_it_after_the_grace(gateway, caplog):
     grace_s = 0.5
     worker = _worker(gateway, cancel_grace_s=grace_s)
     loop = asyncio.get_running_loop()
@@ -137,6 +139,8 @@ async def test_cancel_kills_a_child_that_ignores_it_after_the_grace(gateway):
     assert cancelled.status == dtq_pb2.TASK_STATUS_CANCELLED
     assert worker.stats["cancelled"] == 1
     assert done.status is TaskStatus.SUCCEEDED and done.result["pid"] != pid
+    gc.collect()  # an unread future exception is logged when the future is collected
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 async def test_cancel_lets_a_handler_that_stops_keep_its_process(gateway):
