@@ -285,6 +285,9 @@ class Dashboard:
 
     @staticmethod
     async def _body(request: web.Request) -> dict[str, Any]:
+        if (request.content_length or 0) > MAX_BODY_BYTES:  # refused before reading
+            raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY_BYTES,
+                                                actual_size=request.content_length)
         raw = await request.read()
         if not raw:
             return {}

@@ -358,3 +358,22 @@ async def test_malformed_http_is_never_an_error_log(redis_url, caplog):
     assert not bad, [(r.name, r.levelname, r.getMessage()) for r in bad]
     assert "Traceback" not in caplog.text
     assert refused == 50
+
+
+async def test_a_body_declared_too_large_is_refused_before_it_is_sent(redis_url):
+    """Content-Length over the 64 KiB bound is answered 413 at once: the dashboard does
+    not wait for (or read) a body it would refuse."""
+    from urllib.parse import urlsplit
+
+    async with dashboard_gateway(redis_url) as dg:
+        where = urlsplit(dg.url)
+        reader, writer = await asyncio.open_connection(where.hostname, where.port)
+        try:
+            writer.write(f"POST /api/dead-letters/redrive HTTP/1.1\r\nHost: {where.netloc}\r\n"
+                         "Content-Type: application/json\r\nContent-Length: 100000000\r\n"
+                         "\r\n{}".encode())
+            await writer.drain()
+            status_line = await asyncio.wait_for(reader.readline(), 10)
+        finally:
+            writer.close()
+    assert status_line.split()[1] == b"413", status_line
