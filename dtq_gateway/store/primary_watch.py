@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 from redis.asyncio.sentinel import MasterNotFoundError, SentinelConnectionPool
@@ -45,16 +46,43 @@ EVENT_PATTERNS = ("*failover*", "+switch-master")
 FAILOVER_FLAG = "failover_in_progress"
 
 
-async def read_primary(sentinel: Any, service: str) -> tuple[tuple[str, int], bool]:
+#: How long one read of the sentinels waits for their answers (s): a hung sentinel
+#: (SIGSTOPped, a dead link) must not hold the gateway up; those that answered in time
+#: decide.
+SENTINEL_READ_S = 0.5
+
+
+async def read_primary(sentinel: Any, service: str,
+                       wait_s: float = SENTINEL_READ_S) -> tuple[tuple[str, int], bool]:
     """The primary's (host, port) by the sentinel answer with the highest config epoch,
-    and whether any sentinel has a failover of the service in progress.
+    and whether any sentinel has a failover of the service in progress
+    (:func:`read_sentinels` without its third value).
 
     Raises:
-        MasterNotFoundError (a redis ConnectionError): no sentinel answered, or the
-            newest answer says the primary is down (failover not done yet).
+        MasterNotFoundError: as :func:`read_sentinels`.
     """
-    replies = await asyncio.gather(*(s.sentinel_master(service) for s in sentinel.sentinels),
-                                   return_exceptions=True)
+    address, failing_over, _ = await read_sentinels(sentinel, service, wait_s)
+    return address, failing_over
+
+
+async def read_sentinels(sentinel: Any, service: str, wait_s: float = SENTINEL_READ_S
+                         ) -> tuple[tuple[str, int], bool, bool]:
+    """(primary address, a failover in progress, every sentinel answered).
+
+    Every sentinel is asked at once; answers that have not come within ``wait_s``
+    seconds are not waited for (the third value is then False). A sentinel that
+    refused the connection counts as answered: a sentinel that is down runs no
+    failover.
+
+    Raises:
+        MasterNotFoundError (a redis ConnectionError): no sentinel answered in time, or
+            the newest answer says the primary is down (failover not done yet).
+    """
+    asks = [asyncio.ensure_future(s.sentinel_master(service)) for s in sentinel.sentinels]
+    done, pending = await asyncio.wait(asks, timeout=wait_s)
+    for ask in pending:
+        ask.cancel()
+    replies = [a.result() for a in done if not a.cancelled() and a.exception() is None]
     states = [r for r in replies if isinstance(r, dict) and "ip" in r]
     if not states:
         raise MasterNotFoundError(f"no sentinel named a primary for {service!r}")
@@ -62,7 +90,22 @@ async def read_primary(sentinel: Any, service: str) -> tuple[tuple[str, int], bo
     if not sentinel.check_master_state(state, service):
         raise MasterNotFoundError(f"the primary of {service!r} is down (failover pending)")
     failing_over = any(FAILOVER_FLAG in str(st.get("flags", "")).split(",") for st in states)
-    return (state["ip"], int(state["port"])), failing_over
+    return (state["ip"], int(state["port"])), failing_over, not pending
+
+
+def event_service(message: str) -> str:
+    """The service a sentinel event is about: ``master <name> <ip> <port>`` or
+    ``<kind> <name> <ip> <port> @ <service> <ip> <port>`` ("" when neither)."""
+    words = str(message).split()
+    if "@" in words and words.index("@") + 1 < len(words):
+        return words[words.index("@") + 1]
+    return words[1] if len(words) > 1 and words[0] == "master" else ""
+
+
+#: Sentinel events that start a failover's writes fence at once (before the poll reads
+#: the sentinels): the attempt and every step up to the promotion.
+FENCE_EVENTS = ("+try-failover", "+elected-leader", "+failover-state-", "+selected-slave",
+                "+promoted-slave")
 
 
 class FollowingSentinelPool(SentinelConnectionPool):
@@ -70,25 +113,53 @@ class FollowingSentinelPool(SentinelConnectionPool):
     while a failover is in progress, drops every connection to the old one (module
     docstring)."""
 
-    #: True while a sentinel reports a failover in progress: no connection is made
+    #: True while a failover is under way: no connection is made
     fenced = False
+    #: the primary when the fence began: once the sentinels name another one, the
+    #: failover has switched and writes go there (the leader's failover_in_progress
+    #: flag lasts until it has reconfigured every replica, seconds later)
+    fenced_from: tuple[str, int] | None = None
+    #: (address, failover in progress, monotonic s) of the last read of the sentinels
+    _last_read: tuple[tuple[str, int], bool, float] | None = None
 
     async def get_master_address(self) -> tuple[str, int]:
-        """The primary to connect to now.
+        """The primary to connect to now (the watch's last read when under
+        SENTINEL_READ_S old, so a new connection costs no sentinel round trip).
 
         Raises:
             MasterNotFoundError: no sentinel answers, the primary is down, or a failover
                 is in progress (a ConnectionError: UNAVAILABLE to a caller).
         """
-        address, failing_over = await read_primary(self.sentinel_manager, self.service_name)
+        last = self._last_read
+        if last is not None and time.monotonic() - last[2] < SENTINEL_READ_S:
+            address = last[0]
+        else:
+            address = (await self.refresh())[0]
+        if self.fenced:
+            raise MasterNotFoundError(f"a failover of {self.service_name!r} is in progress")
+        return address
+
+    async def refresh(self) -> tuple[tuple[str, int], bool]:
+        """Read the sentinels now and apply what they say (fence, switch, unfence).
+
+        Raises:
+            MasterNotFoundError: as :func:`read_primary`.
+        """
+        address, failing_over, complete = await read_sentinels(self.sentinel_manager,
+                                                               self.service_name)
+        self._last_read = (address, failing_over, time.monotonic())
         if not self.is_master:
-            return address
-        if failing_over != self.fenced:
-            self.fenced = failing_over
-            log.warning("redis failover in progress; no writes until the sentinels name "
-                        "the new primary" if failing_over else "redis failover over")
-            if failing_over:
-                await self._drop_all()
+            return address, failing_over
+        switched = self.fenced_from is not None and address != self.fenced_from
+        # a fence ends once the sentinels name another primary, or once every sentinel
+        # answered and none runs a failover (aborted, or an event about an old one): a
+        # sentinel that did not answer may be the one running it
+        in_failover = not switched and (failing_over or (self.fenced and not complete))
+        if in_failover and not self.fenced:
+            await self.fence("a sentinel reports a failover in progress")
+        elif self.fenced and not in_failover:
+            self.fenced, self.fenced_from = False, None
+            log.warning("redis failover over", extra={"primary": f"{address[0]}:{address[1]}"})
         if self.master_address != address:
             old, self.master_address = self.master_address, address
             if old is not None:
@@ -96,9 +167,18 @@ class FollowingSentinelPool(SentinelConnectionPool):
                             extra={"old": f"{old[0]}:{old[1]}",
                                    "new": f"{address[0]}:{address[1]}"})
                 await self._drop_all()
-        if failing_over:
-            raise MasterNotFoundError(f"a failover of {self.service_name!r} is in progress")
-        return address
+        return address, failing_over
+
+    async def fence(self, why: str) -> None:
+        """Refuse connections and drop every pooled one until the failover is over (a
+        sentinel event or a read of the sentinels saw it start)."""
+        if self.fenced or not self.is_master:
+            return
+        self.fenced = True
+        self.fenced_from = self.master_address
+        log.warning("redis failover in progress; no writes until the sentinels name "
+                    "the new primary", extra={"why": why})
+        await self._drop_all()
 
     async def _drop_all(self) -> None:
         """Disconnect every connection, in-use ones too (their calls fail: UNAVAILABLE,
@@ -150,10 +230,10 @@ class PrimaryWatch:
         """Read the primary now; a changed address switches each pool over.
 
         Raises:
-            MasterNotFoundError: as FollowingSentinelPool.get_master_address (the
-                other pools are still checked first).
+            MasterNotFoundError: as FollowingSentinelPool.refresh (the other pools are
+                still checked first).
         """
-        results = await asyncio.gather(*(pool.get_master_address() for pool in self.pools),
+        results = await asyncio.gather(*(pool.refresh() for pool in self.pools),
                                        return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
@@ -171,6 +251,18 @@ class PrimaryWatch:
             except Exception:
                 log.exception("reading the primary from the sentinels failed")
 
+    async def on_event(self, channel: Any, data: Any) -> None:
+        """One sentinel event: a failover of our service starting fences every pool at
+        once (no write reaches the old primary from here on, whatever the other
+        sentinels answer); any event wakes the poll."""
+        name = channel.decode() if isinstance(channel, bytes) else str(channel or "")
+        text = data.decode() if isinstance(data, bytes) else str(data or "")
+        service = self.pools[0].service_name
+        if name.startswith(FENCE_EVENTS) and event_service(text) == service:
+            for pool in self.pools:
+                await pool.fence(f"sentinel event {name}")
+        self._wake.set()
+
     async def _listen(self, sentinel: Any) -> None:
         """Wake the poll on each failover event of one sentinel (resubscribing after a
         lost connection, the poll covering the gap)."""
@@ -180,7 +272,7 @@ class PrimaryWatch:
                 await pubsub.psubscribe(*EVENT_PATTERNS)
                 async for message in pubsub.listen():
                     if message.get("type") == "pmessage":
-                        self._wake.set()
+                        await self.on_event(message.get("channel"), message.get("data"))
             except OUTAGE_ERRORS:
                 log.debug("sentinel subscription lost", exc_info=True)
             finally:

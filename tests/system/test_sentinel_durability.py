@@ -15,6 +15,7 @@ OK is looked up:
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -90,9 +91,12 @@ def _fence_s(env: FailoverEnv) -> float:
 
 
 def _run_failover(setup: SentinelSetup, env: FailoverEnv, extra: dict[str, str],
-                  kill: bool) -> tuple[list[tuple[str, float]], dict, float]:
+                  kill: bool, hung_sentinel: bool = False,
+                  ) -> tuple[list[tuple[str, float]], dict, float]:
     """Producer and workers on a gateway, the primary failed over (``kill``: SIGKILLed)
-    mid-load; returns (answered OK, check_at_least_once counts, switch time)."""
+    mid-load; ``hung_sentinel``: one sentinel (not the one asked to fail over) is
+    SIGSTOPped for the whole failover. Returns (answered OK, check_at_least_once
+    counts, switch time)."""
     gw = env.gateway(extra=extra)
     client = env.client(gw.target)
     for i in (1, 2):
@@ -101,6 +105,8 @@ def _run_failover(setup: SentinelSetup, env: FailoverEnv, extra: dict[str, str],
     try:
         wait_until(lambda: len(producer.acked) >= 100, 30, "100 tasks enqueued")
         old = setup.primary_port()
+        if hung_sentinel:
+            setup.sentinels[1].send_signal(signal.SIGSTOP)
         if kill:
             setup.node(old).kill()
         else:
@@ -114,6 +120,8 @@ def _run_failover(setup: SentinelSetup, env: FailoverEnv, extra: dict[str, str],
                    "50 more tasks enqueued after the failover")
     finally:
         acked = producer.stop()
+        if hung_sentinel:
+            setup.sentinels[1].send_signal(signal.SIGCONT)
     counts = check_at_least_once(env, client, [tid for tid, _ in acked], ["chaos"])
     return acked, counts, switched_at
 
@@ -125,6 +133,24 @@ def test_sentinel_failover_with_durable_acks_loses_no_acknowledged_task(
     acked, counts, _ = _run_failover(setup, env, {"redis-min-replicas-ack": "1"}, kill)
     print(f"sentinel {'kill' if kill else 'failover'}, durable: {counts['tasks']} answered "
           f"OK, lost {counts['lost_enqueues']}, ran twice {counts['ran_twice']}")
+    assert counts["tasks"] == len(acked) >= 150
+    assert counts["lost_enqueues"] == 0, f"acknowledged tasks lost: {counts['lost_ids']}"
+    assert counts["ran_twice"] <= IN_FLIGHT
+
+
+def test_a_hung_sentinel_neither_loses_acknowledged_tasks_nor_stops_the_gateway(
+        sentinel_env) -> None:
+    """One of three sentinels SIGSTOPped (it accepts connections, never answers) during
+    a requested failover: the gateway neither waits for it (it reads the others) nor
+    misses the failover's start (the failing-over sentinel's event fences at once), so
+    with durable acks and two replicas nothing answered OK is lost, and it writes to
+    the promoted primary as soon as the others name it (50 more tasks after the switch
+    while the sentinel is still stopped)."""
+    setup, env = sentinel_env(replicas=2)
+    acked, counts, _ = _run_failover(setup, env, {"redis-min-replicas-ack": "1"}, False,
+                                     hung_sentinel=True)
+    print(f"sentinel failover, one sentinel hung, durable: {counts['tasks']} answered OK, "
+          f"lost {counts['lost_enqueues']}, ran twice {counts['ran_twice']}")
     assert counts["tasks"] == len(acked) >= 150
     assert counts["lost_enqueues"] == 0, f"acknowledged tasks lost: {counts['lost_ids']}"
     assert counts["ran_twice"] <= IN_FLIGHT

@@ -4,13 +4,19 @@ the pooled ones, a switch drops every connection to the old primary."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 from redis.asyncio.sentinel import MasterNotFoundError, Sentinel
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from dtq_gateway.store.primary_watch import FollowingSentinelPool, PrimaryWatch, read_primary
+from dtq_gateway.store.primary_watch import (
+    FollowingSentinelPool,
+    PrimaryWatch,
+    event_service,
+    read_primary,
+)
 
 
 def _state(port: int, epoch: int, flags: str = "master") -> dict[str, Any]:
@@ -70,11 +76,13 @@ async def test_a_failover_fences_the_pool_and_a_switch_drops_every_connection() 
     manager.sentinels[0].state = _state(6380, 1, "master,failover_in_progress")
     watch = PrimaryWatch.of(type("Client", (), {"connection_pool": pool})())
     assert watch is not None
-    with pytest.raises(MasterNotFoundError):
-        await watch.check_once()
+    await watch.check_once()
     assert pool.fenced and idle.disconnects == busy.disconnects == 1 and busy.marked
+    with pytest.raises(MasterNotFoundError):  # no connection while fenced
+        await pool.get_master_address()
     # the sentinels name the promoted replica: connections go there
     manager.sentinels[0].state = _state(6381, 2)
+    await pool.refresh()
     assert await pool.get_master_address() == ("10.0.0.1", 6381)
     assert not pool.fenced and pool.master_address == ("10.0.0.1", 6381)
     assert idle.disconnects == 2  # dropped again on the switch
@@ -93,3 +101,54 @@ async def test_one_watch_switches_every_client_of_the_gateway() -> None:
     manager.sentinels[0].state = _state(6381, 2)
     await watch.check_once()
     assert calls.master_address == probe.master_address == ("10.0.0.1", 6381)
+
+
+class HungSentinel:
+    """A sentinel that accepted the connection and never answers (SIGSTOPped)."""
+
+    async def sentinel_master(self, service: str) -> dict[str, Any]:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+
+async def test_a_hung_sentinel_does_not_hold_up_the_read() -> None:
+    manager = _manager(_state(6381, 2), _state(6381, 2))
+    manager.sentinels.append(HungSentinel())
+    started = asyncio.get_running_loop().time()
+    assert await read_primary(manager, "dtq", wait_s=0.2) == (("10.0.0.1", 6381), False)
+    assert asyncio.get_running_loop().time() - started < 2.0
+
+
+async def test_a_failover_event_fences_at_once_and_the_switch_ends_the_fence() -> None:
+    """+try-failover from any sentinel fences every pool before the poll reads the
+    sentinels; once they name another primary the fence ends, although the leader
+    still flags its failover in progress (it reconfigures the replicas for seconds)."""
+    manager = _manager(_state(6380, 1), _state(6380, 1))
+    pool = FollowingSentinelPool("dtq", manager)
+    await pool.refresh()
+    conn = FakeConnection()
+    pool._available_connections.append(conn)
+    watch = PrimaryWatch([pool])
+    await watch.on_event(b"+try-failover", b"master other 10.0.0.9 6390")  # not ours
+    assert not pool.fenced
+    await watch.on_event(b"+try-failover", b"master dtq 10.0.0.1 6380")
+    assert pool.fenced and conn.disconnects == 1
+    manager.sentinels.append(HungSentinel())  # the sentinel running it may be slow
+    await pool.refresh()  # no answer says a failover runs, but one is missing: fenced
+    assert pool.fenced
+    manager.sentinels[0].state = _state(6381, 2, "master,failover_in_progress")
+    await pool.refresh()  # switched: writes go to the promoted replica
+    assert not pool.fenced and pool.master_address == ("10.0.0.1", 6381)
+    # an event about a failover that then aborts: every sentinel answers, none runs one
+    manager.sentinels[0].state = _state(6381, 2)
+    manager.sentinels.pop()
+    await watch.on_event(b"+try-failover", b"master dtq 10.0.0.1 6381")
+    assert pool.fenced
+    await pool.refresh()
+    assert not pool.fenced
+
+
+def test_event_service_reads_both_event_forms() -> None:
+    assert event_service("master dtq 127.0.0.1 6379") == "dtq"
+    assert event_service("slave 127.0.0.1:6380 127.0.0.1 6380 @ dtq 127.0.0.1 6379") == "dtq"
+    assert event_service("") == ""
