@@ -276,7 +276,10 @@ async def test_task_page_shows_its_chain_and_its_group(redis_url, chromium: str)
             rows = page.locator("table.group tbody tr")
             await expect(rows).to_have_count(3)
             states = [await rows.nth(i).locator(".badge").inner_text() for i in range(3)]
-            assert states == ["succeeded", "dead_lettered", "active"]
+            # the third is leased to a stream that sends no heartbeats: by now it may
+            # be back in its queue (stream health or its visibility timeout)
+            assert states[:2] == ["succeeded", "dead_lettered"]
+            assert states[2] in ("active", "queued"), states
             summary = page.locator("#group-summary")
             await expect(summary).to_contain_text("open · 2 of 3 members finished")
             await expect(summary).to_contain_text("callback summary on done-q")
