@@ -11,7 +11,7 @@ figures. The trigger's metadata (``ScaledObjectRef.scalerMetadata``):
 * ``metric``: ``backlog`` (default: waiting tasks, not leased), ``backlog_age``
   (age of the oldest waiting task, seconds) or ``leased_plus_waiting`` (tasks
   waiting or leased).
-* ``target``: the metric's value one replica should handle, a number > 0
+* ``target``: the metric's value one replica should handle, a number > 0 and at most 1e15
   (default :data:`DEFAULT_TARGETS`).
 * ``token`` (or ``tokenFromEnv``, which KEDA resolves from the scale target's
   environment): the bearer token when ``DTQ_AUTH_TOKENS`` is set, since KEDA sends
@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 
 #: Most queues one ScaledObject trigger may name (bounds the cost of a call).
 MAX_QUEUES = 16
+#: Largest target per replica: KEDA's targetSize is an int64, and no queue holds more.
+MAX_TARGET = 1e15
 #: Metric → default target per replica (tasks, or seconds for backlog_age).
 DEFAULT_TARGETS = {"backlog": 10.0, "backlog_age": 30.0, "leased_plus_waiting": 10.0}
 #: StreamIsActive re-checks at least this often without events (s).
@@ -114,9 +116,9 @@ def parse_trigger(metadata: Mapping[str, str]) -> Trigger:
             target = float(metadata["target"])
         except ValueError:
             target = math.nan
-        if not (math.isfinite(target) and target > 0):
-            raise InvalidArgument("scalerMetadata.target: must be a number > 0",
-                                  field="scalerMetadata.target")
+        if not (math.isfinite(target) and 0 < target <= MAX_TARGET):
+            raise InvalidArgument(f"scalerMetadata.target: must be a number > 0 and at most "
+                                  f"{MAX_TARGET:.0e}", field="scalerMetadata.target")
     return Trigger(tuple(dict.fromkeys(names)), metric, target)
 
 

@@ -136,6 +136,7 @@ async def test_stream_is_active_pushes_within_1_s_of_the_first_enqueue(
     ({"queue": "a", "metric": "cpu"}, "scalerMetadata.metric"),
     ({"queue": "a", "target": "0"}, "scalerMetadata.target"),
     ({"queue": "a", "target": "many"}, "scalerMetadata.target"),
+    ({"queue": "a", "target": "1e308"}, "scalerMetadata.target"),  # past int64
 ])
 async def test_bad_metadata_and_unknown_queues_are_invalid_argument(gateway, scaler,
                                                                     metadata, field):
