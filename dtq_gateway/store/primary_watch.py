@@ -49,7 +49,9 @@ FAILOVER_FLAG = "failover_in_progress"
 #: How long one read of the sentinels waits for their answers (s): a hung sentinel
 #: (SIGSTOPped, a dead link) must not hold the gateway up; those that answered in time
 #: decide.
-SENTINEL_READ_S = 0.5
+SENTINEL_READ_S = 1.0
+#: How long a read of the sentinels serves new connections before another is made (s).
+SHARED_READ_S = 0.5
 
 
 async def read_primary(sentinel: Any, service: str,
@@ -61,18 +63,21 @@ async def read_primary(sentinel: Any, service: str,
     Raises:
         MasterNotFoundError: as :func:`read_sentinels`.
     """
-    address, failing_over, _ = await read_sentinels(sentinel, service, wait_s)
+    address, failing_over, _, _ = await read_sentinels(sentinel, service, wait_s)
     return address, failing_over
 
 
 async def read_sentinels(sentinel: Any, service: str, wait_s: float = SENTINEL_READ_S
-                         ) -> tuple[tuple[str, int], bool, bool]:
-    """(primary address, a failover in progress, every sentinel answered).
+                         ) -> tuple[tuple[str, int], bool, bool, int]:
+    """(primary address, a failover of it in progress, every sentinel answered, the
+    answer's config epoch).
 
     Every sentinel is asked at once; answers that have not come within ``wait_s``
     seconds are not waited for (the third value is then False). A sentinel that
     refused the connection counts as answered: a sentinel that is down runs no
-    failover.
+    failover. A failover flag counts only on an answer that names the chosen primary:
+    the sentinel leading a failover keeps flagging the old primary's record until it
+    has reconfigured every replica, seconds after the others name the promoted one.
 
     Raises:
         MasterNotFoundError (a redis ConnectionError): no sentinel answered in time, or
@@ -89,8 +94,10 @@ async def read_sentinels(sentinel: Any, service: str, wait_s: float = SENTINEL_R
     state = max(states, key=lambda st: int(st.get("config-epoch", 0)))
     if not sentinel.check_master_state(state, service):
         raise MasterNotFoundError(f"the primary of {service!r} is down (failover pending)")
-    failing_over = any(FAILOVER_FLAG in str(st.get("flags", "")).split(",") for st in states)
-    return (state["ip"], int(state["port"])), failing_over, not pending
+    address = (state["ip"], int(state["port"]))
+    failing_over = any(FAILOVER_FLAG in str(st.get("flags", "")).split(",")
+                       and (st["ip"], int(st["port"])) == address for st in states)
+    return address, failing_over, not pending, int(state.get("config-epoch", 0))
 
 
 def event_service(message: str) -> str:
@@ -119,19 +126,21 @@ class FollowingSentinelPool(SentinelConnectionPool):
     #: failover has switched and writes go there (the leader's failover_in_progress
     #: flag lasts until it has reconfigured every replica, seconds later)
     fenced_from: tuple[str, int] | None = None
+    #: the newest config epoch the sentinels have named (never followed backwards)
+    epoch = 0
     #: (address, failover in progress, monotonic s) of the last read of the sentinels
     _last_read: tuple[tuple[str, int], bool, float] | None = None
 
     async def get_master_address(self) -> tuple[str, int]:
         """The primary to connect to now (the watch's last read when under
-        SENTINEL_READ_S old, so a new connection costs no sentinel round trip).
+        SHARED_READ_S old, so a new connection costs no sentinel round trip).
 
         Raises:
             MasterNotFoundError: no sentinel answers, the primary is down, or a failover
                 is in progress (a ConnectionError: UNAVAILABLE to a caller).
         """
         last = self._last_read
-        if last is not None and time.monotonic() - last[2] < SENTINEL_READ_S:
+        if last is not None and time.monotonic() - last[2] < SHARED_READ_S:
             address = last[0]
         else:
             address = (await self.refresh())[0]
@@ -145,8 +154,12 @@ class FollowingSentinelPool(SentinelConnectionPool):
         Raises:
             MasterNotFoundError: as :func:`read_primary`.
         """
-        address, failing_over, complete = await read_sentinels(self.sentinel_manager,
-                                                               self.service_name)
+        address, failing_over, complete, epoch = await read_sentinels(
+            self.sentinel_manager, self.service_name)
+        if epoch < self.epoch and self.master_address is not None:
+            # only lagging sentinels answered in time: never back to an older config
+            address, failing_over = self.master_address, False
+        self.epoch = max(self.epoch, epoch)
         self._last_read = (address, failing_over, time.monotonic())
         if not self.is_master:
             return address, failing_over

@@ -59,7 +59,11 @@ def _manager(*states: Any) -> Sentinel:
 async def test_the_newest_epoch_wins_over_a_lagging_or_unreachable_sentinel() -> None:
     manager = _manager(_state(6380, 1), RedisConnectionError("down"), _state(6381, 2))
     assert await read_primary(manager, "dtq") == (("10.0.0.1", 6381), False)
+    # the failover's leader still flags the old primary's record while it reconfigures
+    # the replicas: that failover is over for whoever writes to the promoted one
     manager.sentinels[0].state = _state(6380, 1, "master,failover_in_progress")
+    assert await read_primary(manager, "dtq") == (("10.0.0.1", 6381), False)
+    manager.sentinels[2].state = _state(6381, 2, "master,failover_in_progress")
     assert await read_primary(manager, "dtq") == (("10.0.0.1", 6381), True)
     with pytest.raises(MasterNotFoundError):
         await read_primary(_manager(RedisConnectionError("down")), "dtq")
@@ -152,3 +156,14 @@ def test_event_service_reads_both_event_forms() -> None:
     assert event_service("master dtq 127.0.0.1 6379") == "dtq"
     assert event_service("slave 127.0.0.1:6380 127.0.0.1 6380 @ dtq 127.0.0.1 6379") == "dtq"
     assert event_service("") == ""
+
+
+async def test_a_pool_never_follows_an_older_config_epoch() -> None:
+    """When only a lagging sentinel answers in time, the pool keeps the newer primary
+    it knows instead of switching back to the old one."""
+    manager = _manager(_state(6381, 2))
+    pool = FollowingSentinelPool("dtq", manager)
+    await pool.refresh()
+    manager.sentinels[0].state = _state(6380, 1)  # a sentinel that missed the switch
+    await pool.refresh()
+    assert pool.master_address == ("10.0.0.1", 6381) and not pool.fenced
