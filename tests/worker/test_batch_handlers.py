@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import signal
+import sys
+from pathlib import Path
 
 import pytest
 
 from dtq_pyworker import AsyncClient, Retry, TaskStatus, Worker
 from tests.worker.helpers import poll_until, running
 
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
 #: A retry due almost at once (the failed items come back in a second batch).
 QUICK_RETRY = {"backoff_base_ms": 50, "backoff_cap_ms": 50}
 WAIT_S = 30.0  # deadline of each wait for a task's end (the CPU is shared)
@@ -234,3 +240,96 @@ async def test_a_max_in_flight_below_max_size_is_warned_about(gateway, caplog):
             pass
     assert any("max_in_flight is below a batch handler's max_size" in r.getMessage()
                and r.max_size == 10 and r.max_in_flight == 4 for r in caplog.records)
+
+
+async def test_a_wrong_number_of_results_fails_every_item_as_batch_result_error(gateway):
+    worker = _worker(gateway)
+
+    @worker.batch_task("short", max_size=2, max_wait_ms=5000)
+    def short(payloads, ctxs):
+        return payloads[:1]
+
+    async with AsyncClient(f"127.0.0.1:{gateway.port}") as client:
+        ids = await _enqueue_all(client, "short", [1, 2], max_attempts=3)
+        async with running(worker):
+            tasks = await _wait_all(client, ids)
+    for task in tasks:  # not retryable: dead-lettered after one attempt of three
+        assert task.status is TaskStatus.DEAD_LETTERED and len(task.attempts) == 1
+        assert task.attempts[0].error_class == "BatchResultError"
+        assert task.attempts[0].error_message == (
+            "batch handler returned 1 results for 2 tasks (want a list, same order)")
+
+
+async def test_a_batch_still_running_when_the_drain_grace_ends_is_handed_back(gateway):
+    worker = _worker(gateway, drain_grace_s=0.2)
+    started = asyncio.Event()
+
+    @worker.batch_task("stuck", max_size=2, max_wait_ms=5000)
+    async def stuck(payloads, ctxs):
+        started.set()
+        await asyncio.Event().wait()
+
+    async with AsyncClient(f"127.0.0.1:{gateway.port}") as client:
+        ids = await _enqueue_all(client, "stuck", [1, 2])
+        task = asyncio.create_task(worker.run_async(install_signal_handlers=False))
+        await asyncio.wait_for(started.wait(), WAIT_S)
+        worker.stop()
+        await asyncio.wait_for(task, WAIT_S)
+        tasks = [await client.get_task(t) for t in ids]
+    assert [(t.status, t.attempt) for t in tasks] == [(TaskStatus.QUEUED, 1)] * 2
+    assert worker.stats["released"] == 2
+
+
+def test_the_lease_request_counts_a_batch_as_max_size_tasks():
+    from dtq_pyworker._session import lease_request
+
+    worker = Worker(["batch"], "127.0.0.1:1", concurrency=3)
+    worker.task("one")(lambda payload, ctx: None)
+    assert lease_request(worker).concurrency == 3
+    worker.batch_task("many", max_size=50)(lambda payloads, ctxs: None)
+    worker.batch_task("few", max_size=5)(lambda payloads, ctxs: None)
+    assert lease_request(worker).concurrency == 3 + 49 + 4
+
+
+def _doc_example() -> str:
+    text = (ROOT / "docs" / "handlers.md").read_text(encoding="utf-8")
+    return re.search(r"```python\n(# bulk_insert\.py\n.*?)```", text, re.DOTALL).group(1)
+
+
+async def test_handlers_md_batch_example_runs_under_dtq_pyworker(gateway, tmp_path):
+    (tmp_path / "bulk_insert.py").write_text(_doc_example(), encoding="utf-8")
+    target = f"127.0.0.1:{gateway.port}"
+    proc = await asyncio.create_subprocess_exec(
+        str(BIN / "dtq-pyworker"), "bulk_insert:worker", "--target", target, cwd=tmp_path,
+        stderr=asyncio.subprocess.PIPE)
+    try:
+        async with AsyncClient(target) as client:
+            rows = [{"id": n, "later": n == 3} for n in range(5)]
+            results = await client.enqueue_batch(
+                [{"queue": "rows", "task_type": "rows.insert", "payload": r} for r in rows])
+            tasks = await _wait_all(client, [r.task_id for r in results])
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(proc.wait(), WAIT_S)
+    log = (await proc.stderr.read()).decode()
+    assert [t.result for t in tasks] == [{"stored": n} for n in range(5)], log
+    assert [len(t.attempts) for t in tasks] == [1, 1, 1, 2, 1]
+    assert tasks[3].attempts[0].error_class == "Retry"
+    assert code == 0, log
+
+
+def test_bench_smoke_prints_worker_cpu_per_task_for_both_modes(capsys, tmp_path):
+    from bench import batch_handlers
+
+    out = tmp_path / "bh.json"
+    results = batch_handlers.main(["--tasks", "60", "--max-size", "20", "--concurrency", "2",
+                                   "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert printed.startswith("single worker CPU ") and "\nbatch  worker CPU " in printed
+    assert "x less worker CPU per task" in printed
+    for mode in ("single", "batch"):
+        assert results[mode]["tasks"] == 60 and results[mode]["cpu_us_per_task"] > 0
+    assert results["single"]["calls"] == 60 and results["batch"]["calls"] < 60
+    assert results["cpu_ratio_single_over_batch"] > 0
+    assert out.exists()
