@@ -109,6 +109,7 @@ test('a drain releases a gathering batch; the LeaseRequest counts a batch as max
 });
 
 test('bad batch registration is refused naming the option; DTQ_POOL=process refuses batches', () => {
+  assert.equal(require('..').batch, batch); // exported by the package
   const fn = () => {};
   assert.throws(() => batch(fn, { maxSize: 0 }), { name: 'RangeError', message: /^maxSize: / });
   assert.throws(() => batch(fn, { maxSize: 1.5 }), { name: 'RangeError', message: /^maxSize: / });
