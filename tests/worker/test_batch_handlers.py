@@ -333,3 +333,23 @@ def test_bench_smoke_prints_worker_cpu_per_task_for_both_modes(capsys, tmp_path)
     assert results["single"]["calls"] == 60 and results["batch"]["calls"] < 60
     assert results["cpu_ratio_single_over_batch"] > 0
     assert out.exists()
+
+
+async def test_leases_are_heartbeated_while_a_batch_gathers_and_while_it_runs(gateway):
+    # the test gateway's visibility timeout is 2 s: both phases outlast it
+    worker = _worker(gateway)
+    runs: list[int] = []
+
+    @worker.batch_task("patient", max_size=10, max_wait_ms=3000)
+    def patient(payloads, ctxs):
+        runs.append(len(payloads))
+        ctxs[0].cancelled.wait(3.0)  # runs 3 s, longer than the visibility timeout
+        return payloads
+
+    async with AsyncClient(f"127.0.0.1:{gateway.port}") as client:
+        ids = await _enqueue_all(client, "patient", [1, 2], max_attempts=1)
+        async with running(worker):
+            tasks = await _wait_all(client, ids)
+    assert [(t.status, len(t.attempts), t.result) for t in tasks] == [
+        (TaskStatus.SUCCEEDED, 1, 1), (TaskStatus.SUCCEEDED, 1, 2)]
+    assert runs == [2] and worker.stats["stale"] == 0 and worker.stats["lost"] == 0
