@@ -132,8 +132,11 @@ async def test_max_wait_ms_flushes_a_partial_batch(gateway):
 async def test_a_batch_past_its_smallest_timeout_fails_every_item_as_timeout(gateway):
     worker = _worker(gateway)
 
+    seen_ctxs: list = []
+
     @worker.batch_task("slow", max_size=3, max_wait_ms=5000)
     async def slow(payloads, ctxs):
+        seen_ctxs.extend(ctxs)
         await asyncio.sleep(60)
 
     async with AsyncClient(f"127.0.0.1:{gateway.port}") as client:
@@ -147,6 +150,7 @@ async def test_a_batch_past_its_smallest_timeout_fails_every_item_as_timeout(gat
         assert task.attempts[0].error_message == (
             "batch handler exceeded timeout_ms=300 (the smallest of its 3 tasks)")
     assert worker.stats["timeouts"] == 3
+    assert len(seen_ctxs) == 3 and all(c.cancelled.is_set() for c in seen_ctxs)
 
 
 async def test_cancelling_one_item_of_a_running_batch_is_visible_to_the_handler(gateway):
@@ -353,3 +357,17 @@ async def test_leases_are_heartbeated_while_a_batch_gathers_and_while_it_runs(ga
     assert [(t.status, len(t.attempts), t.result) for t in tasks] == [
         (TaskStatus.SUCCEEDED, 1, 1), (TaskStatus.SUCCEEDED, 1, 2)]
     assert runs == [2] and worker.stats["stale"] == 0 and worker.stats["lost"] == 0
+
+
+@pytest.mark.parametrize("value", [{"a": 1}, "ok", [1, 2, 3]])
+def test_a_result_that_is_not_one_entry_per_task_fails_each_as_batch_result_error(value):
+    from dtq_proto import dtq_pb2
+    from dtq_pyworker._batch import map_results
+    from dtq_pyworker._execute import Execution
+
+    items = [Execution(task=dtq_pb2.LeasedTask(lease_id=f"l{n}"), ctx=None) for n in (1, 2)]
+    outcomes = map_results(items, value)
+    assert sorted(outcomes) == ["l1", "l2"]
+    for outcome in outcomes.values():
+        assert outcome.ack_result is None
+        assert (outcome.fail.error_class, outcome.fail.retryable) == ("BatchResultError", False)
