@@ -97,19 +97,9 @@ async def execute(handler: Handler, ex: Execution, executor: Executor) -> Outcom
         payload = decode_payload(task.payload, task.content_type)
     except (ValueError, UnicodeDecodeError) as exc:
         return Outcome(fail=fail_item(task.lease_id, "PayloadDecodeError", str(exc), False))
-    timeout_s = task.timeout_ms / 1000.0 if task.timeout_ms else None
-    loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(None) as scope:  # armed when the handler starts
-
-            def arm(started: float) -> None:
-                """Start the time limit at ``started`` (a time.monotonic() reading)."""
-                if timeout_s is None or scope.when() is not None or scope.expired():
-                    return
-                elapsed_s = time.monotonic() - started  # the loop's clock may differ
-                with contextlib.suppress(RuntimeError):  # the scope already ended
-                    scope.reschedule(loop.time() - elapsed_s + timeout_s)
-
+            arm = arm_on_start(scope, task.timeout_ms)
             value = await _invoke(handler, payload, ex, executor, arm)
             if isinstance(value, Outcome):  # run in a child process: already mapped
                 return value
@@ -127,6 +117,22 @@ async def execute(handler: Handler, ex: Execution, executor: Executor) -> Outcom
         return Outcome(ack_result=encode_result(value))
     except (TypeError, ValueError) as exc:
         return Outcome(fail=fail_item(task.lease_id, "ResultEncodeError", str(exc), False))
+
+
+def arm_on_start(scope: asyncio.Timeout, timeout_ms: int) -> Callable[[float], None]:
+    """``arm(started)``: start ``scope``'s limit of ``timeout_ms`` (0 = none) at
+    ``started``, a time.monotonic() reading taken when the handler started (in its
+    thread for a sync handler); later calls change nothing. Call it on the loop."""
+    loop = asyncio.get_running_loop()
+
+    def arm(started: float) -> None:
+        if not timeout_ms or scope.when() is not None or scope.expired():
+            return
+        elapsed_s = time.monotonic() - started  # the loop's clock may differ
+        with contextlib.suppress(RuntimeError):  # the scope already ended
+            scope.reschedule(loop.time() - elapsed_s + timeout_ms / 1000.0)
+
+    return arm
 
 
 async def _invoke(handler: Handler, payload: Any, ex: Execution, executor: Executor,

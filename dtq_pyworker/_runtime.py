@@ -2,13 +2,17 @@
 
 Every lease the gateway sent is an :class:`Execution` in ``held`` until its
 result is handed to the reporter (or it is dropped as lost). Buffered
-executions wait in FIFO order for one of ``concurrency`` slots.
+executions wait in FIFO order for one of ``concurrency`` slots. Leases of a
+batch handler's type gather in a :class:`~dtq_pyworker._batch.Batch` instead
+(no slot taken while it gathers); a closed batch waits in ``ready`` and runs in
+one slot, ahead of buffered single tasks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -16,6 +20,8 @@ from concurrent.futures import Executor
 
 from dtq_proto import dtq_pb2
 from dtq_pyworker import _tracing
+from dtq_pyworker._batch import Batch, BatchHandler
+from dtq_pyworker._batch_runtime import BatchRuntime
 from dtq_pyworker._execute import (
     STOP_CANCELLED,
     STOP_DRAIN,
@@ -34,11 +40,11 @@ from dtq_pyworker.context import TaskContext
 log = logging.getLogger(__name__)
 
 
-class Runtime:
+class Runtime(BatchRuntime):
     """Runs leased tasks within ``concurrency`` slots and reports their outcomes.
 
     Args:
-        handlers: Handlers by task type.
+        handlers: Handlers by task type (a :class:`BatchHandler` for batch types).
         concurrency: Handler slots.
         executor: Thread pool for sync handlers.
         reporter: Where outcomes go.
@@ -46,7 +52,8 @@ class Runtime:
         count: Callback ``count(name)`` bumping a worker counter.
     """
 
-    def __init__(self, handlers: Mapping[str, Handler], concurrency: int, executor: Executor,
+    def __init__(self, handlers: Mapping[str, Handler | BatchHandler], concurrency: int,
+                 executor: Executor,
                  reporter: ResultReporter, worker_id: str,
                  count: Callable[[str], None]) -> None:
         self.handlers = handlers
@@ -58,7 +65,13 @@ class Runtime:
         self.held: dict[str, Execution] = {}
         self.buffer: deque[str] = deque()
         self.running: dict[str, asyncio.Task] = {}
-        self._orphans: set[Execution] = set()  # stopped, but their sync thread runs on
+        self._orphans: set[Execution | Batch] = set()  # stopped, their sync thread runs on
+        #: Gathering batch by task type; closed batches waiting for a slot; the batch of
+        #: every lease that belongs to one (gathering, waiting or running).
+        self.gathering: dict[str, Batch] = {}
+        self.ready: deque[Batch] = deque()
+        self._batch_of: dict[str, Batch] = {}
+        self._batch_ids = itertools.count(1)
         #: Set when the worker drains: nothing more starts, new arrivals are released.
         self.draining = False
         #: Set when a handler stored a progress report (the heartbeat loop sends it early).
@@ -80,8 +93,12 @@ class Runtime:
             _on_progress=self._progress_reported)
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
-        self.held[task.lease_id] = Execution(task=task, ctx=ctx)
-        self.buffer.append(task.lease_id)
+        ex = self.held[task.lease_id] = Execution(task=task, ctx=ctx)
+        handler = self.handlers.get(task.task_type)
+        if isinstance(handler, BatchHandler) and not self.draining:
+            self._gather(ex, handler)
+        else:
+            self.buffer.append(task.lease_id)
         if self.draining:  # arrived in transit after the drain began: never runs
             self.release_buffered()
             return
@@ -115,8 +132,13 @@ class Runtime:
         return len(self._orphans)
 
     def pump(self) -> None:
-        """Start buffered executions while slots are free."""
-        while not self.draining and self.buffer and self.busy_slots() < self.concurrency:
+        """Start closed batches, then buffered executions, while slots are free."""
+        while not self.draining and self.busy_slots() < self.concurrency:
+            if self.ready:
+                self._start_batch(self.ready.popleft())
+                continue
+            if not self.buffer:
+                break
             lease_id = self.buffer.popleft()
             ex = self.held.get(lease_id)
             if ex is None:
@@ -146,7 +168,9 @@ class Runtime:
             hit += 1
             ex.stop_reason = reason
             ex.ctx.cancelled.set()
-            if ex.handle is None:  # still buffered: never runs
+            if lease_id in self._batch_of:
+                self._stop_batch_item(ex)
+            elif ex.handle is None:  # still buffered: never runs
                 self._drop_buffered(ex)
             else:
                 ex.handle.cancel()
@@ -155,7 +179,20 @@ class Runtime:
     def release_buffered(self) -> int:
         """Hand every buffered (not started) lease back with FAIL_MODE_RELEASE."""
         ids = [i for i in self.buffer if i in self.held]
-        return self.stop(ids, STOP_DRAIN)
+        waiting = [*self.gathering.values(), *self.ready]
+        ids += [ex.task.lease_id for batch in waiting for ex in batch.items]
+        hit = self.stop(ids, STOP_DRAIN)
+        for batch in self.gathering.values():
+            if batch.timer is not None:
+                batch.timer.cancel()
+        self.gathering.clear()
+        self.ready.clear()
+        return hit
+
+    def running_lease_ids(self) -> list[str]:
+        """Leases whose handler runs now: single tasks and unreported batch items."""
+        return [i for i in self.held
+                if i in self.running or (i in self._batch_of and self._batch_of[i].handle)]
 
     def all_lease_ids(self) -> list[str]:
         """Every lease to extend: held executions plus results not yet sent."""
@@ -235,7 +272,7 @@ class Runtime:
         if ex is not None and ex.in_thread:
             self._orphan(ex)
 
-    def _orphan(self, ex: Execution) -> None:
+    def _orphan(self, ex: Execution | Batch) -> None:
         """Keep the slot of a handler whose thread runs on after we stopped waiting
         (its outcome, e.g. Timeout, is reported once, now): no new task takes the
         slot until the thread returns, so tasks behind it do not queue for a busy
@@ -248,10 +285,12 @@ class Runtime:
                 loop.call_soon_threadsafe(self._thread_returned, ex)
 
         ex.on_thread_exit = exited
+        what = ex.log_extra() if isinstance(ex, Batch) else {
+            "task_id": ex.task.task_id, "lease_id": ex.task.lease_id,
+            "stop": ex.stop_reason or "timeout"}
         log.warning("handler still running in its thread after being stopped; its slot "
-                    "stays taken until it returns", extra={
-                        "task_id": ex.task.task_id, "lease_id": ex.task.lease_id,
-                        "stop": ex.stop_reason or "timeout", "stuck_threads": len(self._orphans)})
+                    "stays taken until it returns",
+                    extra={**what, "stuck_threads": len(self._orphans)})
         if not ex.in_thread:  # it returned before the callback was in place
             loop.call_soon(self._thread_returned, ex)
 
@@ -259,7 +298,8 @@ class Runtime:
         if ex in self._orphans:
             self._orphans.discard(ex)
             log.info("stopped handler's thread returned; slot free again",
-                     extra={"task_id": ex.task.task_id})
+                     extra=ex.log_extra() if isinstance(ex, Batch) else
+                     {"task_id": ex.task.task_id})
         self.pump()
 
     def _report(self, ex: Execution, outcome: Outcome) -> None:

@@ -39,7 +39,7 @@ def lease_request(worker: Worker) -> dtq_pb2.LeaseRequest:
     return dtq_pb2.LeaseRequest(
         worker_id=worker.worker_id, queues=worker.queues, task_types=task_types,
         max_in_flight=worker.max_in_flight, hostname=worker.hostname, labels=worker.labels,
-        concurrency=worker.concurrency, sdk=SDK)
+        concurrency=worker.lease_concurrency(), sdk=SDK)
 
 
 async def lease_loop(worker: Worker, stub, runtime: Runtime,

@@ -16,6 +16,7 @@ from typing import Any
 
 from dtq_proto import dtq_pb2
 from dtq_pyworker import _session
+from dtq_pyworker._batch import BatchHandler
 from dtq_pyworker._channel import DEFAULT_TARGET, RECONNECT_MAX_S, Connection, check_target
 from dtq_pyworker._execute import Handler
 from dtq_pyworker._procpool import ProcessPool
@@ -85,6 +86,10 @@ class Worker:
             its thread returns: no new task starts there, a warning is logged and
             heartbeats count the slot in ``active_tasks``.
         max_in_flight: Leases held at once (running + buffered); default 2 * concurrency.
+            A batch handler takes one slot of ``concurrency`` but holds up to
+            ``max_size`` leases: for a batch to fill, ``max_in_flight`` must be at
+            least ``max_size`` (plus what other handlers hold); with less, batches
+            are cut short at ``max_wait_ms`` and a warning is logged at start.
         pool: ``"thread"`` (default) or ``"process"``, else ValueError naming
             ``pool``. With ``"process"`` every handler (sync or async) runs in one
             of ``concurrency`` child processes: a handler past its ``timeout_ms`` is
@@ -170,7 +175,7 @@ class Worker:
         self.reconnect_max_s = reconnect_max_s
         self.channel_options = list(channel_options or [])
         self.hostname = socket.gethostname()
-        self.handlers: dict[str, Handler] = {}
+        self.handlers: dict[str, Handler | BatchHandler] = {}
         self.stats: dict[str, int] = {name: 0 for name in STAT_NAMES}
         self.session: dtq_pb2.SessionInfo | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -217,6 +222,62 @@ class Worker:
             fn = fn.fn
         self.handlers[task_type] = Handler.wrap(fn)
 
+    def batch_task(self, task_type: str, *, max_size: int = 100, max_wait_ms: float = 50,
+                   queue: str | None = None) -> Callable[[Callable], TaskHandle]:
+        """Decorator registering a batch handler ``fn(payloads, ctxs)`` for ``task_type``.
+
+        Leased tasks of the type gather until ``max_size`` are held or ``max_wait_ms``
+        passed since the first, then ``fn`` is called once with the list of their
+        decoded payloads and the list of their :class:`TaskContext` (same order),
+        in one handler slot (an ``async def`` on the event loop, a plain function in
+        the thread pool). ``fn`` returns ``None`` (every task succeeds with a null
+        result) or a list of one result per task, in order, where an exception
+        instance (e.g. ``Retry(after_s=5)``) fails that task alone; an exception
+        raised by ``fn`` fails every task of the batch with it. Each task is acked
+        or failed on its own, with its own retries. The batch's time limit is the
+        smallest ``timeout_ms`` of its tasks; past it every task of the batch fails
+        as ``Timeout`` (retryable). A cancelled task has ``ctx.cancelled`` set and
+        is reported Cancelled at once; its result is ignored. See
+        docs/handlers.md, "Batch handlers".
+
+        Args:
+            task_type: Task type the handler serves.
+            max_size: Most tasks per call, 1..10000 (default 100).
+            max_wait_ms: Longest a batch waits for more tasks after its first, in ms,
+                0..60000 (default 50).
+            queue: Default queue of the handle's ``enqueue``; default the worker's
+                first queue.
+
+        Returns:
+            A decorator returning a :class:`TaskHandle` (``enqueue`` enqueues one
+            task of this type).
+
+        Raises:
+            ValueError: Naming the field: ``max_size`` or ``max_wait_ms`` out of
+                range, an empty ``task_type``, or ``pool="process"`` (batch handlers
+                run in this process only).
+        """
+        def register(fn: Callable) -> TaskHandle:
+            self.register_batch(task_type, fn, max_size=max_size, max_wait_ms=max_wait_ms)
+            return TaskHandle(fn, task_type, queue or self.queues[0], self.client)
+        return register
+
+    def register_batch(self, task_type: str, fn: Callable, *, max_size: int = 100,
+                       max_wait_ms: float = 50) -> None:
+        """Register ``fn`` as the batch handler of ``task_type`` (see :meth:`batch_task`).
+
+        Raises:
+            ValueError: As :meth:`batch_task`.
+        """
+        if not task_type:
+            raise ValueError("task_type must not be empty")
+        if self.pool == "process":
+            raise ValueError(f"batch task {task_type!r}: batch handlers are not supported "
+                             "with pool='process' (use the thread pool)")
+        if isinstance(fn, TaskHandle):
+            fn = fn.fn
+        self.handlers[task_type] = BatchHandler.wrap(task_type, fn, max_size, max_wait_ms)
+
     def client(self) -> Client:
         """A blocking :class:`Client` to this worker's gateway with its credentials,
         made on first use and reused (what ``TaskHandle.enqueue`` uses by default)."""
@@ -245,6 +306,7 @@ class Worker:
             raise RuntimeError("no handlers registered")
         if self.pool not in POOLS:  # the attribute may be set after __init__ (the CLI)
             raise ValueError(f"pool: {self.pool!r} is not one of {', '.join(POOLS)}")
+        self._check_batches()
         processes = (ProcessPool(self.concurrency, self.handlers, self.cancel_grace_s)
                      if self.pool == "process" else None)  # ValueError before any I/O
         self._loop = asyncio.get_running_loop()
@@ -278,6 +340,29 @@ class Worker:
             self._stop_requested = False
             await channel.close()
             log.info("worker stopped", extra={"worker_id": self.worker_id, "stats": self.stats})
+
+    def lease_concurrency(self) -> int:
+        """Tasks this worker can run at once, as said in its LeaseRequest: the slots,
+        plus ``max_size - 1`` per batch handler (a batch runs ``max_size`` tasks in one
+        slot). The gateway reads at most this many tasks per delivery and lets a stream
+        hold twice as many unread leases, so a batch can fill between two heartbeats."""
+        return self.concurrency + sum(h.max_size - 1 for h in self.handlers.values()
+                                      if isinstance(h, BatchHandler))
+
+    def _check_batches(self) -> None:
+        """Refuse batch handlers under the process pool (``pool`` may be set after they
+        were registered, by the CLI); warn when max_in_flight cannot fill a batch."""
+        for task_type, handler in self.handlers.items():
+            if not isinstance(handler, BatchHandler):
+                continue
+            if self.pool == "process":
+                raise ValueError(f"batch task {task_type!r}: batch handlers are not "
+                                 "supported with pool='process' (use the thread pool)")
+            if self.max_in_flight < handler.max_size:
+                log.warning("max_in_flight is below a batch handler's max_size: its "
+                            "batches never fill and run at max_wait_ms", extra={
+                                "task_type": task_type, "max_size": handler.max_size,
+                                "max_in_flight": self.max_in_flight})
 
     def stop(self) -> None:
         """Request a graceful drain (safe from any thread and from signal handlers).
@@ -374,7 +459,7 @@ class Worker:
     def _idle(self) -> bool:
         """Nothing is running or buffered: results wait only the short idle window."""
         runtime = self._runtime
-        return runtime is None or not (runtime.running or runtime.buffer)
+        return runtime is None or not (runtime.running or runtime.held)
 
     async def _end_stream(self, stub: Any, runtime: Runtime, lease_task: asyncio.Task) -> None:
         """Tell the gateway this worker drains and read the Lease stream to its end.
@@ -421,7 +506,7 @@ class Worker:
                                    return_when=asyncio.FIRST_COMPLETED)
         finally:
             force.cancel()
-        left = list(runtime.running)
+        left = runtime.running_lease_ids()
         if left:
             log.warning("drain grace over: handing %d running task(s) back to the gateway "
                         "(FAIL_MODE_RELEASE: back in their queue at once for another worker, "

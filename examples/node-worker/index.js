@@ -53,10 +53,12 @@ if (require.main === module) {
 
 const producer = require('./src/producer');
 const errors = require('./src/errors');
+const { batch } = require('./src/batch');
 
 module.exports = {
   ...producer,
   Worker,
+  batch,
   PermanentError: errors.PermanentError,
   RetryError: errors.RetryError,
   TaskError: errors.TaskError,

@@ -40,7 +40,7 @@ class LeaseSession {
       max_in_flight: c.maxInFlight,
       hostname: c.hostname,
       labels: { language: 'node', node_version: process.version },
-      concurrency: c.concurrency,
+      concurrency: c.leaseConcurrency || c.concurrency, // a batch counts its maxSize tasks
       sdk: 'dtq-node-worker/0.1.0',
     };
   }

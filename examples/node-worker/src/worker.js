@@ -16,6 +16,7 @@ const { FATAL, codeName } = require('./codes');
 const { describeError } = require('./errors');
 const { decodePayload, encodeResult, makeContext } = require('./task');
 const { ProcessPool } = require('./procpool');
+const { Batcher, isBatch, leaseConcurrency } = require('./batch');
 
 const ABORT = Object.freeze({ TIMEOUT: 'timeout', CANCELLED: 'cancelled', LOST: 'lost', DRAIN: 'drain' });
 const DEFAULT_HEARTBEAT_MS = 10000;
@@ -61,7 +62,14 @@ class Worker {
     this.exitCode = 0;
     this.reporter = new Reporter(broker, metadata,
       { flushMs: config.ackFlushMs, onFatal: (err) => this.fatal(err) });
-    this.session = new LeaseSession({ config, broker, metadata }, {
+    const batchTypes = Object.keys(handlers).filter((type) => isBatch(handlers[type]));
+    if (config.pool === 'process' && batchTypes.length > 0) {
+      throw new Error(`batch task ${batchTypes[0]}: batch handlers are not supported with `
+        + 'DTQ_POOL=process (use the default loop pool)');
+    }
+    this.batcher = new Batcher(this, ABORT);
+    const sessionConfig = { ...config, leaseConcurrency: leaseConcurrency(config.concurrency, handlers) };
+    this.session = new LeaseSession({ config: sessionConfig, broker, metadata }, {
       onSession: (info) => this.onSession(info),
       onTask: (task) => this.onTask(task),
       onFatal: (err) => this.fatal(err),
@@ -91,17 +99,21 @@ class Worker {
     const lease = { task, id: task.lease_id, phase: 'buffered', controller: null };
     this.held.set(lease.id, lease);
     if (this.state === 'running') {
-      this.buffer.push(lease);
+      const handler = this.handlers[task.task_type];
+      if (isBatch(handler)) this.batcher.add(lease, handler);
+      else this.buffer.push(lease);
       this.pump();
       return;
     }
     this.release(lease, 'worker draining'); // in transit when the drain began: never runs
   }
 
+  /** Start closed batches (each in one slot), then buffered tasks, while slots are free. */
   pump() {
-    while (this.state === 'running' && this.running.size < this.config.concurrency
-      && this.buffer.length > 0) {
-      this.start(this.buffer.shift());
+    while (this.state === 'running' && this.running.size < this.config.concurrency) {
+      if (this.batcher.ready.length > 0) this.batcher.run(this.batcher.ready.shift());
+      else if (this.buffer.length > 0) this.start(this.buffer.shift());
+      else break;
     }
   }
 
@@ -303,7 +315,9 @@ class Worker {
   onLost(id) {
     const lease = this.held.get(id);
     if (!lease) return;
-    if (lease.phase === 'buffered') {
+    if (this.batcher.remove(lease)) {
+      this.drop(lease);
+    } else if (lease.phase === 'buffered') {
       this.buffer = this.buffer.filter((l) => l !== lease);
       this.drop(lease);
     } else if (lease.phase === 'running') {
@@ -318,7 +332,9 @@ class Worker {
   onCancelled(id) {
     const lease = this.held.get(id);
     if (!lease) return;
-    if (lease.phase === 'buffered') {
+    if (this.batcher.remove(lease)) {
+      this.reportCancelled(lease);
+    } else if (lease.phase === 'buffered') {
       this.buffer = this.buffer.filter((l) => l !== lease);
       this.reportCancelled(lease);
     } else if (lease.phase === 'running') {
@@ -343,7 +359,7 @@ class Worker {
     log.info('draining', { running: this.running.size, buffered: this.buffer.length,
       grace_ms: this.config.drainGraceMs });
     const graceTimer = setTimeout(() => this.abortRunning(ABORT.DRAIN), this.config.drainGraceMs);
-    const buffered = this.buffer.splice(0);
+    const buffered = [...this.buffer.splice(0), ...this.batcher.takeWaiting()];
     buffered.forEach((lease) => this.release(lease, 'worker draining'));
     if (this.heartbeatTimer) clearTimeout(this.heartbeatTimer);
     if (this.progressTimer) clearTimeout(this.progressTimer);
