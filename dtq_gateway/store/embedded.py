@@ -69,6 +69,11 @@ def _load_prctl() -> Callable[..., int] | None:
 
 
 _PRCTL = _load_prctl()
+#: util-linux's setpriv, which sets the parent-death signal and then execs redis-server:
+#: no Python code runs in the forked child (a ``preexec_fn`` in a process with grpc's
+#: threads could abort the child with SIGABRT before redis-server ran). Where it is
+#: missing, ``preexec_fn`` sets the signal instead.
+_SETPRIV = shutil.which("setpriv")
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
@@ -144,10 +149,14 @@ class EmbeddedRedis:
                "--hash-max-ziplist-value", "1024"]  # 6.2 name, an alias in 7.x
         if self.unix_socket:
             cmd += ["--unixsocket", self.unix_socket, "--unixsocketperm", "700"]
+        # redis-server gets SIGTERM when the gateway dies (PR_SET_PDEATHSIG), from
+        # setpriv where it exists, else from a preexec_fn
+        if _SETPRIV:
+            cmd = [_SETPRIV, "--pdeathsig", "TERM", *cmd]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, pass_fds=(self._lock_fd,),
                                      process_group=0,  # a Ctrl-C reaches the gateway only
-                                     preexec_fn=_die_with_parent)  # noqa: PLW1509 - set at startup, before threads
+                                     preexec_fn=None if _SETPRIV else _die_with_parent)  # noqa: PLW1509 - fallback only
         client = redis.Redis.from_url(self.url, socket_timeout=1)
         deadline = time.monotonic() + timeout_s
         try:

@@ -152,3 +152,36 @@ def test_one_embedded_redis_per_directory(tmp_path):
     again = EmbeddedRedis(str(tmp_path / "redis"))
     again.start()
     again.stop()
+
+
+def test_the_embedded_redis_ends_with_its_gateway(tmp_path):
+    """The gateway SIGKILLed (no chance to stop anything): its embedded redis-server
+    gets the parent-death signal and exits too, instead of holding the AOF."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import sys, time\n"
+            "from dtq_gateway.store.embedded import EmbeddedRedis\n"
+            "r = EmbeddedRedis(sys.argv[1])\n"
+            "r.start()\n"
+            "print(r.proc.pid, flush=True)\n"
+            "time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "redis")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        server = int(parent.stdout.readline())
+    finally:
+        parent.kill()
+        parent.wait(timeout=30)
+
+    def gone() -> bool:  # exited (a zombie where nothing reaps orphans) or reaped
+        try:
+            with open(f"/proc/{server}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except FileNotFoundError:
+            return True
+    deadline = time.monotonic() + 20
+    while not gone():
+        assert time.monotonic() < deadline, "redis-server outlived its gateway"
+        time.sleep(0.05)
