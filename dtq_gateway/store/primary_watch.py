@@ -91,13 +91,22 @@ async def read_sentinels(sentinel: Any, service: str, wait_s: float = SENTINEL_R
     states = [r for r in replies if isinstance(r, dict) and "ip" in r]
     if not states:
         raise MasterNotFoundError(f"no sentinel named a primary for {service!r}")
-    state = max(states, key=lambda st: int(st.get("config-epoch", 0)))
+    # newest config epoch first; on a tie, an answer without a failover in progress:
+    # once the replica is promoted the failover's leader already reports the new epoch
+    # but still names the old primary (its record switches at +switch-master, after
+    # it has reconfigured the replicas), while the other sentinels name the new one
+    state = max(states, key=lambda st: (int(st.get("config-epoch", 0)), not _flagged(st)))
     if not sentinel.check_master_state(state, service):
         raise MasterNotFoundError(f"the primary of {service!r} is down (failover pending)")
     address = (state["ip"], int(state["port"]))
-    failing_over = any(FAILOVER_FLAG in str(st.get("flags", "")).split(",")
-                       and (st["ip"], int(st["port"])) == address for st in states)
+    failing_over = any(_flagged(st) and (st["ip"], int(st["port"])) == address
+                       for st in states)
     return address, failing_over, not pending, int(state.get("config-epoch", 0))
+
+
+def _flagged(state: dict[str, Any]) -> bool:
+    """True when a SENTINEL MASTER answer flags a failover in progress."""
+    return FAILOVER_FLAG in str(state.get("flags", "")).split(",")
 
 
 def event_service(message: str) -> str:

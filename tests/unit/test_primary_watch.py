@@ -167,3 +167,13 @@ async def test_a_pool_never_follows_an_older_config_epoch() -> None:
     manager.sentinels[0].state = _state(6380, 1)  # a sentinel that missed the switch
     await pool.refresh()
     assert pool.master_address == ("10.0.0.1", 6381) and not pool.fenced
+
+
+async def test_the_failover_leader_still_naming_the_old_primary_loses_the_tie() -> None:
+    """After the promotion the failover's leader reports the new epoch but still the old
+    primary, flagged, while the others already name the promoted one with that epoch:
+    the promoted one wins whatever order the answers come in (a tie went either way and
+    the gateway flipped between the two every 0.5 s)."""
+    leader, other = _state(6380, 2, "master,failover_in_progress"), _state(6381, 2)
+    for order in ((leader, other), (other, leader)):
+        assert await read_primary(_manager(*order), "dtq") == (("10.0.0.1", 6381), False)
