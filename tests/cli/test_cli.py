@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -339,7 +340,10 @@ def test_delete_queue(env):
     assert refused.exit_code == 1 and "gone-q" in {q["name"] for q in env.json("queues")}
     done = env.run("delete-queue", "gone-q", "--reason", "retired", input="y\n")
     assert done.exit_code == 0, done.output
-    assert done.stdout.strip() == f"gone-q deleted ({len(dry['keys'])} keys)"
+    # the keys the dry run listed; the leader's duties may drop one meanwhile (the busy
+    # marker of a drained queue) or add a history sample
+    deleted = re.fullmatch(r"gone-q deleted \((\d+) keys\)", done.stdout.strip())
+    assert deleted and abs(int(deleted.group(1)) - len(dry["keys"])) <= 1, done.stdout
     assert "gone-q" not in {q["name"] for q in env.json("queues")}
     assert env.json("audit", "-n", "1")[0]["action"] == "delete_queue"
     again = env.run("delete-queue", "gone-q", "--yes")
