@@ -33,7 +33,6 @@ import asyncio
 import contextvars
 import hmac
 import ipaddress
-import json
 import logging
 import re
 import socket
@@ -57,6 +56,7 @@ from dtq_gateway.web import dashboard_api as api
 from dtq_gateway.web import dashboard_pages
 from dtq_gateway.web.dashboard_events import event_stream
 from dtq_gateway.web.http_log import SERVER_LOG
+from dtq_gateway.web.json_body import MAX_BODY_BYTES, read_json_object
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +80,6 @@ STATIC = {"/": ("index.html", "text/html"), "/static/app.js": ("app.js", "text/j
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:/-]{1,128}\Z")
-#: Largest request body accepted (bytes).
-MAX_BODY_BYTES = 64 * 1024
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 #: The authenticated caller of the request being handled (None without tokens).
 _principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
@@ -283,28 +281,8 @@ class Dashboard:
                         request_id=supplied if _REQUEST_ID_RE.match(supplied)
                         else uuid.uuid4().hex)
 
-    @staticmethod
-    async def _body(request: web.Request) -> dict[str, Any]:
-        if (request.content_length or 0) > MAX_BODY_BYTES:  # refused before reading
-            raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY_BYTES,
-                                                actual_size=request.content_length)
-        raw = await request.read()
-        if not raw:
-            return {}
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            raise InvalidArgument("body: not valid JSON", field="body") from None
-        except RecursionError:
-            raise InvalidArgument("body: JSON nested too deeply", field="body") from None
-        if not isinstance(body, dict):
-            raise InvalidArgument("body: must be a JSON object", field="body")
-        bad = _lone_surrogate_at(body)
-        if bad is not None:  # "\ud800" is valid JSON but no UTF-8 text: refused here
-            field = ".".join(bad) or "body"
-            raise InvalidArgument(f"{field}: not valid Unicode text (a lone surrogate "
-                                  "escape such as \\ud800)", field=field)
-        return body
+    #: the JSON object a POST carries (dtq_gateway.web.json_body)
+    _body = staticmethod(read_json_object)
 
     @staticmethod
     def _queue_name(request: web.Request) -> str:
@@ -428,27 +406,3 @@ async def _security_headers(request: web.Request, response: web.StreamResponse) 
     if request.path.startswith("/api/"):
         response.headers["Cache-Control"] = "no-store"
 
-
-def _lone_surrogate_at(value: Any, path: tuple[str, ...] = ()) -> tuple[str, ...] | None:
-    """The path (keys, list indexes) to the first string or key of a decoded JSON value
-    that cannot be UTF-8 (a lone surrogate from an escape like ``\\ud800``), or None.
-    Such text would fail deep inside a handler (INTERNAL) instead of being refused."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return path
-        return None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            found = _lone_surrogate_at(key, path) if isinstance(key, str) else None
-            if found is None:
-                found = _lone_surrogate_at(item, (*path, str(key)))
-            if found is not None:
-                return found
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            found = _lone_surrogate_at(item, (*path, str(i)))
-            if found is not None:
-                return found
-    return None

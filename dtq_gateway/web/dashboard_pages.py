@@ -27,6 +27,7 @@ from dtq_gateway.store import admin, history, ratelimits, schedules, task_links
 from dtq_gateway.store.admin import CallInfo
 from dtq_gateway.store.audit import append_audit
 from dtq_gateway.web import dashboard_api as api
+from dtq_gateway.web.json_body import read_json_object
 
 #: Most schedules or rate limits on one page.
 PAGE_MAX = 500
@@ -161,7 +162,7 @@ def add_routes(app: web.Application, dash: Any) -> None:
 
     def schedule_post(action: str) -> Handler:
         async def handle(request: web.Request) -> web.Response:
-            await dash._body(request)
+            await read_json_object(request)
             return web.json_response(await schedule_action(
                 b, request.match_info["name"], action, dash._call(request)))
         return handle
