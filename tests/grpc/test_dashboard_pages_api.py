@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import aiohttp
 import pytest
@@ -14,6 +13,7 @@ import redis.asyncio as aioredis
 from dtq_gateway.store import history
 from dtq_proto import dtq_pb2
 from tests.support.dashboard import dashboard_gateway
+from tests.support.leasing import poll
 
 ADMIN, PRODUCER = "admin-token-1", "producer-token-1"
 TOKENS = f"{ADMIN}=admin:alice,{PRODUCER}=producer:bob"
@@ -128,14 +128,10 @@ async def test_history_is_shared_survives_a_restart_and_is_bounded(redis_url):
             aiohttp.ClientSession() as http:
         await dg.enqueue("shared", "t", {})
         redis = dg.gateway.redis
-        deadline = time.monotonic() + 60
-        while await redis.llen("dtq:history:{shared}") < 6:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.1)
+        await poll(lambda: redis.llen("dtq:history:{shared}"), lambda n: n >= 6, 60, 0.1)
         newest = await redis.lindex("dtq:history", 0)
-        while await redis.lindex("dtq:history", 0) == newest:  # one more sample
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.1)
+        await poll(lambda: redis.lindex("dtq:history", 0), lambda v: v != newest,  # one more
+                   60, 0.1)
         assert await redis.llen("dtq:history:{shared}") == 6
         assert await redis.llen("dtq:history") == 6
         assert 0 < await redis.pttl("dtq:history:{shared}") <= 6 * 500
@@ -156,10 +152,7 @@ async def test_samples_count_each_outcome_once_and_hide_their_baselines(redis_ur
     async with dashboard_gateway(redis_url, history_interval_s=3600) as dg:
         r = aioredis.from_url(redis_url)
         try:
-            deadline = asyncio.get_running_loop().time() + 30
-            while not await r.exists("dtq:history"):  # the leader's first sample is done
-                assert asyncio.get_running_loop().time() < deadline
-                await asyncio.sleep(0.05)
+            await poll(lambda: r.exists("dtq:history"), bool, 30, 0.05)  # the first sample
             first = await history.take_sample(r, ["work"], 0, 1_000, 10, 60_000)
             assert first["work"]["succeeded"] == 0
             for i in range(3):

@@ -157,9 +157,7 @@ def test_one_embedded_redis_per_directory(tmp_path):
 def test_the_embedded_redis_ends_with_its_gateway(tmp_path):
     """The gateway SIGKILLed (no chance to stop anything): its embedded redis-server
     gets the parent-death signal and exits too, instead of holding the AOF."""
-    import subprocess
-    import sys
-    import time
+    from tests.system.chaos_support import wait_until
 
     code = ("import sys, time\n"
             "from dtq_gateway.store.embedded import EmbeddedRedis\n"
@@ -181,7 +179,4 @@ def test_the_embedded_redis_ends_with_its_gateway(tmp_path):
                 return f.read().rsplit(")", 1)[1].split()[0] == "Z"
         except FileNotFoundError:
             return True
-    deadline = time.monotonic() + 20
-    while not gone():
-        assert time.monotonic() < deadline, "redis-server outlived its gateway"
-        time.sleep(0.05)
+    wait_until(gone, 20, "redis-server to end with its gateway")
