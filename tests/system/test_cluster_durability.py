@@ -52,7 +52,7 @@ def cluster_env(tmp_path: Path) -> Iterator[tuple[RedisClusterSetup, FailoverEnv
 def test_cluster_failover_with_durable_acks_loses_no_acknowledged_task(
         cluster_env, kill: bool) -> None:
     setup, env, owner = cluster_env
-    gw = env.gateway(extra={"redis-min-replicas-ack": "0"})
+    gw = env.gateway(extra={"redis-min-replicas-ack": "1"})
     client = env.client(gw.target)
     for i in (1, 2):
         env.worker(gw.target, f"w-{i}", concurrency=4)
