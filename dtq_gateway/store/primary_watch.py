@@ -163,8 +163,14 @@ class FollowingSentinelPool(SentinelConnectionPool):
         Raises:
             MasterNotFoundError: as :func:`read_primary`.
         """
-        address, failing_over, complete, epoch = await read_sentinels(
-            self.sentinel_manager, self.service_name)
+        return await self.apply(await read_sentinels(self.sentinel_manager,
+                                                     self.service_name))
+
+    async def apply(self, read: tuple[tuple[str, int], bool, bool, int]
+                    ) -> tuple[tuple[str, int], bool]:
+        """Act on one :func:`read_sentinels` answer (fence, switch, unfence); returns
+        (the primary to use, a failover in progress)."""
+        address, failing_over, complete, epoch = read
         if epoch < self.epoch and self.master_address is not None:
             # only lagging sentinels answered in time: never back to an older config
             address, failing_over = self.master_address, False
@@ -252,14 +258,12 @@ class PrimaryWatch:
         """Read the primary now; a changed address switches each pool over.
 
         Raises:
-            MasterNotFoundError: as FollowingSentinelPool.refresh (the other pools are
-                still checked first).
+            MasterNotFoundError: as :func:`read_sentinels` (no pool is changed).
         """
-        results = await asyncio.gather(*(pool.refresh() for pool in self.pools),
-                                       return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
+        first = self.pools[0]
+        read = await read_sentinels(first.sentinel_manager, first.service_name)
+        for pool in self.pools:  # one read of the sentinels serves every client
+            await pool.apply(read)
 
     async def _poll(self) -> None:
         while True:
