@@ -104,7 +104,8 @@ class HealthProbe:
         if ok:
             try:
                 if self.script_flags is None:  # once: Redis 6.2 takes no script flags
-                    self.script_flags = await redis_health.detect_script_flags(self.redis)
+                    self.script_flags = await redis_health.detect_script_flags(
+                        self.probe_redis)
                 await self.policy.maybe_check()
                 await self._check_memory()
             except Exception:  # Redis went away: keep the last known state
