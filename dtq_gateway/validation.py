@@ -65,6 +65,9 @@ class NewTask:
     #: and the SHA-256 hex of the debounce key (the record's name, keys.debounce).
     debounce_spec: str = ""
     debounce_digest: str = ""
+    #: Concurrency key ("" = none; docs/fairness.md): at most the queue's per-key limit
+    #: of tasks with the same key are active at once.
+    concurrency_key: str = ""
 
 
 def check_queue(queue: str, field: str = "queue") -> str:
@@ -73,6 +76,21 @@ def check_queue(queue: str, field: str = "queue") -> str:
         raise InvalidArgument(f"{field}: queue name must match [A-Za-z0-9_.-]{{1,64}}",
                               field=field)
     return queue
+
+
+#: Most bytes of EnqueueRequest.concurrency_key (UTF-8).
+MAX_CONCURRENCY_KEY_BYTES = 128
+
+
+def check_concurrency_key(ckey: str, field: str = "concurrency_key") -> str:
+    """Return ``ckey`` ("" = none) if it is at most 128 bytes of UTF-8 without control
+    characters, else raise InvalidArgument naming ``field``."""
+    if len(ckey.encode()) > MAX_CONCURRENCY_KEY_BYTES:
+        raise InvalidArgument(f"{field}: at most {MAX_CONCURRENCY_KEY_BYTES} bytes",
+                              field=field)
+    if any(ord(c) < 32 or ord(c) == 127 for c in ckey):
+        raise InvalidArgument(f"{field}: must not contain control characters", field=field)
+    return ckey
 
 
 def check_worker_id(worker_id: str, field: str = "worker_id") -> str:
@@ -365,6 +383,7 @@ def validate_enqueue(req: dtq_pb2.EnqueueRequest, settings: Settings,
                               f"{cap} ms{given})", field=field)
     idem = req.idempotency_key
     debounce_spec, debounce_digest = _debounce(req, prefix)
+    ckey = check_concurrency_key(req.concurrency_key, prefix + "concurrency_key")
     return NewTask(
         task_id=keys.new_task_id(req.queue), queue=req.queue, task_type=req.task_type,
         payload=req.payload, content_type=content_type, priority=priority,
@@ -373,4 +392,4 @@ def validate_enqueue(req: dtq_pb2.EnqueueRequest, settings: Settings,
         metadata_json=_metadata(req, prefix, trace), backoff_base_ms=base, backoff_cap_ms=cap,
         delay_ms=req.delay_ms, not_before_ms=req.not_before_ms,
         expires_at_ms=req.expires_at_ms, ttl_ms=req.ttl_ms,
-        debounce_spec=debounce_spec, debounce_digest=debounce_digest)
+        debounce_spec=debounce_spec, debounce_digest=debounce_digest, concurrency_key=ckey)

@@ -114,7 +114,7 @@ class RetryPolicy(_message.Message):
     def __init__(self, backoff_base_ms: _Optional[int] = ..., backoff_cap_ms: _Optional[int] = ...) -> None: ...
 
 class EnqueueRequest(_message.Message):
-    __slots__ = ("queue", "task_type", "payload", "content_type", "priority", "max_attempts", "timeout_ms", "idempotency_key", "delay_ms", "not_before_ms", "expires_at_ms", "ttl_ms", "retry_policy", "metadata", "traceparent", "tracestate", "chain", "debounce")
+    __slots__ = ("queue", "task_type", "payload", "content_type", "priority", "max_attempts", "timeout_ms", "idempotency_key", "delay_ms", "not_before_ms", "expires_at_ms", "ttl_ms", "retry_policy", "metadata", "traceparent", "tracestate", "chain", "debounce", "concurrency_key")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +140,7 @@ class EnqueueRequest(_message.Message):
     TRACESTATE_FIELD_NUMBER: _ClassVar[int]
     CHAIN_FIELD_NUMBER: _ClassVar[int]
     DEBOUNCE_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     queue: str
     task_type: str
     payload: bytes
@@ -158,7 +159,8 @@ class EnqueueRequest(_message.Message):
     tracestate: str
     chain: _containers.RepeatedCompositeFieldContainer[EnqueueRequest]
     debounce: Debounce
-    def __init__(self, queue: _Optional[str] = ..., task_type: _Optional[str] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., priority: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., delay_ms: _Optional[int] = ..., not_before_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., chain: _Optional[_Iterable[_Union[EnqueueRequest, _Mapping]]] = ..., debounce: _Optional[_Union[Debounce, _Mapping]] = ...) -> None: ...
+    concurrency_key: str
+    def __init__(self, queue: _Optional[str] = ..., task_type: _Optional[str] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., priority: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., delay_ms: _Optional[int] = ..., not_before_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., chain: _Optional[_Iterable[_Union[EnqueueRequest, _Mapping]]] = ..., debounce: _Optional[_Union[Debounce, _Mapping]] = ..., concurrency_key: _Optional[str] = ...) -> None: ...
 
 class Debounce(_message.Message):
     __slots__ = ("key", "window_ms", "mode", "max_delay_ms")
@@ -1162,6 +1164,80 @@ class ListRateLimitsResponse(_message.Message):
     rate_limits: _containers.RepeatedCompositeFieldContainer[RateLimit]
     next_page_token: str
     def __init__(self, rate_limits: _Optional[_Iterable[_Union[RateLimit, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class SetConcurrencyLimitRequest(_message.Message):
+    __slots__ = ("queue", "max_active_per_key")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    MAX_ACTIVE_PER_KEY_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    max_active_per_key: int
+    def __init__(self, queue: _Optional[str] = ..., max_active_per_key: _Optional[int] = ...) -> None: ...
+
+class SetConcurrencyLimitResponse(_message.Message):
+    __slots__ = ("created",)
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    created: bool
+    def __init__(self, created: _Optional[bool] = ...) -> None: ...
+
+class GetConcurrencyRequest(_message.Message):
+    __slots__ = ("queue", "max_keys")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    MAX_KEYS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    max_keys: int
+    def __init__(self, queue: _Optional[str] = ..., max_keys: _Optional[int] = ...) -> None: ...
+
+class ConcurrencyKeyStats(_message.Message):
+    __slots__ = ("key", "active", "waiting")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    active: int
+    waiting: int
+    def __init__(self, key: _Optional[str] = ..., active: _Optional[int] = ..., waiting: _Optional[int] = ...) -> None: ...
+
+class GetConcurrencyResponse(_message.Message):
+    __slots__ = ("queue", "max_active_per_key", "keys", "key_count")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    MAX_ACTIVE_PER_KEY_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    KEY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    max_active_per_key: int
+    keys: _containers.RepeatedCompositeFieldContainer[ConcurrencyKeyStats]
+    key_count: int
+    def __init__(self, queue: _Optional[str] = ..., max_active_per_key: _Optional[int] = ..., keys: _Optional[_Iterable[_Union[ConcurrencyKeyStats, _Mapping]]] = ..., key_count: _Optional[int] = ...) -> None: ...
+
+class DeleteConcurrencyLimitRequest(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    def __init__(self, queue: _Optional[str] = ...) -> None: ...
+
+class DeleteConcurrencyLimitResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
+
+class ListConcurrencyLimitsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ConcurrencyLimit(_message.Message):
+    __slots__ = ("queue", "max_active_per_key")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    MAX_ACTIVE_PER_KEY_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    max_active_per_key: int
+    def __init__(self, queue: _Optional[str] = ..., max_active_per_key: _Optional[int] = ...) -> None: ...
+
+class ListConcurrencyLimitsResponse(_message.Message):
+    __slots__ = ("limits",)
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    limits: _containers.RepeatedCompositeFieldContainer[ConcurrencyLimit]
+    def __init__(self, limits: _Optional[_Iterable[_Union[ConcurrencyLimit, _Mapping]]] = ...) -> None: ...
 
 class TaskProgress(_message.Message):
     __slots__ = ("lease_id", "percent", "message")

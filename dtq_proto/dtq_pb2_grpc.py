@@ -574,6 +574,26 @@ class AdminStub:
                 request_serializer=dtq__proto_dot_dtq__pb2.ListRateLimitsRequest.SerializeToString,
                 response_deserializer=dtq__proto_dot_dtq__pb2.ListRateLimitsResponse.FromString,
                 _registered_method=True)
+        self.SetConcurrencyLimit = channel.unary_unary(
+                '/dtq.v1.Admin/SetConcurrencyLimit',
+                request_serializer=dtq__proto_dot_dtq__pb2.SetConcurrencyLimitRequest.SerializeToString,
+                response_deserializer=dtq__proto_dot_dtq__pb2.SetConcurrencyLimitResponse.FromString,
+                _registered_method=True)
+        self.GetConcurrency = channel.unary_unary(
+                '/dtq.v1.Admin/GetConcurrency',
+                request_serializer=dtq__proto_dot_dtq__pb2.GetConcurrencyRequest.SerializeToString,
+                response_deserializer=dtq__proto_dot_dtq__pb2.GetConcurrencyResponse.FromString,
+                _registered_method=True)
+        self.DeleteConcurrencyLimit = channel.unary_unary(
+                '/dtq.v1.Admin/DeleteConcurrencyLimit',
+                request_serializer=dtq__proto_dot_dtq__pb2.DeleteConcurrencyLimitRequest.SerializeToString,
+                response_deserializer=dtq__proto_dot_dtq__pb2.DeleteConcurrencyLimitResponse.FromString,
+                _registered_method=True)
+        self.ListConcurrencyLimits = channel.unary_unary(
+                '/dtq.v1.Admin/ListConcurrencyLimits',
+                request_serializer=dtq__proto_dot_dtq__pb2.ListConcurrencyLimitsRequest.SerializeToString,
+                response_deserializer=dtq__proto_dot_dtq__pb2.ListConcurrencyLimitsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -791,6 +811,37 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetConcurrencyLimit(self, request, context):
+        """SetConcurrencyLimit sets or changes a queue's per-key concurrency limit, shared by
+        every gateway: from then on at most max_active_per_key tasks with the same
+        concurrency key are active at once (docs/fairness.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetConcurrency(self, request, context):
+        """GetConcurrency reads a queue's per-key limit and its busiest keys.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteConcurrencyLimit(self, request, context):
+        """DeleteConcurrencyLimit removes a queue's per-key limit; the tasks it held back
+        go back to their bands. deleted=false when there was none.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListConcurrencyLimits(self, request, context):
+        """ListConcurrencyLimits lists the queues that have a per-key limit, sorted by queue.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -923,6 +974,26 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ListRateLimits,
                     request_deserializer=dtq__proto_dot_dtq__pb2.ListRateLimitsRequest.FromString,
                     response_serializer=dtq__proto_dot_dtq__pb2.ListRateLimitsResponse.SerializeToString,
+            ),
+            'SetConcurrencyLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetConcurrencyLimit,
+                    request_deserializer=dtq__proto_dot_dtq__pb2.SetConcurrencyLimitRequest.FromString,
+                    response_serializer=dtq__proto_dot_dtq__pb2.SetConcurrencyLimitResponse.SerializeToString,
+            ),
+            'GetConcurrency': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetConcurrency,
+                    request_deserializer=dtq__proto_dot_dtq__pb2.GetConcurrencyRequest.FromString,
+                    response_serializer=dtq__proto_dot_dtq__pb2.GetConcurrencyResponse.SerializeToString,
+            ),
+            'DeleteConcurrencyLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteConcurrencyLimit,
+                    request_deserializer=dtq__proto_dot_dtq__pb2.DeleteConcurrencyLimitRequest.FromString,
+                    response_serializer=dtq__proto_dot_dtq__pb2.DeleteConcurrencyLimitResponse.SerializeToString,
+            ),
+            'ListConcurrencyLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListConcurrencyLimits,
+                    request_deserializer=dtq__proto_dot_dtq__pb2.ListConcurrencyLimitsRequest.FromString,
+                    response_serializer=dtq__proto_dot_dtq__pb2.ListConcurrencyLimitsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1631,6 +1702,114 @@ class Admin:
             '/dtq.v1.Admin/ListRateLimits',
             dtq__proto_dot_dtq__pb2.ListRateLimitsRequest.SerializeToString,
             dtq__proto_dot_dtq__pb2.ListRateLimitsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetConcurrencyLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dtq.v1.Admin/SetConcurrencyLimit',
+            dtq__proto_dot_dtq__pb2.SetConcurrencyLimitRequest.SerializeToString,
+            dtq__proto_dot_dtq__pb2.SetConcurrencyLimitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetConcurrency(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dtq.v1.Admin/GetConcurrency',
+            dtq__proto_dot_dtq__pb2.GetConcurrencyRequest.SerializeToString,
+            dtq__proto_dot_dtq__pb2.GetConcurrencyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteConcurrencyLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dtq.v1.Admin/DeleteConcurrencyLimit',
+            dtq__proto_dot_dtq__pb2.DeleteConcurrencyLimitRequest.SerializeToString,
+            dtq__proto_dot_dtq__pb2.DeleteConcurrencyLimitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListConcurrencyLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dtq.v1.Admin/ListConcurrencyLimits',
+            dtq__proto_dot_dtq__pb2.ListConcurrencyLimitsRequest.SerializeToString,
+            dtq__proto_dot_dtq__pb2.ListConcurrencyLimitsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -649,11 +649,14 @@ class Dispatcher:
                                                 self.settings.task_retention_s, parsed, modes)
         tasks = []
         returns: dict[str, Counter[str]] = {}
+        parked = 0
         for i, ((stream, entry_id, f), digest, rep) in enumerate(zip(parsed, digests, replies)):
             kind = _s(rep[0])
             if kind == "ok":
                 tasks.append(self._leased_task(session, stream, entry_id, f, digest, rep))
                 continue
+            if kind == "parked":
+                parked += 1
             if kind == "expired":
                 observe.expired(_s(f["queue"]))
             queue = _s(f["queue"])
@@ -664,6 +667,12 @@ class Dispatcher:
                     back[_s(f["task_type"])] += 1
         if returns:
             await ratelimits.give_back(self.redis, returns)
+        if parked:
+            # parked entries left their streams (their key is at its concurrency limit):
+            # the credit they took is free and a re-read reaches what was behind them,
+            # so it does not count as one of the LIMIT_REREADS rounds
+            session.limit_held += parked
+            session.limit_rounds = 0
         if put_back:
             return 0
         if session.closed:

@@ -17,6 +17,7 @@ import grpc
 from dtq_gateway import metrics, task_filters
 from dtq_gateway.errors import InvalidArgument, NotFound, Unavailable
 from dtq_gateway.queue_rates import RATES
+from dtq_gateway.rpc.admin_concurrency import ConcurrencyRpcs
 from dtq_gateway.rpc.auth import actor_of
 from dtq_gateway.rpc.grpc_errors import mapped_errors
 from dtq_gateway.settings import Settings
@@ -115,7 +116,7 @@ def _redrive_filter(req: pb.RedriveDeadLettersRequest) -> admin_dlq.RedriveFilte
                                    max_age_ms=req.max_age_ms)
 
 
-class AdminServicer(dtq_pb2_grpc.AdminServicer):
+class AdminServicer(ConcurrencyRpcs, dtq_pb2_grpc.AdminServicer):
     """Implements dtq.v1.Admin.
 
     Args:

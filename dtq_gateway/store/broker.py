@@ -30,7 +30,7 @@ from dtq_gateway.validation import NewTask
 log = logging.getLogger(__name__)
 
 ENQUEUE = Script("enqueue")
-CANCEL = Script("cancel", helpers=("_finished",), allow_oom=True)
+CANCEL = Script("cancel", helpers=("_finished", "_concurrency"), allow_oom=True)
 #: Most tasks per enqueue.lua call: bounds how long one script holds Redis (~25 us each).
 CHUNK = 100
 #: Most calls one debounced enqueue makes while other producers keep moving its
@@ -102,7 +102,7 @@ class Broker:
             args += (t.task_id, t.queue, t.task_type, t.payload, t.content_type, t.priority,
                      t.max_attempts, t.timeout_ms, t.idem_key, t.idem_digest, t.metadata_json,
                      t.backoff_base_ms, t.backoff_cap_ms, t.delay_ms, t.not_before_ms,
-                     t.expires_at_ms, t.ttl_ms, takeover, t.extra_json)
+                     t.expires_at_ms, t.ttl_ms, takeover, t.extra_json, t.concurrency_key)
             if deb:
                 args.append(f"{t.debounce_spec}:{hint}" if t.debounce_spec else "")
         return keys_, args

@@ -23,8 +23,8 @@ from dtq_gateway.store.indexes import queue_set_add
 from dtq_gateway.store.replies import text as _s
 from dtq_gateway.store.scripts import Script, call_chunks, call_each, execute
 
-ACK = Script("ack", helpers=("_finished",), allow_oom=True)
-FAIL = Script("fail", allow_oom=True)
+ACK = Script("ack", helpers=("_finished", "_concurrency"), allow_oom=True)
+FAIL = Script("fail", helpers=("_finished", "_concurrency"), allow_oom=True)
 HEARTBEAT = Script("heartbeat", allow_oom=True)
 WORKER_BEAT = Script("worker_beat", allow_oom=True)
 #: Most leases per ack.lua call: bounds how long one script holds Redis.

@@ -73,7 +73,7 @@ def _move_keys(queue: str, task_id: str, priority: object, digest: object) -> li
     return keys_
 
 
-_EXPIRE_WAITING = Script("expire_waiting")
+_EXPIRE_WAITING = Script("expire_waiting", helpers=("_finished", "_concurrency"))
 
 
 async def expiring_tasks(redis: Client, queues: list[str], count: int

@@ -337,3 +337,33 @@ def group(queue: str, group_id: str) -> str:
     """Group record hash: ``dtq:group:{<callback queue>}:<group id>`` (group ids are 32
     hex characters, queue names cannot contain ':')."""
     return f"{PREFIX}group:{{{queue}}}:{group_id}"
+
+
+#: Set of the queue names that have a per-key concurrency limit (ListConcurrencyLimits;
+#: single-key commands only, see store/concurrency.py).
+CONCURRENCY_LIMITED_QUEUES = PREFIX + "conc:limits"
+
+
+def concurrency_limit(queue: str) -> str:
+    """Per-key concurrency limit of a queue (a string: the most active tasks per
+    concurrency key): ``dtq:conc:{<queue>}:limit``. lua/_concurrency.lua builds the
+    same names (tests/unit/test_concurrency_keys.py checks that they agree)."""
+    return f"{PREFIX}conc:{{{queue}}}:limit"
+
+
+def concurrency_active(queue: str) -> str:
+    """Active tasks per concurrency key of a queue: ``dtq:conc:{<queue>}:active`` (a hash
+    key -> count; a field is deleted when its count reaches 0)."""
+    return f"{PREFIX}conc:{{{queue}}}:active"
+
+
+def concurrency_waiting(queue: str) -> str:
+    """Parked tasks per concurrency key of a queue: ``dtq:conc:{<queue>}:waiting`` (a hash
+    key -> count; a field is deleted when its count reaches 0)."""
+    return f"{PREFIX}conc:{{{queue}}}:waiting"
+
+
+def concurrency_parked(queue: str, ckey: str) -> str:
+    """Task ids parked under one concurrency key, oldest first:
+    ``dtq:conc:{<queue>}:parked:<key>`` (a list; deleted by Redis when empty)."""
+    return f"{PREFIX}conc:{{{queue}}}:parked:{ckey}"

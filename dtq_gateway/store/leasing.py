@@ -21,7 +21,7 @@ from dtq_gateway.store.scripts import EVENT_ID_PREFIX, Script, call_each, execut
 
 LEASE_READ = Script("lease_read", helpers=("_bucket",), allow_oom=True)
 WORKER_CHECK = Script("worker_check")
-ACTIVATE = Script("activate", allow_oom=True)
+ACTIVATE = Script("activate", helpers=("_finished", "_concurrency"), allow_oom=True)
 WORKER_STATES = Script("worker_states")
 
 #: KEYS and ARGV of one script call.
@@ -203,8 +203,9 @@ async def activate(redis: Client, worker_id: str, task_retention_s: int,
         worker_id: the consumer the entries were read for.
         task_retention_s: TTL of the records of tasks that end here (expired).
         entries: (band stream key, entry id, fields by str name with bytes values).
-        modes: per entry, ``a`` (activate: lease it) or ``r`` (put it back at the tail
-            of its band, still queued, keeping the time it began to wait).
+        modes: per entry, ``a`` (activate: lease it, or park it when its concurrency
+            key is at its limit) or ``r`` (put it back at the tail of its band, still
+            queued, keeping the time it began to wait).
 
     Returns:
         (activate.lua's reply per entry, in order; the idempotency digest per entry,
@@ -222,8 +223,7 @@ async def activate(redis: Client, worker_id: str, task_retention_s: int,
         keys_, args = calls.setdefault(queue, ([keys.cancelled(queue)], []))
         keys_ += [stream, keys.task(task_id),
                   keys.idempotency(queue, digest) if digest else keys.task(task_id)]
-        args += [entry_id, task_id, _s(f["attempt"]), mode,
-                 queued_at_ms(entry_id, f) if mode == "r" else ""]
+        args += [entry_id, task_id, _s(f["attempt"]), mode, queued_at_ms(entry_id, f)]
         digests.append(digest)
         where.append((queue, len(args) // 5 - 1))
     # argv_notified: the dispatcher needs none of its own activation events back

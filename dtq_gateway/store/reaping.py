@@ -26,7 +26,7 @@ from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import Script, execute
 
 _REAP_QUEUE = Script("reap_queue", allow_oom=True)
-_RECLAIM = Script("reclaim", allow_oom=True)
+_RECLAIM = Script("reclaim", helpers=("_finished", "_concurrency"), allow_oom=True)
 _PRUNE_CONSUMERS = Script("prune_consumers", allow_oom=True)
 
 #: A claimed entry: (queue, band stream key, the entry as read: (entry id, flat fields)).

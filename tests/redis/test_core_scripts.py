@@ -142,7 +142,7 @@ async def test_double_ack_is_duplicate_and_changes_nothing(env):
     assert before == after and await env.redis.get(keys.result(tid)) == b"1"
 
 
-RECLAIM = Script("reclaim")
+RECLAIM = Script("reclaim", helpers=("_finished", "_concurrency"))
 
 
 async def _reaper_claims(env, task: pb.LeasedTask) -> str:

@@ -27,7 +27,7 @@ from tests.redis.sched_support import (
 __all__ = ["r"]
 
 VT_S = 0.05  # visibility timeout of these tests: entries idle 50 ms are reclaimable
-RECLAIM = Script("reclaim")
+RECLAIM = Script("reclaim", helpers=("_finished", "_concurrency"))
 
 
 @pytest.fixture

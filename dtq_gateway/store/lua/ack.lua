@@ -37,7 +37,7 @@ local function ack_one(k, a)
   local chain_key = KEYS[k + 5]
   local id, attempt, worker, task_id = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
   local h, status = current_lease(task_key, id, worker, attempt, ARGV[a + 7],
-    {'started_at_ms', 'created_at_ms', 'task_type', 'follow'})
+    {'started_at_ms', 'created_at_ms', 'task_type', 'follow', 'ckey'})
   if not h then
     if finished_by(task_key, id, 'ack', attempt, worker) then return {'dup', status} end
     return {'stale', status or 'missing'}
@@ -63,6 +63,7 @@ local function ack_one(k, a)
   -- an empty result stores nothing: GetTask answers an empty result either way
   if ARGV[a + 5] ~= '' then redis.call('SET', result_key, ARGV[a + 5], 'EX', result_ttl_s) end
   idem_update(idem_key, task_id, 'completed', now)
+  ckey_release(h[5], h[12])  -- its concurrency key's slot (_concurrency.lua)
   publish('TASK_SUCCEEDED', now, task_id, h[5], h[10], attempt, worker, nil)
   -- follow: 'c' (a chain step follows), 'g' (group member), 'cg'; absent on most tasks,
   -- so one field read covers both (a missing field costs a scan of the record)

@@ -12,9 +12,11 @@
 -- per entry i (5 args from ARGV[6]): entry id, task id, entry attempt, mode, queued at
 --   mode 'a' = activate, 'r' = put back at the tail (task type not wanted by the session)
 --   queued at: epoch ms the task began to wait (the entry's queued_at field, else its id
---   time); the put-back entry carries it as queued_at ('' with mode 'a')
+--   time); the put-back entry carries it as queued_at, and so does the entry a parked
+--   task gets back
 -- Reply per entry: {'ok', content_type, metadata JSON, created_at_ms, leased_at_ms}
 --   | {'absorbed'} | {'cancelled'} | {'expired'} | {'requeued'}
+--   | {'parked'} (its concurrency key is at the queue's limit: _concurrency.lua)
 local consumer, retention, group = ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local now = now_ms()
 local out = {}
@@ -33,7 +35,7 @@ for i = 1, n do
   if idem_key == task_key then idem_key = nil end
   local h = redis.call('HMGET', task_key, 'status', 'attempt', 'entry_id', 'expires_at_ms',
     'content_type', 'metadata', 'created_at_ms', 'queue', 'task_type', 'started_at_ms',
-    'worker_id')
+    'worker_id', 'ckey')
   local status = h[1]
   if not status then
     drop(stream, id)
@@ -78,6 +80,10 @@ for i = 1, n do
     add_entry(stream, task_key, attempt, ARGV[a + 4])
     redis.call('HSET', task_key, 'updated_at_ms', now)
     out[i] = {'requeued'}
+  elseif h[12] and h[12] ~= '' and not ckey_take(h[8], h[12]) then
+    drop(stream, id)
+    ckey_park(h[8], h[12], task_key, task_id, ARGV[a + 4], now)
+    out[i] = {'parked'}
   else
     -- one HSET (hot path); the running attempt is status/worker_id/started_at_ms until
     -- its outcome is recorded as att:<n>

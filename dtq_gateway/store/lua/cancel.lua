@@ -18,7 +18,7 @@ local task_key, cancelled_key, schedule_key = KEYS[1], KEYS[2], KEYS[3]
 local idem_key = ARGV[9] == '1' and KEYS[5] or nil
 local task_id = ARGV[3]
 local h = redis.call('HMGET', task_key, 'status', 'queue', 'task_type', 'attempt', 'worker_id',
-  'entry_id')
+  'entry_id', 'ckey', 'parked')
 local status = h[1]
 if not status then return {'missing'} end
 if status ~= 'queued' and status ~= 'scheduled' and status ~= 'active' then
@@ -32,14 +32,15 @@ if status == 'active' then
 else
   if status == 'queued' then
     local stream, entry_id = KEYS[6], h[6]
-    local taken = true
+    local taken = h[8] ~= '1'  -- a parked task has no entry (_concurrency.lua)
+    ckey_unpark_gone(h[2], h[7], h[8], task_key, task_id)
     if stream ~= task_key and entry_id and entry_id ~= '' then
       local p = redis.pcall('XPENDING', stream, ARGV[10], entry_id, entry_id, 1)
       taken = type(p) ~= 'table' or p.err ~= nil or #p > 0
     end
     if taken then
       redis.call('SADD', cancelled_key, task_id)  -- activate.lua acks the entry away
-    else
+    elseif entry_id and entry_id ~= '' then
       redis.call('XDEL', stream, entry_id)
     end
     redis.call('HSET', task_key, 'entry_id', '')

@@ -20,7 +20,7 @@
 --   then the queue's ten band streams (depth gate; only with a depth limit)
 -- ARGV[3] n tasks  [4] 1 = the call debounces (one more KEY and ARGV per task), else 0
 -- [5] idempotency TTL s  [6] recent max entries  [7] max queue depth (0 = none)
--- then per task i, 19 values (20 when the call debounces) from a = 7 + (i-1)*19 (or 20):
+-- then per task i, 20 values (21 when the call debounces) from a = 7 + (i-1)*20 (or 21):
 --   [a+1] task_id  [a+2] queue  [a+3] task_type  [a+4] payload  [a+5] content_type
 --   [a+6] priority 0..9  [a+7] max_attempts  [a+8] timeout_ms  [a+9] idempotency key
 --   ('' = none)  [a+10] idempotency digest  [a+11] metadata JSON  [a+12] backoff_base_ms
@@ -30,7 +30,8 @@
 --   [a+19] extra record fields as a flat JSON array [name, value, ...] ('' = none):
 --   chain and group membership (followups.py), written by the same HSET-bearing call so
 --   a task never exists without its follow-ups.
---   [a+20] (debouncing calls only) '' = no debounce, else
+--   [a+20] concurrency key ('' = none; docs/fairness.md): the record field ckey
+--   [a+21] (debouncing calls only) '' = no debounce, else
 --   '<first|last>:<window ms>:<max delay ms>:<believed task id>' (see debounce() below)
 -- Reply: one item per task, in order:
 --   {'ok', task_id, status} | {'dup', earlier task_id, earlier state} | {'full', depth}
@@ -47,7 +48,7 @@ local recent_max, max_depth = tonumber(ARGV[6]), tonumber(ARGV[7])
 local deb_on = ARGV[4] == '1'
 local dk = deb_on and 1 or 0
 local stride = 3 + dk + (max_depth > 0 and 10 or 0)
-local astride = 19 + dk
+local astride = 20 + dk
 local now = now_ms()
 local recent, depths = {}, {}
 local busy = false
@@ -73,7 +74,7 @@ end
 -- Returns a reply, or nil and the due time a new task gets (0 = its own timing).
 local function debounce(k, a)
   local mode, window, max_delay, believed =
-    string.match(ARGV[a + 20], '^(%a+):(%d+):(%d+):(.*)$')
+    string.match(ARGV[a + 21], '^(%a+):(%d+):(%d+):(.*)$')
   window, max_delay = tonumber(window), tonumber(max_delay)
   local new_due = mode == 'last' and now + window or 0
   local raw = redis.call('GET', KEYS[k + 3])
@@ -117,7 +118,7 @@ local function enqueue_one(k, a)
   end
 
   local deb_due = 0
-  if deb_on and ARGV[a + 20] ~= '' then
+  if deb_on and ARGV[a + 21] ~= '' then
     local reply
     reply, deb_due = debounce(k, a)
     if reply then return reply end
@@ -166,8 +167,8 @@ local function enqueue_one(k, a)
   -- every later script reads or rewrites come first (worker_id and started_at_ms are
   -- created here for that reason) and the payload and the cold fields come last.
   redis.call('HSET', task_key, 'status', status, 'attempt', 1, 'entry_id', entry_id,
-    'worker_id', '', 'started_at_ms', 0, 'updated_at_ms', now, 'expires_at_ms', expires_at,
-    'created_at_ms', now, 'queue', queue, 'task_type', task_type,
+    'worker_id', '', 'started_at_ms', 0, 'ckey', ARGV[a + 20], 'updated_at_ms', now,
+    'expires_at_ms', expires_at, 'created_at_ms', now, 'queue', queue, 'task_type', task_type,
     'content_type', ARGV[a + 5], 'metadata', ARGV[a + 11], 'task_id', task_id,
     'priority', ARGV[a + 6], 'max_attempts', ARGV[a + 7], 'timeout_ms', ARGV[a + 8],
     'idem_key', idem, 'idem_digest', ARGV[a + 10], 'backoff_base_ms', ARGV[a + 12],
@@ -186,10 +187,10 @@ local function enqueue_one(k, a)
       updated_at = now, expires_at_ms = now + idem_ttl_s * 1000}))
   end
 
-  if deb_on and ARGV[a + 20] ~= '' then
+  if deb_on and ARGV[a + 21] ~= '' then
     -- the burst's record: keep_first holds it for the window; keep_last until the
     -- task is due, with slack for a late scheduler (the task's state decides anyway)
-    local mode, window = string.match(ARGV[a + 20], '^(%a+):(%d+):')
+    local mode, window = string.match(ARGV[a + 21], '^(%a+):(%d+):')
     window = tonumber(window)
     local until_ms = mode == 'last' and due or now + window
     local ttl = mode == 'last' and (due - now + math.max(window, 60000)) or window

@@ -32,7 +32,7 @@ local score = redis.call('ZSCORE', index_key, task_id)
 if not score or tonumber(score) > now then return 'not_due' end
 
 local f = redis.call('HMGET', task_key, 'status', 'queue', 'task_type', 'attempt',
-  'expires_at_ms', 'started_at_ms', 'entry_id')
+  'expires_at_ms', 'started_at_ms', 'entry_id', 'ckey', 'parked')
 if not f[1] then
   redis.call('ZREM', index_key, task_id)
   return 'gone'
@@ -57,6 +57,7 @@ if entry_id and entry_id ~= '' then
   redis.call('XDEL', stream_key, entry_id)
 end
 redis.call('ZREM', index_key, task_id)
+ckey_unpark_gone(f[2], f[8], f[9], task_key, task_id)
 redis.call('HSET', task_key, 'status', 'expired', 'finished_at_ms', now, 'entry_id', '')
 retire(task_key, now, retention_s)
 idem_update(KEYS[4], task_id, 'failed', now)

@@ -22,7 +22,7 @@ local group, id, attempt, worker, task_id = ARGV[3], ARGV[4], tonumber(ARGV[5]),
 local mode, err, err_class = ARGV[8], ARGV[12], ARGV[13]
 local h, status = current_lease(task_key, id, worker, attempt, ARGV[17],
   {'started_at_ms', 'max_attempts', 'backoff_base_ms', 'backoff_cap_ms', 'cancel_requested',
-   'task_type', 'follow'})
+   'task_type', 'follow', 'ckey'})
 if not h then
   if finished_by(task_key, id, 'fail', attempt, worker) then return {'dup', status} end
   return {'stale', status or 'missing'}
@@ -33,6 +33,8 @@ local retention = tonumber(ARGV[15])
 redis.call('XACK', stream, group, id)
 redis.call('XDEL', stream, id)
 redis.call('HSET', task_key, 'entry_id', '', 'done', 'fail:' .. id)
+-- every outcome below ends the lease: free its concurrency key's slot (_concurrency.lua)
+ckey_release(queue, h[15])
 
 local COUNTED = {retry = 'retried', dead = 'dead_lettered', cancelled = 'cancelled'}
 -- terminal outcomes start the retention clock; a retry or release stays live

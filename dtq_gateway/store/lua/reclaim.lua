@@ -44,7 +44,8 @@ local function drop_entry()
 end
 
 local f = redis.call('HMGET', task_key, 'task_id', 'queue', 'task_type', 'status',
-  'entry_id', 'attempt', 'max_attempts', 'worker_id', 'started_at_ms', 'cancel_requested')
+  'entry_id', 'attempt', 'max_attempts', 'worker_id', 'started_at_ms', 'cancel_requested',
+  'ckey')
 local task_id, queue, task_type, status = f[1], f[2], f[3], f[4]
 local attempt, max_attempts = tonumber(f[6]) or 0, tonumber(f[7]) or 1
 local worker_id = f[8] or ''
@@ -69,6 +70,7 @@ end
 
 -- The current lease of an active task expired: the attempt counts.
 drop_entry()
+ckey_release(queue, f[11])  -- every outcome below ends the lease (_concurrency.lua)
 local err = 'lease expired'
 record_attempt(task_key, attempt, worker_id, f[9], now, 'lease_expired', err, 'LeaseExpired')
 redis.call('HSET', task_key, 'last_error', err, 'last_error_class', 'LeaseExpired')
