@@ -11,7 +11,9 @@ activation batch as one pipeline of one activate call per queue (:func:`activate
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from dtq_gateway.store import keys
@@ -39,12 +41,15 @@ class ReadGroup:
 
     ``keys``: lease_read's KEYS (pause flags, rate-limit hashes, then the band streams
     band-major); ``index[i]``: the 1-based position in the session's streams of the
-    group's stream i+1.
+    group's stream i+1. ``turn``: the group's read counter, the queue that lease_read
+    reads first within each band (round robin across the group's queues,
+    docs/fairness.md); shared by the group's :meth:`band` groups.
     """
 
     queues: list[str]
     keys: list[str]
     index: list[int]
+    turn: Iterator[int] = field(default_factory=itertools.count, compare=False, repr=False)
 
     def band(self, band: int) -> ReadGroup:
         """The group restricted to one band: its pause flags and rate limits, and the
@@ -53,7 +58,7 @@ class ReadGroup:
         first = (9 - band) * m  # the group's streams of this band, band-major
         return ReadGroup(self.queues,
                          self.keys[:2 * m] + self.keys[2 * m + first:2 * m + first + m],
-                         self.index[first:first + m])
+                         self.index[first:first + m], self.turn)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,9 +105,11 @@ def worker_check_call(worker_id: str, stale_after_ms: int) -> Call:
 
 def lease_read_call(group: ReadGroup, worker_id: str, max_in_flight: int, most: int) -> Call:
     """KEYS and ARGV of lease_read.lua for one slot group (``most``: entries this call
-    may read, 0 = peek: count pending, report the non-empty streams)."""
-    return group.keys, Script.argv(keys.GROUP, worker_id, max_in_flight, most,
-                                   len(group.queues), 0)
+    may read, 0 = peek: count pending, report the non-empty streams). A read (most > 0)
+    starts each band at the group's next queue in turn."""
+    m = len(group.queues)
+    start = next(group.turn) % m if most and m > 1 else 0
+    return group.keys, Script.argv(keys.GROUP, worker_id, max_in_flight, most, m, start)
 
 
 def queue_check_and_read(pipe: Any, check: Call, read: Call) -> int:

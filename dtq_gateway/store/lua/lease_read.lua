@@ -10,7 +10,9 @@
 -- ARGV[3] group  [4] consumer (worker id)  [5] max_in_flight  [6] max entries this call
 --         (0 = read nothing: count pending and report the non-empty streams, as a 6th
 --         reply item {stream index, ...})
--- ARGV[7] m (number of queues)  [8] unused
+-- ARGV[7] m (number of queues)  [8] turn: 0-based queue each band is read from first, the
+--         others after it in call order, wrapping around (the caller advances it per
+--         call, so queues of one band are served in turn: docs/fairness.md)
 -- Reply: {pending_before, {stream indexes without group}, 0,
 --         number of non-empty band streams (0 = every queue of the call is empty),
 --         {wait_ms, {typed}, {limited}, {throttled}},
@@ -58,6 +60,15 @@ local paused = {}
 for q = 1, m do paused[q] = redis.call('EXISTS', KEYS[q]) == 1 end
 local skip = {}
 for _, i in ipairs(missing) do skip[i] = true end
+-- round robin within a band: queue turn+1 first (bands stay strictly p9 -> p0)
+local turn = (tonumber(ARGV[8]) or 0) % m
+if turn > 0 then
+  table.sort(live, function(x, y)
+    local bx, by = math.floor((x - 1) / m), math.floor((y - 1) / m)
+    if bx ~= by then return bx < by end
+    return (x - 1 - turn) % m < (y - 1 - turn) % m
+  end)
+end
 
 -- rate limits of the queues that have live streams (one EXISTS per such queue)
 local now = 0
