@@ -72,6 +72,19 @@ STUCK_SCAN_MAX = 1_000
 QUEUE_STUCK_TASKS = Gauge(
     "dtq_queue_stuck_tasks", "Waiting tasks of types no live worker leasing from the queue "
     "takes (counted once the backlog is 30 s old; 0 before).", ["queue"])
+#: Most concurrency keys per queue with dtq_concurrency_* series (the busiest ones).
+CONCURRENCY_TOP_KEYS = 10
+CONCURRENCY_ACTIVE = Gauge(
+    "dtq_concurrency_active", "Active tasks of a concurrency key (the queue's 10 busiest "
+    "keys by active + waiting; docs/fairness.md).", ["queue", "key"])
+CONCURRENCY_WAITING = Gauge(
+    "dtq_concurrency_waiting", "Tasks parked because their concurrency key is at the "
+    "queue's per-key limit (the queue's 10 busiest keys).", ["queue", "key"])
+CONCURRENCY_KEYS = Gauge("dtq_concurrency_keys", "Concurrency keys of a queue with active "
+                         "or parked tasks.", ["queue"])
+CONCURRENCY_WAITING_TOTAL = Gauge("dtq_concurrency_waiting_total", "Tasks of a queue parked "
+                                  "because their concurrency key is at its limit (all keys).",
+                                  ["queue"])
 WORKERS_LIVE = Gauge("dtq_workers_live", "Workers whose last heartbeat is younger than three "
                      "heartbeat intervals.")
 EVENTS_DROPPED = Counter("dtq_events_dropped_total",

@@ -1198,16 +1198,20 @@ class ConcurrencyKeyStats(_message.Message):
     def __init__(self, key: _Optional[str] = ..., active: _Optional[int] = ..., waiting: _Optional[int] = ...) -> None: ...
 
 class GetConcurrencyResponse(_message.Message):
-    __slots__ = ("queue", "max_active_per_key", "keys", "key_count")
+    __slots__ = ("queue", "max_active_per_key", "keys", "key_count", "active", "waiting")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     MAX_ACTIVE_PER_KEY_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     KEY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
     queue: str
     max_active_per_key: int
     keys: _containers.RepeatedCompositeFieldContainer[ConcurrencyKeyStats]
     key_count: int
-    def __init__(self, queue: _Optional[str] = ..., max_active_per_key: _Optional[int] = ..., keys: _Optional[_Iterable[_Union[ConcurrencyKeyStats, _Mapping]]] = ..., key_count: _Optional[int] = ...) -> None: ...
+    active: int
+    waiting: int
+    def __init__(self, queue: _Optional[str] = ..., max_active_per_key: _Optional[int] = ..., keys: _Optional[_Iterable[_Union[ConcurrencyKeyStats, _Mapping]]] = ..., key_count: _Optional[int] = ..., active: _Optional[int] = ..., waiting: _Optional[int] = ...) -> None: ...
 
 class DeleteConcurrencyLimitRequest(_message.Message):
     __slots__ = ("queue",)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import Gauge
 
 from dtq_gateway import metrics
+from dtq_gateway.duties.concurrency_gauges import ConcurrencyGauges
 from dtq_gateway.duties.duty import PeriodicDuty
 from dtq_gateway.metrics import (
     METRICS_QUEUES_OMITTED,
@@ -34,7 +35,8 @@ class QueueGaugeCollector(PeriodicDuty):
     and at most ``max_queues`` of them get series: the deepest ones (one XLEN per
     band of every busy queue to rank them, then the full band read for those kept).
     ``dtq_metrics_queues_omitted`` counts the busy queues left out. A queue that
-    leaves the busy set or the top ``max_queues`` loses its series.
+    leaves the busy set or the top ``max_queues`` loses its series. The same queues
+    get the per-key concurrency gauges (:class:`ConcurrencyGauges`).
 
     Every tick it first reads Redis's INFO memory and cpu (``dtq_redis_up``,
     ``dtq_redis_used_memory_bytes``, ``dtq_redis_maxmemory_bytes``,
@@ -66,6 +68,7 @@ class QueueGaugeCollector(PeriodicDuty):
         self.max_queues = max_queues
         self._interval_s = interval_s
         self._queues: set[str] = set()
+        self._concurrency = ConcurrencyGauges()
 
     def interval_s(self) -> float:
         """Refresh period (s)."""
@@ -95,6 +98,7 @@ class QueueGaugeCollector(PeriodicDuty):
                 stuck = sum(t.waiting for t in waiting if not t.taken)
             QUEUE_STUCK_TASKS.labels(queue=queue).set(stuck)
         await self._read_counters(shown, now)
+        await self._concurrency.refresh(self.redis, shown)
         names = set(shown)
         for gone in self._queues - names:
             for band in range(10):

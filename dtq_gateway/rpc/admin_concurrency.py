@@ -41,6 +41,7 @@ class ConcurrencyRpcs:
         c = await concurrency.get(self.redis, request.queue, request.max_keys)
         return pb.GetConcurrencyResponse(
             queue=c.queue, max_active_per_key=c.max_active_per_key, key_count=c.key_count,
+            active=c.active, waiting=c.waiting,
             keys=[pb.ConcurrencyKeyStats(key=k.key, active=k.active, waiting=k.waiting)
                   for k in c.keys])
 

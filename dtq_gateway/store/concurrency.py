@@ -44,12 +44,15 @@ class KeyStats:
 
 @dataclass(frozen=True, slots=True)
 class QueueConcurrency:
-    """A queue's limit (0 = none), its busiest keys and how many keys are in use."""
+    """A queue's limit (0 = none), its busiest keys, how many keys are in use and the
+    active and waiting (parked) tasks of all its keys."""
 
     queue: str
     max_active_per_key: int
     keys: list[KeyStats]
     key_count: int
+    active: int
+    waiting: int
 
 
 def validate(queue: str, max_active_per_key: int) -> tuple[str, int]:
@@ -118,18 +121,31 @@ async def get(redis: Redis, queue: str, max_keys: int = DEFAULT_KEYS) -> QueueCo
     check_queue(queue)
     if not 0 <= max_keys <= MAX_KEYS:
         raise InvalidArgument(f"max_keys: must be 0..{MAX_KEYS}", field="max_keys")
+    (got,) = await get_many(redis, [queue], max_keys or DEFAULT_KEYS)
+    return got
+
+
+async def get_many(redis: Redis, queues: list[str], max_keys: int) -> list[QueueConcurrency]:
+    """:func:`get` for several queues in one pipeline (queues not validated), in order."""
     async with redis.pipeline(transaction=False) as pipe:
-        pipe.get(keys.concurrency_limit(queue))
-        pipe.hgetall(keys.concurrency_active(queue))
-        pipe.hgetall(keys.concurrency_waiting(queue))
-        limit, active, waiting = await pipe.execute()
-    counts: dict[str, list[int]] = {}
-    for i, table in enumerate((active, waiting)):
-        for k, v in table.items():
-            counts.setdefault(text(k), [0, 0])[i] = max(0, int(v))
-    ranked = sorted(counts.items(), key=lambda kv: (-(kv[1][0] + kv[1][1]), kv[0]))
-    top = [KeyStats(k, a, w) for k, (a, w) in ranked[:max_keys or DEFAULT_KEYS]]
-    return QueueConcurrency(queue, int(limit or 0), top, len(counts))
+        for queue in queues:
+            pipe.get(keys.concurrency_limit(queue))
+            pipe.hgetall(keys.concurrency_active(queue))
+            pipe.hgetall(keys.concurrency_waiting(queue))
+        replies = await pipe.execute()
+    out = []
+    for i, queue in enumerate(queues):
+        limit, active, waiting = replies[3 * i:3 * i + 3]
+        counts: dict[str, list[int]] = {}
+        for j, table in enumerate((active, waiting)):
+            for k, v in table.items():
+                counts.setdefault(text(k), [0, 0])[j] = max(0, int(v))
+        ranked = sorted(counts.items(), key=lambda kv: (-(kv[1][0] + kv[1][1]), kv[0]))
+        out.append(QueueConcurrency(
+            queue, int(limit or 0), [KeyStats(k, a, w) for k, (a, w) in ranked[:max_keys]],
+            len(counts), sum(a for a, _ in counts.values()),
+            sum(w for _, w in counts.values())))
+    return out
 
 
 async def list_limits(redis: Redis) -> list[tuple[str, int]]:

@@ -224,3 +224,39 @@ async def test_lost_lease_frees_the_slot_after_reclaim(admin, broker_stub, gatew
         await poll(lambda: key_stats(admin), lambda s: s == {})
     finally:
         stream.close()
+
+
+def gauge(name: str, **labels: str) -> float | None:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels)
+
+
+async def test_gauges_show_the_busiest_keys_only(admin, broker_stub, gateway) -> None:
+    """12 keys with one active and one parked task each: dtq_concurrency_keys counts 12,
+    the per-key series exist for 10 keys; once every task is done no series is left."""
+    from dtq_gateway.duties.concurrency_gauges import ConcurrencyGauges
+
+    await set_limit(admin, 1)
+    names = [f"k{i:02d}" for i in range(12)]
+    await enqueue(broker_stub, names + names)
+    stream = await LeaseStream(broker_stub, "w1", [Q], max_in_flight=30).open()
+    gauges = ConcurrencyGauges()
+    try:
+        first = await stream.take(12)
+        await poll(lambda: admin.GetConcurrency(pb.GetConcurrencyRequest(queue=Q)),
+                   lambda c: (c.active, c.waiting, c.key_count) == (12, 12, 12))
+        await gauges.refresh(gateway.redis, [Q])
+        assert gauge("dtq_concurrency_keys", queue=Q) == 12
+        assert gauge("dtq_concurrency_waiting_total", queue=Q) == 12
+        shown = [k for k in names if gauge("dtq_concurrency_active", queue=Q, key=k)]
+        assert shown == names[:10]  # ties ranked by key
+        assert gauge("dtq_concurrency_waiting", queue=Q, key="k00") == 1
+        await ack(broker_stub, *first)
+        await ack(broker_stub, *await stream.take(12))
+        await poll(lambda: key_stats(admin), lambda s: s == {})
+        await gauges.refresh(gateway.redis, [Q])
+        assert gauge("dtq_concurrency_keys", queue=Q) is None
+        assert gauge("dtq_concurrency_active", queue=Q, key="k00") is None
+    finally:
+        stream.close()
