@@ -167,8 +167,12 @@ REDIS_CPU_SECONDS = Gauge("dtq_redis_cpu_seconds", "Redis CPU time since it star
 QUEUE_COLLECTORS = (TASKS_ENQUEUED, TASKS_SUCCEEDED, TASKS_FAILED, TASKS_RETRIED,
                     TASKS_DEAD_LETTERED, TASKS_EXPIRED, TASKS_CANCELLED, LEASE_WAIT_SECONDS,
                     TASK_RUN_SECONDS, QUEUE_BACKLOG_AGE_SECONDS, QUEUE_STUCK_TASKS,
-                    RATE_LIMITED_READS, RATE_LIMITED_TASKS)
+                    RATE_LIMITED_READS, RATE_LIMITED_TASKS, CONCURRENCY_KEYS,
+                    CONCURRENCY_WAITING_TOTAL)
 QUEUE_BAND_COLLECTORS = (QUEUE_DEPTH, QUEUE_PENDING)
+#: Labelled (queue, key): a concurrency key's series; at most CONCURRENCY_TOP_KEYS per
+#: exported queue (duties/concurrency_gauges.py removes the others).
+QUEUE_KEY_COLLECTORS = (CONCURRENCY_ACTIVE, CONCURRENCY_WAITING)
 
 #: Labelled children by (collector, queue), for the counters and histograms the data path
 #: updates (:func:`queue_child`): ``labels()`` hashes and locks on every call, which
@@ -193,7 +197,7 @@ def counted_queues() -> set[str]:
 
 def forget_queue(queue: str) -> None:
     """Remove every series labelled ``queue`` (the queue was deleted) from the
-    QUEUE_COLLECTORS and QUEUE_BAND_COLLECTORS. A later use of the name starts new
+    QUEUE_COLLECTORS, QUEUE_BAND_COLLECTORS and QUEUE_KEY_COLLECTORS. A later use of the name starts new
     series (counters from 0). Call it from the event loop that updates the metrics."""
     for collector in QUEUE_COLLECTORS:
         _CHILDREN.pop((id(collector), queue), None)
@@ -201,6 +205,9 @@ def forget_queue(queue: str) -> None:
     for collector in QUEUE_BAND_COLLECTORS:
         for band in range(10):
             _remove(collector, queue, str(band))
+    for collector in QUEUE_KEY_COLLECTORS:
+        for labels in [k for k in collector._metrics if k[0] == queue]:
+            _remove(collector, *labels)
 
 
 def _remove(collector: Any, *labels: str) -> None:

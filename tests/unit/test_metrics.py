@@ -21,6 +21,8 @@ def sample(name: str, **labels: str) -> float | None:
 
 def test_every_collector_has_dtq_prefix_and_bounded_labels() -> None:
     allowed = {"queue", "band", "method", "code", "limit", "reason", "policy"}  # fixed sets
+    # a concurrency key: bounded per queue (metrics.CONCURRENCY_TOP_KEYS busiest keys)
+    allowed.add("key")
     found = 0
     for value in vars(metrics).values():
         if hasattr(value, "_labelnames") and hasattr(value, "_name"):
@@ -94,10 +96,25 @@ async def test_collector_reads_busy_queues_only_and_keeps_the_deepest(fake) -> N
 def test_every_queue_labelled_collector_is_forgotten_with_its_queue() -> None:
     labelled = {value._name for value in vars(metrics).values()
                 if hasattr(value, "_labelnames") and "queue" in value._labelnames}
-    forgotten = {c._name for c in metrics.QUEUE_COLLECTORS + metrics.QUEUE_BAND_COLLECTORS}
+    forgotten = {c._name for c in metrics.QUEUE_COLLECTORS + metrics.QUEUE_BAND_COLLECTORS
+                 + metrics.QUEUE_KEY_COLLECTORS}
     assert labelled == forgotten
     assert all(c._labelnames == ("queue",) for c in metrics.QUEUE_COLLECTORS)
     assert all(c._labelnames == ("queue", "band") for c in metrics.QUEUE_BAND_COLLECTORS)
+    assert all(c._labelnames == ("queue", "key") for c in metrics.QUEUE_KEY_COLLECTORS)
+
+
+def test_forget_queue_drops_its_concurrency_key_series() -> None:
+    metrics.CONCURRENCY_ACTIVE.labels(queue="fq-gone", key="a").set(1)
+    metrics.CONCURRENCY_WAITING.labels(queue="fq-gone", key="a").set(2)
+    metrics.CONCURRENCY_ACTIVE.labels(queue="fq-kept", key="a").set(1)
+    metrics.forget_queue("fq-gone")
+    assert REGISTRY.get_sample_value("dtq_concurrency_active",
+                                     {"queue": "fq-gone", "key": "a"}) is None
+    assert REGISTRY.get_sample_value("dtq_concurrency_waiting",
+                                     {"queue": "fq-gone", "key": "a"}) is None
+    assert REGISTRY.get_sample_value("dtq_concurrency_active",
+                                     {"queue": "fq-kept", "key": "a"}) == 1
 
 
 async def test_collector_forgets_queues_gone_from_the_registry(fake) -> None:
