@@ -209,7 +209,13 @@ def cli(ctx: click.Context, gateway: str | None, token: str | None, tls: bool | 
 
 def register_commands() -> None:
     """Add every command to ``cli`` (importing a command module registers its commands)."""
-    from dtq_cli import admin_cmd, bulk_cmd, schedule_cmd, tasks_cmd  # noqa: F401
+    from dtq_cli import (  # noqa: F401
+        admin_cmd,
+        bulk_cmd,
+        concurrency_cmd,
+        schedule_cmd,
+        tasks_cmd,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -202,6 +202,8 @@ def _metadata(pairs: tuple[str, ...]) -> dict[str, str]:
               "keep-first: absorb later enqueues.")
 @click.option("--debounce-max-delay", type=Duration(min_ms=1, max_ms=MAX_DELAY_MS),
               help="keep-last: run at most this long after the burst's first enqueue.")
+@click.option("--concurrency-key", help="Concurrency key: at most the queue's per-key limit "
+              "of tasks with it run at once (docs/fairness.md).")
 @click.option("--wait", "wait_", is_flag=True, help="Wait for the outcome; exit code tells it.")
 @click.option("--wait-timeout", type=Duration(max_ms=MAX_DELAY_MS), default="30s", show_default=True,
               help="How long --wait waits.")
@@ -223,7 +225,8 @@ def enqueue(state: State, queue: str, task_type: str, payload: str | None,
                "idempotency_key": opts["idempotency_key"],
                "max_attempts": opts["max_attempts"], "timeout_ms": opts["task_timeout"],
                "ttl_ms": opts["ttl"], "content_type": opts["content_type"],
-               "metadata": _metadata(opts["meta"]), "debounce": _debounce(opts)}
+               "metadata": _metadata(opts["meta"]), "debounce": _debounce(opts),
+               "concurrency_key": opts["concurrency_key"]}
     res = state.client.enqueue(queue, task_type, body,
                                **{k: v for k, v in options.items() if v is not None})
     if wait_:

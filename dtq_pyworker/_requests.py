@@ -115,6 +115,7 @@ def enqueue_request(queue: str, task_type: str, payload: Any = None, *,
                     chain: list | None = None, traceparent: str | None = None,
                     tracestate: str | None = None,
                     debounce: Mapping[str, Any] | dtq_pb2.Debounce | None = None,
+                    concurrency_key: str | None = None,
                     _step: bool = False) -> dtq_pb2.EnqueueRequest:
     """Build an EnqueueRequest; None leaves a field to the gateway's default.
 
@@ -125,7 +126,8 @@ def enqueue_request(queue: str, task_type: str, payload: Any = None, *,
     EnqueueRequest messages); a step without a payload receives the previous step's
     result as its payload. ``debounce`` is a Debounce message or a dict with ``key``,
     ``window_ms``, ``mode`` ("keep_first" or "keep_last") and, for keep_last,
-    ``max_delay_ms`` (see docs/handlers.md, "Debounce").
+    ``max_delay_ms`` (see docs/handlers.md, "Debounce"). ``concurrency_key``: at most
+    the queue's per-key limit of tasks with this key run at once (docs/fairness.md).
 
     Raises:
         ValueError, TypeError: An integer option its field cannot hold, or not an
@@ -160,6 +162,8 @@ def enqueue_request(queue: str, task_type: str, payload: Any = None, *,
         req.chain.append(template_request(step))
     if debounce is not None:
         req.debounce.CopyFrom(debounce_message(debounce))
+    if concurrency_key:
+        req.concurrency_key = concurrency_key
     return req
 
 

@@ -118,6 +118,30 @@ class AdminClient(Client):
         return self._admin_call("DeleteRateLimit", dtq_pb2.DeleteRateLimitRequest(
             queue=queue, task_type=task_type))
 
+    # -- per-key concurrency (docs/fairness.md) ------------------------------------
+    def concurrency_limits(self) -> list[dtq_pb2.ConcurrencyLimit]:
+        """Every queue's per-key concurrency limit, sorted by queue."""
+        return list(self._admin_call("ListConcurrencyLimits",
+                                     dtq_pb2.ListConcurrencyLimitsRequest()).limits)
+
+    def set_concurrency_limit(self, queue: str, max_active_per_key: int
+                              ) -> dtq_pb2.SetConcurrencyLimitResponse:
+        """At most ``max_active_per_key`` (1..1000000) active tasks per concurrency key
+        of ``queue``; ``created`` is False when a limit was changed."""
+        return self._admin_call("SetConcurrencyLimit", new_message(
+            dtq_pb2.SetConcurrencyLimitRequest, "", queue=queue,
+            max_active_per_key=max_active_per_key))
+
+    def concurrency(self, queue: str, max_keys: int = 0) -> dtq_pb2.GetConcurrencyResponse:
+        """``queue``'s per-key limit and its busiest keys (``max_keys`` 0 = 100)."""
+        return self._admin_call("GetConcurrency", new_message(
+            dtq_pb2.GetConcurrencyRequest, "", queue=queue, max_keys=max_keys))
+
+    def delete_concurrency_limit(self, queue: str) -> dtq_pb2.DeleteConcurrencyLimitResponse:
+        """Remove ``queue``'s per-key limit; ``deleted`` is False when there was none."""
+        return self._admin_call("DeleteConcurrencyLimit",
+                                dtq_pb2.DeleteConcurrencyLimitRequest(queue=queue))
+
     # -- queues -------------------------------------------------------------------
     def list_queues(self) -> list[dtq_pb2.QueueSummary]:
         """Every queue, sorted by name (all pages)."""

@@ -525,3 +525,31 @@ def test_every_enum_renders_by_its_short_name():
     assert enum_name(task["chain_state"], pb.CHAIN_STATE_BROKEN) == "BROKEN"
     catch_up = pb.Schedule.DESCRIPTOR.fields_by_name["catch_up"]
     assert enum_name(catch_up, pb.SCHEDULE_CATCH_UP_LATEST) == "LATEST"
+
+
+def test_concurrency_limits_and_keys(env):
+    """``dtq concurrency`` sets, lists, shows and removes a per-key limit; ``enqueue
+    --concurrency-key`` stores the key with the task (its active and waiting tasks show
+    in ``dtq concurrency keys``)."""
+    q = "cli-conc"
+    assert env.run("concurrency", "set", q, "2").output.strip() == \
+        f"concurrency limit {q}: 2 per key (set)"
+    assert env.json("concurrency", "set", q, "3") == {"created": False}
+    assert {"queue": q, "max_active_per_key": 3} in env.json("concurrency", "ls")
+    for _ in range(2):
+        env.run("enqueue", q, "t", "{}", "--concurrency-key", "tenant-7")
+    shown = env.json("concurrency", "keys", q)
+    assert (shown["max_active_per_key"], shown.get("key_count", 0)) == (3, 0)  # none leased
+    table = env.run("concurrency", "keys", q).output
+    assert f"{q}: max active per key 3; 0 keys in use" in table
+    assert env.run("concurrency", "set", q, "0").exit_code == ExitCode.USAGE
+    assert env.run("concurrency", "rm", q).output.strip() == "removed"
+    assert env.run("concurrency", "rm", q).output.strip() == "there was no such limit"
+    import redis
+
+    r = redis.Redis.from_url(env.gw.redis_url)
+    try:
+        task_id = env.client.recent_tasks(limit=1)[0].task_id
+        assert r.hget(keys.task(task_id), "ckey") == b"tenant-7"
+    finally:
+        r.close()
