@@ -169,7 +169,7 @@ class Gateway:
     def _on_done(self, worker_id: str, queue: str, outcome: ItemOutcome) -> None:
         self.dispatcher.credit_freed(worker_id)
         self.dispatcher.received(worker_id, (outcome.lease_id,))
-        if outcome.status == "queued":
+        if outcome.status == "queued" or outcome.unparked:
             self.dispatcher.notify(queue)
         observe.outcome(queue, outcome.kind, outcome.started_at_ms, outcome.finished_at_ms)
 

@@ -50,6 +50,8 @@ class ItemOutcome:
     #: Follow-up work the script reported: 'c' a chain step is owed, 'g' a group member
     #: ended (terminal outcomes only), 'cg' both, '' none.
     follow: str = ""
+    #: A task of the lease's concurrency key went back to its band (docs/fairness.md).
+    unparked: bool = False
 
 
 #: Longest progress message stored, in bytes of UTF-8.
@@ -176,6 +178,7 @@ class Completion:
             oc.finished_at_ms = int(reply[3]) if kind == "ok" else 0
             if len(reply) > 4 and kind in ("ok", "dead", "cancelled"):
                 oc.follow = _s(reply[4])
+            oc.unparked = len(reply) > 5 and int(reply[5] or 0) > 0
             self.on_done(oc.lease.worker_id, oc.lease.queue, oc)
             if oc.follow:
                 self.on_follow(oc)

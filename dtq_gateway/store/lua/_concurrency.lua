@@ -75,23 +75,27 @@ local function ckey_unpark(queue, ckey, count)
     waiting_less(p, ckey, 1)
     local task_key = finished_task_keys(id)
     local h = redis.call('HMGET', task_key, 'status', 'parked', 'priority', 'attempt',
-      'queued_at')
+      'queued_at', 'task_type')
     if h[1] == 'queued' and h[2] == '1' then
       redis.call('HDEL', task_key, 'parked')
       add_entry('dtq:stream:{' .. queue .. '}:p' .. h[3], task_key, h[4], h[5])
       moved = moved + 1
+      -- wakes the lease dispatchers of every replica (WAKE_EVENTS)
+      publish('TASK_QUEUED', now_ms(), id, queue, h[6], h[4], '',
+        {reason = 'unparked', concurrency_key = ckey})
     end
   end
   return moved
 end
 
--- A lease of a task with key `ckey` ended (or never became one): free its slot and
--- give one parked task of the key its turn. No-op for a task without a key.
+-- A lease of a task with key `ckey` ended: free its slot and give one parked task of
+-- the key its turn. Returns the number of tasks moved back (0 or 1; 0 for a task
+-- without a key), so the caller can wake its own dispatcher.
 local function ckey_release(queue, ckey)
-  if not ckey or ckey == '' then return end
+  if not ckey or ckey == '' then return 0 end
   local active = conc_prefix(queue) .. 'active'
   if redis.call('HINCRBY', active, ckey, -1) <= 0 then redis.call('HDEL', active, ckey) end
-  ckey_unpark(queue, ckey, 1)
+  return ckey_unpark(queue, ckey, 1)
 end
 
 -- A parked task leaves the queue without running (cancelled, expired): take its id out

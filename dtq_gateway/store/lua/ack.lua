@@ -21,8 +21,9 @@
 --   [a+1] entry id  [a+2] attempt  [a+3] worker id  [a+4] task id  [a+5] result bytes
 --   [a+6] '1' if the result was truncated  [a+7] lease tag (see current_lease)
 -- Reply: one item per lease, in order:
---   {'ok', started_at_ms, created_at_ms, finished_at_ms, follow} | {'dup', status}
---   | {'stale', status}; follow: 'c' chain step owed, 'g' group member, 'cg' both, '' none
+--   {'ok', started_at_ms, created_at_ms, finished_at_ms, follow, unparked} | {'dup', status}
+--   | {'stale', status}; follow: 'c' chain step owed, 'g' group member, 'cg' both, '' none;
+--   unparked: tasks of the lease's concurrency key moved back to their band (0 or 1)
 local group, n = ARGV[3], tonumber(ARGV[4])
 local result_ttl_s, retention_s = tonumber(ARGV[5]), tonumber(ARGV[6])
 local keep = tonumber(ARGV[7]) or 0
@@ -63,13 +64,13 @@ local function ack_one(k, a)
   -- an empty result stores nothing: GetTask answers an empty result either way
   if ARGV[a + 5] ~= '' then redis.call('SET', result_key, ARGV[a + 5], 'EX', result_ttl_s) end
   idem_update(idem_key, task_id, 'completed', now)
-  ckey_release(h[5], h[12])  -- its concurrency key's slot (_concurrency.lua)
+  local unparked = ckey_release(h[5], h[12])  -- its concurrency key's slot (_concurrency.lua)
   publish('TASK_SUCCEEDED', now, task_id, h[5], h[10], attempt, worker, nil)
   -- follow: 'c' (a chain step follows), 'g' (group member), 'cg'; absent on most tasks,
   -- so one field read covers both (a missing field costs a scan of the record)
   local follow = h[11] or ''
   if string.find(follow, 'c', 1, true) then redis.call('ZADD', chain_key, now, task_id) end
-  return {'ok', h[8], h[9], now, follow}
+  return {'ok', h[8], h[9], now, follow, unparked}
 end
 
 local replies = {}

@@ -13,7 +13,8 @@
 -- Reply: {'retry', status, started_at_ms, due_at_ms, group} | {'dead', ...}
 --        | {'released', ...} | {'cancelled', ...} | {'dup', status} | {'stale', status};
 --        group: 'g' when the task is a group member (followups.py records a terminal
---        member's outcome), else ''
+--        member's outcome), else ''; then unparked: tasks of the lease's concurrency key
+--        moved back to their band (0 or 1, _concurrency.lua)
 -- Backoff: delay = floor(u * min(cap, base * 2^(attempt-1))) ("full jitter"),
 -- base/cap from the task record; retry_after_ms from the worker wins.
 local stream, task_key, dlq_key, schedule_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -34,7 +35,7 @@ redis.call('XACK', stream, group, id)
 redis.call('XDEL', stream, id)
 redis.call('HSET', task_key, 'entry_id', '', 'done', 'fail:' .. id)
 -- every outcome below ends the lease: free its concurrency key's slot (_concurrency.lua)
-ckey_release(queue, h[15])
+local unparked = ckey_release(queue, h[15])
 
 local COUNTED = {retry = 'retried', dead = 'dead_lettered', cancelled = 'cancelled'}
 -- terminal outcomes start the retention clock; a retry or release stays live
@@ -45,7 +46,7 @@ local function finish(kind, new_status, extra)
   else retire(task_key, now, retention) end
   local member = ''
   if h[14] and string.find(h[14], 'g', 1, true) then member = 'g' end
-  return {kind, new_status, started, extra or 0, member}
+  return {kind, new_status, started, extra or 0, member, unparked}
 end
 
 if h[12] == '1' then
