@@ -347,7 +347,7 @@ CONCURRENCY_LIMITED_QUEUES = PREFIX + "conc:limits"
 def concurrency_limit(queue: str) -> str:
     """Per-key concurrency limit of a queue (a string: the most active tasks per
     concurrency key): ``dtq:conc:{<queue>}:limit``. lua/_concurrency.lua builds the
-    same names (tests/unit/test_concurrency_keys.py checks that they agree)."""
+    same names (tests/redis/test_concurrency_keys.py checks that they agree)."""
     return f"{PREFIX}conc:{{{queue}}}:limit"
 
 
