@@ -24,7 +24,7 @@ from dtq_gateway.store.audit import append_audit
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import Script
 
-CANCEL_MATCHING = Script("cancel_matching", helpers=("_finished",))
+CANCEL_MATCHING = Script("cancel_matching", helpers=("_finished", "_concurrency"))
 #: Entries one cancel_matching.lua call reads (bounds the time one step holds Redis).
 STEP = 100
 #: Most task ids a bulk cancel lists in its reply.

@@ -260,3 +260,40 @@ async def test_gauges_show_the_busiest_keys_only(admin, broker_stub, gateway) ->
         assert gauge("dtq_concurrency_active", queue=Q, key="k00") is None
     finally:
         stream.close()
+
+
+async def test_cancel_of_a_waiting_task_in_its_band_lets_a_parked_one_go(
+        admin, broker_stub, gateway) -> None:
+    """With no task of the key active, a task of the key that was back in its band is
+    cancelled: a parked task of the key takes its place, rather than waiting for a lease
+    end that will not come."""
+    await set_limit(admin, 1)
+    a, b, c = await enqueue(broker_stub, ["k"] * 3)
+    w1 = await LeaseStream(broker_stub, "w1", [Q], max_in_flight=3).open()
+    (first,) = await w1.take(1)  # b and c were read with it, and parked
+    assert first.task_id == a
+    await poll(lambda: key_stats(admin), lambda s: s == {"k": (1, 2)})
+    w1.close()
+
+    async def sessions() -> int:
+        return len(gateway.dispatcher.sessions)
+
+    await poll(sessions, lambda n: n == 0)  # nobody reads the queue from here on
+    try:
+        await ack(broker_stub, first)
+    except grpc.aio.AioRpcError:
+        pass  # the closed stream's lease was released already: the slot is free either way
+    # b went back to its band (no worker reads now), c is still parked
+    await poll(lambda: key_stats(admin), lambda s: s == {"k": (0, 1)})
+    for task_id in (a, b):  # a too when its lease was released rather than acked
+        got = await broker_stub.GetTask(pb.GetTaskRequest(task_id=task_id))
+        if got.task.status == pb.TASK_STATUS_QUEUED:
+            await broker_stub.CancelTask(pb.CancelTaskRequest(task_id=task_id))
+    assert await key_stats(admin) == {}
+    w2 = await LeaseStream(broker_stub, "w2", [Q], max_in_flight=1).open()
+    try:
+        (got,) = await w2.take(1)
+        assert got.task_id == c
+        await ack(broker_stub, got)
+    finally:
+        w2.close()

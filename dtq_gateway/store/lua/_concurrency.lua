@@ -98,6 +98,20 @@ local function ckey_release(queue, ckey)
   return ckey_unpark(queue, ckey, 1)
 end
 
+-- A queued task of key `ckey` that was in its band (not parked) leaves without running
+-- (cancelled, expired): when the key has a free slot and parked tasks, one goes back,
+-- so parked tasks never wait on a task that will not run. No-op without a key.
+local function ckey_refill(queue, ckey)
+  if not ckey or ckey == '' then return end
+  local p = conc_prefix(queue)
+  if not redis.call('HGET', p .. 'waiting', ckey) then return end
+  local limit = conc_limit(queue)
+  if limit > 0 and (tonumber(redis.call('HGET', p .. 'active', ckey)) or 0) >= limit then
+    return
+  end
+  ckey_unpark(queue, ckey, 1)
+end
+
 -- A parked task leaves the queue without running (cancelled, expired): take its id out
 -- of the parked list. `parked` is the record's parked field.
 local function ckey_unpark_gone(queue, ckey, parked, task_key, task_id)

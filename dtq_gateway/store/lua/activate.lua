@@ -74,6 +74,7 @@ for i = 1, n do
     retire(task_key, now, retention)
     redis.call('ZREM', expiring_key, task_id)
     publish('TASK_EXPIRED', now, task_id, h[8], h[9], attempt, consumer, nil)
+    ckey_refill(h[8], h[12])
     out[i] = {'expired'}
   elseif mode == 'r' then
     drop(stream, id)

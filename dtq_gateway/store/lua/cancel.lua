@@ -33,7 +33,8 @@ else
   if status == 'queued' then
     local stream, entry_id = KEYS[6], h[6]
     local taken = h[8] ~= '1'  -- a parked task has no entry (_concurrency.lua)
-    ckey_unpark_gone(h[2], h[7], h[8], task_key, task_id)
+    if h[8] == '1' then ckey_unpark_gone(h[2], h[7], h[8], task_key, task_id)
+    else ckey_refill(h[2], h[7]) end
     if stream ~= task_key and entry_id and entry_id ~= '' then
       local p = redis.pcall('XPENDING', stream, ARGV[10], entry_id, entry_id, 1)
       taken = type(p) ~= 'table' or p.err ~= nil or #p > 0

@@ -76,6 +76,7 @@ local function cancel_one(task_key, task_id, h, entry)
   end
   publish('TASK_CANCELLED', now, task_id, queue, h[2], h[5], '',
     {stage = h[1], bulk = true, actor = ARGV[15]})
+  if entry then ckey_refill(queue, h[10]) end  -- _concurrency.lua
   retire(task_key, now, retention_s)
   finished[#finished + 1] = task_id
   done = done + 1
@@ -84,7 +85,7 @@ end
 local function visit(task_id, entry)
   local task_key = finished_task_keys(task_id)
   local h = redis.call('HMGET', task_key, 'status', 'task_type', 'created_at_ms', 'metadata',
-    'attempt', 'idem_key', 'idem_digest', 'entry_id', 'queue')
+    'attempt', 'idem_key', 'idem_digest', 'entry_id', 'queue', 'ckey')
   if h[9] ~= queue then return false end
   if entry then
     if h[8] ~= entry then return false end

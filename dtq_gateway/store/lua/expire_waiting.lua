@@ -57,7 +57,8 @@ if entry_id and entry_id ~= '' then
   redis.call('XDEL', stream_key, entry_id)
 end
 redis.call('ZREM', index_key, task_id)
-ckey_unpark_gone(f[2], f[8], f[9], task_key, task_id)
+if f[9] == '1' then ckey_unpark_gone(f[2], f[8], f[9], task_key, task_id)
+else ckey_refill(f[2], f[8]) end
 redis.call('HSET', task_key, 'status', 'expired', 'finished_at_ms', now, 'entry_id', '')
 retire(task_key, now, retention_s)
 idem_update(KEYS[4], task_id, 'failed', now)
