@@ -116,6 +116,11 @@ async def test_key_at_its_limit_waits_without_blocking_other_keys(
         assert [t.task_id for t in first] == a_ids[:2] + b_ids
         assert await no_more(stream)
         assert await key_stats(admin) == {"a": (2, 4), "b": (2, 0)}
+        # parked tasks are out of the band streams: depth counts the 5 leased entries
+        stats = await admin.GetQueueStats(pb.GetQueueStatsRequest(queue=Q))
+        assert (stats.depth, stats.pending) == (5, 5)
+        got = await admin.GetConcurrency(pb.GetConcurrencyRequest(queue=Q))
+        assert (got.active, got.waiting, got.key_count) == (4, 4, 2)
         waiting = await broker_stub.GetTask(pb.GetTaskRequest(task_id=a_ids[2]))
         assert waiting.task.status == pb.TASK_STATUS_QUEUED
         # each ack of a frees one slot and gives the next parked task of a its turn
