@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import logging
 import os
@@ -97,6 +98,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(dtq only; Taskiq uses one stream)")
     p.add_argument("--concurrency", type=int, default=32,
                    help="handler slots per dtq worker process (Taskiq: max-async-tasks 100)")
+    p.add_argument("--keys", type=int, default=0,
+                   help="concurrency keys: task i gets key k<i mod N> (0 = no keys; "
+                   "docs/fairness.md)")
+    p.add_argument("--key-limit", type=int, default=0,
+                   help="per-key concurrency limit set on every queue (0 = none)")
     p.add_argument("--skip-taskiq", action="store_true", help="measure dtq only")
     p.add_argument("--phase-timeout", type=float, default=300.0,
                    help="longest wait for one phase (enqueue or drain) of one cell (s)")
@@ -427,16 +433,44 @@ def enqueue_plan(tasks: int, queues: list[str]) -> list[tuple[str, int]]:
     return plan
 
 
-async def _enqueue_dtq(targets: list[str], plan: list[tuple[str, int]], meter: Meter,
-                       timeout_s: float) -> dict[str, Any]:
-    """Send ``plan`` with one caller per gateway (call j → gateway j mod G); raw totals."""
+def _batches(plan: list[tuple[str, int]], keys: int) -> list[Any]:
+    """The EnqueueBatch requests of ``plan``; with ``keys`` > 0 the i-th task of the run
+    gets concurrency key ``k<i mod keys>``."""
+    from dtq_proto import dtq_pb2
+
+    item = {q: dtq_pb2.EnqueueRequest(queue=q, task_type="noop", payload=PAYLOAD_100,
+                                      content_type="application/json") for q, _ in plan}
+    if not keys:
+        return [dtq_pb2.EnqueueBatchRequest(items=[item[q]] * n) for q, n in plan]
+    count = itertools.count()
+    return [dtq_pb2.EnqueueBatchRequest(items=[
+        dtq_pb2.EnqueueRequest(queue=q, task_type="noop", payload=PAYLOAD_100,
+                               content_type="application/json",
+                               concurrency_key=f"k{next(count) % keys}") for _ in range(n)])
+            for q, n in plan]
+
+
+def _set_key_limit(target: str, queues: list[str], limit: int) -> None:
+    """SetConcurrencyLimit(limit) on every queue through ``target``."""
     import grpc
 
     from dtq_proto import dtq_pb2, dtq_pb2_grpc
 
-    item = {q: dtq_pb2.EnqueueRequest(queue=q, task_type="noop", payload=PAYLOAD_100,
-                                      content_type="application/json") for q, _ in plan}
-    requests = [dtq_pb2.EnqueueBatchRequest(items=[item[q]] * n) for q, n in plan]
+    with grpc.insecure_channel(target) as channel:
+        admin = dtq_pb2_grpc.AdminStub(channel)
+        for q in queues:
+            admin.SetConcurrencyLimit(dtq_pb2.SetConcurrencyLimitRequest(
+                queue=q, max_active_per_key=limit), timeout=30)
+
+
+async def _enqueue_dtq(targets: list[str], plan: list[tuple[str, int]], meter: Meter,
+                       timeout_s: float, keys: int = 0) -> dict[str, Any]:
+    """Send ``plan`` with one caller per gateway (call j → gateway j mod G); raw totals."""
+    import grpc
+
+    from dtq_proto import dtq_pb2_grpc
+
+    requests = _batches(plan, keys)
     channels = [grpc.aio.insecure_channel(t) for t in targets]
     try:
         await asyncio.wait_for(asyncio.gather(*(c.channel_ready() for c in channels)), 30)
@@ -493,11 +527,13 @@ def run_dtq_cell(cell: Cell, gateways: int, workers: int) -> dict[str, Any]:
             "--target", targets[i % gateways], "--queues", ",".join(queues),
             "--concurrency", str(args.concurrency), "--log-level", "WARNING"], {})
     cell.wait_workers_ready()
+    if getattr(args, "key_limit", 0):
+        _set_key_limit(targets[0], queues, args.key_limit)
     meter = Meter(cell.r, [p.pid for p in gw_procs], [p.pid for p in cell.workers],
                   nodes=cell.nodes)
     try:
         enq = asyncio.run(_enqueue_dtq(targets, enqueue_plan(args.tasks, queues), meter,
-                                       args.phase_timeout))
+                                       args.phase_timeout, getattr(args, "keys", 0)))
     except TimeoutError:
         raise BenchError(f"enqueue of {args.tasks} tasks took over {args.phase_timeout:.0f} s "
                          f"(logs in {procs.log_dir})") from None
@@ -631,6 +667,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "started_at": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "options": {"matrix": [f"{g}x{w}" for g, w in args.matrix], "tasks": args.tasks,
                     "queues": args.queues, "concurrency": args.concurrency,
+                    "keys": args.keys, "key_limit": args.key_limit,
                     "payload_bytes": len(PAYLOAD_100), "batch": BATCH,
                     "taskiq_in_flight": TASKIQ_IN_FLIGHT},
         "dtq": [], "taskiq": []}
