@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dtq_gateway.errors import InvalidArgument, TooLarge
@@ -68,6 +69,8 @@ class NewTask:
     #: Concurrency key ("" = none; docs/fairness.md): at most the queue's per-key limit
     #: of tasks with the same key are active at once.
     concurrency_key: str = ""
+    #: Required labels as compact JSON with sorted keys ("" = none; docs/fairness.md).
+    labels_json: str = ""
 
 
 def check_queue(queue: str, field: str = "queue") -> str:
@@ -91,6 +94,34 @@ def check_concurrency_key(ckey: str, field: str = "concurrency_key") -> str:
     if any(ord(c) < 32 or ord(c) == 127 for c in ckey):
         raise InvalidArgument(f"{field}: must not contain control characters", field=field)
     return ckey
+
+
+#: Bounds of EnqueueRequest.required_labels (those of LeaseRequest.labels): pairs, key
+#: and value length in UTF-8 bytes.
+MAX_REQUIRED_LABELS = 32
+MAX_LABEL_KEY_BYTES = 64
+MAX_LABEL_VALUE_BYTES = 256
+
+
+def required_labels_json(labels: Mapping[str, str], field: str = "required_labels") -> str:
+    """``labels`` as compact JSON with sorted keys ("" when empty), after checking at most
+    32 pairs, keys of 1..64 and values of at most 256 UTF-8 bytes.
+
+    Raises:
+        InvalidArgument: naming ``field``.
+    """
+    if not labels:
+        return ""
+    if len(labels) > MAX_REQUIRED_LABELS:
+        raise InvalidArgument(f"{field}: at most {MAX_REQUIRED_LABELS} entries", field=field)
+    for k, v in labels.items():
+        if not 1 <= len(k.encode()) <= MAX_LABEL_KEY_BYTES:
+            raise InvalidArgument(f"{field}: keys must be 1..{MAX_LABEL_KEY_BYTES} bytes",
+                                  field=field)
+        if len(v.encode()) > MAX_LABEL_VALUE_BYTES:
+            raise InvalidArgument(f"{field}: value of {k!r} over {MAX_LABEL_VALUE_BYTES} bytes",
+                                  field=field)
+    return json.dumps(dict(sorted(labels.items())), separators=(",", ":"))
 
 
 def check_worker_id(worker_id: str, field: str = "worker_id") -> str:
@@ -384,6 +415,7 @@ def validate_enqueue(req: dtq_pb2.EnqueueRequest, settings: Settings,
     idem = req.idempotency_key
     debounce_spec, debounce_digest = _debounce(req, prefix)
     ckey = check_concurrency_key(req.concurrency_key, prefix + "concurrency_key")
+    labels = required_labels_json(req.required_labels, prefix + "required_labels")
     return NewTask(
         task_id=keys.new_task_id(req.queue), queue=req.queue, task_type=req.task_type,
         payload=req.payload, content_type=content_type, priority=priority,
@@ -392,4 +424,5 @@ def validate_enqueue(req: dtq_pb2.EnqueueRequest, settings: Settings,
         metadata_json=_metadata(req, prefix, trace), backoff_base_ms=base, backoff_cap_ms=cap,
         delay_ms=req.delay_ms, not_before_ms=req.not_before_ms,
         expires_at_ms=req.expires_at_ms, ttl_ms=req.ttl_ms,
-        debounce_spec=debounce_spec, debounce_digest=debounce_digest, concurrency_key=ckey)
+        debounce_spec=debounce_spec, debounce_digest=debounce_digest, concurrency_key=ckey,
+        labels_json=labels)

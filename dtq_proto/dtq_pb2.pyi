@@ -114,8 +114,15 @@ class RetryPolicy(_message.Message):
     def __init__(self, backoff_base_ms: _Optional[int] = ..., backoff_cap_ms: _Optional[int] = ...) -> None: ...
 
 class EnqueueRequest(_message.Message):
-    __slots__ = ("queue", "task_type", "payload", "content_type", "priority", "max_attempts", "timeout_ms", "idempotency_key", "delay_ms", "not_before_ms", "expires_at_ms", "ttl_ms", "retry_policy", "metadata", "traceparent", "tracestate", "chain", "debounce", "concurrency_key")
+    __slots__ = ("queue", "task_type", "payload", "content_type", "priority", "max_attempts", "timeout_ms", "idempotency_key", "delay_ms", "not_before_ms", "expires_at_ms", "ttl_ms", "retry_policy", "metadata", "traceparent", "tracestate", "chain", "debounce", "concurrency_key", "required_labels")
     class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class RequiredLabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +148,7 @@ class EnqueueRequest(_message.Message):
     CHAIN_FIELD_NUMBER: _ClassVar[int]
     DEBOUNCE_FIELD_NUMBER: _ClassVar[int]
     CONCURRENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_LABELS_FIELD_NUMBER: _ClassVar[int]
     queue: str
     task_type: str
     payload: bytes
@@ -160,7 +168,8 @@ class EnqueueRequest(_message.Message):
     chain: _containers.RepeatedCompositeFieldContainer[EnqueueRequest]
     debounce: Debounce
     concurrency_key: str
-    def __init__(self, queue: _Optional[str] = ..., task_type: _Optional[str] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., priority: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., delay_ms: _Optional[int] = ..., not_before_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., chain: _Optional[_Iterable[_Union[EnqueueRequest, _Mapping]]] = ..., debounce: _Optional[_Union[Debounce, _Mapping]] = ..., concurrency_key: _Optional[str] = ...) -> None: ...
+    required_labels: _containers.ScalarMap[str, str]
+    def __init__(self, queue: _Optional[str] = ..., task_type: _Optional[str] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., priority: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., delay_ms: _Optional[int] = ..., not_before_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., chain: _Optional[_Iterable[_Union[EnqueueRequest, _Mapping]]] = ..., debounce: _Optional[_Union[Debounce, _Mapping]] = ..., concurrency_key: _Optional[str] = ..., required_labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Debounce(_message.Message):
     __slots__ = ("key", "window_ms", "mode", "max_delay_ms")
@@ -1254,16 +1263,25 @@ class TaskProgress(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., percent: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
 
 class TaskTypeWaiting(_message.Message):
-    __slots__ = ("task_type", "waiting", "oldest_age_ms", "taken")
+    __slots__ = ("task_type", "waiting", "oldest_age_ms", "taken", "required_labels")
+    class RequiredLabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     OLDEST_AGE_MS_FIELD_NUMBER: _ClassVar[int]
     TAKEN_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_LABELS_FIELD_NUMBER: _ClassVar[int]
     task_type: str
     waiting: int
     oldest_age_ms: int
     taken: bool
-    def __init__(self, task_type: _Optional[str] = ..., waiting: _Optional[int] = ..., oldest_age_ms: _Optional[int] = ..., taken: _Optional[bool] = ...) -> None: ...
+    required_labels: _containers.ScalarMap[str, str]
+    def __init__(self, task_type: _Optional[str] = ..., waiting: _Optional[int] = ..., oldest_age_ms: _Optional[int] = ..., taken: _Optional[bool] = ..., required_labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class TaskFilter(_message.Message):
     __slots__ = ("queue", "task_type", "statuses", "metadata", "min_age_ms", "max_age_ms", "created_after_ms", "created_before_ms")

@@ -643,8 +643,11 @@ class Dispatcher:
         modes = [("r" if put_back or (session.task_types
                                       and _s(f["task_type"]) not in session.task_types)
                   else "a") for _, _, f in parsed]
+        unlabelled = 0 if put_back else _hold_unlabelled(session, parsed, modes)
         held = set() if put_back else await self._hold_throttled_types(parsed, modes, limits)
-        session.limit_held = len(held)
+        # entries put back for their labels free their credit too: read again (bounded
+        # by LIMIT_REREADS, as they stay in the stream)
+        session.limit_held = len(held) + unlabelled
         replies, digests = await store.activate(self.redis, session.worker_id,
                                                 self.settings.task_retention_s, parsed, modes)
         tasks = []
@@ -743,3 +746,24 @@ class Dispatcher:
             created_at_ms=int(rep[3] or 0), leased_at_ms=int(rep[4]),
             traceparent=metadata.get("traceparent", ""),
             tracestate=metadata.get("tracestate", ""))
+
+
+def _hold_unlabelled(session: Session, parsed: list, modes: list[str]) -> int:
+    """Switch to mode ``r`` (put back at the tail of its band, still queued, no attempt
+    spent) every entry whose required labels (entry field ``req_labels``, a JSON object;
+    docs/fairness.md) the session's LeaseRequest.labels do not all contain. Returns how
+    many were switched."""
+    held = 0
+    have = session.labels
+    for i, (_, _, f) in enumerate(parsed):
+        raw = f.get("req_labels")
+        if modes[i] != "a" or not raw:
+            continue
+        try:
+            need = json.loads(raw)
+        except ValueError:
+            continue  # not written by dtq: no requirement to honour
+        if any(have.get(k) != v for k, v in need.items()):
+            modes[i] = "r"
+            held += 1
+    return held

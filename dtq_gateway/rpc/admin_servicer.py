@@ -84,6 +84,7 @@ def _queue_stats(s: admin.QueueStats) -> pb.GetQueueStatsResponse:
         succeeded_per_s=rate.succeeded_per_s, failed_per_s=rate.failed_per_s,
         throughput_window_ms=rate.window_ms,
         waiting_types=[pb.TaskTypeWaiting(task_type=t.task_type, waiting=t.waiting,
+                                          required_labels=t.required_labels,
                                           oldest_age_ms=t.oldest_age_ms, taken=t.taken)
                        for t in s.waiting_types],
         waiting_complete=s.waiting_complete, stuck_task_types=s.stuck_task_types)

@@ -81,8 +81,9 @@ class QueueStats:
 
     @property
     def stuck_task_types(self) -> list[str]:
-        """Types of waiting tasks no live worker of the queue takes, sorted."""
-        return sorted(t.task_type for t in self.waiting_types if not t.taken)
+        """Types of waiting tasks no live worker of the queue takes (for their type or
+        their required labels), sorted, each once."""
+        return sorted({t.task_type for t in self.waiting_types if not t.taken})
 
     @property
     def depth(self) -> int:

@@ -8,7 +8,8 @@ Lease session named the queue takes it. The outcome counters are the hash
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
@@ -30,8 +31,21 @@ class TypeWaiting:
     task_type: str
     waiting: int
     oldest_age_ms: int
-    #: some live worker leasing from the queue takes this type
+    #: some live worker leasing from the queue takes this type (and has the labels)
     taken: bool
+    #: the labels these tasks require (EnqueueRequest.required_labels; docs/fairness.md)
+    required_labels: dict[str, str] = field(default_factory=dict)
+
+
+def _labels(raw: object) -> dict[str, str]:
+    """A required-labels JSON object ({} when empty or not an object of strings)."""
+    try:
+        value = json.loads(text(raw) or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): str(v) for k, v in value.items()}
 
 
 def _int(value: object) -> int:
@@ -69,11 +83,14 @@ async def waiting_by_type(redis: Redis, queue: str, now_ms: int, heartbeat_inter
         return [], bool(int(reply[1]))
     takers = [w for w in await list_workers(redis, heartbeat_interval_ms)
               if w.alive and w.status != "stopped" and queue in w.queues]
-    takes_all = any(not w.task_types for w in takers)
-    taken = {t for w in takers for t in w.task_types}
-    out = [TypeWaiting(task_type=text(name), waiting=int(n),
-                       oldest_age_ms=max(0, now_ms - int(since)),
-                       taken=takes_all or text(name) in taken)
-           for name, n, since in rows]
+    out = []
+    for name, n, since, *rest in rows:
+        task_type, need = text(name), _labels(rest[0] if rest else b"")
+        out.append(TypeWaiting(
+            task_type=task_type, waiting=int(n), oldest_age_ms=max(0, now_ms - int(since)),
+            taken=any((not w.task_types or task_type in w.task_types)
+                      and all(w.labels.get(k) == v for k, v in need.items())
+                      for w in takers),
+            required_labels=need))
     out.sort(key=lambda t: (-t.waiting, t.task_type))
     return out, bool(int(reply[1]))

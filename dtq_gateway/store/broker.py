@@ -102,7 +102,8 @@ class Broker:
             args += (t.task_id, t.queue, t.task_type, t.payload, t.content_type, t.priority,
                      t.max_attempts, t.timeout_ms, t.idem_key, t.idem_digest, t.metadata_json,
                      t.backoff_base_ms, t.backoff_cap_ms, t.delay_ms, t.not_before_ms,
-                     t.expires_at_ms, t.ttl_ms, takeover, t.extra_json, t.concurrency_key)
+                     t.expires_at_ms, t.ttl_ms, takeover, t.extra_json, t.concurrency_key,
+                     t.labels_json)
             if deb:
                 args.append(f"{t.debounce_spec}:{hint}" if t.debounce_spec else "")
         return keys_, args

@@ -214,7 +214,8 @@ async def queue(b: Backend, name: str) -> dict[str, Any]:
             "cancelled": stats.counters.get("cancelled", 0),
             # waiting tasks by type; "stuck" = a type no live worker of the queue takes
             "waiting_types": [{"task_type": t.task_type, "waiting": t.waiting,
-                               "oldest_age_ms": t.oldest_age_ms, "taken": t.taken}
+                               "oldest_age_ms": t.oldest_age_ms, "taken": t.taken,
+                               "required_labels": t.required_labels}
                               for t in stats.waiting_types],
             "waiting_complete": stats.waiting_complete,
             "stuck_task_types": stats.stuck_task_types,

@@ -39,13 +39,14 @@ async def test_enqueue_without_debounce_runs_the_same_commands(redis_url):
 
 
 def test_enqueue_without_debounce_sends_the_same_arguments(redis_url):
-    """3 queue keys + 3 per task, ARGV 7 + 20 per task, ARGV[4] = 0: the layout of
-    enqueue.lua's header before debounce (plus the concurrency key, ARGV[a+20])."""
+    """3 queue keys + 3 per task, ARGV 7 + 21 per task, ARGV[4] = 0: the layout of
+    enqueue.lua's header before debounce (plus the concurrency key and the required
+    labels, ARGV[a+20] and [a+21])."""
     settings = gateway_settings(redis_url)
     broker = Broker(aioredis.Redis.from_url(redis_url), settings, Groups())
     task = validate_enqueue(pb.EnqueueRequest(queue="q", task_type="t"), settings)
     keys_, args = broker._enqueue_call([task, task])
-    assert (len(keys_), len(args), args[3]) == (3 + 2 * 3, 7 + 2 * 20, 0)
+    assert (len(keys_), len(args), args[3]) == (3 + 2 * 3, 7 + 2 * 21, 0)
 
 
 async def test_debounce_record_lives_in_the_queue_slot_with_its_ttl(redis_url):

@@ -88,7 +88,7 @@ end
 -- executing attempt `attempt`. Records the entry id on the hash; returns it.
 local function add_entry(stream_key, task_key, attempt, queued_at)
   local f = redis.call('HMGET', task_key, 'task_id', 'queue', 'task_type', 'payload',
-    'max_attempts', 'priority', 'timeout_ms', 'idem_key', 'idem_digest')
+    'max_attempts', 'priority', 'timeout_ms', 'idem_key', 'idem_digest', 'req_labels')
   local fields = {'task_id', f[1], 'queue', f[2], 'task_type', f[3], 'payload', f[4] or '',
     'attempt', attempt, 'max_attempts', f[5], 'priority', f[6], 'timeout_ms', f[7],
     'idempotency_key', f[8] or ''}
@@ -96,6 +96,11 @@ local function add_entry(stream_key, task_key, attempt, queued_at)
     -- the record's digest (see enqueue.lua): internal keys are hashed apart
     fields[#fields + 1] = 'idem_digest'
     fields[#fields + 1] = f[9]
+  end
+  if f[10] and f[10] ~= '' then
+    -- required labels (docs/fairness.md): the dispatcher routes on the entry alone
+    fields[#fields + 1] = 'req_labels'
+    fields[#fields + 1] = f[10]
   end
   if queued_at then
     -- an entry put back unleased keeps the time its task began to wait (epoch ms), so

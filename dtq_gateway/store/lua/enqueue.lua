@@ -20,7 +20,7 @@
 --   then the queue's ten band streams (depth gate; only with a depth limit)
 -- ARGV[3] n tasks  [4] 1 = the call debounces (one more KEY and ARGV per task), else 0
 -- [5] idempotency TTL s  [6] recent max entries  [7] max queue depth (0 = none)
--- then per task i, 20 values (21 when the call debounces) from a = 7 + (i-1)*20 (or 21):
+-- then per task i, 21 values (22 when the call debounces) from a = 7 + (i-1)*21 (or 22):
 --   [a+1] task_id  [a+2] queue  [a+3] task_type  [a+4] payload  [a+5] content_type
 --   [a+6] priority 0..9  [a+7] max_attempts  [a+8] timeout_ms  [a+9] idempotency key
 --   ('' = none)  [a+10] idempotency digest  [a+11] metadata JSON  [a+12] backoff_base_ms
@@ -31,7 +31,9 @@
 --   chain and group membership (followups.py), written by the same HSET-bearing call so
 --   a task never exists without its follow-ups.
 --   [a+20] concurrency key ('' = none; docs/fairness.md): the record field ckey
---   [a+21] (debouncing calls only) '' = no debounce, else
+--   [a+21] required labels as a JSON object ('' = none; docs/fairness.md): the record
+--   field req_labels and the entry field of the same name
+--   [a+22] (debouncing calls only) '' = no debounce, else
 --   '<first|last>:<window ms>:<max delay ms>:<believed task id>' (see debounce() below)
 -- Reply: one item per task, in order:
 --   {'ok', task_id, status} | {'dup', earlier task_id, earlier state} | {'full', depth}
@@ -48,7 +50,7 @@ local recent_max, max_depth = tonumber(ARGV[6]), tonumber(ARGV[7])
 local deb_on = ARGV[4] == '1'
 local dk = deb_on and 1 or 0
 local stride = 3 + dk + (max_depth > 0 and 10 or 0)
-local astride = 20 + dk
+local astride = 21 + dk
 local now = now_ms()
 local recent, depths = {}, {}
 local busy = false
@@ -74,7 +76,7 @@ end
 -- Returns a reply, or nil and the due time a new task gets (0 = its own timing).
 local function debounce(k, a)
   local mode, window, max_delay, believed =
-    string.match(ARGV[a + 21], '^(%a+):(%d+):(%d+):(.*)$')
+    string.match(ARGV[a + 22], '^(%a+):(%d+):(%d+):(.*)$')
   window, max_delay = tonumber(window), tonumber(max_delay)
   local new_due = mode == 'last' and now + window or 0
   local raw = redis.call('GET', KEYS[k + 3])
@@ -118,7 +120,7 @@ local function enqueue_one(k, a)
   end
 
   local deb_due = 0
-  if deb_on and ARGV[a + 21] ~= '' then
+  if deb_on and ARGV[a + 22] ~= '' then
     local reply
     reply, deb_due = debounce(k, a)
     if reply then return reply end
@@ -154,6 +156,10 @@ local function enqueue_one(k, a)
       fields[#fields + 1] = 'idem_digest'
       fields[#fields + 1] = ARGV[a + 10]
     end
+    if ARGV[a + 21] ~= '' then
+      fields[#fields + 1] = 'req_labels'
+      fields[#fields + 1] = ARGV[a + 21]
+    end
     entry_id = xadd_band(stream_key, fields)
     -- the scheduler leader expires it there if no worker starts it in time
     if expires_at > 0 then redis.call('ZADD', expiring_key, expires_at, task_id) end
@@ -177,6 +183,7 @@ local function enqueue_one(k, a)
   if ARGV[a + 19] ~= '' then
     redis.call('HSET', task_key, unpack(cjson.decode(ARGV[a + 19])))
   end
+  if ARGV[a + 21] ~= '' then redis.call('HSET', task_key, 'req_labels', ARGV[a + 21]) end
 
   recent[#recent + 1] = now
   recent[#recent + 1] = task_id
@@ -187,10 +194,10 @@ local function enqueue_one(k, a)
       updated_at = now, expires_at_ms = now + idem_ttl_s * 1000}))
   end
 
-  if deb_on and ARGV[a + 21] ~= '' then
+  if deb_on and ARGV[a + 22] ~= '' then
     -- the burst's record: keep_first holds it for the window; keep_last until the
     -- task is due, with slack for a late scheduler (the task's state decides anyway)
-    local mode, window = string.match(ARGV[a + 21], '^(%a+):(%d+):')
+    local mode, window = string.match(ARGV[a + 22], '^(%a+):(%d+):')
     window = tonumber(window)
     local until_ms = mode == 'last' and due or now + window
     local ttl = mode == 'last' and (due - now + math.max(window, 60000)) or window

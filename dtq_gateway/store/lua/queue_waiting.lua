@@ -9,7 +9,8 @@
 -- ARGV[1] events channel, ARGV[2] event-id prefix (unused; _lib.lua convention)
 -- ARGV[3] consumer group ("workers")  [4] most entries read in all (1..)
 -- Reply: {entries read, complete (1 = every waiting entry was read), then per task type
---         {task_type, waiting entries, oldest wait start (epoch ms)}, ...}
+--         and required labels {task_type, waiting entries, oldest wait start (epoch ms),
+--         required labels JSON ('' = none; docs/fairness.md)}, ...}
 local group, limit = ARGV[3], tonumber(ARGV[4])
 local by_type, order = {}, {}
 local read, complete = 0, 1
@@ -38,17 +39,19 @@ for _, stream in ipairs(KEYS) do
     if #entries > budget then complete = 0 end
     for e = 1, math.min(#entries, budget) do
       local id, f = entries[e][1], entries[e][2]
-      local task_type, queued = '', nil
+      local task_type, queued, labels = '', nil, ''
       for j = 1, #f, 2 do
         if f[j] == 'task_type' then task_type = f[j + 1]
-        elseif f[j] == 'queued_at' then queued = tonumber(f[j + 1]) end
+        elseif f[j] == 'queued_at' then queued = tonumber(f[j + 1])
+        elseif f[j] == 'req_labels' then labels = f[j + 1] end
       end
       queued = queued or tonumber(string.match(id, '^(%d+)'))
-      local t = by_type[task_type]
+      local group_key = task_type .. '\n' .. labels
+      local t = by_type[group_key]
       if not t then
-        t = {task_type, 0, queued}
-        by_type[task_type] = t
-        order[#order + 1] = task_type
+        t = {task_type, 0, queued, labels}
+        by_type[group_key] = t
+        order[#order + 1] = group_key
       end
       t[2] = t[2] + 1
       if queued < t[3] then t[3] = queued end
