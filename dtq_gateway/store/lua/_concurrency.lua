@@ -35,15 +35,30 @@ local function conc_limit(queue)
 end
 
 -- Take a slot of key `ckey` for a task about to become active. Returns true when taken
--- (counted), false when the key is at its limit (the caller parks the task).
+-- (counted), false when the key is at its limit (the caller parks the task). One
+-- HINCRBY when a slot is free (the common case), a second one to undo it otherwise.
 local function ckey_take(queue, ckey)
   local active = conc_prefix(queue) .. 'active'
   local limit = conc_limit(queue)
-  if limit > 0 and (tonumber(redis.call('HGET', active, ckey)) or 0) >= limit then
+  if redis.call('HINCRBY', active, ckey, 1) > limit and limit > 0 then
+    redis.call('HINCRBY', active, ckey, -1)
     return false
   end
-  redis.call('HINCRBY', active, ckey, 1)
   return true
+end
+
+local conc_parked = {}  -- queue -> whether it had parked tasks, read once per call
+
+-- Whether the queue may have parked tasks (its waiting hash exists): read once per
+-- script call and set again by ckey_park, so a lease end of a queue with nothing parked
+-- costs no look at a parked list.
+local function conc_any_parked(queue)
+  local any = conc_parked[queue]
+  if any == nil then
+    any = redis.call('EXISTS', conc_prefix(queue) .. 'waiting') == 1
+    conc_parked[queue] = any
+  end
+  return any
 end
 
 -- Park a queued task whose entry the caller just acked and deleted: id to the tail of
@@ -53,6 +68,7 @@ local function ckey_park(queue, ckey, task_key, task_id, queued_at, ms)
   local p = conc_prefix(queue)
   redis.call('RPUSH', p .. 'parked:' .. ckey, task_id)
   redis.call('HINCRBY', p .. 'waiting', ckey, 1)
+  conc_parked[queue] = true
   redis.call('HSET', task_key, 'parked', '1', 'entry_id', '', 'queued_at', queued_at,
     'updated_at_ms', ms)
 end
@@ -95,6 +111,7 @@ local function ckey_release(queue, ckey)
   if not ckey or ckey == '' then return 0 end
   local active = conc_prefix(queue) .. 'active'
   if redis.call('HINCRBY', active, ckey, -1) <= 0 then redis.call('HDEL', active, ckey) end
+  if not conc_any_parked(queue) then return 0 end
   return ckey_unpark(queue, ckey, 1)
 end
 
