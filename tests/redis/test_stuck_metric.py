@@ -51,3 +51,31 @@ async def test_waiting_scan_is_bounded_and_says_so(redis_url) -> None:
         assert complete and sum(t.waiting for t in waiting) == 5
     finally:
         await r.aclose()
+
+
+async def test_stuck_tasks_gauge_counts_labels_no_live_worker_has(redis_url) -> None:
+    """Tasks whose required labels no live worker of the queue has are stuck too; the
+    same type without labels (or with labels a worker has) is not."""
+    r = aioredis.from_url(redis_url)
+    try:
+        stream = keys.stream("lq", 5)
+        await r.xgroup_create(stream, keys.GROUP, id="0", mkstream=True)
+        sec, _ = await r.time()
+        old = (sec - 60) * 1000
+        await r.xadd(stream, {"task_id": "a", "task_type": "t", "req_labels": '{"gpu":"a100"}'},
+                     id=f"{old}-0")
+        await r.xadd(stream, {"task_id": "b", "task_type": "t", "req_labels": '{"zone":"eu"}'})
+        await r.xadd(stream, {"task_id": "c", "task_type": "t"})
+        await r.hset(keys.worker("w1"), mapping={
+            "last_heartbeat": sec * 1000, "status": "alive", "queues": "lq",
+            "task_types": "", "labels": json.dumps({"zone": "eu"})})
+        await r.sadd(keys.WORKERS, "w1")
+        await r.sadd(keys.BUSY_QUEUES, "lq")
+        await QueueGaugeCollector(r, heartbeat_interval_ms=10_000).tick()
+        assert REGISTRY.get_sample_value("dtq_queue_stuck_tasks", {"queue": "lq"}) == 1
+        stats = await admin.queue_stats(r, "lq", 10_000)
+        assert stats.stuck_task_types == ["t"]
+        assert {(json.dumps(t.required_labels), t.taken) for t in stats.waiting_types} == {
+            ('{"gpu": "a100"}', False), ('{"zone": "eu"}', True), ("{}", True)}
+    finally:
+        await r.aclose()
