@@ -20,7 +20,7 @@ from typing import Any
 from dtq_gateway import task_filters
 from dtq_gateway.errors import InvalidArgument, NotFound
 from dtq_gateway.settings import Settings
-from dtq_gateway.store import admin, admin_dlq, admin_lists, bulk, keys, search
+from dtq_gateway.store import admin, admin_dlq, admin_lists, bulk, concurrency, keys, search
 from dtq_gateway.store.admin import CallInfo, as_int
 from dtq_gateway.store.broker import Broker
 from dtq_gateway.store.client import Client
@@ -200,6 +200,7 @@ async def queue(b: Backend, name: str) -> dict[str, Any]:
     """GetQueueStats of one queue plus throughput and its most recent tasks."""
     stats = await admin.queue_stats(b.redis, name)
     recent = await admin_lists.list_recent_tasks(b.redis, 20, name)
+    conc = await concurrency.get(b.redis, name, 10)
     return {"queue": stats.queue, "depth": stats.depth, "pending": stats.pending,
             "scheduled": stats.scheduled, "backlog_age_ms": stats.oldest_task_age_ms,
             "paused": stats.paused, "dead_letter_depth": stats.dead_letter_depth,
@@ -219,6 +220,12 @@ async def queue(b: Backend, name: str) -> dict[str, Any]:
                               for t in stats.waiting_types],
             "waiting_complete": stats.waiting_complete,
             "stuck_task_types": stats.stuck_task_types,
+            # per-key concurrency (docs/fairness.md): the limit and the 10 busiest keys
+            "concurrency": {"max_active_per_key": conc.max_active_per_key,
+                            "key_count": conc.key_count, "active": conc.active,
+                            "waiting": conc.waiting,
+                            "keys": [{"key": k.key, "active": k.active, "waiting": k.waiting}
+                                     for k in conc.keys]},
             "recent": [task_json(task_from_hash(f, None, include_payload=False),
                                  with_payload=False) for f in recent]}
 

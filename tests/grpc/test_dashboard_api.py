@@ -377,3 +377,29 @@ async def test_a_body_declared_too_large_is_refused_before_it_is_sent(redis_url)
         finally:
             writer.close()
     assert status_line.split()[1] == b"413", status_line
+
+
+async def test_queue_page_shows_its_concurrency_keys(redis_url):
+    """The queue API carries the per-key limit and the busiest keys with their active and
+    waiting (parked) tasks (docs/fairness.md)."""
+    from tests.support.leasing import LeaseStream, poll
+
+    async with dashboard_gateway(redis_url) as dg, aiohttp.ClientSession() as http:
+        await dg.admin.SetConcurrencyLimit(dtq_pb2.SetConcurrencyLimitRequest(
+            queue="ck", max_active_per_key=1))
+        for key in ("tenant-1", "tenant-1", "tenant-2"):
+            await dg.broker.Enqueue(dtq_pb2.EnqueueRequest(
+                queue="ck", task_type="t", payload=b"{}", concurrency_key=key))
+        stream = await LeaseStream(dg.broker, "w-ck", ["ck"], max_in_flight=5).open()
+        try:
+            await stream.take(2)
+
+            async def conc():
+                return (await _json(http, "GET", dg.url + "/api/queues/ck"))[1]["concurrency"]
+
+            c = await poll(conc, lambda c: c["waiting"] == 1)
+            assert (c["max_active_per_key"], c["key_count"], c["active"]) == (1, 2, 2)
+            assert c["keys"] == [{"key": "tenant-1", "active": 1, "waiting": 1},
+                                 {"key": "tenant-2", "active": 1, "waiting": 0}]
+        finally:
+            stream.close()

@@ -229,11 +229,21 @@ async function queueView(name) {
       card("succeeded", q.succeeded), card("failed", q.failed),
       card("cancelled", q.cancelled)),
     q.stuck_task_types.length ? el("p", { class: "error", id: "stuck-types" },
-      "Stuck: no live worker takes task type(s) " + q.stuck_task_types.join(", ")) : null,
+      "Stuck: no live worker takes task type(s) " + q.stuck_task_types.join(", ") +
+      " (its type, or the labels the tasks require)") : null,
     el("h2", {}, "Waiting by task type"),
-    table(["task type", "waiting#", "oldest#", "taken by a live worker"],
-      q.waiting_types.map((w) => el("tr", {}, el("td", {}, w.task_type), num(w.waiting),
+    table(["task type", "required labels", "waiting#", "oldest#", "taken by a live worker"],
+      q.waiting_types.map((w) => el("tr", {}, el("td", {}, w.task_type),
+        el("td", {}, Object.entries(w.required_labels || {}).map(([k, v]) => k + "=" + v)
+          .join(", ")), num(w.waiting),
         num(dur(w.oldest_age_ms)), el("td", {}, w.taken ? "yes" : "no")))),
+    q.concurrency.max_active_per_key || q.concurrency.key_count ? [
+      el("h2", { id: "concurrency-keys" }, "Concurrency keys (max ",
+        String(q.concurrency.max_active_per_key || "none"), " per key; ",
+        String(q.concurrency.key_count), " keys in use, ", String(q.concurrency.waiting),
+        " waiting)"),
+      table(["key", "active#", "waiting#"], q.concurrency.keys.map((k) =>
+        el("tr", {}, el("td", {}, k.key), num(k.active), num(k.waiting))))] : null,
     el("h2", {}, "Bands"),
     table(["band", "depth#", "leased#"], q.bands.map((b) =>
       el("tr", {}, el("td", {}, "p" + b.band), num(b.depth), num(b.pending)))),
