@@ -40,7 +40,7 @@ from dtq_gateway.errors import InvalidArgument, RateLimitLimit
 from dtq_gateway.store import keys
 from dtq_gateway.store.admin import redis_now_ms
 from dtq_gateway.store.replies import text
-from dtq_gateway.store.scripts import Script, execute
+from dtq_gateway.store.scripts import Script, ScriptPipeline, execute
 
 RATE_TAKE = Script("rate_take", helpers=("_bucket",))
 RATE_LIMIT_SET = Script("rate_limit_set", helpers=("_bucket",))
@@ -308,7 +308,7 @@ async def take_types(redis: Redis, wanted: list[tuple[str, str]]
     per_queue: dict[str, Counter[str]] = {}
     for queue, task_type in wanted:
         per_queue.setdefault(queue, Counter())[task_type] += 1
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     calls = list(per_queue.items())
     for queue, counts in calls:
         args: list = []
@@ -337,7 +337,7 @@ async def give_back(redis: Redis, returns: dict[str, Counter[str]]) -> None:
     Args:
         returns: per queue, tokens per scope (``"*"`` or a task type) to give back.
     """
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     for queue, counts in returns.items():
         args: list = []
         for scope, n in counts.items():

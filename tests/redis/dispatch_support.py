@@ -16,12 +16,12 @@ class ReadAheadEnv(Env):
         self.broker.on_queued = self.dispatcher.notify
         self.broker.read_ahead = self.dispatcher.read_ahead
         self.own_reads = 0
-        lease = self.dispatcher._lease
+        lease = self.dispatcher.lease_now
 
         async def counted(session):
             self.own_reads += 1
             return await lease(session)
-        self.dispatcher._lease = counted
+        self.dispatcher.lease_now = counted
 
     def session(self, **kw) -> Session:
         s = Session(worker_id=kw.pop("worker_id", "w1"), queues=kw.pop("queues", ["q"]),

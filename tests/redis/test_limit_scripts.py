@@ -66,13 +66,13 @@ async def test_lease_read_takes_at_most_the_tokens(r: Redis) -> None:
         await r.xgroup_create(keys.stream("q", band), keys.GROUP, id="0", mkstream=True)
     await r.hset(keys.worker("w"), "last_heartbeat", 0)
     session = Session(worker_id="w", queues=["q"], max_in_flight=10)
-    reply = await LEASE_READ(r, session.groups[0].keys, LEASE_READ.argv(
+    reply = await LEASE_READ(r, session.slot_reads[0].read_keys, LEASE_READ.argv(
         keys.GROUP, "w", 10, 256, 1, 0))
     wait_ms, typed, limited, throttled = reply[4]
     assert len(reply[5:]) == 3
     assert (list(limited), list(throttled), list(typed)) == ([1], [1], [])
     assert 0 < int(wait_ms) <= 20_000
-    again = await LEASE_READ(r, session.groups[0].keys, LEASE_READ.argv(
+    again = await LEASE_READ(r, session.slot_reads[0].read_keys, LEASE_READ.argv(
         keys.GROUP, "w", 10, 256, 1, 0))
     assert len(again[5:]) == 0 and list(again[4][3]) == [1]
 
