@@ -20,7 +20,7 @@ from dtq_gateway.store.client import Client
 from dtq_gateway.store.durability import ReplicaWait
 from dtq_gateway.store.errors import ReplicasNotAcked
 from dtq_gateway.store.indexes import queue_set_add
-from dtq_gateway.store.replies import text as _s
+from dtq_gateway.store.replies import text as as_text
 from dtq_gateway.store.scripts import Script, ScriptPipeline, call_chunks, call_each, execute
 
 ACK = Script("ack", helpers=("_finished",), allow_oom=True)
@@ -156,7 +156,7 @@ async def heartbeat(redis: Client, beat: WorkerBeat,
     for reply in replies[1:]:
         if isinstance(reply, Exception):
             raise reply
-        states.append(_s(reply))
+        states.append(as_text(reply))
     return states
 
 
