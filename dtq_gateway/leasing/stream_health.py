@@ -131,13 +131,13 @@ class StreamHealth:
         # worker whose heartbeats stopped too (a blocked event loop, a frozen process)
         # may be running them: its leases expire as usual, spending an attempt, so a
         # task that hangs its worker still reaches its max_attempts.
-        quiet = [(s, now - max(s.receipt_at, next(iter(s.unread.values()))[1]))
-                 for s in due if s.unread and not s.closed and not s.not_reading]
-        quiet = [(s, q) for s, q in quiet if q > self.stall_after_s]
+        silent = [(s, now - max(s.receipt_at, next(iter(s.unread.values()))[1]))
+                  for s in due if s.unread and not s.closed and not s.not_reading]
+        silent = [(s, q) for s, q in silent if q > self.stall_after_s]
         heard = await store.workers_heard(
             self.redis, [(s.worker_id, int((q - self.confirm_after_s) * 1000))
-                         for s, q in quiet])
-        for (s, _), alive in zip(quiet, heard):
+                         for s, q in silent])
+        for (s, _), alive in zip(silent, heard):
             if alive and not s.closed and not s.not_reading:
                 await self.stall(s)
 

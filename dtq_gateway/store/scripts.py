@@ -34,11 +34,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
 
 from dtq_gateway.store import keys
-from dtq_gateway.store.client import is_cluster
+from dtq_gateway.store.client import Client, is_cluster
 from dtq_gateway.store.durability import ReplicaWait
 from dtq_gateway.store.errors import ReplicasNotAcked
 
@@ -130,7 +129,7 @@ class Script:
             return self.flagged
         return self.source, self.sha
 
-    async def eval_source(self, client: Redis, keys_: Sequence[str],
+    async def eval_source(self, client: Client, keys_: Sequence[str],
                           args: Sequence[Any]) -> Any:
         """EVAL of :meth:`current`'s source; a shebang refused by Redis 6.2 switches
         this process to plain sources (:func:`flags_supported`) and runs the plain one."""
@@ -154,7 +153,7 @@ class Script:
         their events carry EVENT_ID_PREFIX, which the dispatcher skips."""
         return [keys.EVENTS_CHANNEL, event_id_prefix(EVENT_ID_PREFIX), *args]
 
-    async def __call__(self, client: Redis, keys_: Sequence[str], args: Sequence[Any]) -> Any:
+    async def __call__(self, client: Client, keys_: Sequence[str], args: Sequence[Any]) -> Any:
         """Run the script once (EVALSHA; NOSCRIPT → EVAL of the source, which also caches
         it on the node that owns the keys' slot, so this works on every cluster node)."""
         try:
@@ -211,7 +210,7 @@ class ScriptPipeline:
         return await execute(self.client, self, wait)
 
 
-async def execute(client: Redis, pipe: ScriptPipeline,
+async def execute(client: Client, pipe: ScriptPipeline,
                   wait: ReplicaWait | None = None) -> list[Any]:
     """Execute a :class:`ScriptPipeline` of :meth:`Script.queue` calls.
 
@@ -232,7 +231,7 @@ async def execute(client: Redis, pipe: ScriptPipeline,
             return await _execute_per_node(client, calls, groups, wait)
     waits = _queue_waits(client, pipe, calls, wait)
     replies = await pipe.pipe.execute(raise_on_error=False)
-    if waits:
+    if waits and wait is not None:
         replies = _apply_wait(client, calls, waits, replies, wait)
     for i, r in enumerate(replies):
         if i in calls and (isinstance(r, NoScriptError) or (
@@ -329,7 +328,7 @@ async def _execute_per_node(client: Any,
     return replies
 
 
-async def call_each(client: Redis, script: Script,
+async def call_each(client: Client, script: Script,
                     calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
                     wait: ReplicaWait | None = None) -> list[Any]:
     """Run calls of a script; one reply per call, in order, with a failed call's error
@@ -347,7 +346,7 @@ async def call_each(client: Redis, script: Script,
     return await execute(client, pipe, wait)
 
 
-async def call_chunks(client: Redis, script: Script,
+async def call_chunks(client: Client, script: Script,
                       calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
                       wait: ReplicaWait | None = None) -> list[Any]:
     """Run calls of a script that answers one list per call (one item per input) and
