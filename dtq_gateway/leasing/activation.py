@@ -10,6 +10,7 @@ session's buffered-bytes cap (DTQ_LEASE_BUFFER_MAX_BYTES), releasing the rest.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -23,6 +24,8 @@ from dtq_gateway.store import ratelimits
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.lease_replies import ActivationKind, LeaseRead, ReadEntry
 from dtq_proto import dtq_pb2
+
+log = logging.getLogger(__name__)
 
 OK, READ = ActivationKind.OK, ActivationKind.READ
 
@@ -52,6 +55,23 @@ class Activator:
         session.buffered_bytes = max(0, session.buffered_bytes + delta)
         self.buffered_total = max(0, self.buffered_total + delta)
         metrics.LEASE_BUFFERED_BYTES.set(self.buffered_total)
+
+    async def hand_back(self, session: Session) -> None:
+        """Empty the ``out`` of a session that ended and release the leases it never
+        delivered (no attempt spent; if that fails, the reaper reclaims them after the
+        visibility timeout)."""
+        undelivered = []
+        while not session.out.empty():
+            item = session.out.get_nowait()
+            if item is not None:
+                undelivered.append(item.lease_id)
+        self.buffered(session, -session.buffered_bytes)
+        if undelivered:
+            try:
+                await self.release(undelivered)
+            except Exception:  # noqa: BLE001 - the reaper reclaims them if this fails
+                log.warning("could not release undelivered leases",
+                            extra={"worker_id": session.worker_id, "count": len(undelivered)})
 
     async def deliver(self, session: Session, read: LeaseRead, put_back: bool = False) -> int:
         """Deliver what ``read`` took for ``session``; returns the leases delivered.

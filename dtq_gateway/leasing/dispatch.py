@@ -19,30 +19,24 @@ This module decides who reads and when (wake-ups, candidates, rounds);
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import logging
 import time
 from collections.abc import Awaitable, Callable
 
 from dtq_gateway import metrics
 from dtq_gateway.leasing.activation import Activator
 from dtq_gateway.leasing.leaseid import Keyring, default_keyring
+from dtq_gateway.leasing.reader import BATCH_MAX, SessionReader
 from dtq_gateway.leasing.sessions import ReadAhead, Session
 from dtq_gateway.leasing.stream_health import StreamHealth
+from dtq_gateway.leasing.wake_loop import WakeLoop
 from dtq_gateway.settings import Settings
-from dtq_gateway.store import leasing as store
 from dtq_gateway.store import ratelimits
 from dtq_gateway.store.client import Client
-from dtq_gateway.store.errors import is_redis_outage
 from dtq_gateway.store.groups import Groups
 from dtq_gateway.store.lease_replies import LeaseRead, WorkerState
-from dtq_gateway.store.leasing import OWN_EVENT, Call, SlotRead, TakeArgs
+from dtq_gateway.store.leasing import OWN_EVENT
 
-log = logging.getLogger(__name__)
-
-#: Most entries one lease_take returns (bounds script run time).
-BATCH_MAX = 256
 #: Reads re-run at once after a task-type rate limit put entries back (per session, until
 #: one delivers something): bounds the rotation through a stream of throttled entries.
 LIMIT_REREADS = 4
@@ -66,10 +60,8 @@ class Dispatcher:
         self.groups = groups
         self.release = release
         self.tick_s = tick_s
-        #: A worker whose last heartbeat is older than this gets no new leases (ms):
-        #: two heartbeat intervals (the WORKER_STALE rule), at most the visibility timeout.
-        self.stale_after_ms = min(2 * settings.heartbeat_interval_ms,
-                                  settings.visibility_timeout_ms)
+        #: sends a session's calls (its ``stale_after_ms``: heartbeat age that stalls)
+        self.reader = SessionReader(redis, settings, groups)
         self.sessions: dict[str, Session] = {}
         #: open sessions by queue name, for read-ahead
         self._by_queue: dict[str, list[Session]] = {}
@@ -78,30 +70,20 @@ class Dispatcher:
         #: read-aheads answered since the last round: (session, queue, read; an
         #: exception or None when the read failed)
         self._reads: list[tuple[Session, str, LeaseRead | BaseException | None]] = []
-        self._wake = asyncio.Event()
+        self._loop = WakeLoop(self.run_round, tick_s)
+        self._wake = self._loop.event
         self._dirty_queues: set[str] = set()
         self._dirty_workers: set[str] = set()
         self._new_sessions: set[str] = set()
         #: sessions that read a full batch and read again: next round, after the others
         self._rereads: set[str] = set()
-        self._task: asyncio.Task | None = None
         self._rr = itertools.count()
-        self._last_error_log = 0.0
         #: reads a throttled queue again once its rate limit has a token
         self._limit_waker = ratelimits.Waker(self.notify)
         self.activator = Activator(redis, settings, self.keyring, release, self._limit_waker)
+        #: finds streams that stopped reading (its ``stall_after_s``: how long unread)
         self.health = StreamHealth(redis, settings, self.sessions, self.keyring, release,
                                    self.received, self.buffered, tick_s)
-
-    @property
-    def stall_after_s(self) -> float:
-        """Seconds without a receipt after which a stream counts as not reading
-        (:class:`StreamHealth`; tests may set it)."""
-        return self.health.stall_after_s
-
-    @stall_after_s.setter
-    def stall_after_s(self, value: float) -> None:
-        self.health.stall_after_s = value
 
     @property
     def buffered_total(self) -> int:
@@ -138,7 +120,7 @@ class Dispatcher:
                 s.reading = True
                 on_queue.remove(s)
                 on_queue.append(s)
-                return ReadAhead(s, queue, self._ahead_calls, self._ahead_read)
+                return ReadAhead(s, queue, self.reader.ahead_calls, self._ahead_read)
         return None
 
     def credit_freed(self, worker_id: str) -> None:
@@ -220,18 +202,7 @@ class Dispatcher:
                 if not listed:
                     index.pop(name, None)
         metrics.LEASE_SESSIONS.set(len(self.sessions))
-        undelivered = []
-        while not session.out.empty():
-            item = session.out.get_nowait()
-            if item is not None:
-                undelivered.append(item.lease_id)
-        self.buffered(session, -session.buffered_bytes)
-        if undelivered:
-            try:
-                await self.release(undelivered)
-            except Exception:  # noqa: BLE001 - the reaper reclaims them if this fails
-                log.warning("could not release undelivered leases",
-                            extra={"worker_id": session.worker_id, "count": len(undelivered)})
+        await self.activator.hand_back(session)
 
     def end_worker(self, worker_id: str) -> None:
         """The worker is draining: deliver nothing more and end its streams with OK.
@@ -247,54 +218,15 @@ class Dispatcher:
 
     # -- loop ------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the dispatch loop task."""
-        self._task = asyncio.create_task(self._run(), name="dtq-dispatcher")
+        """Start the dispatch loop (:class:`WakeLoop`: a round per wake-up and tick)."""
+        self._loop.start()
 
     async def stop(self) -> None:
         """Stop the loop and end every session's stream."""
         self._limit_waker.cancel()
-        if self._task:
-            self._task.cancel()
-            await asyncio.wait({self._task}, timeout=2.0)  # bounded: a stop must not hang
+        await self._loop.stop()
         for s in list(self.sessions.values()):
             s.out.put_nowait(None)
-
-    async def _run(self) -> None:
-        backoff = 0.05
-        last_tick = time.monotonic()
-        while True:
-            tick = False
-            try:
-                if not self._wake.is_set():  # timeout(): a timer, not a task per wake-up
-                    wait_s = max(0.0, last_tick + self.tick_s - time.monotonic())
-                    async with asyncio.timeout(wait_s):
-                        await self._wake.wait()
-            except TimeoutError:
-                tick = True
-            # the periodic re-check also runs while wake-ups keep the loop busy (under
-            # load a wake-up comes every few ms, so waiting for a quiet tick_s would
-            # starve full and stalled sessions that only the tick looks at)
-            if time.monotonic() - last_tick >= self.tick_s:
-                tick = True
-            if tick:
-                last_tick = time.monotonic()
-            self._wake.clear()
-            try:
-                await self.run_round(tick)
-                backoff = 0.05
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - keep dispatching; log and back off
-                if is_redis_outage(exc):
-                    # unreachable, loading, a cluster slot down or moving: no traceback
-                    self._log_error("redis unavailable for leasing", exc)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 2.0)
-                    self._wake.set()
-                    continue
-                self._log_error("dispatch round failed", exc, exc_info=True)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
 
     def stream_progress(self, session: Session) -> None:
         """The session's stream wrote a task (called by the Lease handler after each
@@ -305,12 +237,6 @@ class Dispatcher:
             session.held_back = False
             self._dirty_workers.add(session.worker_id)
             self._wake.set()
-
-    def _log_error(self, msg: str, exc: BaseException, exc_info: bool = False) -> None:
-        now = time.monotonic()
-        if now - self._last_error_log > 5:
-            self._last_error_log = now
-            log.warning(msg, extra={"error": repr(exc)}, exc_info=exc_info)
 
     def _candidates(self, tick: bool) -> list[Session]:
         queues, workers, new = self._dirty_queues, self._dirty_workers, self._new_sessions
@@ -360,18 +286,7 @@ class Dispatcher:
         then every woken session (every session on a ``tick``) is read. ``tick`` also
         runs the stream-health checks and ends the streams of draining workers.
         """
-        reads, self._reads = self._reads, []
-        for session, _, _ in reads:  # cleared first: a failed delivery must not strand one
-            session.reading = False
-        for session, queue, read in reads:
-            if read is None or isinstance(read, BaseException):
-                self.notify(queue)
-                continue
-            got, credit_left, _, _ = await self._after_read(session, read)
-            if not got or not credit_left:
-                # nothing for this session (taken elsewhere, paused, stalled) or it is
-                # full now: the queue may hold more, let the round look at every session
-                self.notify(queue)
+        await self._deliver_read_aheads()
         # Once a read shows a session's queues hold nothing new for the group, later
         # sessions of those queues skip this round (the tick too, so 1,000 idle streams
         # cost one read, not 1,000; see _after_read).
@@ -395,39 +310,32 @@ class Dispatcher:
                 self._rereads.add(session.session_id)
                 self._wake.set()
         if tick and skipped:
-            await self._end_draining({s.worker_id for s in skipped})
+            for worker_id in await self.reader.draining({s.worker_id for s in skipped}):
+                self.end_worker(worker_id)
         if tick:
             await self.health.release_unwritten()
             await self.health.check_streams()
 
-    async def _end_draining(self, worker_ids: set[str]) -> None:
-        """End the streams of workers whose record says ``draining``.
+    async def lease_now(self, session: Session) -> tuple[int, bool, int, bool]:
+        """Read (and lease) for ``session`` now (:meth:`SessionReader.read`), then
+        deliver; see :meth:`_after_read` for the reply. Public for tests (the loop
+        calls it from :meth:`run_round`)."""
+        return await self._after_read(session, await self.reader.read(session))
 
-        A worker's Heartbeat(draining) may reach another replica; worker_check notices
-        it only when it runs for the session, so the tick asks for the sessions it
-        skipped: one worker_states call (one round trip, one reply) per 1,000 workers.
-        """
-        workers = sorted(worker_ids)
-        for i in range(0, len(workers), 1000):
-            chunk = workers[i:i + 1000]
-            states = await store.worker_states(self.redis, chunk)
-            for worker_id, status in zip(chunk, states):
-                if status == "draining":
-                    self.end_worker(worker_id)
-
-    def _take_call(self, session: Session, read: SlotRead, most: int | None = None,
-                   max_in_flight: int | None = None) -> Call:
-        """KEYS and ARGV of a lease_take of one slot read of ``session`` (``most``:
-        default its read cap; 0 = peek)."""
-        who = TakeArgs(session.worker_id, session.max_in_flight, session.task_types,
-                       self.settings.task_retention_s)
-        return store.lease_take_call(read, who, session.read_cap(BATCH_MAX)
-                                     if most is None else most, max_in_flight)
-
-    def _ahead_calls(self, session: Session) -> tuple[Call, Call]:
-        """A read-ahead's calls: the worker_check and lease_take of ``session``."""
-        return (store.worker_check_call(session.worker_id, self.stale_after_ms),
-                self._take_call(session, session.slot_reads[0]))
+    async def _deliver_read_aheads(self) -> None:
+        """Deliver the read-aheads answered since the last round."""
+        reads, self._reads = self._reads, []
+        for session, _, _ in reads:  # cleared first: a failed delivery must not strand one
+            session.reading = False
+        for session, queue, read in reads:
+            if read is None or isinstance(read, BaseException):
+                self.notify(queue)
+                continue
+            got, credit_left, _, _ = await self._after_read(session, read)
+            if not got or not credit_left:
+                # nothing for this session (taken elsewhere, paused, stalled) or it is
+                # full now: the queue may hold more, let the round look at every session
+                self.notify(queue)
 
     def _ahead_read(self, session: Session, queue: str,
                     read: LeaseRead | BaseException | None) -> None:
@@ -439,54 +347,6 @@ class Dispatcher:
             return
         self._reads.append((session, queue, read))
         self._wake.set()
-
-    async def lease_now(self, session: Session) -> tuple[int, bool, int, bool]:
-        """Read (and lease) for ``session`` now; see :meth:`_after_read` for the reply.
-
-        Public for tests (the loop calls it from :meth:`run_round`). A session with one
-        slot read (every session on a standalone Redis, and one whose queues share a
-        hash slot on a cluster) costs one round trip: worker_check and lease_take in
-        one pipeline. On a cluster, queues in several slots are read slot by slot:
-        first the check and every slot's peek (one pipeline), then the non-empty
-        (band, slot) pairs from p9 down, each with the credit the earlier ones left,
-        so strict priority holds across slots too (one round trip per pair).
-        """
-        await self.groups.ensure(self.redis, session.queues)
-        check = store.worker_check_call(session.worker_id, self.stale_after_ms)
-        if len(session.slot_reads) == 1:
-            read = session.slot_reads[0]
-            state, (got,) = await store.check_and_take(
-                self.redis, check, [(read, self._take_call(session, read))])
-            return await self._after_read(session, got.with_state(state))
-        state, peeks = await store.check_and_take(
-            self.redis, check, [(r, self._take_call(session, r, most=0))
-                                for r in session.slot_reads], peek=True)
-        if state:
-            return await self._after_read(session, LeaseRead.merge(peeks, state))
-        return await self._after_read(session, await self._take_by_band(session, peeks))
-
-    async def _take_by_band(self, session: Session, peeks: list[LeaseRead]) -> LeaseRead:
-        """Strict p9 -> p0 across slots: one lease_take per (band, slot read) whose
-        peek found entries, each with the credit the earlier ones left."""
-        pending = sum(p.pending for p in peeks)
-        credit = min(session.max_in_flight - pending, session.read_cap(BATCH_MAX))
-        live = sorted(((session.where[stream][1], n) for n, peek in enumerate(peeks)
-                       if not peek.missing_streams for stream in peek.live),
-                      key=lambda x: (-x[0], x[1]))
-        reads = [LeaseRead(0, p.missing_streams, WorkerState.OK, p.live_streams, p.limits)
-                 for p in peeks]
-        done: set[tuple[int, int]] = set()
-        for band, n in live:
-            if credit <= 0 or (band, n) in done:
-                continue
-            done.add((band, n))
-            sub = session.slot_reads[n].band(band)
-            got = await store.lease_take(self.redis, sub, self._take_call(
-                session, sub, most=credit, max_in_flight=peeks[n].pending + credit))
-            credit -= len(got.entries)
-            reads.append(LeaseRead(0, got.missing_streams, WorkerState.OK, 0, got.limits,
-                                   got.entries))
-        return LeaseRead.merge(reads, pending=pending)
 
     async def _after_read(self, session: Session, read: LeaseRead
                           ) -> tuple[int, bool, int, bool]:
@@ -524,15 +384,20 @@ class Dispatcher:
         if delivered:
             session.limit_rounds = 0
         if session.limit_held:
-            # Entries of a throttled task type went back to the tail of their stream, so
-            # the credit they took is free again and other types may wait behind them:
-            # read again at once, at most LIMIT_REREADS times in a row (a stream of only
-            # throttled entries must not turn into a busy loop; the limit's timer or the
-            # tick reads it later). A read that delivered something resets the count.
-            credit = session.max_in_flight - read.pending - delivered
-            session.full = credit <= 0
-            if credit > 0 and session.limit_rounds < LIMIT_REREADS:
-                session.limit_rounds += 1
-                self._dirty_workers.add(session.worker_id)
-                self._wake.set()
+            credit = self._reread_after_limit(session, read.pending, delivered)
         return delivered, credit > 0, len(entries), False
+
+    def _reread_after_limit(self, session: Session, pending: int, delivered: int) -> int:
+        """Entries of a throttled task type went back to the tail of their stream, so
+        the credit they took is free again and other types may wait behind them: read
+        again at once, at most LIMIT_REREADS times in a row (a stream of only throttled
+        entries must not turn into a busy loop; the limit's timer or the tick reads it
+        later). A read that delivered something resets the count. Returns the credit
+        left."""
+        credit = session.max_in_flight - pending - delivered
+        session.full = credit <= 0
+        if credit > 0 and session.limit_rounds < LIMIT_REREADS:
+            session.limit_rounds += 1
+            self._dirty_workers.add(session.worker_id)
+            self._wake.set()
+        return credit

@@ -83,7 +83,7 @@ class Session:
     receipt_at: float = 0.0
     #: a read was skipped because the unread window was full: read again on a receipt
     window_held: bool = False
-    #: the stream stopped reading (no receipt for Dispatcher.stall_after_s): its unread
+    #: the stream stopped reading (no receipt for StreamHealth.stall_after_s): its unread
     #: leases were released and its Lease call is being ended (UNAVAILABLE)
     not_reading: bool = False
     #: the Lease handler's task (cancelled to end a stream that stopped reading)

@@ -108,6 +108,12 @@ class StreamHealth:
                 due.append(s)
         if not due:
             return
+        await self._receipts_from_redis(due)
+        await self._stall_silent(due)
+
+    async def _receipts_from_redis(self, due: list[Session]) -> None:
+        """Receipts that went through another replica: a lease of ``due`` no longer
+        pending, or heartbeated after it was written (one XPENDING per lease)."""
         asked = []
         for s in due:
             for lease_id, (_, at) in s.unread.items():
@@ -126,11 +132,15 @@ class StreamHealth:
                 got.setdefault(s, []).append(lease_id)
         for s, ids in got.items():
             self.received(s.worker_id, ids)
-        # ... and the worker heartbeated (through any replica) at least one interval
-        # into that silence, without naming them: it is alive and does not hold them. A
-        # worker whose heartbeats stopped too (a blocked event loop, a frozen process)
-        # may be running them: its leases expire as usual, spending an attempt, so a
-        # task that hangs its worker still reaches its max_attempts.
+
+    async def _stall_silent(self, due: list[Session]) -> None:
+        """Stall the streams of ``due`` still without a receipt after
+        ``stall_after_s`` whose worker heartbeated (through any replica) at least one
+        interval into that silence without naming them: it is alive and does not hold
+        them. A worker whose heartbeats stopped too (a blocked event loop, a frozen
+        process) may be running them: its leases expire as usual, spending an attempt,
+        so a task that hangs its worker still reaches its max_attempts."""
+        now = time.monotonic()
         silent = [(s, now - max(s.receipt_at, next(iter(s.unread.values()))[1]))
                   for s in due if s.unread and not s.closed and not s.not_reading]
         silent = [(s, q) for s, q in silent if q > self.stall_after_s]

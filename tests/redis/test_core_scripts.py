@@ -41,7 +41,7 @@ class Env:
             await self.completion.fail([pb.FailItem(lease_id=i, mode=pb.FAIL_MODE_RELEASE)
                                         for i in ids])
         self.dispatcher = Dispatcher(self.redis, self.settings, self.groups, release)
-        self.dispatcher.stale_after_ms = 0  # no worker records here; see the stale test
+        self.dispatcher.reader.stale_after_ms = 0  # no worker records here; see the stale test
 
     async def enqueue(self, **kw) -> str:
         req = pb.EnqueueRequest(queue=kw.pop("queue", "q"), task_type=kw.pop("task_type", "t"),
@@ -363,7 +363,7 @@ async def test_lease_recreates_groups_of_a_bare_stream(env):
 
 async def test_worker_without_recent_heartbeat_gets_no_lease(env):
     await env.enqueue()
-    env.dispatcher.stale_after_ms = 1000
+    env.dispatcher.reader.stale_after_ms = 1000
     await env.completion.worker_event("w1", "host", "started")
     await env.redis.hset(keys.worker("w1"), "last_heartbeat", 1)  # long ago
     assert await env.lease() == []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from dtq_gateway.leasing import dispatch
+from dtq_gateway.leasing import reader
 from dtq_gateway.leasing.sessions import Session
 from dtq_gateway.store import keys
 from tests.redis.test_core_scripts import Env
@@ -30,12 +30,12 @@ def counted_reads(monkeypatch) -> list[int]:
     """Counts the lease_take calls the dispatcher sends on their own (the slot-by-slot
     reads after the first pipeline); check_and_take's pipeline is not counted."""
     calls: list[int] = []
-    original = dispatch.store.lease_take
+    original = reader.store.lease_take
 
     async def counting(redis, read, call):
         calls.append(1)
         return await original(redis, read, call)
-    monkeypatch.setattr(dispatch.store, "lease_take", counting)
+    monkeypatch.setattr(reader.store, "lease_take", counting)
     return calls
 
 
