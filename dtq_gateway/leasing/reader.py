@@ -55,17 +55,24 @@ class SessionReader:
     async def read(self, session: Session) -> LeaseRead:
         """worker_check + lease_take for ``session`` now: what it leased, decoded.
 
-        A session with one
-        slot read (every session on a standalone Redis, and one whose queues share a
-        hash slot on a cluster) costs one round trip: worker_check and lease_take in
-        one pipeline. On a cluster, queues in several slots are read slot by slot:
-        first the check and every slot's peek (one pipeline), then the non-empty
-        (band, slot) pairs from p9 down, each with the credit the earlier ones left,
-        so strict priority holds across slots too (one round trip per pair).
+        A session with one slot read (every session on a standalone Redis, and one
+        whose queues share a hash slot on a cluster) costs one round trip: worker_check
+        and lease_take in one pipeline. lease_take activates what it reads, so a check
+        that says the worker may take nothing comes too late for that read: its leases
+        are released (see Activator.deliver). A session whose last check said
+        ``stalled`` therefore first peeks (check and lease_take reading nothing, one
+        round trip) and takes only once its worker is back, so a stalled worker's
+        sessions cost no activation and release per tick.
+
+        On a cluster, queues in several slots are read slot by slot: first the check
+        and every slot's peek (one pipeline), then the non-empty (band, slot) pairs
+        from p9 down, each with the credit the earlier ones left, so strict priority
+        holds across slots too (one round trip per pair).
         """
         await self.groups.ensure(self.redis, session.queues)
         check = store.worker_check_call(session.worker_id, self.stale_after_ms)
-        if len(session.slot_reads) == 1:
+        single = len(session.slot_reads) == 1
+        if single and not session.stalled:
             read = session.slot_reads[0]
             state, (got,) = await store.check_and_take(
                 self.redis, check, [(read, self.take_call(session, read))])
@@ -75,6 +82,9 @@ class SessionReader:
                                 for r in session.slot_reads], peek=True)
         if state:
             return LeaseRead.merge(peeks, state)
+        if single:  # its worker is back: take now
+            read = session.slot_reads[0]
+            return await store.lease_take(self.redis, read, self.take_call(session, read))
         return await self._take_by_band(session, peeks)
 
     async def _take_by_band(self, session: Session, peeks: list[LeaseRead]) -> LeaseRead:

@@ -456,3 +456,23 @@ async def test_one_events_message_per_script_call(env):
     assert {e["type"] for e in events} == {"TASK_QUEUED"}
     assert len({e["event_id"] for e in events}) == CHUNK + 20
     assert len({e["ts"] for e in batches[0]}) == 1
+
+
+async def test_a_stalled_worker_session_peeks_and_leaves_tasks_untouched(env):
+    """Once a check said the worker is stalled, its session's reads take nothing (no
+    activation and release per tick); the first read after its heartbeat takes."""
+    tid = await env.enqueue()
+    env.dispatcher.reader.stale_after_ms = 1000
+    await env.completion.worker_event("w1", "host", "started")
+    await env.redis.hset(keys.worker("w1"), "last_heartbeat", 1)  # long ago
+    session = Session(worker_id="w1", queues=["q"], max_in_flight=10, stalled=True)
+    assert await env.dispatcher.lease_now(session) == (0, False, 0, False)
+    assert session.stalled and session.out.empty()
+    record = await env.redis.hgetall(keys.task(tid))
+    assert (record[b"status"], record[b"started_at_ms"]) == (b"queued", b"0")
+    assert not any(k.startswith(b"att:") for k in record)  # no attempt recorded
+    snap = await snapshot_queue(env.redis, "q")
+    assert snap.pel == {} and snap.tasks == {tid: "queued"}
+    await env.completion.heartbeat(pb.HeartbeatRequest(worker_id="w1"))
+    assert (await env.dispatcher.lease_now(session))[0] == 1
+    assert not session.stalled and session.out.get_nowait().task_id == tid
