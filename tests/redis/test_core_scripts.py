@@ -476,3 +476,18 @@ async def test_a_stalled_worker_session_peeks_and_leaves_tasks_untouched(env):
     await env.completion.heartbeat(pb.HeartbeatRequest(worker_id="w1"))
     assert (await env.dispatcher.lease_now(session))[0] == 1
     assert not session.stalled and session.out.get_nowait().task_id == tid
+
+
+async def test_a_read_that_comes_back_with_a_stalled_check_hands_its_leases_back(env):
+    """lease_take ran in the same round trip as the check that says the worker is
+    stalled: what it leased is released, back in its band, no attempt spent."""
+    tid = await env.enqueue()
+    env.dispatcher.reader.stale_after_ms = 1000
+    await env.completion.worker_event("w1", "host", "started")
+    await env.redis.hset(keys.worker("w1"), "last_heartbeat", 1)  # long ago
+    session = Session(worker_id="w1", queues=["q"], max_in_flight=10)
+    assert (await env.dispatcher.lease_now(session))[0] == 0
+    assert session.stalled and session.out.empty()
+    snap = await snapshot_queue(env.redis, "q")
+    assert snap.tasks == {tid: "queued"} and snap.pel == {} and len(snap.streams[5]) == 1
+    assert await env.redis.hget(keys.task(tid), "attempt") == b"1"
