@@ -51,12 +51,12 @@ class Session:
     session_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     full: bool = False
-    #: the last read found the worker's heartbeat too old (see lease_read.lua)
+    #: the last read found the worker's heartbeat too old (see worker_check.lua)
     stalled: bool = False
     closed: bool = False
     #: set when the stream ends because the worker said it is draining (ends with OK)
     worker_draining: bool = False
-    #: a lease_read for this session rides in an enqueue's round trip (see ReadAhead)
+    #: a lease_take for this session rides in an enqueue's round trip (see ReadAhead)
     reading: bool = False
     #: write pacing: when the stream last took a task from ``out`` (or ``out`` last went
     #: from empty to non-empty), monotonic s; and whether a read was skipped because the
@@ -125,7 +125,7 @@ class Session:
         return max(0, self.window - len(self.unread) - self.out.qsize())
 
     def read_cap(self, most: int) -> int:
-        """Most entries one lease_read may take for this session (``most`` = the
+        """Most entries one lease_take may take for this session (``most`` = the
         dispatcher's per-read bound), at most the room left in its unread window
         (at least 1: a session with no room is not read at all)."""
         cap = min(most, self.concurrency) if self.concurrency > 0 else most

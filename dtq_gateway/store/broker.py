@@ -171,7 +171,7 @@ class Broker:
         return out
 
     async def _enqueue_read_ahead(self, task: NewTask, ahead: Any) -> Enqueued | DtqError:
-        """Enqueue one task with a lease_read for an idle session in the same round trip.
+        """Enqueue one task with a lease_take for an idle session in the same round trip.
 
         The dispatcher activates what the read returned (and wakes other sessions
         itself when the read came back empty), so ``on_queued`` is not called here.

@@ -1,4 +1,4 @@
-"""Typed replies of the lease scripts (worker_check, lease_take, lease_read, activate).
+"""Typed replies of the lease scripts (worker_check, lease_take, activate).
 
 Each wrapper in :mod:`dtq_gateway.store.leasing` decodes its script's reply into these
 values in one place, so no caller indexes a raw reply.
@@ -123,7 +123,7 @@ class ReadEntry:
 
 @dataclass(frozen=True, slots=True)
 class LeaseRead:
-    """A lease_take (or lease_read) reply, or the merge of a session's replies.
+    """A lease_take reply, or the merge of a session's replies.
 
     Attributes:
         pending: leases the consumer held before the read (its PEL entries).
@@ -166,7 +166,7 @@ class LeaseRead:
 
 def decode_read(reply: list[Any], queues: list[str], streams: list[str],
                 where: list[tuple[str, int]], peek: bool = False) -> LeaseRead:
-    """Decode lease_take.lua's (or lease_read.lua's) reply for a call that read
+    """Decode lease_take.lua's reply for a call that read
     ``streams`` (``where``: queue and band of each) of ``queues``."""
     entries = []
     if not peek:

@@ -35,7 +35,6 @@ from dtq_gateway.store.scripts import (
     execute,
 )
 
-LEASE_READ = Script("lease_read", helpers=("_bucket", "_lease_read"), allow_oom=True)
 LEASE_TAKE = Script("lease_take", helpers=("_bucket", "_lease_read", "_activate"),
                     allow_oom=True)
 WORKER_CHECK = Script("worker_check")
@@ -75,22 +74,16 @@ class SlotRead:
         return SlotRead(self.queues, [keys.stream(q, b) for q, b in pairs], pairs)
 
     @property
-    def read_keys(self) -> list[str]:
-        """lease_read's KEYS: pause flags, rate-limit hashes, band streams."""
-        return ([keys.paused(q) for q in self.queues]
-                + [keys.rate_limit(q) for q in self.queues] + self.streams)
-
-    @property
     def take_keys(self) -> list[str]:
-        """lease_take's KEYS: lease_read's, with the cancelled sets and expiry indexes
-        before the band streams."""
+        """lease_take's KEYS: pause flags, rate-limit hashes, cancelled sets, expiry
+        indexes, band streams."""
         qs = self.queues
         return ([keys.paused(q) for q in qs] + [keys.rate_limit(q) for q in qs]
                 + [keys.cancelled(q) for q in qs] + [keys.expiring(q) for q in qs]
                 + self.streams)
 
     def decode(self, reply: list[Any], peek: bool = False) -> LeaseRead:
-        """This read's lease_take (or lease_read) reply as a :class:`LeaseRead`."""
+        """This read's lease_take reply as a :class:`LeaseRead`."""
         return decode_read(reply, self.queues, self.streams, self.where, peek)
 
 

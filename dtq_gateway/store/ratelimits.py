@@ -5,7 +5,7 @@ A limit is a token bucket shared by every gateway, kept in the queue's own hash
 script touches the keys of one queue only. Where the check happens (why a throttled
 task is never lost nor counted as an attempt, docs/rate-limits.md):
 
-* the queue-wide limit is taken inside ``lease_read.lua``: the COUNT of each
+* the queue-wide limit is taken inside ``lease_take.lua``: the COUNT of each
   XREADGROUP is capped at the bucket's whole tokens, so a throttled task is simply not
   read; it stays queued in its stream, in order.
 * a task-type limit is taken by :func:`take_types` after the read and before
@@ -243,7 +243,7 @@ async def _ensure_index(redis: Redis) -> None:
 
 @dataclass(slots=True)
 class Limits:
-    """The rate-limit part of a lease_read reply, with queue names resolved."""
+    """The rate-limit part of a lease_take reply, with queue names resolved."""
 
     wait_ms: int
     typed: set[str]

@@ -1,7 +1,7 @@
 """A dispatcher wired for read-ahead on a private Redis, shared by the dispatcher tests.
 
 The dispatcher loop is not running; tests drive one round by hand, and the dispatcher's
-own lease_read round trips are counted through ``Dispatcher._lease``.
+own lease_take round trips are counted through ``Dispatcher.lease_now``.
 """
 
 from __future__ import annotations

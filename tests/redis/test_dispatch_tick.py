@@ -53,7 +53,7 @@ async def test_tick_ends_the_streams_of_workers_draining_elsewhere(dispatch_env)
 
 async def test_stalled_sessions_on_an_empty_queue_cost_one_read_per_tick(dispatch_env):
     """Lease streams of workers that never heartbeat (stalled: no leases for them) on an
-    empty queue: lease_read reports the queue empty whatever the worker state."""
+    empty queue: lease_take reports the queue empty whatever the worker state."""
     dispatch_env.dispatcher.reader.stale_after_ms = 10_000  # no worker records here: every worker is stale
     sessions = [dispatch_env.session(worker_id=f"w{i}") for i in range(20)]
     await dispatch_env.dispatcher.run_round(tick=True)

@@ -142,3 +142,18 @@ async def test_noscript_loads_the_script_and_runs_it_once(env) -> None:
     assert [e.activation.kind for e in got.entries] == [OK]
     assert await env.redis.script_exists(LEASE_TAKE.current()[1]) == [True]
     assert await env.status(tid) == "active"
+
+
+async def test_take_reads_at_most_the_whole_tokens_of_a_queue_wide_limit(env) -> None:
+    """The queue-wide cap (docs/rate-limits.md, moved here from lease_read's test): a
+    throttled task is never read, it stays queued in its stream."""
+    await env.redis.hset(keys.rate_limit("q"), "cfg|*", "3 60000 3")
+    tids = await seed_queue(env.broker, env.settings, count=5)
+    got = await take(env)
+    assert [e.task_id for e in got.entries] == tids[:3]
+    assert (got.limits.limited, got.limits.throttled, got.limits.typed) == ({"q"}, {"q"}, set())
+    assert 0 < got.limits.wait_ms <= 20_000
+    again = await take(env)
+    assert again.entries == [] and again.limits.throttled == {"q"}
+    snap = await snapshot_queue(env.redis, "q")
+    assert [snap.tasks[t] for t in tids] == ["active"] * 3 + ["queued"] * 2

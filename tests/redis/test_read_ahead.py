@@ -1,7 +1,7 @@
-"""Read-ahead: a unary enqueue carries a lease_read for an idle session in its round trip.
+"""Read-ahead: a unary enqueue carries a lease_take for an idle session in its round trip.
 
 The dispatcher loop is not running here; each test drives one round by hand, and
-counts the dispatcher's own lease_read round trips through ``Dispatcher._lease``.
+counts the dispatcher's own lease_take round trips through ``Dispatcher.lease_now``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
--- _lease_read.lua: the read half of lease_read.lua and lease_take.lua (prepended by
+-- _lease_read.lua: the read half of lease_take.lua (prepended by
 -- scripts.py after _bucket.lua). Reads new entries for one consumer, strictly p9 -> p0
 -- across the queues of the call, never exceeding the consumer's max_in_flight counted
 -- from the PEL, honouring pause flags and each queue's queue-wide rate limit.
 -- The caller's KEYS hold, for m queues: pause flags at KEYS[q], rate-limit hashes at
 -- KEYS[m + q], and the band streams (band-major: p9 of every queue, then p8, ...) from
--- KEYS[S + 1] on; see lease_read.lua for the reply.
+-- KEYS[S + 1] on; see lease_take.lua for the reply.
 
 -- Read entries. Returns reply ({pending, missing, 0, live count, limits, entries...}),
 -- then the queue-wide buckets read (q -> {tokens, limit, period_ms}), the queues held

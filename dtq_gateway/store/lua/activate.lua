@@ -1,4 +1,4 @@
--- activate: turn entries just read by lease_read into active leases, or absorb them
+-- activate: turn entries read by lease_take but left unactivated into active leases, or absorb them
 -- (the two-step path: entries of queues with task-type rate limits, whose tokens the
 -- dispatcher takes between the read and this call, and entries put back because their
 -- worker may take nothing). Each entry: activate_entry (_activate.lua). One events

@@ -1,4 +1,4 @@
--- lease_take: lease_read and activate in ONE call. Reads new entries for one consumer
+-- lease_take: lease read and activation in ONE call. Reads new entries for one consumer
 -- (read_entries, _lease_read.lua: strict p9 -> p0, credit from the PEL, pause flags,
 -- queue-wide rate limits) and activates each one (activate_entry, _activate.lua: the
 -- same fencing checks and events as activate.lua), so a lease costs one round trip.
@@ -24,12 +24,23 @@
 -- KEYS[4m+1 .. 4m+n]    band streams, band-major (p9 of every queue, then p8, ...; n = 10m,
 --                       or m for a read of one band)
 -- ARGV[3] group  [4] consumer (worker id)  [5] max_in_flight  [6] max entries this call
---         (0 = peek, as lease_read)  [7] m  [8] task retention s (records of tasks that
+--         (0 = read nothing: count pending and report the non-empty streams, as a 6th
+--         reply item {stream index, ...})  [7] m  [8] task retention s (records of tasks that
 --         expire here)  [9] key prefix ('dtq:')  [10] t = number of task types the
 --         session takes (0 = every type)  [11 .. 10+t] those types
 --         [11+t .. 10+t+m] the queue names, in KEYS order
--- Reply: as lease_read.lua, each entry {stream index, entry id, {field, value, ...},
---         outcome} with outcome as activate.lua's reply per entry, or {'read'}.
+-- Reply: {pending_before, {stream indexes without group}, 0,
+--         number of non-empty band streams (0 = every queue of the call is empty),
+--         {wait_ms, {typed}, {limited}, {throttled}},
+--         {stream index, entry id, {field, value, ...}, outcome}, ...}
+--         (stream index is 1-based into the streams part; typed, limited and throttled
+--         are 1-based queue indexes: queues with task-type limits, queues with any
+--         limit, and queues whose queue-wide limit held entries back; wait_ms = ms until
+--         the first throttled queue has a token again, 0 = none throttled; outcome is
+--         activate.lua's reply for the entry, or {'read'}: not activated)
+-- A queue-wide rate limit caps the COUNT of each XREADGROUP at the bucket's whole
+-- tokens and takes one per entry read: a throttled task is never read, so it stays in
+-- its stream, queued, in order, with no attempt spent (docs/rate-limits.md).
 -- A queue-wide token taken for an entry that is not leased (absorbed, cancelled,
 -- expired, put back) is returned to the bucket in this call.
 local group, consumer = ARGV[3], ARGV[4]
