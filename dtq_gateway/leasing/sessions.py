@@ -22,7 +22,6 @@ from dtq_gateway.store.leasing import (
     queue_check_and_take,
     session_layout,
 )
-from dtq_gateway.store.scripts import ScriptPipeline
 
 __all__ = ["WINDOW_MIN", "WINDOW_UNSAID", "ReadAhead", "Session", "SlotRead"]
 
@@ -194,8 +193,9 @@ class ReadAhead:
         self.session, self.queue = session, queue
         self._calls, self._deliver = calls, deliver
 
-    def queue_calls(self, pipe: ScriptPipeline) -> int:
-        """Add worker_check and lease_take to ``pipe``; returns how many calls (2)."""
+    def queue_calls(self, pipe: Any) -> int:
+        """Add worker_check and lease_take to ``pipe`` (the enqueue's
+        ``store.scripts.ScriptPipeline``); returns how many calls (2)."""
         return queue_check_and_take(pipe, *self._calls(self.session))
 
     def deliver(self, replies: list[Any]) -> None:
