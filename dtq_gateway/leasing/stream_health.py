@@ -127,8 +127,8 @@ class StreamHealth:
         now = time.monotonic()
         got: dict[Session, list[str]] = {}
         for (s, lease_id, lease, at), state in zip(asked, states):
-            if state is None or (state[0] == lease.worker_id
-                                 and state[1] + RECEIPT_MARGIN_MS < (now - at) * 1000):
+            if state is None or (state.consumer == lease.worker_id
+                                 and state.idle_ms + RECEIPT_MARGIN_MS < (now - at) * 1000):
                 got.setdefault(s, []).append(lease_id)
         for s, ids in got.items():
             self.received(s.worker_id, ids)

@@ -15,7 +15,7 @@ activation) go through :func:`activate`, one call per queue in one pipeline.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from dtq_gateway.store import keys
 from dtq_gateway.store.client import Client
@@ -216,16 +216,24 @@ async def workers_heard(redis: Client, asks: list[tuple[str, int]]) -> list[bool
     return [not isinstance(r, Exception) and int(r) == 0 for r in replies]
 
 
+class PendingLease(NamedTuple):
+    """A leased entry pending in its consumer group's PEL: the consumer (worker id)
+    holding it and the ms since its last delivery or heartbeat XCLAIM."""
+
+    consumer: str
+    idle_ms: int
+
+
 async def leases_pending(redis: Client, entries: list[tuple[str, int, str]]
-                         ) -> list[tuple[str, int] | None]:
+                         ) -> list[PendingLease | None]:
     """Where each leased entry stands in its consumer group's PEL, for stream health.
 
     Args:
         entries: (queue, band 0..9, stream entry id) of each lease.
 
     Returns:
-        Per entry, in order: (consumer worker id, idle ms since its last delivery or
-        heartbeat XCLAIM) while it is pending, or None when it is not (acked, failed,
+        Per entry, in order: its :class:`PendingLease` while it is pending, or None
+        when it is not (acked, failed,
         released, or its task is gone). One pipeline: one XPENDING per entry.
     """
     if not entries:
@@ -235,14 +243,15 @@ async def leases_pending(redis: Client, entries: list[tuple[str, int, str]]
             pipe.xpending_range(keys.stream(queue, band), keys.GROUP, min=entry_id,
                                 max=entry_id, count=1)
         replies = await pipe.execute(raise_on_error=False)
-    out: list[tuple[str, int] | None] = []
+    out: list[PendingLease | None] = []
     for reply in replies:
         if isinstance(reply, Exception) or not reply:
             # a missing stream or group (queue deleted) holds no lease either
             out.append(None)
             continue
         first = reply[0]
-        out.append((as_text(first["consumer"]), int(first["time_since_delivered"])))
+        out.append(PendingLease(as_text(first["consumer"]),
+                                int(first["time_since_delivered"])))
     return out
 
 
