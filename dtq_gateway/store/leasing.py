@@ -290,18 +290,16 @@ async def activate(redis: Client, worker_id: str, task_retention_s: int,
         args += [e.entry_id, e.task_id, e.attempt, mode,
                  e.queued_at_ms if mode == "r" else ""]
         where.append((e.queue, len(args) // 5 - 1))
-    # argv_notified: the dispatcher needs none of its own activation events back
     names = list(calls)
-    per_queue = await call_each(redis, ACTIVATE, [
+    # argv_notified: the dispatcher needs none of its own activation events back
+    per_queue = dict(zip(names, await call_each(redis, ACTIVATE, [
         ([*calls[q][0], keys.expiring(q)],
          Script.argv_notified(worker_id, task_retention_s, keys.GROUP, *calls[q][1]))
-        for q in names])
-    by_queue = {}
-    for q, rep in zip(names, per_queue):
+        for q in names])))
+    for rep in per_queue.values():
         if isinstance(rep, Exception):
             raise rep
-        by_queue[q] = rep
-    return [e.activated(Activation.decode(by_queue[queue][i]))
+    return [e.activated(Activation.decode(per_queue[queue][i]))
             for e, (queue, i) in zip(entries, where)]
 
 
