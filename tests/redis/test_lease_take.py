@@ -157,3 +157,15 @@ async def test_take_reads_at_most_the_whole_tokens_of_a_queue_wide_limit(env) ->
     assert again.entries == [] and again.limits.throttled == {"q"}
     snap = await snapshot_queue(env.redis, "q")
     assert [snap.tasks[t] for t in tids] == ["active"] * 3 + ["queued"] * 2
+
+
+async def test_noscript_in_the_check_and_take_pipeline_reruns_each_call_once(env) -> None:
+    """The session's pipeline (worker_check + lease_take) after SCRIPT FLUSH: both calls
+    come back NOSCRIPT (they ran nothing) and are re-run from source, once."""
+    (tid,) = await seed_queue(env.broker, env.settings)
+    await env.redis.script_flush()
+    session = Session(worker_id="w1", queues=["q"], max_in_flight=10)
+    assert (await env.dispatcher.lease_now(session))[0] == 1
+    assert session.out.get_nowait().task_id == tid
+    snap = await snapshot_queue(env.redis, "q")
+    assert snap.tasks == {tid: "active"} and len(snap.pel[5]) == 1
