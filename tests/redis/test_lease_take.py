@@ -169,3 +169,19 @@ async def test_noscript_in_the_check_and_take_pipeline_reruns_each_call_once(env
     assert session.out.get_nowait().task_id == tid
     snap = await snapshot_queue(env.redis, "q")
     assert snap.tasks == {tid: "active"} and len(snap.pel[5]) == 1
+
+
+async def test_an_entry_without_idem_digest_goes_the_two_step_way(env) -> None:
+    """An entry written before ``idem_digest`` existed: lease_take cannot name its
+    idempotency record (a SHA-256 of the key), so it leaves it to activate.lua."""
+    (tid,) = await seed_queue(env.broker, env.settings, idempotency_key="k")
+    stream = keys.stream("q", 5)
+    ((old_id, fields),) = await env.redis.xrange(stream)
+    fields.pop(b"idem_digest")
+    await env.redis.xdel(stream, old_id)
+    new_id = await env.redis.xadd(stream, fields)
+    await env.redis.hset(keys.task(tid), "entry_id", new_id)
+    got = await take(env)
+    assert [(e.task_id, e.activation.kind) for e in got.entries] == [(tid, READ)]
+    (done,) = await store.activate(env.redis, "w1", 60, got.entries, ["a"])
+    assert done.activation.kind is OK and await env.status(tid) == "active"
