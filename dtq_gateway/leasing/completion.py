@@ -23,7 +23,7 @@ from dtq_gateway.store.client import Client
 from dtq_gateway.store.completion import ACK_CHUNK, WorkerBeat, WorkerRegistration
 from dtq_gateway.store.durability import ReplicaWait
 from dtq_gateway.store.errors import ReplicasNotAcked
-from dtq_gateway.store.replies import text as _s
+from dtq_gateway.store.replies import text as as_text
 from dtq_gateway.validation import MAX_HOSTNAME_BYTES, cut_utf8
 from dtq_proto import dtq_pb2
 
@@ -162,14 +162,14 @@ class Completion:
                 reply = reply.reply
             if isinstance(reply, Exception):
                 raise reply
-            kind = _s(reply[0])
+            kind = as_text(reply[0])
             oc.kind = kind
             if kind == "dup":  # a repeat of the call that finished the lease: its status now
                 oc.duplicate = True
-                oc.status = _s(reply[1])
+                oc.status = as_text(reply[1])
                 continue
             if kind == "stale":
-                oc.status = _s(reply[1])
+                oc.status = as_text(reply[1])
                 oc.error = StaleLease(f"lease is no longer current (task {oc.lease.task_id} "
                                       f"is {oc.status})")
                 continue
@@ -177,7 +177,7 @@ class Completion:
             oc.started_at_ms = int(reply[2] if kind != "ok" else reply[1])
             oc.finished_at_ms = int(reply[3]) if kind == "ok" else 0
             if len(reply) > 4 and kind in ("ok", "dead", "cancelled"):
-                oc.follow = _s(reply[4])
+                oc.follow = as_text(reply[4])
             oc.unparked = len(reply) > 5 and int(reply[5] or 0) > 0
             self.on_done(oc.lease.worker_id, oc.lease.queue, oc)
             if oc.follow:

@@ -40,7 +40,7 @@ from dtq_gateway.store.admin_scripts import (
 )
 from dtq_gateway.store.audit import append_audit
 from dtq_gateway.store.indexes import mark_busy
-from dtq_gateway.store.scripts import execute
+from dtq_gateway.store.scripts import ScriptPipeline, execute
 from dtq_gateway.store.task_record import normalize
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,7 @@ async def scan(redis: Redis, reverse: bool, after: str = "", count: int = SCAN_P
     queues = await dead_letter_queues(redis) if queues is None else queues
     if not queues:
         return []
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     for q in queues:
         DLQ_SCAN.queue(pipe, [keys.dead_letter(q)], DLQ_SCAN.argv(
             "rev" if reverse else "fwd", _bound(after, after_queue, q, reverse), count))

@@ -23,8 +23,8 @@ from dtq_gateway.store.durability import ReplicaWait
 from dtq_gateway.store.errors import ReplicasNotAcked
 from dtq_gateway.store.groups import Groups, queue_limit
 from dtq_gateway.store.indexes import write_indexes_logged as write_indexes
-from dtq_gateway.store.replies import text as _s
-from dtq_gateway.store.scripts import Script, call_each, execute
+from dtq_gateway.store.replies import text as as_text
+from dtq_gateway.store.scripts import Script, ScriptPipeline, call_each, execute
 from dtq_gateway.validation import NewTask
 
 log = logging.getLogger(__name__)
@@ -172,12 +172,12 @@ class Broker:
         return out
 
     async def _enqueue_read_ahead(self, task: NewTask, ahead: Any) -> Enqueued | DtqError:
-        """Enqueue one task with a lease_read for an idle session in the same round trip.
+        """Enqueue one task with a lease_take for an idle session in the same round trip.
 
         The dispatcher activates what the read returned (and wakes other sessions
         itself when the read came back empty), so ``on_queued`` is not called here.
         """
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = ScriptPipeline(self.redis)
         ENQUEUE.queue(pipe, *self._enqueue_call([task]))
         ahead.queue_calls(pipe)
         try:
@@ -201,7 +201,7 @@ class Broker:
         await write_indexes(self.redis, recent, busy, self.settings.recent_max)
         if isinstance(out, Enqueued) and not (out.deduplicated or out.debounced):
             observe.enqueued(task.queue, 1)
-            if _s(replies[0][0]) != "ok" and out.status == "queued":
+            if as_text(replies[0][0]) != "ok" and out.status == "queued":
                 self.on_queued(task.queue)  # queued by a take-over after the read ran
         if unconfirmed is not None:
             raise unconfirmed
@@ -211,27 +211,27 @@ class Broker:
     def _collect_meta(chunk: list, queue: str, recent: list, busy: list[str]) -> None:
         """Take enqueue.lua's last reply item ({'meta', now, became_busy, recent}) off
         ``chunk`` into the index writes still to do."""
-        if chunk and _s(chunk[-1][0]) == "meta":
+        if chunk and as_text(chunk[-1][0]) == "meta":
             meta = chunk.pop()
             if int(meta[2]):
                 busy.append(queue)
-            recent += [_s(v) for v in meta[3]]
+            recent += [as_text(v) for v in meta[3]]
 
     async def _outcome(self, task: NewTask, reply: list, recent: list,
                        busy: list[str]) -> Enqueued | DtqError:
-        kind = _s(reply[0])
+        kind = as_text(reply[0])
         if task.debounce_spec and kind in ("ok", "debounced", "debounce_retry"):
-            self._remember_debounce(task, task.task_id if kind == "ok" else _s(reply[1]))
+            self._remember_debounce(task, task.task_id if kind == "ok" else as_text(reply[1]))
         if kind == "ok":
-            return Enqueued(task.task_id, _s(reply[2]), queue=task.queue)
+            return Enqueued(task.task_id, as_text(reply[2]), queue=task.queue)
         if kind == "debounced":
-            return Enqueued(_s(reply[1]), _s(reply[2]), queue=task.queue, debounced=True)
+            return Enqueued(as_text(reply[1]), as_text(reply[2]), queue=task.queue, debounced=True)
         if kind == "debounce_retry":
-            return await self._debounce_again(task, _s(reply[1]), recent, busy)
+            return await self._debounce_again(task, as_text(reply[1]), recent, busy)
         if kind == "full":
             return QueueFull(f"queue {task.queue!r} is at its depth limit "
                              f"({self.settings.max_queue_depth})", retry_after_ms=1000)
-        earlier = _s(reply[1])
+        earlier = as_text(reply[1])
         status = await self.redis.hget(keys.task(earlier), "status")
         if status is None:
             # The record points at a task that no longer exists (expired or lost in a
@@ -243,7 +243,7 @@ class Broker:
                 raise chunk
             self._collect_meta(chunk, task.queue, recent, busy)
             return await self._outcome(task, chunk[0], recent, busy)
-        return Enqueued(earlier, _s(status), deduplicated=True, queue=task.queue)
+        return Enqueued(earlier, as_text(status), deduplicated=True, queue=task.queue)
 
     def _remember_debounce(self, task: NewTask, task_id: str) -> None:
         seen = self._debounce_seen
@@ -265,9 +265,9 @@ class Broker:
                 raise chunk
             self._collect_meta(chunk, task.queue, recent, busy)
             reply = chunk[0]
-            if _s(reply[0]) != "debounce_retry":
+            if as_text(reply[0]) != "debounce_retry":
                 return await self._outcome(task, reply, recent, busy)
-            believed = _s(reply[1])
+            believed = as_text(reply[1])
         raise RuntimeError(f"debounce record of queue {task.queue!r} kept moving")
 
     async def get(self, task_id: str) -> tuple[dict[bytes, bytes], bytes | None]:
@@ -293,7 +293,7 @@ class Broker:
         """
         rec = await self.redis.hmget(keys.task(task_id), "queue", "idem_digest", "priority")
         has_idem = bool(rec[0] and rec[1])
-        queue, band = _s(rec[0] or b""), _s(rec[2] or b"")
+        queue, band = as_text(rec[0] or b""), as_text(rec[2] or b"")
         valid = keys.QUEUE_RE.match(queue) and len(band) == 1 and band.isdigit()
         tkey = keys.task(task_id)
         # every key of the queue's slot; without a readable record the task key stands in
@@ -301,21 +301,21 @@ class Broker:
         keys_ = [tkey, keys.cancelled(queue) if valid else tkey,
                  keys.schedule(queue) if valid else tkey,
                  keys.finished(queue) if valid else tkey,
-                 keys.idempotency(queue, _s(rec[1])) if has_idem and valid else tkey,
+                 keys.idempotency(queue, as_text(rec[1])) if has_idem and valid else tkey,
                  keys.stream(queue, int(band)) if valid else tkey]
         reply = await CANCEL(self.redis, keys_, Script.argv(
             task_id, actor, request_id, reason[:1024], self.settings.audit_maxlen,
             self.settings.task_retention_s, "1" if has_idem and valid else "0", keys.GROUP,
             self.settings.keep_finished_for(queue)))
-        kind = _s(reply[0])
+        kind = as_text(reply[0])
         if kind == "missing":
             raise NotFound(f"task {task_id} not found", field="task_id")
         if kind == "terminal":
-            raise WrongState(f"task {task_id} is already {_s(reply[1])}", reason="TASK_TERMINAL")
+            raise WrongState(f"task {task_id} is already {as_text(reply[1])}", reason="TASK_TERMINAL")
         await append_audit(self.redis, actor, "cancel_task", task_id, request_id,
                            reason[:1024], maxlen=self.settings.audit_maxlen)
         log.info("task cancel", extra={"task_id": task_id, "actor": actor,
                                        "request_id": request_id, "outcome": kind})
         if kind == "cancelled" and rec[0]:  # queued or scheduled: it ends here
-            observe.outcome(_s(rec[0]), "cancelled", 0, 0)
+            observe.outcome(as_text(rec[0]), "cancelled", 0, 0)
         return kind

@@ -20,8 +20,8 @@ from dtq_gateway.store.client import Client
 from dtq_gateway.store.durability import ReplicaWait
 from dtq_gateway.store.errors import ReplicasNotAcked
 from dtq_gateway.store.indexes import queue_set_add
-from dtq_gateway.store.replies import text as _s
-from dtq_gateway.store.scripts import Script, call_chunks, call_each, execute
+from dtq_gateway.store.replies import text as as_text
+from dtq_gateway.store.scripts import Script, ScriptPipeline, call_chunks, call_each, execute
 
 ACK = Script("ack", helpers=("_finished", "_concurrency"), allow_oom=True)
 FAIL = Script("fail", helpers=("_finished", "_concurrency"), allow_oom=True)
@@ -115,7 +115,7 @@ async def worker_beat(redis: Client, beat: WorkerBeat) -> bool:
     Raises:
         The call's Redis error.
     """
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     _queue_beat(pipe, beat)
     (reply,) = await execute(redis, pipe)
     if isinstance(reply, Exception):
@@ -141,7 +141,7 @@ async def heartbeat(redis: Client, beat: WorkerBeat,
     Raises:
         The first failed call's Redis error.
     """
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     _queue_beat(pipe, beat)
     for le, percent, message in leases:
         HEARTBEAT.queue(pipe, [keys.stream(le.queue, le.band), keys.task(le.task_id)],
@@ -156,7 +156,7 @@ async def heartbeat(redis: Client, beat: WorkerBeat,
     for reply in replies[1:]:
         if isinstance(reply, Exception):
             raise reply
-        states.append(_s(reply))
+        states.append(as_text(reply))
     return states
 
 
@@ -238,7 +238,7 @@ async def fail(redis: Client, items: Sequence[tuple[LeaseRef, str, bool, int, st
     """
     if not items:
         return []
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     queue_set_add(pipe, keys.DEAD_LETTER_QUEUES, {it[0].queue for it in items})
     for le, mode, retryable, retry_after_ms, message, error_class in items:
         FAIL.queue(pipe, [keys.stream(le.queue, le.band), keys.task(le.task_id),

@@ -51,7 +51,7 @@ from dtq_gateway.settings import Settings
 from dtq_gateway.store import keys
 from dtq_gateway.store.admin import redis_now_ms
 from dtq_gateway.store.replies import text
-from dtq_gateway.store.scripts import Script, execute
+from dtq_gateway.store.scripts import Script, ScriptPipeline, execute
 from dtq_gateway.validation import MAX_METADATA_ENTRIES, NewTask, validate_enqueue
 from dtq_proto import dtq_pb2 as pb
 
@@ -287,7 +287,7 @@ async def advance_many(redis: Redis, steps: list[tuple[str, str, int, int, str, 
     Raises:
         A Redis error of any step.
     """
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     for name, gen, done_ms, fire_ms, task_id, next_ms in steps:
         ADVANCE.queue(pipe, [keys.periodic_schedule(name)],
                       ADVANCE.argv(gen, done_ms, fire_ms, task_id, next_ms))
