@@ -10,6 +10,8 @@
 -- only, gives <prefix>task:<task id>) and the idempotency record
 -- <prefix>idempotency:{<queue>}:<entry's idem_digest>. Both live in the slot of the
 -- declared keys.
+-- Per-key concurrency (_concurrency.lua) derives the queue's dtq:conc:{<queue>}:* keys
+-- (same slot) for entries whose task has a concurrency key.
 -- Not activated here (item 4 of the entry is {'read'}; the caller takes task-type tokens
 -- and runs activate.lua, the two-step path): entries of queues with task-type rate
 -- limits (task types the session takes), and entries with an idempotency key but no
