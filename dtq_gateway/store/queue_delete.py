@@ -55,7 +55,9 @@ def queue_keys(queue: str) -> list[str]:
     return [*keys.queue_streams_desc(queue), keys.schedule(queue), keys.dead_letter(queue),
             keys.paused(queue), keys.busy_marker(queue), keys.queue_counters(queue),
             keys.rate_limit(queue), keys.cancelled(queue), keys.chain_pending(queue),
-            keys.groups_pending(queue), keys.expiring(queue), keys.finished(queue)]
+            keys.groups_pending(queue), keys.expiring(queue), keys.finished(queue),
+            keys.concurrency_limit(queue), keys.concurrency_active(queue),
+            keys.concurrency_waiting(queue)]
 
 
 async def delete_queue(redis: Client, queue: str, call: CallInfo, *, dry_run: bool = False,

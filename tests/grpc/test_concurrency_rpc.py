@@ -306,3 +306,20 @@ async def test_cancel_of_a_waiting_task_in_its_band_lets_a_parked_one_go(
         await ack(broker_stub, got)
     finally:
         w2.close()
+
+
+async def test_delete_queue_removes_its_concurrency_limit(admin, broker_stub, gateway) -> None:
+    """A drained queue's per-key limit and counts go with DeleteQueue."""
+    await set_limit(admin, 1)
+    await enqueue(broker_stub, ["k"])
+    stream = await LeaseStream(broker_stub, "w1", [Q], max_in_flight=1).open()
+    try:
+        await ack(broker_stub, *await stream.take(1))
+    finally:
+        stream.close()
+    await poll(lambda: key_stats(admin), lambda s: s == {})
+    reply = await admin.DeleteQueue(pb.DeleteQueueRequest(queue=Q))
+    assert reply.deleted
+    assert not await gateway.redis.exists(keys.concurrency_limit(Q))
+    got = await admin.GetConcurrency(pb.GetConcurrencyRequest(queue=Q))
+    assert got.max_active_per_key == 0

@@ -23,6 +23,8 @@
 -- KEYS[17] dtq:cancelled:{<queue>}          KEYS[18] dtq:chains:pending:{<queue>}
 -- KEYS[19] dtq:groups:pending:{<queue>}     KEYS[20] dtq:expiring:{<queue>}
 -- KEYS[21] dtq:finished:{<queue>} (DTQ_KEEP_FINISHED's index)
+-- KEYS[22..24] dtq:conc:{<queue>}:limit, :active, :waiting (per-key concurrency,
+--          docs/fairness.md; tasks parked in :waiting count as queued: not_empty)
 -- (all in the queue's hash slot)
 -- ARGV[1] events channel, ARGV[2] event-id prefix (unused; _lib.lua convention)
 -- ARGV[3] "1" = delete the dead letters too   ARGV[4] "1" = dry run
@@ -42,6 +44,7 @@ for i = 1, 10 do
     end
   end
 end
+for _, n in ipairs(redis.call('HVALS', KEYS[24])) do depth = depth + tonumber(n) end
 local scheduled = redis.call('ZCARD', KEYS[11])
 local followups = redis.call('ZCARD', KEYS[18]) + redis.call('ZCARD', KEYS[19])
 local dead = 0
