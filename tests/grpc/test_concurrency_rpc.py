@@ -318,6 +318,12 @@ async def test_delete_queue_removes_its_concurrency_limit(admin, broker_stub, ga
     finally:
         stream.close()
     await poll(lambda: key_stats(admin), lambda s: s == {})
+    # tasks parked under a key count as queued: the queue is not drained
+    await gateway.redis.hset(keys.concurrency_waiting(Q), "k", 2)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await admin.DeleteQueue(pb.DeleteQueueRequest(queue=Q))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    await gateway.redis.delete(keys.concurrency_waiting(Q))
     reply = await admin.DeleteQueue(pb.DeleteQueueRequest(queue=Q))
     assert reply.deleted
     assert not await gateway.redis.exists(keys.concurrency_limit(Q))
