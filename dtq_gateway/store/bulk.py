@@ -84,7 +84,8 @@ async def cancel_matching(redis: Redis, flt: TaskFilter, *, dry_run: bool, limit
                           actor: str = "") -> BulkResult:
     """Cancel (or with ``dry_run`` count) up to ``limit`` waiting tasks of ``flt.queue``
     that match ``flt``: queued (and, when asked, active) ones first (band p9 to p0,
-    oldest entry first), then scheduled ones (soonest due first). Steps of :data:`STEP` entries, each one script
+    oldest entry first, then those parked under a concurrency key, key by key), then
+    scheduled ones (soonest due first). Steps of :data:`STEP` entries, each one script
     call. Returns the counts; appends no audit entry (see :func:`bulk_cancel`)."""
     now = await redis_now_ms(redis)
     after, before = flt.window(now)
@@ -95,6 +96,9 @@ async def cancel_matching(redis: Redis, flt: TaskFilter, *, dry_run: bool, limit
     targets: list[tuple[str, str]] = []
     if in_bands:
         targets += [("stream", k) for k in keys.queue_streams_desc(q)]
+    if "queued" in states:  # tasks parked under a concurrency key (docs/fairness.md)
+        targets += [("parked", keys.concurrency_parked(q, text(k)))
+                    for k in sorted(await redis.hkeys(keys.concurrency_waiting(q)))]
     if "scheduled" in states:
         targets.append(("schedule", keys.schedule(q)))
     out = BulkResult()

@@ -329,3 +329,26 @@ async def test_delete_queue_removes_its_concurrency_limit(admin, broker_stub, ga
     assert not await gateway.redis.exists(keys.concurrency_limit(Q))
     got = await admin.GetConcurrency(pb.GetConcurrencyRequest(queue=Q))
     assert got.max_active_per_key == 0
+
+
+async def test_bulk_cancel_reaches_parked_tasks(admin, broker_stub, gateway) -> None:
+    """CancelTasks (and PurgeQueue, the same bulk cancel) counts and cancels tasks
+    parked under a concurrency key, though they are out of their band."""
+    await set_limit(admin, 1)
+    ids = await enqueue(broker_stub, ["k"] * 3)
+    stream = await LeaseStream(broker_stub, "w1", [Q], max_in_flight=3).open()
+    try:
+        (running,) = await stream.take(1)
+        await poll(lambda: key_stats(admin), lambda s: s == {"k": (1, 2)})
+        flt = pb.TaskFilter(queue=Q)
+        dry = await admin.CancelTasks(pb.CancelTasksRequest(filter=flt, dry_run=True))
+        assert (dry.matched, dry.cancelled) == (2, 0)
+        done = await admin.CancelTasks(pb.CancelTasksRequest(filter=flt))
+        assert (done.matched, done.cancelled) == (2, 2)
+        assert sorted(done.task_ids) == sorted(ids[1:])
+        assert await key_stats(admin) == {"k": (1, 0)}
+        await ack(broker_stub, running)
+        assert await no_more(stream)
+        await poll(lambda: key_stats(admin), lambda s: s == {})
+    finally:
+        stream.close()

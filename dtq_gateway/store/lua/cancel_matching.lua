@@ -9,12 +9,14 @@
 -- idempotency records are named from the ids the script reads (finished_task_keys,
 -- idem_key_of), which carry the queue's slot tag.
 --
--- KEYS[1] the band stream, or the queue's schedule zset (ARGV[4] says which)
+-- KEYS[1] the band stream, the queue's schedule zset, or one concurrency key's parked
+--         list dtq:conc:{<queue>}:parked:<key> (ARGV[4] says which; a parked task is
+--         queued, out of its band: docs/fairness.md)
 -- KEYS[2] the queue's cancelled set  [3] the queue's expiring zset
 -- KEYS[4] the queue's finished index (DTQ_KEEP_FINISHED)  [5] the queue's counters hash
--- ARGV[3] queue  [4] 'stream' | 'schedule'
+-- ARGV[3] queue  [4] 'stream' | 'schedule' | 'parked'
 -- ARGV[5] cursor: stream = the last entry id read ('' = from the start);
---         schedule = members to skip (those kept by earlier steps)
+--         schedule, parked = members to skip (those kept by earlier steps)
 -- ARGV[6] batch (entries read, 1..1000)  [7] dry_run '1'/'0'
 -- ARGV[8] task_type ('' = any)  [9] metadata JSON object of required pairs ('{}' = any)
 -- ARGV[10] created at or after (epoch ms, 0 = none)  [11] created before (0 = none)
@@ -66,6 +68,8 @@ local function cancel_one(task_key, task_id, h, entry)
     if taken then redis.call('SADD', cancelled_key, task_id)
     else redis.call('XDEL', target, entry) end
     redis.call('HSET', task_key, 'entry_id', '')
+  elseif kind == 'parked' then
+    ckey_unpark_gone(queue, h[10], h[11], task_key, task_id)
   else
     redis.call('ZREM', target, task_id)
   end
@@ -85,13 +89,15 @@ end
 local function visit(task_id, entry)
   local task_key = finished_task_keys(task_id)
   local h = redis.call('HMGET', task_key, 'status', 'task_type', 'created_at_ms', 'metadata',
-    'attempt', 'idem_key', 'idem_digest', 'entry_id', 'queue', 'ckey')
+    'attempt', 'idem_key', 'idem_digest', 'entry_id', 'queue', 'ckey', 'parked')
   if h[9] ~= queue then return false end
   if entry then
     if h[8] ~= entry then return false end
     if not ((h[1] == 'queued' and want_queued) or (h[1] == 'active' and want_active)) then
       return false
     end
+  elseif kind == 'parked' then
+    if not (h[1] == 'queued' and h[11] == '1' and want_queued) then return false end
   elseif h[1] ~= 'scheduled' then
     return false
   end
@@ -125,7 +131,12 @@ if kind == 'stream' then
   end
 else
   local skip = tonumber(cursor) or 0
-  local members = redis.call('ZRANGE', target, '-inf', '+inf', 'BYSCORE', 'LIMIT', skip, batch)
+  local members
+  if kind == 'parked' then
+    members = redis.call('LRANGE', target, skip, skip + batch - 1)
+  else
+    members = redis.call('ZRANGE', target, '-inf', '+inf', 'BYSCORE', 'LIMIT', skip, batch)
+  end
   read = #members
   local removed = 0
   for i = 1, #members do
