@@ -352,3 +352,27 @@ async def test_bulk_cancel_reaches_parked_tasks(admin, broker_stub, gateway) -> 
         await poll(lambda: key_stats(admin), lambda s: s == {})
     finally:
         stream.close()
+
+
+async def test_a_parked_task_expires_on_time(admin, broker_stub, gateway) -> None:
+    """A parked task whose ttl passes before it starts expires like any waiting task and
+    leaves its key's parked list."""
+    await set_limit(admin, 1)
+    (a,) = await enqueue(broker_stub, ["k"])
+    b = (await broker_stub.Enqueue(pb.EnqueueRequest(
+        queue=Q, task_type="t", payload=b"{}", concurrency_key="k", ttl_ms=500))).task_id
+    stream = await LeaseStream(broker_stub, "w1", [Q], max_in_flight=2).open()
+    try:
+        (running,) = await stream.take(1)
+        assert running.task_id == a
+        await poll(lambda: key_stats(admin), lambda s: s == {"k": (1, 1)})  # b parked
+
+        async def status() -> int:
+            return (await broker_stub.GetTask(pb.GetTaskRequest(task_id=b))).task.status
+
+        await poll(status, lambda s: s == pb.TASK_STATUS_EXPIRED)
+        assert await key_stats(admin) == {"k": (1, 0)}
+        assert not await gateway.redis.exists(keys.concurrency_parked(Q, "k"))
+        await ack(broker_stub, running)
+    finally:
+        stream.close()
