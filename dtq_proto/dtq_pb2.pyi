@@ -452,8 +452,15 @@ class GetTaskResponse(_message.Message):
     def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "queue", "task_type", "payload", "content_type", "priority", "status", "attempt", "max_attempts", "timeout_ms", "idempotency_key", "metadata", "created_at_ms", "not_before_ms", "expires_at_ms", "started_at_ms", "finished_at_ms", "worker_id", "last_error", "last_error_class", "result", "result_truncated", "attempts", "cancel_requested", "retry_policy", "updated_at_ms", "due_at_ms", "progress_percent", "progress_message", "progress_at_ms", "chain_id", "chain_step", "next_task_id", "chain_state", "group_id", "traceparent")
+    __slots__ = ("task_id", "queue", "task_type", "payload", "content_type", "priority", "status", "attempt", "max_attempts", "timeout_ms", "idempotency_key", "metadata", "created_at_ms", "not_before_ms", "expires_at_ms", "started_at_ms", "finished_at_ms", "worker_id", "last_error", "last_error_class", "result", "result_truncated", "attempts", "cancel_requested", "retry_policy", "updated_at_ms", "due_at_ms", "progress_percent", "progress_message", "progress_at_ms", "chain_id", "chain_step", "next_task_id", "chain_state", "group_id", "traceparent", "concurrency_key", "parked", "required_labels")
     class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class RequiredLabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -496,6 +503,9 @@ class Task(_message.Message):
     CHAIN_STATE_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    PARKED_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_LABELS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     queue: str
     task_type: str
@@ -532,7 +542,10 @@ class Task(_message.Message):
     chain_state: ChainState
     group_id: str
     traceparent: str
-    def __init__(self, task_id: _Optional[str] = ..., queue: _Optional[str] = ..., task_type: _Optional[str] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., priority: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., created_at_ms: _Optional[int] = ..., not_before_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., worker_id: _Optional[str] = ..., last_error: _Optional[str] = ..., last_error_class: _Optional[str] = ..., result: _Optional[bytes] = ..., result_truncated: _Optional[bool] = ..., attempts: _Optional[_Iterable[_Union[AttemptRecord, _Mapping]]] = ..., cancel_requested: _Optional[bool] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., updated_at_ms: _Optional[int] = ..., due_at_ms: _Optional[int] = ..., progress_percent: _Optional[float] = ..., progress_message: _Optional[str] = ..., progress_at_ms: _Optional[int] = ..., chain_id: _Optional[str] = ..., chain_step: _Optional[int] = ..., next_task_id: _Optional[str] = ..., chain_state: _Optional[_Union[ChainState, str]] = ..., group_id: _Optional[str] = ..., traceparent: _Optional[str] = ...) -> None: ...
+    concurrency_key: str
+    parked: bool
+    required_labels: _containers.ScalarMap[str, str]
+    def __init__(self, task_id: _Optional[str] = ..., queue: _Optional[str] = ..., task_type: _Optional[str] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., priority: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., created_at_ms: _Optional[int] = ..., not_before_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., worker_id: _Optional[str] = ..., last_error: _Optional[str] = ..., last_error_class: _Optional[str] = ..., result: _Optional[bytes] = ..., result_truncated: _Optional[bool] = ..., attempts: _Optional[_Iterable[_Union[AttemptRecord, _Mapping]]] = ..., cancel_requested: _Optional[bool] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., updated_at_ms: _Optional[int] = ..., due_at_ms: _Optional[int] = ..., progress_percent: _Optional[float] = ..., progress_message: _Optional[str] = ..., progress_at_ms: _Optional[int] = ..., chain_id: _Optional[str] = ..., chain_step: _Optional[int] = ..., next_task_id: _Optional[str] = ..., chain_state: _Optional[_Union[ChainState, str]] = ..., group_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., concurrency_key: _Optional[str] = ..., parked: _Optional[bool] = ..., required_labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class AttemptRecord(_message.Message):
     __slots__ = ("attempt", "worker_id", "started_at_ms", "finished_at_ms", "outcome", "error_message", "error_class")

@@ -172,12 +172,26 @@ def task_from_hash(fields: Mapping[bytes | str, bytes | str], result: bytes | No
         last_error_class=_text(f.get("last_error_class")),
         result=result or b"", result_truncated=_text(f.get("result_truncated")) == "1",
         cancel_requested=_text(f.get("cancel_requested")) == "1",
+        concurrency_key=_text(f.get("ckey")), parked=_text(f.get("parked")) == "1",
         retry_policy=dtq_pb2.RetryPolicy(backoff_base_ms=_int(f.get("backoff_base_ms")),
                                          backoff_cap_ms=_int(f.get("backoff_cap_ms"))),
     )
     for name in _INT_FIELDS:
         setattr(task, name, _int(f.get(name)))
     task.metadata.update(_metadata(f))
+    task.required_labels.update(_required_labels(f))
     _follow_ups(task, f)
     task.attempts.extend(_attempts(f))
     return task
+
+
+def _required_labels(f: dict) -> dict[str, str]:
+    """The record's req_labels (a JSON object; docs/fairness.md), {} when none."""
+    raw = _text(f.get("req_labels"))
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}

@@ -122,7 +122,10 @@ async def test_key_at_its_limit_waits_without_blocking_other_keys(
         got = await admin.GetConcurrency(pb.GetConcurrencyRequest(queue=Q))
         assert (got.active, got.waiting, got.key_count) == (4, 4, 2)
         waiting = await broker_stub.GetTask(pb.GetTaskRequest(task_id=a_ids[2]))
-        assert waiting.task.status == pb.TASK_STATUS_QUEUED
+        assert (waiting.task.status, waiting.task.parked, waiting.task.concurrency_key) \
+            == (pb.TASK_STATUS_QUEUED, True, "a")
+        running = await broker_stub.GetTask(pb.GetTaskRequest(task_id=a_ids[0]))
+        assert (running.task.parked, running.task.concurrency_key) == (False, "a")
         # each ack of a frees one slot and gives the next parked task of a its turn
         await ack(broker_stub, first[0])
         (third,) = await stream.take(1)

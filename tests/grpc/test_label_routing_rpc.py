@@ -34,6 +34,8 @@ async def ack(broker_stub, tasks) -> None:
 async def test_labelled_tasks_wait_for_a_matching_worker_without_blocking_others(
         admin, broker_stub, gateway) -> None:
     gpu_ids = set(await enqueue(broker_stub, 30, GPU))
+    one = await broker_stub.GetTask(pb.GetTaskRequest(task_id=next(iter(gpu_ids))))
+    assert dict(one.task.required_labels) == GPU
     plain_ids = set(await enqueue(broker_stub, 5))
     plain = await LeaseStream(broker_stub, "w-plain", [Q], max_in_flight=5,
                               labels={"zone": "eu"}).open()
