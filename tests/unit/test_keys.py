@@ -101,7 +101,7 @@ def test_delete_queue_touches_one_slot_only() -> None:
     from dtq_gateway.store.queue_delete import queue_keys
 
     names = queue_keys("emails")
-    assert len(set(names)) == 21
+    assert len(set(names)) == 24  # with the per-key concurrency limit and counts
     assert {keys.key_slot(k) for k in names} == {keys.key_slot("{emails}")}
 
 
