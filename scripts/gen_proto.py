@@ -38,7 +38,7 @@ GO_OUT = ROOT / "clients" / "go" / "dtqpb"
 GO_GENERATED = ("dtq.pb.go", "dtq_grpc.pb.go")
 GO_PACKAGE = "dtq/clients/go/dtqpb;dtqpb"  # import path;package name
 GO_PLUGINS = ("protoc-gen-go", "protoc-gen-go-grpc")
-OPTIONAL = re.compile(r"^(\s*)optional (\S+) (\w+) = (\d+);", re.M)
+OPTIONAL = re.compile(r"^(\s*)optional (\S+) (\w+) = (\d+);", re.MULTILINE)
 
 
 def generate(out_dir: Path) -> None:

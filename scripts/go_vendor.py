@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODULE_DIR = ROOT / "clients" / "go"
 MODULE = "dtq/clients/go"
 GO_LANG = "1.17"
-REQUIRE = re.compile(r"^\s*(?:require\s+)?([a-z0-9.\-]+\.[a-z]+/[^\s]+)\s+(v[^\s]+)", re.M)
+REQUIRE = re.compile(r"^\s*(?:require\s+)?([a-z0-9.\-]+\.[a-z]+/[^\s]+)\s+(v[^\s]+)", re.MULTILINE)
 
 
 def go_env(gocode: Path) -> dict[str, str]:
