@@ -70,7 +70,7 @@ type Worker struct {
 	held   map[string]*lease
 	ready  chan *lease
 	rep    *reporter
-	hbMs   int64 // heartbeat interval in ms (atomic)
+	hbMs   int64         // heartbeat interval in ms (atomic)
 	drain  chan struct{} // closed when the drain begins
 	fatal  error         // set once when the gateway refuses the worker
 	cancel context.CancelFunc
