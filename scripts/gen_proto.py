@@ -106,7 +106,7 @@ def main() -> int:
             if stale:
                 print(f"generated stubs are stale: {', '.join(stale)}; run make proto")
                 return 1
-            print("generated stubs are up to date")
+            print("generated stubs are up to date" + (" (Python and Go)" if with_go else ""))
             return 0
         for name in GENERATED:
             shutil.copyfile(fresh / name, OUT / name)

@@ -28,6 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 MODULE_DIR = ROOT / "clients" / "go"
 MODULE = "dtq/clients/go"
 GO_LANG = "1.17"
+#: the imports of each package and of its tests
+IMPORTS_FMT = '{{join .Imports "\\n"}}\n{{join .TestImports "\\n"}}'
 REQUIRE = re.compile(r"^\s*(?:require\s+)?([a-z0-9.\-]+\.[a-z]+/[^\s]+)\s+(v[^\s]+)", re.MULTILINE)
 
 
@@ -39,7 +41,7 @@ def go_env(gocode: Path) -> dict[str, str]:
 def own_imports() -> list[str]:
     """Non-standard import paths of the client's own packages (outside the module)."""
     out = subprocess.run(
-        ["go", "list", "-e", "-f", '{{join .Imports "\\n"}}', "./..."],
+        ["go", "list", "-e", "-f", IMPORTS_FMT, "./..."],
         cwd=MODULE_DIR, env={**os.environ, "GO111MODULE": "off", "GOFLAGS": ""},
         capture_output=True, text=True, check=True).stdout
     paths = {p.strip() for p in out.splitlines()}

@@ -1,0 +1,95 @@
+"""The Go client (clients/go) beyond the conformance suite: its own unit tests on an
+in-process fake gateway, its Client (producer) against a real gateway on a private
+Redis, and its demo handlers against the Python ones. Skipped, with one line, where
+Go or the vendored Debian packages are missing (make install provides both)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dtq_pyworker import PermanentError
+from examples.demo.textstats import file_stats
+from tests.conformance.client import ConformanceClient
+from tests.conformance.conftest import GO_WORKER_BIN
+from tests.conformance.processes import REPO_ROOT, Worker
+from tests.support.redis_server import RedisServer
+from tests.support.threaded_gateway import ThreadedGateway
+
+GO_CLIENT = REPO_ROOT / "clients" / "go"
+QUEUE = "go-producer"
+
+
+def _go() -> str:
+    """Path of the go command; skips the test where Go or the vendor dir is missing."""
+    go = shutil.which("go")
+    if go is None or not (GO_CLIENT / "vendor" / "modules.txt").is_file():
+        pytest.skip("go or clients/go/vendor missing: make install sets both up where "
+                    "Debian's Go packages can be installed (clients/go/README.md)")
+    return go
+
+
+def _go_test(go: str, run: str, extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DTQ_")}
+    env.update(extra_env, GOFLAGS="-mod=vendor")
+    return subprocess.run([go, "test", "-count=1", "-v", "-run", run, "."], cwd=GO_CLIENT,
+                          env=env, check=False, capture_output=True, text=True, timeout=300)
+
+
+def _echo(payload, ctx):
+    return {"echo": payload}
+
+
+def _boom(payload, ctx):
+    raise PermanentError("kaput")
+
+
+def test_go_worker_unit_tests_pass() -> None:
+    proc = _go_test(_go(), "TestWorker|TestDrain|TestCancelled|TestTimeout|TestPermanent", {})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert proc.stdout.count("--- PASS") == 5 and "--- FAIL" not in proc.stdout, proc.stdout
+
+
+def test_go_producer_enqueues_and_waits_against_a_gateway() -> None:
+    go = _go()
+    server = RedisServer(appendonly=False).start()
+    gw = ThreadedGateway(server.url).start()
+    try:
+        gw.run_worker([QUEUE], {"ok": _echo, "boom": _boom}, worker_id="w-go-producer")
+        proc = _go_test(go, "TestProducer", {"DTQ_TEST_GATEWAY": gw.target,
+                                             "DTQ_TEST_QUEUE": QUEUE})
+    finally:
+        gw.stop()
+        server.cleanup()
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "--- PASS: TestProducer " in proc.stdout and "SKIP" not in proc.stdout, proc.stdout
+    assert proc.stdout.count("    --- PASS") == 5, proc.stdout
+
+
+def test_go_demo_handler_counts_files_like_the_python_one(tmp_path: Path) -> None:
+    if not GO_WORKER_BIN.is_file():
+        pytest.skip("clients/go/bin/dtq-conformance-worker missing: make install builds it")
+    odd = tmp_path / "odd.txt"
+    odd.write_bytes(b"def f(x):\n    return x_1 + X_1  # \xff\nno newline at the end")
+    paths = [str(odd), str(REPO_ROOT / "dtq_gateway" / "settings.py"), json.__file__]
+    server = RedisServer(appendonly=False).start()
+    gw = ThreadedGateway(server.url).start()
+    worker = Worker(f"exec {GO_WORKER_BIN}", "w-go-demo", tmp_path,
+                    {"DTQ_GATEWAY": gw.target, "DTQ_QUEUES": "go-demo"}).start()
+    client = ConformanceClient(gw.target)
+    try:
+        ids = [client.enqueue("go-demo", "file.stats", {"path": p}) for p in paths]
+        tasks = client.wait_all_terminal(ids, 30)
+    finally:
+        client.close()
+        worker.kill()
+        gw.stop()
+        server.cleanup()
+    for path, task in zip(paths, tasks, strict=True):
+        assert task.status == 4, worker.output()  # SUCCEEDED
+        assert json.loads(task.result) == {**file_stats(path), "worker_lang": "go"}
