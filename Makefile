@@ -36,11 +36,11 @@ $(STAMP): pyproject.toml $(NODE_WORKER)/package-lock.json
 	    || echo "Go packages not installed: the Go worker tests will skip"; fi
 	touch $(STAMP)
 
-# the Go conformance/demo worker (incremental: rebuilt when clients/go changed)
+# the Go conformance/demo worker and bench worker (incremental: rebuilt when clients/go changed)
 go-worker: $(STAMP)
 	@if command -v go >/dev/null 2>&1 && [ -d /usr/share/gocode/src/google.golang.org/grpc ]; then \
 	  $(PY) scripts/go_vendor.py && cd $(GO_CLIENT) && GOFLAGS=-mod=vendor \
-	    go build -o bin/dtq-conformance-worker ./cmd/dtq-conformance-worker; \
+	    go build -o bin/ ./cmd/...; \
 	else echo "Go or its Debian gRPC packages missing: Go worker not built, its tests skip"; fi
 
 proto: install

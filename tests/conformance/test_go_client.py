@@ -93,3 +93,16 @@ def test_go_demo_handler_counts_files_like_the_python_one(tmp_path: Path) -> Non
     for path, task in zip(paths, tasks, strict=True):
         assert task.status == 4, worker.output()  # SUCCEEDED
         assert json.loads(task.result) == {**file_stats(path), "worker_lang": "go"}
+
+
+def test_go_worker_bench_prints_a_row_beside_the_python_worker(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import go_worker
+
+    if not go_worker.GO_BENCH_WORKER.is_file():
+        pytest.skip("clients/go/bin/dtq-bench-worker missing: make install builds it")
+    assert go_worker.main(["--tasks", "200", "--concurrency", "8"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()
+            if line.startswith(("python ", "go "))}
+    assert set(rows) == {"python", "go"} and all(len(v) == 4 for v in rows.values()), out
