@@ -156,7 +156,7 @@ func (w *Worker) runLease(l *lease) {
 func (w *Worker) call(ctx context.Context, t *dtqpb.LeasedTask) (out outcome) {
 	defer func() {
 		if p := recover(); p != nil {
-			out = outcome{err: fmt.Errorf("handler panic: %v", p)}
+			out = outcome{err: &panicError{fmt.Sprintf("handler panic: %v", p)}}
 		}
 	}()
 	h := w.handlers[t.TaskType]
@@ -218,13 +218,24 @@ func (w *Worker) forget(l *lease, counter *uint64) {
 	}
 }
 
+// panicError is a handler's panic, failed retryably with error class "Panic".
+type panicError struct{ msg string }
+
+func (e *panicError) Error() string { return e.msg }
+
+// errorClass is the error's type name ("Error" for unnamed or unexported types,
+// such as those of errors.New and fmt.Errorf).
 func errorClass(err error) string {
+	if _, ok := err.(*panicError); ok {
+		return "Panic"
+	}
 	t := reflect.TypeOf(err)
 	for t.Kind() == reflect.Ptr {
 		t = t.Elem()
 	}
-	if t.Name() == "" {
+	name := t.Name()
+	if name == "" || name[0] < 'A' || name[0] > 'Z' {
 		return "Error"
 	}
-	return t.Name()
+	return name
 }

@@ -2,6 +2,7 @@ package dtq
 
 import (
 	"context"
+	"errors"
 	"io/ioutil"
 	"log"
 	"net"
@@ -273,5 +274,83 @@ func TestPermanentErrorIsSentNotRetryable(t *testing.T) {
 	r, ok := f.fails["a"].GetXRetryable().(*dtqpb.FailItem_Retryable)
 	if !ok || r.Retryable {
 		t.Fatalf("want retryable explicitly false, got %v", f.fails["a"])
+	}
+}
+
+func TestHandlerErrorsMapToFailItems(t *testing.T) {
+	f := newFakeBroker(batch(task("perm", "perm"), task("later", "later"), task("plain", "plain"),
+		task("panic", "panic"), task("unknown", "nobody")))
+	stop := start(t, f, WorkerConfig{Concurrency: 5, MaxBatch: 5}, map[string]Handler{
+		"perm": func(context.Context, *dtqpb.LeasedTask) ([]byte, error) {
+			return nil, &PermanentError{Message: "no"}
+		},
+		"later": func(context.Context, *dtqpb.LeasedTask) ([]byte, error) {
+			return nil, &RetryAfterError{Message: "busy", After: 1500 * time.Millisecond}
+		},
+		"plain": func(context.Context, *dtqpb.LeasedTask) ([]byte, error) {
+			return nil, errors.New("boom")
+		},
+		"panic": func(context.Context, *dtqpb.LeasedTask) ([]byte, error) { panic("oops") },
+	})
+	f.reported(t, 5)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	retryable := func(item *dtqpb.FailItem) bool {
+		r, ok := item.GetXRetryable().(*dtqpb.FailItem_Retryable)
+		return !ok || r.Retryable // unset = true
+	}
+	want := map[string]struct {
+		class     string
+		retryable bool
+		afterMs   uint64
+	}{"perm": {"PermanentError", false, 0}, "later": {"RetryAfterError", true, 1500},
+		"plain": {"Error", true, 0}, "panic": {"Panic", true, 0},
+		"unknown": {"UnknownTaskType", false, 0}}
+	for id, w := range want {
+		item := f.fails[id]
+		if item == nil || item.ErrorClass != w.class || retryable(item) != w.retryable ||
+			item.RetryAfterMs != w.afterMs || item.Mode != dtqpb.FailMode_FAIL_MODE_FAILURE {
+			t.Errorf("lease %s: got %v, want class %s retryable %v retry_after_ms %d",
+				id, item, w.class, w.retryable, w.afterMs)
+		}
+	}
+}
+
+func TestStuckHandlerIsReportedOnTimeButKeepsItsSlot(t *testing.T) {
+	release := make(chan struct{})
+	second := make(chan struct{}, 1)
+	stuck := task("a", "stuck")
+	stuck.TimeoutMs = 100
+	f := newFakeBroker(batch(stuck, task("b", "next")))
+	stop := start(t, f, WorkerConfig{Concurrency: 1, MaxBatch: 2}, map[string]Handler{
+		"stuck": func(context.Context, *dtqpb.LeasedTask) ([]byte, error) {
+			<-release // ignores its ctx
+			return nil, nil
+		},
+		"next": func(context.Context, *dtqpb.LeasedTask) ([]byte, error) {
+			second <- struct{}{}
+			return nil, nil
+		},
+	})
+	f.reported(t, 1) // the Timeout, while the handler still runs
+	f.mu.Lock()
+	item := f.fails["a"]
+	f.mu.Unlock()
+	if item == nil || item.ErrorClass != "Timeout" {
+		t.Fatalf("want lease a failed Timeout first, got %v", item)
+	}
+	select {
+	case <-second:
+		t.Fatal("the next task started while the stuck handler held the only slot")
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	<-second
+	f.reported(t, 2)
+	if err := stop(); err != nil {
+		t.Fatal(err)
 	}
 }

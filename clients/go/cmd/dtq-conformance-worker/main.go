@@ -1,6 +1,6 @@
 // Command dtq-conformance-worker is the Go worker of the dtq conformance suite
 // (tests/conformance/README.md): it reads the DTQ_* environment (see
-// dtq.ConfigFromEnv), runs the task types conf.echo, conf.sleep and conf.fail
+// dtq.ConfigFromEnv; DTQ_MAX_BATCH defaults to 16 here), runs the task types conf.echo, conf.sleep and conf.fail
 // (and the demo's file.* types on queue demo), drains on SIGTERM and exits 0,
 // or exits 3 when the gateway refuses it (bad token, bad request).
 package main
@@ -19,6 +19,10 @@ import (
 	dtq "dtq/clients/go"
 	"dtq/clients/go/dtqpb"
 )
+
+// defaultMaxBatch is LeaseRequest.max_batch when DTQ_MAX_BATCH is unset (a gateway
+// that predates the field ignores it and sends one task per message).
+const defaultMaxBatch = 16
 
 func echo(_ context.Context, t *dtqpb.LeasedTask) ([]byte, error) { return t.Payload, nil }
 
@@ -70,6 +74,9 @@ func main() {
 		os.Exit(2)
 	}
 	cfg.Logger = logger
+	if os.Getenv("DTQ_MAX_BATCH") == "" {
+		cfg.MaxBatch = defaultMaxBatch // batched delivery where the gateway grants it
+	}
 	w := dtq.NewWorker(cfg)
 	w.Handle("conf.echo", echo)
 	w.Handle("conf.sleep", sleep)
