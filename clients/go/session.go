@@ -98,6 +98,7 @@ func (w *Worker) session(ctx context.Context, retry *int) error {
 		case *dtqpb.LeaseResponse_Task:
 			w.onTask(kind.Task)
 		case *dtqpb.LeaseResponse_Batch:
+			addOne(&w.batches)
 			for _, t := range kind.Batch.Tasks {
 				w.onTask(t)
 			}

@@ -55,6 +55,8 @@ type WorkerConfig struct {
 // Counters are the worker's cumulative outcomes, by the gateway's answers.
 type Counters struct {
 	Processed, Failed, Released, Cancelled, Stale uint64
+	// Batches counts the Lease stream messages that carried a LeaseResponse.batch.
+	Batches uint64
 }
 
 // Worker leases tasks of its queues and runs them with the registered handlers.
@@ -75,7 +77,7 @@ type Worker struct {
 	fatal  error         // set once when the gateway refuses the worker
 	cancel context.CancelFunc
 
-	processed, failed, released, cancelled, stale uint64 // atomic counters
+	processed, failed, released, cancelled, stale, batches uint64 // atomic counters
 }
 
 // NewWorker returns a worker for cfg; register handlers with Handle, then Run.
@@ -109,7 +111,7 @@ func (w *Worker) Handle(taskType string, h Handler) { w.handlers[taskType] = h }
 func (w *Worker) Counters() Counters {
 	return Counters{atomic.LoadUint64(&w.processed), atomic.LoadUint64(&w.failed),
 		atomic.LoadUint64(&w.released), atomic.LoadUint64(&w.cancelled),
-		atomic.LoadUint64(&w.stale)}
+		atomic.LoadUint64(&w.stale), atomic.LoadUint64(&w.batches)}
 }
 
 // ErrRefused wraps the status with which the gateway refused the worker

@@ -141,7 +141,7 @@ func batch(tasks ...*dtqpb.LeasedTask) *dtqpb.LeaseResponse {
 }
 
 // start runs a worker against f; the returned stop cancels Run and waits for it.
-func start(t *testing.T, f *fakeBroker, cfg WorkerConfig, handlers map[string]Handler) func() error {
+func start(t *testing.T, f *fakeBroker, cfg WorkerConfig, handlers map[string]Handler) (*Worker, func() error) {
 	cfg.Conn.Target = serve(t, f)
 	cfg.Queues = []string{"q"}
 	cfg.Logger = log.New(ioutil.Discard, "", 0)
@@ -152,7 +152,7 @@ func start(t *testing.T, f *fakeBroker, cfg WorkerConfig, handlers map[string]Ha
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
-	return func() error {
+	return w, func() error {
 		cancel()
 		select {
 		case err := <-done:
@@ -170,11 +170,14 @@ func echoHandler(_ context.Context, task *dtqpb.LeasedTask) ([]byte, error) {
 
 func TestWorkerAsksForBatchesAndRunsEveryTaskOfABatch(t *testing.T) {
 	f := newFakeBroker(batch(task("a", "echo"), task("b", "echo"), task("c", "echo")))
-	stop := start(t, f, WorkerConfig{Concurrency: 2, MaxBatch: 8},
+	w, stop := start(t, f, WorkerConfig{Concurrency: 2, MaxBatch: 8},
 		map[string]Handler{"echo": echoHandler})
 	f.reported(t, 3)
 	if err := stop(); err != nil {
 		t.Fatal(err)
+	}
+	if n := w.Counters().Batches; n != 1 {
+		t.Errorf("Counters().Batches = %d, want 1", n)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -196,7 +199,7 @@ func TestDrainFinishesTheRunningTaskAndReleasesTheBufferedOnes(t *testing.T) {
 		return []byte("done"), nil
 	}
 	f := newFakeBroker(batch(task("a", "slow"), task("b", "slow"), task("c", "slow")))
-	stop := start(t, f, WorkerConfig{Concurrency: 1, MaxInFlight: 3, MaxBatch: 3,
+	_, stop := start(t, f, WorkerConfig{Concurrency: 1, MaxInFlight: 3, MaxBatch: 3,
 		DrainGrace: 5 * time.Second}, map[string]Handler{"slow": slow})
 	<-started
 	if err := stop(); err != nil {
@@ -226,7 +229,7 @@ func TestCancelledLeaseStopsItsHandlerAndIsReportedCancelled(t *testing.T) {
 		<-ctx.Done()
 		return nil, ctx.Err()
 	}
-	stop := start(t, f, WorkerConfig{Concurrency: 1}, map[string]Handler{"wait": wait})
+	_, stop := start(t, f, WorkerConfig{Concurrency: 1}, map[string]Handler{"wait": wait})
 	f.reported(t, 1)
 	if err := stop(); err != nil {
 		t.Fatal(err)
@@ -246,7 +249,7 @@ func TestTimeoutFailsTheTaskRetryablyWithClassTimeout(t *testing.T) {
 		<-ctx.Done()
 		return nil, ctx.Err()
 	}
-	stop := start(t, f, WorkerConfig{Concurrency: 1}, map[string]Handler{"wait": wait})
+	_, stop := start(t, f, WorkerConfig{Concurrency: 1}, map[string]Handler{"wait": wait})
 	f.reported(t, 1)
 	if err := stop(); err != nil {
 		t.Fatal(err)
@@ -264,7 +267,7 @@ func TestPermanentErrorIsSentNotRetryable(t *testing.T) {
 	bad := func(context.Context, *dtqpb.LeasedTask) ([]byte, error) {
 		return nil, &PermanentError{Message: "no"}
 	}
-	stop := start(t, f, WorkerConfig{Concurrency: 1}, map[string]Handler{"bad": bad})
+	_, stop := start(t, f, WorkerConfig{Concurrency: 1}, map[string]Handler{"bad": bad})
 	f.reported(t, 1)
 	if err := stop(); err != nil {
 		t.Fatal(err)
@@ -280,7 +283,7 @@ func TestPermanentErrorIsSentNotRetryable(t *testing.T) {
 func TestHandlerErrorsMapToFailItems(t *testing.T) {
 	f := newFakeBroker(batch(task("perm", "perm"), task("later", "later"), task("plain", "plain"),
 		task("panic", "panic"), task("unknown", "nobody")))
-	stop := start(t, f, WorkerConfig{Concurrency: 5, MaxBatch: 5}, map[string]Handler{
+	_, stop := start(t, f, WorkerConfig{Concurrency: 5, MaxBatch: 5}, map[string]Handler{
 		"perm": func(context.Context, *dtqpb.LeasedTask) ([]byte, error) {
 			return nil, &PermanentError{Message: "no"}
 		},
@@ -325,7 +328,7 @@ func TestStuckHandlerIsReportedOnTimeButKeepsItsSlot(t *testing.T) {
 	stuck := task("a", "stuck")
 	stuck.TimeoutMs = 100
 	f := newFakeBroker(batch(stuck, task("b", "next")))
-	stop := start(t, f, WorkerConfig{Concurrency: 1, MaxBatch: 2}, map[string]Handler{
+	_, stop := start(t, f, WorkerConfig{Concurrency: 1, MaxBatch: 2}, map[string]Handler{
 		"stuck": func(context.Context, *dtqpb.LeasedTask) ([]byte, error) {
 			<-release // ignores its ctx
 			return nil, nil

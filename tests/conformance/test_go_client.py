@@ -17,7 +17,7 @@ from dtq_pyworker import PermanentError
 from examples.demo.textstats import file_stats
 from tests.conformance.client import ConformanceClient
 from tests.conformance.conftest import GO_WORKER_BIN
-from tests.conformance.processes import REPO_ROOT, Worker
+from tests.conformance.processes import REPO_ROOT, Gateway, Worker
 from tests.support.redis_server import RedisServer
 from tests.support.threaded_gateway import ThreadedGateway
 
@@ -107,3 +107,38 @@ def test_go_worker_bench_prints_a_row_beside_the_python_worker(
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()
             if line.startswith(("python ", "go "))}
     assert set(rows) == {"python", "go"} and all(len(v) == 4 for v in rows.values()), out
+
+
+def _granted_max_batch(address: str, queue: str) -> int:
+    """SessionInfo.max_batch that the gateway grants a session asking for 16 (0: none)."""
+    import grpc
+
+    from dtq_proto import dtq_pb2, dtq_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        stream = dtq_pb2_grpc.BrokerStub(channel).Lease(dtq_pb2.LeaseRequest(
+            worker_id="probe-max-batch", queues=[queue], max_in_flight=1, max_batch=16))
+        try:
+            return next(stream).session.max_batch
+        finally:
+            stream.cancel()
+
+
+def test_go_worker_takes_batched_delivery(gateway: Gateway, client: ConformanceClient,
+                                          queue: str, tmp_path: Path) -> None:
+    if not GO_WORKER_BIN.is_file():
+        pytest.skip("clients/go/bin/dtq-conformance-worker missing: make install builds it")
+    if _granted_max_batch(gateway.address, f"{queue}-probe") <= 1:
+        pytest.skip("this gateway grants no LeaseRequest.max_batch (it predates the field)")
+    ids = [client.enqueue(queue, "conf.echo", {"i": i}) for i in range(64)]
+    worker = Worker(f"exec {GO_WORKER_BIN}", "w-go-batch", tmp_path, {
+        "DTQ_GATEWAY": gateway.address, "DTQ_QUEUES": queue, "DTQ_CONCURRENCY": "8",
+        "DTQ_MAX_IN_FLIGHT": "16", "DTQ_MAX_BATCH": "16"}).start()
+    try:
+        tasks = client.wait_all_terminal(ids, 30)
+        assert worker.terminate_and_wait(30) == 0, worker.output()
+    finally:
+        worker.kill()
+    assert all(t.status == 4 and t.attempt == 1 for t in tasks), worker.output()  # SUCCEEDED
+    stats = json.loads(worker.stdout_path.read_text().strip().splitlines()[-1])
+    assert stats["processed"] == 64 and stats["batches"] >= 1, stats

@@ -88,7 +88,7 @@ func main() {
 	c := w.Counters()
 	out, _ := json.Marshal(map[string]interface{}{"worker": "go", "worker_id": cfg.WorkerID,
 		"processed": c.Processed, "failed": c.Failed, "released": c.Released,
-		"cancelled": c.Cancelled, "lost": c.Stale})
+		"cancelled": c.Cancelled, "lost": c.Stale, "batches": c.Batches})
 	fmt.Println(string(out))
 	if err != nil {
 		logger.Print(err)
