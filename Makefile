@@ -29,8 +29,9 @@ $(STAMP): pyproject.toml $(NODE_WORKER)/package-lock.json
 	    || echo "prometheus package not installed: promtool tests will skip"; fi
 	@# the Go client (clients/go) builds offline from Debian's Go toolchain and gRPC
 	@# packages, installed the same way; elsewhere the Go tests skip and say so
-	if ! command -v go >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
-	    && [ "$$(id -u)" = 0 ]; then \
+	if { ! command -v go >/dev/null 2>&1 || ! command -v protoc-gen-go-grpc >/dev/null 2>&1 \
+	    || [ ! -d /usr/share/gocode/src/google.golang.org/grpc ]; } \
+	    && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    --no-install-recommends $(GO_PACKAGES) >/dev/null) \
 	    || echo "Go packages not installed: the Go worker tests will skip"; fi
