@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from examples.demo.textstats import file_stats
 from tests.conformance.client import ConformanceClient
 from tests.conformance.conftest import GO_WORKER_BIN
 from tests.conformance.processes import REPO_ROOT, Gateway, Worker
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, free_port
 from tests.support.threaded_gateway import ThreadedGateway
 
 GO_CLIENT = REPO_ROOT / "clients" / "go"
@@ -142,3 +143,26 @@ def test_go_worker_takes_batched_delivery(gateway: Gateway, client: ConformanceC
     assert all(t.status == 4 and t.attempt == 1 for t in tasks), worker.output()  # SUCCEEDED
     stats = json.loads(worker.stdout_path.read_text().strip().splitlines()[-1])
     assert stats["processed"] == 64 and stats["batches"] >= 1, stats
+
+
+def test_demo_with_go_runs_on_the_go_worker(tmp_path: Path) -> None:
+    if not GO_WORKER_BIN.is_file():
+        pytest.skip("clients/go/bin/dtq-conformance-worker missing: make install builds it")
+    server = RedisServer(appendonly=False).start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DTQ_")}
+    env.update(DTQ_REDIS_URL=server.url, DTQ_LISTEN=f"127.0.0.1:{free_port()}",
+               DTQ_METRICS_PORT=str(free_port()))
+    summary_path = tmp_path / "summary.json"
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "examples.demo", "--files", "10", "--no-node", "--go",
+             "--workers", "0", "--timeout", "60", "--json", str(summary_path),
+             "--log-dir", str(tmp_path / "logs")],
+            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
+    finally:
+        server.cleanup()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "a Go worker joins" in proc.stdout
+    summary = json.loads(summary_path.read_text())
+    assert summary["left_open"] == 0 and summary["succeeded"] > 0
+    assert summary["per_lang"] == {"go": summary["succeeded"]}
