@@ -83,29 +83,7 @@ func (r *reporter) run(ctx context.Context) {
 
 // send makes one Ack or Fail call for items (all of one kind) and settles each.
 func (r *reporter) send(ctx context.Context, items []*report) {
-	cctx, cancel := context.WithTimeout(ctx, callTimeout)
-	defer cancel()
-	var results []*dtqpb.LeaseResult
-	var err error
-	if items[0].ack != nil {
-		req := &dtqpb.AckRequest{}
-		for _, it := range items {
-			req.Items = append(req.Items, it.ack)
-		}
-		var resp *dtqpb.AckResponse
-		if resp, err = r.w.stub.Ack(cctx, req); err == nil {
-			results = resp.Results
-		}
-	} else {
-		req := &dtqpb.FailRequest{}
-		for _, it := range items {
-			req.Items = append(req.Items, it.fail)
-		}
-		var resp *dtqpb.FailResponse
-		if resp, err = r.w.stub.Fail(cctx, req); err == nil {
-			results = resp.Results
-		}
-	}
+	results, err := r.call(ctx, items)
 	if err != nil {
 		s, _ := status.FromError(err)
 		if len(items) == 1 && s.Code() != codes.Unavailable && s.Code() != codes.DeadlineExceeded &&
@@ -126,6 +104,27 @@ func (r *reporter) send(ctx context.Context, items []*report) {
 		e := results[i].Error
 		r.settle(ctx, it, codes.Code(e.Code), e.Reason+": "+e.Message)
 	}
+}
+
+// call sends items as one Ack or Fail request (deadline callTimeout); the per-item
+// results in request order, or the call's error.
+func (r *reporter) call(ctx context.Context, items []*report) ([]*dtqpb.LeaseResult, error) {
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	if items[0].ack != nil {
+		req := &dtqpb.AckRequest{}
+		for _, it := range items {
+			req.Items = append(req.Items, it.ack)
+		}
+		resp, err := r.w.stub.Ack(cctx, req)
+		return resp.GetResults(), err
+	}
+	req := &dtqpb.FailRequest{}
+	for _, it := range items {
+		req.Items = append(req.Items, it.fail)
+	}
+	resp, err := r.w.stub.Fail(cctx, req)
+	return resp.GetResults(), err
 }
 
 // settle acts on one item's answer (docs/protocol.md 6.2).
