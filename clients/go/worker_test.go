@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"dtq/clients/go/dtqpb"
 )
@@ -21,6 +23,9 @@ type fakeBroker struct {
 	dtqpb.UnimplementedBrokerServer
 	send      []*dtqpb.LeaseResponse
 	cancelled map[string]bool // lease ids the heartbeats report cancelled
+	stale     map[string]bool // lease ids whose Ack is answered STALE_LEASE
+	failFirst bool            // answer the first Ack call UNAVAILABLE
+	ackCalls  int
 
 	mu       sync.Mutex
 	request  *dtqpb.LeaseRequest
@@ -32,7 +37,7 @@ type fakeBroker struct {
 }
 
 func newFakeBroker(send ...*dtqpb.LeaseResponse) *fakeBroker {
-	return &fakeBroker{send: send, cancelled: map[string]bool{}, acks: map[string][]byte{},
+	return &fakeBroker{send: send, cancelled: map[string]bool{}, stale: map[string]bool{}, acks: map[string][]byte{},
 		fails: map[string]*dtqpb.FailItem{}, drained: make(chan struct{}),
 		changed: make(chan struct{}, 1000)}
 }
@@ -78,9 +83,20 @@ func (f *fakeBroker) Heartbeat(_ context.Context, req *dtqpb.HeartbeatRequest) (
 func (f *fakeBroker) Ack(_ context.Context, req *dtqpb.AckRequest) (*dtqpb.AckResponse, error) {
 	resp := &dtqpb.AckResponse{}
 	f.mu.Lock()
+	f.ackCalls++
+	if f.failFirst && f.ackCalls == 1 {
+		f.mu.Unlock()
+		return nil, status.Error(codes.Unavailable, "try again")
+	}
 	for _, it := range req.Items {
-		f.acks[it.LeaseId] = it.Result
-		resp.Results = append(resp.Results, &dtqpb.LeaseResult{LeaseId: it.LeaseId})
+		result := &dtqpb.LeaseResult{LeaseId: it.LeaseId}
+		if f.stale[it.LeaseId] {
+			result.Error = &dtqpb.ItemError{Code: int32(codes.FailedPrecondition),
+				Reason: "STALE_LEASE"}
+		} else {
+			f.acks[it.LeaseId] = it.Result
+		}
+		resp.Results = append(resp.Results, result)
 	}
 	f.mu.Unlock()
 	f.changed <- struct{}{}
@@ -355,5 +371,28 @@ func TestStuckHandlerIsReportedOnTimeButKeepsItsSlot(t *testing.T) {
 	f.reported(t, 2)
 	if err := stop(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestUnansweredAcksAreResentAndStaleOnesDropped(t *testing.T) {
+	f := newFakeBroker(batch(task("a", "echo"), task("s", "echo")))
+	f.failFirst = true
+	f.stale["s"] = true
+	w, stop := start(t, f, WorkerConfig{Concurrency: 2, MaxBatch: 2},
+		map[string]Handler{"echo": echoHandler})
+	f.reported(t, 1) // lease a acked by a resend
+	deadline := time.Now().Add(10 * time.Second)
+	for w.Counters().Stale < 1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // polled with a deadline
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	c := w.Counters()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ackCalls < 2 || c.Processed != 1 || c.Stale != 1 || f.acks["s"] != nil {
+		t.Fatalf("ack calls %d, counters %+v: want a resend after UNAVAILABLE, a processed, "+
+			"s dropped as stale", f.ackCalls, c)
 	}
 }
