@@ -1,0 +1,77 @@
+"""``dtq-gateway --processes N``: settings and the command line of each gateway process.
+
+The processes themselves (restart, drain, a taken port, one leader) are exercised in
+tests/system/test_gateway_processes.py.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+import pytest
+
+from dtq_gateway import supervisor
+from dtq_gateway.listen import ListenError, check_free
+from dtq_gateway.settings import SettingsError, load
+
+
+def test_processes_flag_env_and_default() -> None:
+    assert load([], environ={}).gateway_processes == 1
+    assert load(["--processes", "4"], environ={}).gateway_processes == 4
+    assert load([], environ={"DTQ_GATEWAY_PROCESSES": "3"}).gateway_processes == 3
+    assert load(["--gateway-processes", "2"], environ={}).gateway_processes == 2
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--processes", "-1"], "DTQ_GATEWAY_PROCESSES must be >= 0"),
+    (["--processes", "2", "--listen", "127.0.0.1:0"], "needs a fixed port in DTQ_LISTEN"),
+    (["--processes", "many"], "--gateway-processes: expected a number"),
+])
+def test_bad_process_settings_name_the_variable(argv: list[str], needle: str) -> None:
+    with pytest.raises(SettingsError, match=needle):
+        load(argv, environ={})
+
+
+def test_zero_processes_means_one_per_core() -> None:
+    settings = load(["--processes", "0"], environ={})
+    assert supervisor.process_count(settings) == (os.cpu_count() or 1)
+
+
+def test_each_process_gets_its_id_metrics_port_and_only_the_first_the_dashboard() -> None:
+    argv = ["--processes", "3", "--metrics-port", "9500", "--dashboard-port", "8080",
+            "--gateway-id", "gw"]
+    settings = load(argv, environ={})
+    for index in range(3):
+        child = load(supervisor.child_args(argv, settings, index, None)[3:], environ={})
+        assert child.gateway_processes == 1 and child.listen_reuseport is True
+        assert child.gateway_id == f"gw-{index}"
+        assert child.metrics_port == 9500 + index
+        assert child.dashboard_port == (8080 if index == 0 else 0)
+        assert child.redis_url == ""  # DTQ_REDIS_URL (the environment) is kept
+
+
+def test_child_args_run_this_python_and_pass_the_embedded_redis_url() -> None:
+    settings = load(["--processes", "2", "--metrics-port", "0"], environ={})
+    args = supervisor.child_args(["--processes", "2"], settings, 1, "redis://127.0.0.1:7000")
+    assert args[:3] == [sys.executable, "-m", "dtq_gateway"]
+    child = load(args[3:], environ={})
+    assert child.redis_url == "redis://127.0.0.1:7000"
+    assert child.metrics_port == 0  # metrics off stays off in every process
+
+
+def test_check_free_with_reuseport_shares_only_with_reuseport_holders() -> None:
+    with socket.socket() as sibling:
+        sibling.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sibling.bind(("127.0.0.1", 0))
+        sibling.listen()
+        address = f"127.0.0.1:{sibling.getsockname()[1]}"
+        check_free("gRPC", address, reuseport=True)  # a sibling process: shared
+        with pytest.raises(ListenError, match="Address already in use"):
+            check_free("gRPC", address)
+    with socket.socket() as other:  # another program, without SO_REUSEPORT
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        with pytest.raises(ListenError, match="Address already in use"):
+            check_free("gRPC", f"127.0.0.1:{other.getsockname()[1]}", reuseport=True)
