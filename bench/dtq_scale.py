@@ -20,6 +20,12 @@ from dtq_gateway.store import keys
 logger = logging.getLogger(__name__)
 IDLE_STREAMS = 1000
 STREAMS_PER_CHANNEL = 100
+#: Each idle-stream channel gets its own TCP connection: grpc Python shares one
+#: connection among all channels to a target with the same options (its global
+#: subchannel pool), so 1,000 streams over "ten channels" were 1,000 calls on ONE
+#: connection, filling its DTQ_GRPC_MAX_CONCURRENT_STREAMS (1,000): the probe's Lease,
+#: on that connection too, then waited in the client and never got SessionInfo.
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 PAYLOAD_100 = b'{"pad":"' + b"x" * 90 + b'"}'  # exactly 100 bytes of JSON
 
 
@@ -57,9 +63,10 @@ async def lease_latency(channel: grpc.aio.Channel, samples: int) -> dict[str, fl
 
 
 async def open_idle_streams(target: str, n: int) -> tuple[list[Any], list[Any]]:
-    """Open ``n`` Lease streams on an empty queue; return once each got its SessionInfo."""
+    """Open ``n`` Lease streams on an empty queue, STREAMS_PER_CHANNEL per channel and
+    connection; return once each got its SessionInfo."""
     pb, grpc_mod = _pb()
-    channels = [grpc.aio.insecure_channel(target)
+    channels = [grpc.aio.insecure_channel(target, options=OWN_CONNECTION)
                 for _ in range((n + STREAMS_PER_CHANNEL - 1) // STREAMS_PER_CHANNEL)]
     calls = []
     for i in range(n):
