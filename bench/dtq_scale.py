@@ -142,8 +142,8 @@ async def run_scale(redis_url: str, sizes: Any, procs: Any, channel: grpc.aio.Ch
         out = await streams_at_rest(r, through)
         samples = 100 if sizes.backlog_n < 20000 else 300
         out.update(await idle_streams_figures(procs, channel, r, samples))
-        out.update(await memory_per_task(channel, r, 10000 if sizes.backlog_n < 20000
-                                         else 100000))
+        mem_n = 100000 if sizes.backlog_n >= 20000 else min(10000, 4 * sizes.backlog_n)
+        out.update(await memory_per_task(channel, r, mem_n))
         return out
     finally:
         await r.aclose()
