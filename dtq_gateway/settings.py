@@ -347,6 +347,9 @@ def _validate(s: Settings) -> None:
                             f"(got {s.log_level!r})")
     if s.metrics_port > 65535:
         raise SettingsError(f"DTQ_METRICS_PORT must be a port number (got {s.metrics_port})")
+    if s.metrics_port and s.metrics_port + max(1, s.gateway_processes) - 1 > 65535:
+        raise SettingsError(f"DTQ_METRICS_PORT + DTQ_GATEWAY_PROCESSES - 1 must be a port "
+                            f"number (got {s.metrics_port} and {s.gateway_processes})")
     if s.dashboard_port > 65535:
         raise SettingsError(f"DTQ_DASHBOARD_PORT must be a port number (got {s.dashboard_port})")
     if s.dashboard_port and not s.dashboard_host.strip():

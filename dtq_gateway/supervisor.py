@@ -37,7 +37,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from dtq_gateway.listen import check_free
+from dtq_gateway.listen import ListenError, check_free
 from dtq_gateway.settings import Settings
 
 log = logging.getLogger("dtq_gateway.supervisor")
@@ -85,6 +85,9 @@ def check_ports(settings: Settings, count: int) -> None:
     check_free("gRPC", settings.listen)
     host = settings.metrics_host or settings.listen.rpartition(":")[0]
     if settings.metrics_port:
+        last = settings.metrics_port + count - 1
+        if last > 65535:
+            raise ListenError("metrics", f"{host}:{last}", "port number out of range")
         for i in range(count):
             check_free("metrics", f"{host}:{settings.metrics_port + i}")
     if settings.dashboard_port:

@@ -42,18 +42,20 @@ class Supervised(Proc):
         self.redis_url = env.redis.url
         env.procs.append(self)
 
-    def spawn_group(self) -> Supervised:
-        """Start the supervisor (without waiting)."""
+    def spawn_group(self, redis: list[str] | None = None) -> Supervised:
+        """Start the supervisor (without waiting); ``redis``: flags instead of
+        ``--redis-url`` (the embedded server's)."""
+        redis = ["--redis-url", self.redis_url] if redis is None else redis
         self.spawn([sys.executable, "-m", "dtq_gateway", "--processes", str(self.processes),
-                    "--redis-url", self.redis_url, "--listen", self.target,
+                    *redis, "--listen", self.target,
                     "--metrics-port", str(self.metrics_port), "--gateway-id", GATEWAY_ID,
                     "--log-format", "json", "--shutdown-grace-s", "1",
                     "--visibility-timeout-s", "2", "--heartbeat-interval-s", "0.5"])
         return self
 
-    def start(self, timeout_s: float = 30.0) -> Supervised:
+    def start(self, timeout_s: float = 30.0, redis: list[str] | None = None) -> Supervised:
         """Start and wait until every process logged "listening"."""
-        self.spawn_group()
+        self.spawn_group(redis)
         wait_until(lambda: len(self.listening()) == self.processes or not self.running,
                    timeout_s, "every gateway process to listen")
         assert self.running, f"supervisor exited\n{self.log()}"
@@ -73,20 +75,10 @@ class Supervised(Proc):
         """Gateway ids of the "listening" lines so far (one per process start)."""
         return [ln.get("gateway_id") for ln in self.lines() if ln.get("message") == "listening"]
 
-    def children(self) -> set[int]:
-        """Pids of the supervisor's live child processes (from /proc)."""
-        found = set()
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat.rpartition(")")[2].split()
-            if int(fields[1]) == self.pid and fields[0] != "Z":
-                found.add(int(entry.name))
-        return found
+    def children(self, comm: str = "python") -> set[int]:
+        """Pids of the supervisor's live child processes named ``comm*`` (from /proc)."""
+        return {pid for pid, (ppid, name) in live_processes().items()
+                if ppid == self.pid and name.startswith(comm)}
 
     def metric(self, index: int, name: str) -> float:
         """Sum of the samples of metric ``name`` on process ``index``'s /metrics."""
@@ -95,6 +87,23 @@ class Supervised(Proc):
             text = resp.read().decode()
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith(name) and not line.startswith("#"))
+
+
+def live_processes() -> dict[int, tuple[int, str]]:
+    """``{pid: (parent pid, command name)}`` of every process that is not a zombie."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name = stat.partition("(")[2].rpartition(")")[0]
+        fields = stat.rpartition(")")[2].split()
+        if fields[0] != "Z":
+            found[int(entry.name)] = (int(fields[1]), name)
+    return found
 
 
 def _free_port_run(count: int) -> int:
@@ -164,9 +173,29 @@ def test_sigterm_drains_every_process_and_exits_0(chaos: ChaosEnv) -> None:
     assert group.proc is not None and group.proc.wait(timeout=20) == 0, group.log()
     stopped = [ln for ln in group.lines() if ln.get("message") == "stopped"]
     assert len([ln for ln in stopped if "drain_s" in ln]) == 2, group.log()
-    assert not any(Path(f"/proc/{pid}").exists() and
-                   Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-                   for pid in children)
+    assert not children & live_processes().keys()
+
+
+def test_processes_end_when_the_supervisor_is_killed(chaos: ChaosEnv) -> None:
+    group = Supervised(chaos, 2).start()
+    children = group.children()
+    group.kill()  # SIGKILL: nothing forwarded; the parent-death signal stops them
+    wait_until(lambda: not children & live_processes().keys(), 20,
+               "the gateway processes to end")
+    stopped = [ln for ln in group.lines() if ln.get("message") == "stopped"]
+    assert len(stopped) == 2, group.log()  # each drained on its SIGTERM
+
+
+def test_without_redis_url_all_processes_share_one_embedded_redis(chaos: ChaosEnv) -> None:
+    group = Supervised(chaos, 2).start(redis=["--embedded-dir", str(chaos.dir / "embedded")])
+    assert len(group.children("redis-server")) == 1
+    assert len(group.children("python")) == 2
+    ids = enqueue_over_connections(group.target, connections=8, per_connection=1)
+    with grpc.insecure_channel(group.target) as ch:  # every task is in the one Redis
+        stub = dtq_pb2_grpc.BrokerStub(ch)
+        for task_id in ids:
+            reply = stub.GetTask(dtq_pb2.GetTaskRequest(task_id=task_id), timeout=10)
+            assert reply.task.task_id == task_id
 
 
 def test_port_held_by_another_program_is_a_clear_error(chaos: ChaosEnv) -> None:

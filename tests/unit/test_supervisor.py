@@ -6,9 +6,13 @@ tests/system/test_gateway_processes.py.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import socket
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +79,79 @@ def test_check_free_with_reuseport_shares_only_with_reuseport_holders() -> None:
         other.listen()
         with pytest.raises(ListenError, match="Address already in use"):
             check_free("gRPC", f"127.0.0.1:{other.getsockname()[1]}", reuseport=True)
+
+
+def test_a_taken_metrics_port_of_any_process_is_refused_before_anything_starts() -> None:
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        taken = other.getsockname()[1]
+        settings = load(["--processes", "3", "--listen", "127.0.0.1:1",
+                         "--metrics-port", str(taken - 2)], environ={})
+        with pytest.raises(ListenError, match=f"metrics cannot listen on 127.0.0.1:{taken}"):
+            supervisor.check_ports(settings, 3)
+
+
+# -- the supervisor loop, with stand-in children (python -c ...) ---------------------------
+def stand_in(monkeypatch: pytest.MonkeyPatch, code: str) -> None:
+    """Every gateway process the supervisor starts runs ``python -c code`` instead."""
+    monkeypatch.setattr(supervisor, "child_args",
+                        lambda argv, settings, index, url: [sys.executable, "-c", code])
+
+
+def run_supervisor(settings, limit_s: float = 20.0, stop_after=None) -> int:
+    """Run a Supervisor of ``settings``; ``stop_after(sup)`` is awaited, then stop is set."""
+    async def main() -> int:
+        sup = supervisor.Supervisor(settings, [], None, stop_limit_s=0.1)
+        running = asyncio.ensure_future(sup.run())
+        if stop_after is not None:
+            await stop_after(sup)
+            sup.stop.set()
+        return await asyncio.wait_for(running, limit_s)
+    return asyncio.run(main())
+
+
+def test_a_process_that_refuses_its_settings_stops_all_with_status_2(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stand_in(monkeypatch, "import sys; sys.exit(2)")
+    assert run_supervisor(load(["--processes", "2", "--listen", "127.0.0.1:1"],
+                               environ={})) == 2
+
+
+def test_restart_delay_doubles_while_a_process_keeps_exiting(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    stand_in(monkeypatch, "pass")  # exits 0 at once, again and again
+    monkeypatch.setattr(supervisor, "RESTART_MIN_S", 0.05)
+    monkeypatch.setattr(supervisor, "RESTART_MAX_S", 0.2)
+
+    async def four_restarts(sup: supervisor.Supervisor) -> None:
+        deadline = time.monotonic() + 15
+        while len(restarts()) < 5 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)  # polling the log with a deadline
+
+    def restarts() -> list[float]:
+        return [r.restart_in_s for r in caplog.records
+                if r.getMessage() == "gateway process exited; restarting"]
+    caplog.set_level(logging.INFO, logger="dtq_gateway.supervisor")
+    status = run_supervisor(load(["--processes", "1", "--listen", "127.0.0.1:1"],
+                                 environ={}), stop_after=four_restarts)
+    assert status == 0
+    assert restarts()[:5] == [0.05, 0.1, 0.2, 0.2, 0.2]
+
+
+def test_a_process_that_ignores_sigterm_is_killed_after_its_bound(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    stand_in(monkeypatch, "import pathlib, signal, time; signal.signal(15, signal.SIG_IGN); "
+                          f"pathlib.Path({str(ready)!r}).touch(); time.sleep(60)")
+    monkeypatch.setattr(supervisor, "KILL_MARGIN_S", 0.2)
+
+    async def when_ready(sup: supervisor.Supervisor) -> None:
+        deadline = time.monotonic() + 15
+        while not ready.exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)  # polling for the child's ready file with a deadline
+        assert ready.exists()
+    started = time.monotonic()
+    assert run_supervisor(load(["--processes", "1", "--listen", "127.0.0.1:1"], environ={}),
+                          stop_after=when_ready) == 1
+    assert time.monotonic() - started < 10  # killed, not waited out (60 s)
