@@ -124,7 +124,7 @@ def plot(cell: str, by_run: dict[str, dict[str, float]], out: Path, title: str) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: print the table, write the PNG; 2 on bad input."""
+    """Entry point: print the table, write the PNG; 2 on bad input or no matplotlib."""
     p = argparse.ArgumentParser(prog="python -m bench.plot_cpu", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", metavar="JSON[=LABEL]",
@@ -141,7 +141,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plot_cpu: {exc}", file=sys.stderr)
         return 2
     print(table(cell, by_run))
-    plot(cell, by_run, Path(args.out), args.title)
+    try:
+        plot(cell, by_run, Path(args.out), args.title)
+    except ImportError:
+        print("plot_cpu: matplotlib missing: pip install '.[bench]'", file=sys.stderr)
+        return 2
     print(f"plot written to {args.out}")
     return 0
 

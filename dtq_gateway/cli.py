@@ -5,7 +5,9 @@ DTQ_REDIS_URL an embedded redis-server is started, which the first log line says
 Exit status: 0 after SIGTERM/SIGINT (whatever the gateway was doing: starting the
 embedded Redis, starting, serving), 2 on bad settings, 1 on errors (one ERROR line
 names it, e.g. ``gateway failed: dashboard cannot listen on 127.0.0.1:8080: Address
-already in use``) and when a stop outlasts DTQ_SHUTDOWN_GRACE_S + 5 s.
+already in use``) and when a stop outlasts DTQ_SHUTDOWN_GRACE_S + 5 s. With
+DTQ_GATEWAY_PROCESSES != 1 this process supervises that many gateway processes
+(:mod:`dtq_gateway.supervisor`, whose exit statuses it returns).
 """
 
 from __future__ import annotations
