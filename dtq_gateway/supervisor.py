@@ -148,6 +148,8 @@ class Supervisor:
             child_args(self.argv, self.settings, index, self.redis_url))
         proc = await asyncio.create_subprocess_exec(*args, **extra)
         self.procs[index] = proc
+        if self.stop.is_set():  # the stop came while it started: _forward_stop missed it
+            proc.send_signal(signal.SIGTERM)
         log.info("gateway process started", extra={
             "index": index, "pid": proc.pid, "gateway_id": f"{self.settings.gateway_id}-{index}"})
         return proc
