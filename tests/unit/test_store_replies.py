@@ -32,3 +32,27 @@ def test_errors_stay_in_place_and_unconfirmed_writes_carry_their_outcome() -> No
     assert out[0] == LeaseOutcome("dup", "succeeded") and out[1] is boom
     assert isinstance(out[2], ReplicasNotAcked)
     assert (out[2].wanted, out[2].got, out[2].reply) == (1, 0, LeaseOutcome("stale", "active"))
+
+
+def test_enqueue_reply_decodes_items_and_meta() -> None:
+    from dtq_gateway.store.broker import EnqueueItem, EnqueueReply, enqueue_reply
+
+    raw = [[b"ok", b"t1", b"queued"], [b"dup", b"t0", b"active"], [b"full", 10],
+           [b"debounced", b"t9", b"scheduled"], [b"debounce_retry", b"t8"],
+           [b"meta", 1000, 1, [b"1000", b"t1"]]]
+    assert enqueue_reply(raw) == EnqueueReply(
+        (EnqueueItem("ok", "t1", "queued"), EnqueueItem("dup", "t0", "active"),
+         EnqueueItem("full"), EnqueueItem("debounced", "t9", "scheduled"),
+         EnqueueItem("debounce_retry", "t8")), True, ("1000", "t1"))
+    assert len(raw) == 6  # the raw reply is left as it was
+    assert enqueue_reply([[b"ok", b"t1", b"queued"], [b"meta", 1, 0, []]]) == \
+        EnqueueReply((EnqueueItem("ok", "t1", "queued"),), False, ())
+
+
+@pytest.mark.parametrize("raw, kind, status", [
+    ([b"cancelled"], "cancelled", ""), ([b"requested"], "requested", ""),
+    ([b"terminal", b"succeeded"], "terminal", "succeeded"), ([b"missing"], "missing", "")])
+def test_cancel_reply_decodes(raw, kind, status) -> None:
+    from dtq_gateway.store.broker import CancelReply
+
+    assert CancelReply.of(raw) == CancelReply(kind, status)
