@@ -56,3 +56,11 @@ def test_cancel_reply_decodes(raw, kind, status) -> None:
     from dtq_gateway.store.broker import CancelReply
 
     assert CancelReply.of(raw) == CancelReply(kind, status)
+
+
+def test_cancel_matching_step_decodes() -> None:
+    from dtq_gateway.store.bulk import CancelStep
+
+    assert CancelStep.of([b"1-5", 100, 3, 2, 1, b"a", b"b", b"c"]) == \
+        CancelStep("1-5", 100, 3, 2, 1, ("a", "b", "c"))
+    assert CancelStep.of([b"", b"0", b"0", b"0", b"0"]) == CancelStep("", 0, 0, 0, 0, ())
