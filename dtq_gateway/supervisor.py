@@ -23,7 +23,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dtq_gateway.metrics import BACKGROUND_TASK_RESTARTS
 
@@ -42,7 +42,7 @@ class _Child:
     restart: bool
     task: asyncio.Task[object] | None = None
     #: monotonic times (s) of recent restarts, for the crash-loop bound
-    restarts: collections.deque[float] | None = None
+    restarts: collections.deque[float] = field(default_factory=collections.deque)
 
 
 def ended_reason(task: asyncio.Task[object]) -> str:
@@ -73,7 +73,10 @@ class Supervisor:
 
     ``restart=False`` is for a task whose restart is not safe: its first fault gives
     up at once. Giving up also follows a crash loop: more than ``max_restarts``
-    restarts of one task within ``window_s``.
+    restarts of one task within ``window_s``. Short-lived tasks are not supervised:
+    they end by design (a Lease or Subscribe stream's handler, the follow-ups of one
+    outcome, which :meth:`~dtq_gateway.duties.followups.FollowUps.drain` waits for and
+    the leader's follow-up sweep redoes when lost).
 
     Args:
         on_give_up: awaited once per task given up on, with its name and the reason.
@@ -120,7 +123,7 @@ class Supervisor:
         """
         if name in self._children:
             raise ValueError(f"background task {name!r} is already supervised")
-        child = _Child(name, start, restart, restarts=collections.deque())
+        child = _Child(name, start, restart)
         task = self._launch(child)
         self._children[name] = child
         return task
@@ -149,7 +152,6 @@ class Supervisor:
         reason = ended_reason(task)
         now = time.monotonic()
         recent = child.restarts
-        assert recent is not None
         while recent and now - recent[0] > self.window_s:
             recent.popleft()
         if not child.restart or len(recent) >= self.max_restarts:
