@@ -17,6 +17,7 @@ from prometheus_client import REGISTRY
 from dtq_gateway.health_probe import ENQUEUE_HEALTH, SERVICE_NAMES
 from dtq_gateway.server import Gateway
 from tests.conftest import gateway_settings
+from tests.support.redis_server import free_port
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -101,7 +102,9 @@ async def test_a_task_that_keeps_failing_turns_every_service_not_serving(gateway
 
 
 async def test_a_start_that_fails_midway_leaves_nothing_running(redis_url, monkeypatch):
-    gw = Gateway(gateway_settings(redis_url), redis_url)
+    metrics_port, dashboard_port = free_port(), free_port()
+    gw = Gateway(gateway_settings(redis_url, metrics_port=metrics_port,
+                                  dashboard_port=dashboard_port), redis_url)
 
     def broken_start() -> None:
         raise RuntimeError("dispatcher start failed")
@@ -111,7 +114,8 @@ async def test_a_start_that_fails_midway_leaves_nothing_running(redis_url, monke
         await gw.start()
     assert gw.port and gw.server is not None
     assert running_dtq_tasks() == []  # the scheduler had started: it was stopped
-    await wait_until(lambda: port_is_free(gw.port))
+    for port in (gw.port, metrics_port, dashboard_port):  # every listener closed
+        await wait_until(lambda port=port: port_is_free(port))
     assert not gw.scheduler.is_leader
 
 
