@@ -218,14 +218,14 @@ class Completion:
             checked.append(lid)
         if len(req.progress) > considered:
             metrics.PROGRESS_DROPPED.labels(reason="unlisted").inc(len(req.progress) - considered)
-        states = await store.heartbeat(self.redis, beat, leases, self.settings.lease_grace_ms)
-        if states is None:
+        reply = await store.heartbeat(self.redis, beat, leases, self.settings.lease_grace_ms)
+        if reply.denied:
             # bound to another identity: the lease scripts behind it in the pipeline
             # were not queued for it (their lease ids name another owner and were
             # reported lost above), so nothing changed
             raise _denied(req.worker_id)
         cancelled = []
-        for lid, state in zip(checked, states):
+        for lid, state in zip(checked, reply.states):
             if state in ("lost", "overdue"):
                 lost.append(lid)
             elif state == "cancelled":

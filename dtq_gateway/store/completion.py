@@ -68,6 +68,22 @@ def lease_outcome(reply: Sequence[Any]) -> LeaseOutcome:
     return LeaseOutcome(kind, _s(reply[1]), int(reply[2]), 0, follow)
 
 
+@dataclass(frozen=True, slots=True)
+class HeartbeatReply:
+    """What one heartbeat did (:func:`heartbeat`).
+
+    Attributes:
+        denied: the worker record is bound to another identity: nothing changed.
+        states: heartbeat.lua's state per lease, in order: ``ok`` (extended), ``lost``
+            (not the current lease, or the reaper claimed the entry), ``overdue`` (past
+            started + timeout + grace: no longer extended), ``cancelled`` (extended;
+            a cancel was requested); empty when denied.
+    """
+
+    denied: bool
+    states: tuple[str, ...] = ()
+
+
 def _outcomes(replies: Sequence[Any]) -> list[LeaseOutcome | Exception]:
     """Each reply decoded; an error stays in its place (a :class:`ReplicasNotAcked`
     carrying the decoded outcome of what the primary applied)."""
@@ -177,7 +193,7 @@ async def worker_beat(redis: Client, beat: WorkerBeat) -> bool:
 
 async def heartbeat(redis: Client, beat: WorkerBeat,
                     leases: Sequence[tuple[LeaseRef, str, str]], lease_grace_ms: int
-                    ) -> list[str] | None:
+                    ) -> HeartbeatReply:
     """The worker record's refresh and one heartbeat.lua call per lease, one pipeline.
 
     Args:
@@ -186,9 +202,9 @@ async def heartbeat(redis: Client, beat: WorkerBeat,
         lease_grace_ms: the extension past the worker's next heartbeat.
 
     Returns:
-        heartbeat.lua's state per lease (``ok``, ``lost``, ``overdue``, ``cancelled``),
-        or None when the worker record is bound to another identity (the refresh
-        changed nothing; the caller only sends leases issued to the caller).
+        heartbeat.lua's state per lease, or ``denied`` when the worker record is bound
+        to another identity (the refresh changed nothing; the caller only sends leases
+        issued to the caller).
 
     Raises:
         The first failed call's Redis error.
@@ -203,13 +219,11 @@ async def heartbeat(redis: Client, beat: WorkerBeat,
     if isinstance(replies[0], Exception):  # the worker record was not refreshed
         raise replies[0]
     if replies[0] == b"denied":
-        return None
-    states = []
+        return HeartbeatReply(denied=True)
     for reply in replies[1:]:
         if isinstance(reply, Exception):
             raise reply
-        states.append(_s(reply))
-    return states
+    return HeartbeatReply(False, tuple(_s(reply) for reply in replies[1:]))
 
 
 async def ack(redis: Client, parts: Sequence[Sequence[tuple[LeaseRef, bytes]]],
