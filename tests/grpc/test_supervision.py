@@ -62,7 +62,7 @@ async def health_of(gw: Gateway) -> dict[str, int]:
 
 @pytest.mark.parametrize("task", ["health", "events-hub", "metrics-refresh", "dispatcher",
                                   "scheduler"])
-async def test_a_background_task_that_ends_is_restarted(gateway, task):
+async def test_a_background_task_that_ends_is_restarted(gateway, task, caplog):
     before = restarts(task)
     old = gateway.supervisor.task(task)
     assert old is not None and not old.done()
@@ -71,6 +71,9 @@ async def test_a_background_task_that_ends_is_restarted(gateway, task):
     new = gateway.supervisor.task(task)
     assert new is not old and not new.done()
     assert set((await health_of(gateway)).values()) == {SERVING}
+    assert [r.getMessage().split(";")[0] for r in caplog.records
+            if r.levelno == logging.WARNING and r.name == "dtq_gateway.supervisor"] == \
+        [f"background task {task} ended (cancelled)"]
 
 
 async def test_a_leader_duty_that_dies_restarts_the_scheduler_and_its_duties(gateway):
@@ -97,8 +100,10 @@ async def test_a_task_that_keeps_failing_turns_every_service_not_serving(gateway
     assert set(statuses.values()) == {NOT_SERVING}, statuses
     await gateway.probe.check_once()  # Redis answers: a later probe does not undo it
     assert set((await health_of(gateway)).values()) == {NOT_SERVING}
-    assert any("events-hub" in r.getMessage() and "hub bug" in r.getMessage()
-               for r in caplog.records if r.levelno == logging.ERROR)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, errors
+    assert "background task events-hub failed 3 times" in errors[0]
+    assert "hub bug" in errors[0] and errors[0].endswith("health NOT_SERVING")
 
 
 async def test_a_start_that_fails_midway_leaves_nothing_running(redis_url, monkeypatch):
