@@ -130,7 +130,9 @@ class Gateway:
         self.draining = asyncio.Event()
         #: stop steps of what started, run in reverse order by stop() (_on_stop)
         self._stack = contextlib.AsyncExitStack()
-        self._on_stop("redis clients", self._close_clients)
+        self._on_stop("redis client", lambda: redis_health.close(self.redis))
+        self._on_stop("health probe's redis client",
+                      lambda: redis_health.close(self.probe_redis))
         #: watches the background tasks; giving up on one turns health NOT_SERVING
         self.supervisor = Supervisor(self._gave_up)
         self.groups = Groups(max_queues=settings.max_queues)
@@ -367,10 +369,6 @@ class Gateway:
         await _guarded("health NOT_SERVING", self.probe.mark_not_serving)
         await self._stack.aclose()
         log.info("stopped", extra={"drain_s": round(time.monotonic() - started, 3)})
-
-    async def _close_clients(self) -> None:
-        await redis_health.close(self.redis)
-        await redis_health.close(self.probe_redis)
 
 
 async def _guarded(step: str, stop: Callable[[], Awaitable[object]]) -> None:
