@@ -283,8 +283,8 @@ class Gateway:
         return self._stopped
 
     def _step(self) -> None:
-        """Raise CancelledError once :meth:`abort_start` was called."""
-        if self._abort:
+        """Raise CancelledError once :meth:`abort_start` or :meth:`stop` was called."""
+        if self._abort or self._stopped:
             raise asyncio.CancelledError("gateway start aborted")
 
     def _on_stop(self, step: str, stop: Callable[[], Awaitable[object]]) -> None:

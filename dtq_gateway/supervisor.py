@@ -119,8 +119,13 @@ class Supervisor:
 
         Raises:
             ValueError: ``name`` is already watched.
+            RuntimeError: :meth:`close` was called (the gateway is stopping): nothing
+                is started.
             Whatever ``start`` raises (nothing is watched then).
         """
+        if self._closed:
+            raise RuntimeError(f"background task {name!r} not started: the gateway is "
+                               "stopping")
         if name in self._children:
             raise ValueError(f"background task {name!r} is already supervised")
         child = _Child(name, start, restart)

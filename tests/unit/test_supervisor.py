@@ -86,6 +86,9 @@ async def test_nothing_restarts_after_close() -> None:
     # scheduled no restart
     assert not sup._pending
     assert child.starts == 1 and sup.healthy
+    with pytest.raises(RuntimeError, match="stopping"):  # a start racing the stop
+        sup.watch("late", child.start)
+    assert child.starts == 1
 
 
 def test_backoff_doubles_is_capped_and_jittered() -> None:
