@@ -44,7 +44,7 @@ from dtq_gateway.store.client import Client, make_client
 from dtq_gateway.store.groups import Groups
 from dtq_gateway.store.primary_watch import PrimaryWatch
 from dtq_gateway.store.redis_policy import EvictionPolicyWatch
-from dtq_gateway.supervisor import Starter, Supervisor
+from dtq_gateway.supervisor import Starter, Supervisor, started_task
 from dtq_gateway.web.dashboard import Dashboard
 from dtq_gateway.web.dashboard_api import Backend
 from dtq_gateway.web.dashboard_rates import RateTracker
@@ -299,11 +299,6 @@ class Gateway:
         self.supervisor.watch(name, start)
         self._on_stop(name, stop)
 
-    def _start_dispatcher(self) -> asyncio.Task:
-        self.dispatcher.start()
-        assert self.dispatcher.task is not None
-        return self.dispatcher.task
-
     async def _gave_up(self, task: str, why: str) -> None:
         """The supervisor gave up on a background task: NOT_SERVING for every service."""
         if not self._stopped:
@@ -334,7 +329,8 @@ class Gateway:
         self._step()
         await self.server.start()
         self._supervise("scheduler", self.scheduler.start, self.scheduler.stop)
-        self._supervise("dispatcher", self._start_dispatcher, self.dispatcher.stop)
+        self._supervise("dispatcher", lambda: started_task(self.dispatcher.start),
+                        self.dispatcher.stop)
         self._on_stop("events hub and metrics refresh", self.ops.stop_background)
         self.supervisor.watch("events-hub", self.ops.hub.start)
         self.supervisor.watch("metrics-refresh", self.ops.start_gauges)

@@ -45,6 +45,21 @@ class _Child:
     restarts: collections.deque[float] = field(default_factory=collections.deque)
 
 
+def started_task(start: Callable[[], object]) -> asyncio.Task[object]:
+    """Call a component's ``start()`` that creates one task and returns nothing (the
+    dispatcher's), and return that task, for :meth:`Supervisor.watch`.
+
+    Raises:
+        RuntimeError: ``start`` created no task, or more than one.
+    """
+    before = asyncio.all_tasks()
+    start()
+    new = asyncio.all_tasks() - before
+    if len(new) != 1:
+        raise RuntimeError(f"{start!r} started {len(new)} tasks, not one")
+    return new.pop()
+
+
 def ended_reason(task: asyncio.Task[object]) -> str:
     """How a finished task ended, for the log: ``cancelled``, ``returned`` or the
     exception's repr."""

@@ -243,11 +243,6 @@ class Dispatcher:
         """Start the dispatch loop task."""
         self._task = asyncio.create_task(self._run(), name="dtq-dispatcher")
 
-    @property
-    def task(self) -> asyncio.Task | None:
-        """The dispatch loop's task (None before :meth:`start`)."""
-        return self._task
-
     async def stop(self) -> None:
         """Stop the loop and end every session's stream."""
         self._limit_waker.cancel()

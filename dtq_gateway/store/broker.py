@@ -23,7 +23,7 @@ from dtq_gateway.store.durability import ReplicaWait
 from dtq_gateway.store.errors import ReplicasNotAcked
 from dtq_gateway.store.groups import Groups, queue_limit
 from dtq_gateway.store.indexes import write_indexes_logged as write_indexes
-from dtq_gateway.store.replies import text as _s
+from dtq_gateway.store.replies import text as as_text
 from dtq_gateway.store.scripts import Script, call_each, execute
 from dtq_gateway.validation import NewTask
 
@@ -92,12 +92,12 @@ def enqueue_reply(raw: list[Any]) -> EnqueueReply:
     """Decode enqueue.lua's reply: its items, then the last ``{'meta', now_ms,
     became_busy, recent}`` item."""
     became_busy, recent = False, ()
-    if raw and _s(raw[-1][0]) == "meta":
+    if raw and as_text(raw[-1][0]) == "meta":
         meta = raw[-1]
         raw = raw[:-1]
-        became_busy, recent = bool(int(meta[2])), tuple(_s(v) for v in meta[3])
-    items = tuple(EnqueueItem(_s(r[0])) if _s(r[0]) == "full" else
-                  EnqueueItem(_s(r[0]), _s(r[1]), _s(r[2]) if len(r) > 2 else "")
+        became_busy, recent = bool(int(meta[2])), tuple(as_text(v) for v in meta[3])
+    items = tuple(EnqueueItem(as_text(r[0])) if as_text(r[0]) == "full" else
+                  EnqueueItem(as_text(r[0]), as_text(r[1]), as_text(r[2]) if len(r) > 2 else "")
                   for r in raw)
     return EnqueueReply(items, became_busy, recent)
 
@@ -113,7 +113,7 @@ class CancelReply:
     @classmethod
     def of(cls, raw: list[Any]) -> CancelReply:
         """Decode cancel.lua's reply (``{kind}`` or ``{'terminal', status}``)."""
-        return cls(_s(raw[0]), _s(raw[1]) if len(raw) > 1 else "")
+        return cls(as_text(raw[0]), as_text(raw[1]) if len(raw) > 1 else "")
 
 
 class Broker:
@@ -305,7 +305,7 @@ class Broker:
             decoded = enqueue_reply(chunk)
             self._collect_meta(decoded, task.queue, recent, busy)
             return await self._outcome(task, decoded.items[0], recent, busy)
-        return Enqueued(earlier, _s(status), deduplicated=True, queue=task.queue)
+        return Enqueued(earlier, as_text(status), deduplicated=True, queue=task.queue)
 
     def _remember_debounce(self, task: NewTask, task_id: str) -> None:
         seen = self._debounce_seen
@@ -356,7 +356,7 @@ class Broker:
         """
         rec = await self.redis.hmget(keys.task(task_id), "queue", "idem_digest", "priority")
         has_idem = bool(rec[0] and rec[1])
-        queue, band = _s(rec[0] or b""), _s(rec[2] or b"")
+        queue, band = as_text(rec[0] or b""), as_text(rec[2] or b"")
         valid = keys.QUEUE_RE.match(queue) and len(band) == 1 and band.isdigit()
         tkey = keys.task(task_id)
         # every key of the queue's slot; without a readable record the task key stands in
@@ -364,7 +364,7 @@ class Broker:
         keys_ = [tkey, keys.cancelled(queue) if valid else tkey,
                  keys.schedule(queue) if valid else tkey,
                  keys.finished(queue) if valid else tkey,
-                 keys.idempotency(queue, _s(rec[1])) if has_idem and valid else tkey,
+                 keys.idempotency(queue, as_text(rec[1])) if has_idem and valid else tkey,
                  keys.stream(queue, int(band)) if valid else tkey]
         raw = await CANCEL(self.redis, keys_, Script.argv(
             task_id, actor, request_id, reason[:1024], self.settings.audit_maxlen,
@@ -381,5 +381,5 @@ class Broker:
         log.info("task cancel", extra={"task_id": task_id, "actor": actor,
                                        "request_id": request_id, "outcome": kind})
         if kind == "cancelled" and rec[0]:  # queued or scheduled: it ends here
-            observe.outcome(_s(rec[0]), "cancelled", 0, 0)
+            observe.outcome(as_text(rec[0]), "cancelled", 0, 0)
         return kind

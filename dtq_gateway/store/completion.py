@@ -20,7 +20,7 @@ from dtq_gateway.store.client import Client
 from dtq_gateway.store.durability import ReplicaWait
 from dtq_gateway.store.errors import ReplicasNotAcked
 from dtq_gateway.store.indexes import queue_set_add
-from dtq_gateway.store.replies import text as _s
+from dtq_gateway.store.replies import text as as_text
 from dtq_gateway.store.scripts import Script, call_chunks, call_each, execute
 
 ACK = Script("ack", helpers=("_finished",), allow_oom=True)
@@ -59,13 +59,13 @@ def lease_outcome(reply: Sequence[Any]) -> LeaseOutcome:
     """Decode one ack.lua / fail.lua reply (their headers give the shapes):
     ``{'ok', started_at_ms, created_at_ms, finished_at_ms, follow}``,
     ``{kind, status, started_at_ms, due_at_ms, group}`` or ``{'dup'|'stale', status}``."""
-    kind = _s(reply[0])
+    kind = as_text(reply[0])
     if kind in ("dup", "stale"):
-        return LeaseOutcome(kind, _s(reply[1]))
-    follow = _s(reply[4]) if len(reply) > 4 and kind in ("ok", "dead", "cancelled") else ""
+        return LeaseOutcome(kind, as_text(reply[1]))
+    follow = as_text(reply[4]) if len(reply) > 4 and kind in ("ok", "dead", "cancelled") else ""
     if kind == "ok":
         return LeaseOutcome(kind, "", int(reply[1]), int(reply[3]), follow)
-    return LeaseOutcome(kind, _s(reply[1]), int(reply[2]), 0, follow)
+    return LeaseOutcome(kind, as_text(reply[1]), int(reply[2]), 0, follow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +223,7 @@ async def heartbeat(redis: Client, beat: WorkerBeat,
     for reply in replies[1:]:
         if isinstance(reply, Exception):
             raise reply
-    return HeartbeatReply(False, tuple(_s(reply) for reply in replies[1:]))
+    return HeartbeatReply(False, tuple(as_text(reply) for reply in replies[1:]))
 
 
 async def ack(redis: Client, parts: Sequence[Sequence[tuple[LeaseRef, bytes]]],

@@ -105,3 +105,17 @@ def test_defaults_are_the_documented_ones() -> None:
     sup = Supervisor()
     assert (sup.base_backoff_s, sup.max_backoff_s, sup.max_restarts, sup.window_s) == \
         (0.1, 5.0, 5, 60.0)
+
+
+async def test_started_task_finds_the_one_task_a_start_created() -> None:
+    from dtq_gateway.supervisor import started_task
+
+    made: list[asyncio.Task[None]] = []
+
+    def start() -> None:  # a component's start() that keeps its task to itself
+        made.append(asyncio.create_task(asyncio.sleep(3600)))
+
+    assert started_task(start) is made[0]
+    made[0].cancel()
+    with pytest.raises(RuntimeError, match="started 0 tasks"):
+        started_task(lambda: None)
