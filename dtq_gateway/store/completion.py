@@ -46,6 +46,8 @@ class LeaseOutcome:
         finished_at_ms: when the ack finished the task (ms); 0 for any other kind.
         follow: follow-up work owed, terminal outcomes only (``ok``, ``dead``,
             ``cancelled``): 'c' a chain step, 'g' a group member ended, 'cg' both, ''.
+        unparked: the reply's optional sixth item: tasks of the lease's concurrency key
+            went back to their band (False when the script sends no such item).
     """
 
     kind: str
@@ -53,6 +55,7 @@ class LeaseOutcome:
     started_at_ms: int = 0
     finished_at_ms: int = 0
     follow: str = ""
+    unparked: bool = False
 
 
 def lease_outcome(reply: Sequence[Any]) -> LeaseOutcome:
@@ -63,9 +66,10 @@ def lease_outcome(reply: Sequence[Any]) -> LeaseOutcome:
     if kind in ("dup", "stale"):
         return LeaseOutcome(kind, as_text(reply[1]))
     follow = as_text(reply[4]) if len(reply) > 4 and kind in ("ok", "dead", "cancelled") else ""
+    unparked = len(reply) > 5 and int(reply[5] or 0) > 0
     if kind == "ok":
-        return LeaseOutcome(kind, "", int(reply[1]), int(reply[3]), follow)
-    return LeaseOutcome(kind, as_text(reply[1]), int(reply[2]), 0, follow)
+        return LeaseOutcome(kind, "", int(reply[1]), int(reply[3]), follow, unparked)
+    return LeaseOutcome(kind, as_text(reply[1]), int(reply[2]), 0, follow, unparked)
 
 
 @dataclass(frozen=True, slots=True)

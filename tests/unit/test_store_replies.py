@@ -18,6 +18,9 @@ from dtq_gateway.store.errors import ReplicasNotAcked
     ([b"released", b"queued", b"100", b"0", b""], LeaseOutcome("released", "queued", 100)),
     ([b"cancelled", b"cancelled", b"7", b"0", b"g"],
      LeaseOutcome("cancelled", "cancelled", 7, 0, "g")),
+    ([b"ok", b"100", b"50", b"250", b"", 1], LeaseOutcome("ok", "", 100, 250, "", True)),
+    ([b"retry", b"scheduled", b"100", b"900", b"", b"0"],
+     LeaseOutcome("retry", "scheduled", 100)),
     ([b"dup", b"succeeded"], LeaseOutcome("dup", "succeeded")),
     ([b"stale", b"missing"], LeaseOutcome("stale", "missing")),
 ])
