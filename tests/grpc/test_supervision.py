@@ -16,7 +16,9 @@ from prometheus_client import REGISTRY
 
 from dtq_gateway.health_probe import ENQUEUE_HEALTH, SERVICE_NAMES
 from dtq_gateway.server import Gateway
+from dtq_proto import dtq_pb2 as pb
 from tests.conftest import gateway_settings
+from tests.support.leasing import LeaseStream
 from tests.support.redis_server import free_port
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -74,6 +76,27 @@ async def test_a_background_task_that_ends_is_restarted(gateway, task, caplog):
     assert [r.getMessage().split(";")[0] for r in caplog.records
             if r.levelno == logging.WARNING and r.name == "dtq_gateway.supervisor"] == \
         [f"background task {task} ended (cancelled)"]
+
+
+async def test_a_restarted_dispatcher_and_hub_serve_again(gateway, broker_stub):
+    """Not only a new task: leases are handed out and events arrive after the restart."""
+    for task in ("dispatcher", "events-hub"):
+        before = restarts(task)
+        gateway.supervisor.task(task).cancel()
+        await wait_until(lambda task=task, before=before: restarts(task) == before + 1)
+    await wait_until(gateway.ops.hub.connected.is_set)  # resubscribed
+    seen: list[str] = []
+    gateway.ops.hub.add_listener(lambda event: seen.append(event.get("type", "")))
+    # enqueued before the stream opens: the dispatch loop (not the enqueue's read-ahead
+    # for an idle stream) must hand it out
+    done = await broker_stub.Enqueue(pb.EnqueueRequest(queue="after-restart", task_type="t"))
+    lease = await LeaseStream(broker_stub, "w-restart", ["after-restart"]).open()
+    try:
+        task = await lease.next(timeout_s=10)
+        assert task.task_id == done.task_id
+    finally:
+        lease.close()
+    await wait_until(lambda: "TASK_QUEUED" in seen)
 
 
 async def test_a_leader_duty_that_dies_restarts_the_scheduler_and_its_duties(gateway):
