@@ -132,7 +132,7 @@ def test_restart_delay_doubles_while_a_process_keeps_exiting(
     def restarts() -> list[float]:
         return [r.restart_in_s for r in caplog.records
                 if r.getMessage() == "gateway process exited; restarting"]
-    caplog.set_level(logging.INFO, logger="dtq_gateway.supervisor")
+    caplog.set_level(logging.INFO, logger="dtq_gateway.process_supervisor")
     status = run_supervisor(load(["--processes", "1", "--listen", "127.0.0.1:1"],
                                  environ={}), stop_after=four_restarts)
     assert status == 0
