@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dtq_gateway.errors import InvalidArgument, TooLarge
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import keys
+from dtq_gateway.task_routing import check_concurrency_key, required_labels_json
 from dtq_proto import dtq_pb2
 
 JSON_TYPES = ("application/json", "")
@@ -79,49 +79,6 @@ def check_queue(queue: str, field: str = "queue") -> str:
         raise InvalidArgument(f"{field}: queue name must match [A-Za-z0-9_.-]{{1,64}}",
                               field=field)
     return queue
-
-
-#: Most bytes of EnqueueRequest.concurrency_key (UTF-8).
-MAX_CONCURRENCY_KEY_BYTES = 128
-
-
-def check_concurrency_key(ckey: str, field: str = "concurrency_key") -> str:
-    """Return ``ckey`` ("" = none) if it is at most 128 bytes of UTF-8 without control
-    characters, else raise InvalidArgument naming ``field``."""
-    if len(ckey.encode()) > MAX_CONCURRENCY_KEY_BYTES:
-        raise InvalidArgument(f"{field}: at most {MAX_CONCURRENCY_KEY_BYTES} bytes",
-                              field=field)
-    if any(ord(c) < 32 or ord(c) == 127 for c in ckey):
-        raise InvalidArgument(f"{field}: must not contain control characters", field=field)
-    return ckey
-
-
-#: Bounds of EnqueueRequest.required_labels (those of LeaseRequest.labels): pairs, key
-#: and value length in UTF-8 bytes.
-MAX_REQUIRED_LABELS = 32
-MAX_LABEL_KEY_BYTES = 64
-MAX_LABEL_VALUE_BYTES = 256
-
-
-def required_labels_json(labels: Mapping[str, str], field: str = "required_labels") -> str:
-    """``labels`` as compact JSON with sorted keys ("" when empty), after checking at most
-    32 pairs, keys of 1..64 and values of at most 256 UTF-8 bytes.
-
-    Raises:
-        InvalidArgument: naming ``field``.
-    """
-    if not labels:
-        return ""
-    if len(labels) > MAX_REQUIRED_LABELS:
-        raise InvalidArgument(f"{field}: at most {MAX_REQUIRED_LABELS} entries", field=field)
-    for k, v in labels.items():
-        if not 1 <= len(k.encode()) <= MAX_LABEL_KEY_BYTES:
-            raise InvalidArgument(f"{field}: keys must be 1..{MAX_LABEL_KEY_BYTES} bytes",
-                                  field=field)
-        if len(v.encode()) > MAX_LABEL_VALUE_BYTES:
-            raise InvalidArgument(f"{field}: value of {k!r} over {MAX_LABEL_VALUE_BYTES} bytes",
-                                  field=field)
-    return json.dumps(dict(sorted(labels.items())), separators=(",", ":"))
 
 
 def check_worker_id(worker_id: str, field: str = "worker_id") -> str:
