@@ -3189,8 +3189,9 @@ type GetQueueStatsResponse struct {
 	// True when waiting_types counted every waiting entry.
 	WaitingComplete bool `protobuf:"varint,97,opt,name=waiting_complete,json=waitingComplete,proto3" json:"waiting_complete,omitempty"`
 	// Task types of waiting tasks that no live worker leasing from this queue takes
-	// (its Lease task_types filter leaves them out), or that wait while no live worker
-	// leases from the queue at all: they wait until such a worker comes.
+	// (its Lease task_types filter leaves them out, or its labels lack the tasks'
+	// required_labels), or that wait while no live worker leases from the queue at
+	// all: they wait until such a worker comes.
 	StuckTaskTypes       []string `protobuf:"bytes,98,rep,name=stuck_task_types,json=stuckTaskTypes,proto3" json:"stuck_task_types,omitempty"`
 	XXX_NoUnkeyedLiteral struct{} `json:"-"`
 	XXX_unrecognized     []byte   `json:"-"`
