@@ -78,6 +78,9 @@ class RateTracker:
         queue = event.get("queue")
         if index is None or not isinstance(queue, str) or not queue:
             return
+        meta = event.get("metadata")
+        if isinstance(meta, dict) and meta.get("reason") == "unparked":
+            return  # a parked task back in its band (docs/fairness.md): not an enqueue
         self.count(queue, index)
 
     def count(self, queue: str, index: int, n: int = 1) -> None:

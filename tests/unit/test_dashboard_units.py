@@ -41,6 +41,14 @@ def test_rates_count_the_last_window_per_queue():
     assert rates.rates("never").succeeded == 0
 
 
+def test_rates_do_not_count_a_parked_task_going_back_as_an_enqueue():
+    rates = RateTracker(window_s=60, clock=Clock())
+    rates.on_event({"type": "TASK_QUEUED", "queue": "q"})
+    rates.on_event({"type": "TASK_QUEUED", "queue": "q",
+                    "metadata": {"reason": "unparked", "concurrency_key": "k"}})
+    assert rates.rates("q").enqueued == 1
+
+
 def test_rates_track_a_bounded_number_of_queues():
     rates = RateTracker(max_queues=2, clock=Clock())
     for q in ("a", "b", "a", "c"):  # "b" is the longest idle when "c" arrives
