@@ -1,6 +1,7 @@
 -- _activate.lua: one entry's activation, shared by activate.lua and lease_take.lua
--- (prepended by scripts.py after _finished.lua and _concurrency.lua). Per activated entry: one HMGET (the fencing read) and one
--- HSET; no TTL (a live record has none, see retire() in _lib.lua).
+-- (prepended by scripts.py after _finished.lua and _concurrency.lua). Per activated
+-- entry: one HMGET (the fencing read) and one HSET, plus one HINCRBY for a task with a
+-- concurrency key; no TTL (a live record has none, see retire() in _lib.lua).
 
 local function drop_entry(stream, group, id)
   redis.call('XACK', stream, group, id)
