@@ -108,7 +108,8 @@ class Worker:
         task_types: Filter sent with the Lease request; default the registered types.
         drain_grace_s: On stop, how long running handlers may finish, in seconds.
         ack_flush_ms: How long results wait to be batched, in ms (or 256 items).
-        labels: Free-form labels shown by ListWorkers.
+        labels: Labels shown by ListWorkers; a task whose required_labels they do not
+            all contain is not leased to this worker (docs/fairness.md).
         rpc_timeout_s: Deadline of unary calls (Heartbeat, Ack, Fail), in seconds.
         reconnect_max_s: Cap of the reconnect backoff, in seconds: both the Lease
             reconnect loop and the channel's connection attempts back off from

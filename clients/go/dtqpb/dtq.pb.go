@@ -1086,7 +1086,8 @@ type LeaseRequest struct {
 	MaxInFlight uint32 `protobuf:"varint,4,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
 	// Host name, for ListWorkers.
 	Hostname string `protobuf:"bytes,5,opt,name=hostname,proto3" json:"hostname,omitempty"`
-	// Free-form labels, for ListWorkers.
+	// Free-form labels, for ListWorkers; also what EnqueueRequest.required_labels are
+	// matched against: a task is leased only to a session that has all of them.
 	Labels map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key,proto3" protobuf_val:"bytes,2,opt,name=value,proto3"`
 	// Handler slots of the worker (ListWorkers). When set, one read of the gateway
 	// delivers at most this many tasks to the stream, and idle sessions of a queue
