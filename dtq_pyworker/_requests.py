@@ -116,6 +116,7 @@ def enqueue_request(queue: str, task_type: str, payload: Any = None, *,
                     tracestate: str | None = None,
                     debounce: Mapping[str, Any] | dtq_pb2.Debounce | None = None,
                     concurrency_key: str | None = None,
+                    required_labels: Mapping[str, str] | None = None,
                     _step: bool = False) -> dtq_pb2.EnqueueRequest:
     """Build an EnqueueRequest; None leaves a field to the gateway's default.
 
@@ -127,7 +128,8 @@ def enqueue_request(queue: str, task_type: str, payload: Any = None, *,
     result as its payload. ``debounce`` is a Debounce message or a dict with ``key``,
     ``window_ms``, ``mode`` ("keep_first" or "keep_last") and, for keep_last,
     ``max_delay_ms`` (see docs/handlers.md, "Debounce"). ``concurrency_key``: at most
-    the queue's per-key limit of tasks with this key run at once (docs/fairness.md).
+    the queue's per-key limit of tasks with this key run at once; ``required_labels``:
+    only a worker whose labels contain them all leases the task (docs/fairness.md).
 
     Raises:
         ValueError, TypeError: An integer option its field cannot hold, or not an
@@ -164,6 +166,8 @@ def enqueue_request(queue: str, task_type: str, payload: Any = None, *,
         req.debounce.CopyFrom(debounce_message(debounce))
     if concurrency_key:
         req.concurrency_key = concurrency_key
+    if required_labels:
+        req.required_labels.update({str(k): str(v) for k, v in required_labels.items()})
     return req
 
 

@@ -119,8 +119,8 @@ class Client:
             payload: JSON-encodable value, or bytes sent as-is.
             **options: priority, max_attempts, timeout_ms, idempotency_key, delay_ms,
                 not_before_ms, expires_at_ms, ttl_ms, retry_policy, metadata,
-                content_type, traceparent, tracestate, concurrency_key (see
-                ``EnqueueRequest``),
+                content_type, traceparent, tracestate, concurrency_key,
+                required_labels (see ``EnqueueRequest``),
                 ``chain``: steps run one after another once this task succeeded (dicts
                 of these arguments; a step without payload gets the previous result),
                 and ``debounce``: ``{"key": ..., "window_ms": ..., "mode": "keep_first"
