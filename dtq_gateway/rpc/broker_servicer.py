@@ -14,20 +14,8 @@ import time
 import grpc
 
 from dtq_gateway import tracing
-from dtq_gateway.duties.followups import FollowUps
-from dtq_gateway.errors import DtqError, InvalidArgument, Unavailable
-from dtq_gateway.followup_plan import callback_task_id, plan_chain, plan_group
-from dtq_gateway.leasing.completion import Completion, ItemOutcome, WorkerRegistration
-from dtq_gateway.leasing.dispatch import Dispatcher
-from dtq_gateway.leasing.leaseid import owner_tag
-from dtq_gateway.leasing.sessions import Session
-from dtq_gateway.rpc import grpc_errors
-from dtq_gateway.settings import Settings
-from dtq_gateway.store.broker import Broker, Enqueued
-from dtq_gateway.store.client import is_cluster
-from dtq_gateway.store.groups import queue_limit
-from dtq_gateway.store.task_record import STATUS_BY_NAME, task_from_hash
-from dtq_gateway.validation import (
+from dtq_gateway.domain.followup_plan import callback_task_id, plan_chain, plan_group
+from dtq_gateway.domain.validation import (
     MAX_REASON_BYTES,
     check_hostname,
     check_queue,
@@ -38,6 +26,18 @@ from dtq_gateway.validation import (
     cut_utf8,
     validate_enqueue,
 )
+from dtq_gateway.duties.followups import FollowUps
+from dtq_gateway.errors import DtqError, InvalidArgument, Unavailable
+from dtq_gateway.leasing.completion import Completion, ItemOutcome, WorkerRegistration
+from dtq_gateway.leasing.dispatch import Dispatcher
+from dtq_gateway.leasing.leaseid import owner_tag
+from dtq_gateway.leasing.sessions import Session
+from dtq_gateway.rpc import grpc_errors
+from dtq_gateway.settings import Settings
+from dtq_gateway.store.broker import Broker, Enqueued
+from dtq_gateway.store.client import is_cluster
+from dtq_gateway.store.groups import queue_limit
+from dtq_gateway.store.task_record import STATUS_BY_NAME, task_from_hash
 from dtq_proto import dtq_pb2, dtq_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -1,13 +1,14 @@
 """Admin domain logic: queue statistics and pause/resume.
 
-Dead-letter operations live in :mod:`dtq_gateway.store.admin_dlq`. Everything here reads
+Dead-letter operations live in :mod:`dtq_gateway.store.admin_dlq`, the helpers every
+admin module shares (Redis TIME, reply integers, page tokens, :class:`CallInfo`) in
+:mod:`dtq_gateway.store.admin_common`, which imports no admin module. Everything here reads
 "now" from Redis TIME (one clock for every replica, see docs/design.md) and returns
 plain dataclasses; ``admin_servicer`` converts them to protobuf.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,26 +16,26 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from dtq_gateway.errors import InvalidArgument, NotFound
+from dtq_gateway.errors import NotFound
 from dtq_gateway.store import keys
+from dtq_gateway.store.admin_common import (
+    CallInfo,
+    as_int,
+    entry_ms,
+    redis_now_ms,
+    validate_queue,
+    validate_queue_page_token,
+)
+from dtq_gateway.store.admin_dlq import dead_letter_depth
 from dtq_gateway.store.admin_scripts import PAUSE_QUEUE, QUEUE_SUMMARIES
 from dtq_gateway.store.admin_waiting import TypeWaiting, queue_counters, waiting_by_type
 from dtq_gateway.store.audit import append_audit
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import call_chunks
 
-ENTRY_ID_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}\Z")
 #: Most members of dtq:retry:schedule examined to count one queue's scheduled tasks.
 SCHEDULE_SCAN_MAX = 10000
 _CHUNK = 500
-
-
-@dataclass(frozen=True, slots=True)
-class CallInfo:
-    """Who asked (audit actor) and the request id of the call."""
-
-    actor: str
-    request_id: str
 
 
 @dataclass(slots=True)
@@ -103,80 +104,6 @@ class QueueSummary:
     depth: int
     pending: int
     paused: bool
-
-
-#: Largest value of a uint64 field (as_int clamps to it).
-UINT64_MAX = (1 << 64) - 1
-
-
-def as_int(value: Any) -> int:
-    """Redis reply value as int (0 when empty or malformed), clamped to 0..2^64-1
-    where larger (a stored counter can never break the reply's uint64 fields).
-    Integers are parsed exactly (a float round trip turns 2^64-1 into 2^64)."""
-    raw = text(value) or "0"
-    try:
-        number = int(raw)
-    except ValueError:
-        try:
-            number = int(float(raw))
-        except (ValueError, OverflowError):
-            return 0
-    return min(number, UINT64_MAX)
-
-
-def entry_ms(entry_id: str) -> int:
-    """Epoch ms part of a stream entry id (Redis TIME at XADD)."""
-    return int(entry_id.split("-", 1)[0])
-
-
-def validate_queue(name: str, field_name: str = "queue") -> str:
-    """Check a queue name against ``keys.QUEUE_RE``.
-
-    Raises:
-        InvalidArgument: names ``field_name``.
-    """
-    if not keys.QUEUE_RE.match(name or ""):
-        raise InvalidArgument(f"{field_name}: queue name must match [A-Za-z0-9_.-]{{1,64}}",
-                              field=field_name)
-    return name
-
-
-def validate_page_token(token: str, field_name: str = "page_token") -> str:
-    """A page token is a stream entry id ("" = first page): ``<ms>-<seq>``, both at most
-    2^64-1, and not ``0-0`` (nothing lies before it).
-
-    Raises:
-        InvalidArgument: names ``field_name``.
-    """
-    if token:
-        ms, _, seq = token.partition("-")
-        if not ENTRY_ID_RE.match(token) or int(ms) > UINT64_MAX or int(seq) > UINT64_MAX \
-                or token == "0-0" or (int(ms) == 0 and int(seq) == 0):
-            raise InvalidArgument(f"{field_name}: malformed page token (a stream entry id "
-                                  "from next_page_token)", field=field_name)
-    return token
-
-
-def page_size(value: int, field_name: str, default: int, maximum: int) -> int:
-    """Apply the "0 = default, 1..maximum" rule of the listing requests."""
-    if value == 0:
-        return default
-    if value > maximum:
-        raise InvalidArgument(f"{field_name}: at most {maximum}", field=field_name)
-    return value
-
-
-async def redis_now_ms(redis: Redis) -> int:
-    """Now in epoch ms from Redis TIME."""
-    sec, usec = await redis.time()
-    return int(sec) * 1000 + int(usec) // 1000
-
-
-def validate_queue_page_token(token: str, field_name: str = "page_token") -> str:
-    """A ListQueues page token is the last queue name of the previous page ("" = first)."""
-    if token and not keys.QUEUE_RE.match(token):
-        raise InvalidArgument(f"{field_name}: malformed page token", field=field_name)
-    return token
 
 
 async def busy_queues(redis: Redis) -> list[str]:
@@ -374,8 +301,6 @@ async def queue_stats(redis: Redis, queue: str, heartbeat_interval_ms: int = 10_
         InvalidArgument: bad queue name.
         NotFound: the queue has no band stream and is not in the registry.
     """
-    from dtq_gateway.store.admin_dlq import dead_letter_depth  # admin_dlq imports this module
-
     validate_queue(queue)
     bands = await band_infos(redis, queue)
     if not any(b.exists for b in bands) and not await queue_known(redis, queue):

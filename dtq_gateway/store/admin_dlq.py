@@ -24,12 +24,11 @@ from redis.asyncio import Redis
 
 from dtq_gateway.errors import DtqError, InvalidArgument, NotFound, WrongState
 from dtq_gateway.store import keys
-from dtq_gateway.store.admin import (
+from dtq_gateway.store.admin_common import (
     CallInfo,
     as_int,
     entry_ms,
     redis_now_ms,
-    text,
     validate_page_token,
     validate_queue,
 )
@@ -40,6 +39,7 @@ from dtq_gateway.store.admin_scripts import (
 )
 from dtq_gateway.store.audit import append_audit
 from dtq_gateway.store.indexes import mark_busy
+from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import execute
 from dtq_gateway.store.task_record import normalize
 

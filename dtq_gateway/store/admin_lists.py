@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 
 from dtq_gateway.store import keys
-from dtq_gateway.store.admin import as_int, redis_now_ms, validate_page_token
+from dtq_gateway.store.admin_common import as_int, redis_now_ms, validate_page_token
 from dtq_gateway.store.admin_scripts import TASK_SUMMARIES
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import call_each

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from dtq_gateway.store import keys
+from dtq_gateway.store.admin_lists import list_workers
 from dtq_gateway.store.admin_scripts import QUEUE_WAITING
 from dtq_gateway.store.replies import text
 
@@ -60,8 +61,6 @@ async def waiting_by_type(redis: Redis, queue: str, now_ms: int, heartbeat_inter
     A type is ``taken`` when a live worker whose latest Lease session named this
     queue takes it (an empty task type filter takes every type).
     """
-    from dtq_gateway.store.admin_lists import list_workers  # admin_lists imports this module
-
     reply = await QUEUE_WAITING(redis, keys.queue_streams_desc(queue),
                                 QUEUE_WAITING.argv(keys.GROUP, scan_max))
     rows = reply[2:]

@@ -15,6 +15,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from dtq_gateway import observe
+from dtq_gateway.domain.validation import NewTask
 from dtq_gateway.errors import DtqError, NotFound, QueueFull, WrongState
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import keys
@@ -25,7 +26,6 @@ from dtq_gateway.store.groups import Groups, queue_limit
 from dtq_gateway.store.indexes import write_indexes_logged as write_indexes
 from dtq_gateway.store.replies import text as _s
 from dtq_gateway.store.scripts import Script, call_each, execute
-from dtq_gateway.validation import NewTask
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 
 from dtq_gateway.store import keys
-from dtq_gateway.store.admin import CallInfo, redis_now_ms
+from dtq_gateway.store.admin_common import CallInfo, redis_now_ms
 from dtq_gateway.store.audit import append_audit
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import Script

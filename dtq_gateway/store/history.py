@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dtq_gateway.store import keys
-from dtq_gateway.store.admin import as_int, band_infos_many
+from dtq_gateway.store.admin import band_infos_many
+from dtq_gateway.store.admin_common import as_int
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import Script, execute

@@ -38,7 +38,7 @@ from redis.asyncio import Redis
 from dtq_gateway import metrics
 from dtq_gateway.errors import InvalidArgument, RateLimitLimit
 from dtq_gateway.store import keys
-from dtq_gateway.store.admin import redis_now_ms
+from dtq_gateway.store.admin_common import redis_now_ms
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import Script, execute
 

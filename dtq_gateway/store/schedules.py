@@ -45,14 +45,14 @@ from typing import Any
 from redis.asyncio import Redis
 
 from dtq_gateway import metrics
+from dtq_gateway.domain.schedule_plan import timetable_of, validate_spec
+from dtq_gateway.domain.validation import MAX_METADATA_ENTRIES, NewTask, validate_enqueue
 from dtq_gateway.errors import AlreadyExists, InvalidArgument, NotFound, ScheduleLimit
-from dtq_gateway.schedule_plan import timetable_of, validate_spec
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import keys
-from dtq_gateway.store.admin import redis_now_ms
+from dtq_gateway.store.admin_common import redis_now_ms
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import Script, execute
-from dtq_gateway.validation import MAX_METADATA_ENTRIES, NewTask, validate_enqueue
 from dtq_proto import dtq_pb2 as pb
 
 log = logging.getLogger(__name__)

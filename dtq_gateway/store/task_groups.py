@@ -7,7 +7,7 @@ member's terminal outcome is recorded by ``group_member.lua`` (single key,
 idempotent, counts ``done``) right after the Ack/Fail that ended it, and by the
 follow-up sweep (followups.py) for every other way a task ends (reaper, expiry,
 cancel) or when a gateway died in between. When ``done`` reaches ``total`` the
-callback is enqueued once: id :func:`~dtq_gateway.followup_plan.callback_task_id`,
+callback is enqueued once: id :func:`~dtq_gateway.domain.followup_plan.callback_task_id`,
 idempotency key ``group:<group id>``.
 """
 
@@ -21,14 +21,14 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from dtq_gateway.followup_plan import callback_task_id
+from dtq_gateway.domain.followup_plan import callback_task_id
+from dtq_gateway.domain.validation import NewTask, validate_enqueue
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import keys
-from dtq_gateway.store.admin import redis_now_ms
+from dtq_gateway.store.admin_common import redis_now_ms
 from dtq_gateway.store.broker import Broker, Enqueued
 from dtq_gateway.store.replies import text as _s
 from dtq_gateway.store.scripts import Script
-from dtq_gateway.validation import NewTask, validate_enqueue
 from dtq_proto import dtq_pb2
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from dtq_gateway.store import keys
-from dtq_gateway.store.admin import as_int
+from dtq_gateway.store.admin_common import as_int
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
 from dtq_proto import dtq_pb2 as pb

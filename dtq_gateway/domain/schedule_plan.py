@@ -28,8 +28,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
+from dtq_gateway.domain import names
 from dtq_gateway.errors import InvalidArgument
-from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2 as pb
 
 #: A fire at most this late is on time whatever the policy (ms).
@@ -172,7 +172,7 @@ def validate_spec(spec: pb.Schedule, prefix: str = "schedule.") -> None:
     def bad(field: str, why: str) -> InvalidArgument:
         return InvalidArgument(f"{prefix}{field}: {why}", field=prefix + field)
 
-    if not keys.SCHEDULE_RE.match(spec.name):
+    if not names.SCHEDULE_RE.match(spec.name):
         raise bad("name", "must match [A-Za-z0-9_.-]{1,64}")
     if bool(spec.cron) == bool(spec.interval_ms):
         raise bad("cron", "exactly one of cron and interval_ms is required")
