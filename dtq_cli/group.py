@@ -55,7 +55,7 @@ class Failure(click.ClickException):
 
     def __init__(self, message: str, code: ExitCode = ExitCode.ERROR) -> None:
         super().__init__(message)
-        self.exit_code = int(code)
+        self.exit_code = int(code)  # type: ignore[misc]  # click reads it per instance
 
     def show(self, file: Any = None) -> None:
         click.echo(f"dtq: {self.format_message()}", err=True)

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import click
 
 from dtq_cli.group import State, json_option, pass_state
@@ -85,9 +88,10 @@ def schedules_create(state: State, name: str, queue: str, task_type: str, payloa
 
 
 def _one(state: State, name: str, action: str) -> None:
-    call = {"pause": state.client.pause_schedule, "resume": state.client.resume_schedule,
-            "trigger": state.client.trigger_schedule,
-            "delete": state.client.delete_schedule}[action]
+    call: Callable[[str], Any] = {
+        "pause": state.client.pause_schedule, "resume": state.client.resume_schedule,
+        "trigger": state.client.trigger_schedule,
+        "delete": state.client.delete_schedule}[action]
     res = call(name)
     if state.json:
         emit_json(to_dict(res))

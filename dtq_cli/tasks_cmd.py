@@ -118,6 +118,9 @@ def finish_wait(state: State, task_id: str, timeout_ms: int, quiet: bool = False
     try:
         task = state.client.wait(task_id, timeout_s=timeout_ms / 1000.0, raise_on_failure=False)
     except TaskWaitTimeout as exc:
+        if exc.task is None:  # never read (GetTask answered NOT_FOUND with missing_ok)
+            raise Failure(f"task {task_id} not found after {timeout_ms / 1000:g}s",
+                          ExitCode.WAIT_TIMEOUT) from exc
         show(exc.task)
         raise Failure(f"task {task_id} still {exc.task.status.name} after "
                       f"{timeout_ms / 1000:g}s", ExitCode.WAIT_TIMEOUT) from exc
@@ -299,6 +302,7 @@ def cancel(state: State, task_id: str | None, reason: str, filters: tuple[str, .
     if filters:
         bulk_cmd.cancel_by_filter(state, filters, dry_run, limit, reason, yes)
         return
+    assert task_id is not None  # one of ID and --filter, checked above
     res = state.client.cancel(task_id, reason=reason)
     if state.json:
         emit_json({"task_id": task_id, "status": res.status.name,

@@ -137,7 +137,7 @@ class Connection:
                                             certificate_chain=cert)
 
     def channel(self, *, aio: bool, options: list[tuple[str, Any]] | None = None,
-                reconnect_max_s: float = RECONNECT_MAX_S, retries: bool = False):
+                reconnect_max_s: float = RECONNECT_MAX_S, retries: bool = False) -> Any:
         """A new grpc (``aio=False``) or grpc.aio (``aio=True``) channel.
 
         Args:
@@ -163,7 +163,7 @@ class Connection:
             return module.insecure_channel(self.target, options=opts)
         return module.secure_channel(self.target, creds, options=opts)
 
-    def stub(self, channel, service: str = "Broker") -> Any:
+    def stub(self, channel: Any, service: str = "Broker") -> Any:
         """A stub of ``service`` ("Broker", "Admin" or "Events") whose calls carry
         the bearer token (when one is set)."""
         stub = getattr(dtq_pb2_grpc, f"{service}Stub")(channel)

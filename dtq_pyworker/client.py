@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Self
 
 import grpc
@@ -51,7 +51,7 @@ def _cancel_result(resp: dtq_pb2.CancelTaskResponse) -> CancelResult:
     return CancelResult(TaskStatus.of(resp.status), resp.cancel_requested, resp.request_id)
 
 
-def _or_missing(get, missing_ok: bool) -> dtq_pb2.Task | None:
+def _or_missing(get: Callable[[], Task], missing_ok: bool) -> Task | None:
     """``get()``, or None for NOT_FOUND when ``missing_ok``."""
     try:
         return get()

@@ -116,7 +116,8 @@ def plan(table: Timetable, policy: Policy, done_ms: int, now_ms: int) -> list[in
     missed: list[int] = []
     horizon = now_ms - (ON_TIME_MS if policy.catch_up == SKIP else
                         max(policy.max_age_ms, ON_TIME_MS))
-    want_missed = {SKIP: 0, LATEST: 1, ALL: policy.max_fires}.get(policy.catch_up, 0)
+    missed_by_policy: dict[int, int] = {SKIP: 0, LATEST: 1, ALL: policy.max_fires}
+    want_missed = missed_by_policy.get(policy.catch_up, 0)
     for fire in table.before(now_ms):
         if fire <= done_ms or fire < horizon:
             break

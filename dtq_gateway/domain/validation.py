@@ -195,7 +195,8 @@ def check_json(payload: bytes, field: str) -> None:
         raise InvalidArgument(f"{field}: JSON nested too deeply (at most about 1,000 levels "
                               "of arrays and objects)", field=field) from None
     except ValueError as exc:
-        where = f" at line {exc.lineno} column {exc.colno}" if hasattr(exc, "lineno") else ""
+        where = (f" at line {exc.lineno} column {exc.colno}"
+                 if isinstance(exc, json.JSONDecodeError) else "")
         raise InvalidArgument(f"{field}: not valid JSON{where} (RFC 8259: UTF-8, no NaN or "
                               "Infinity) for a JSON content_type", field=field) from None
 

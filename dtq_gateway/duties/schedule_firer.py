@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 MAX_BATCHES_PER_TICK = 200
 #: Tasks per enqueue call of the firer.
 ENQUEUE_CHUNK = 1000
-_POLICY_NAMES = {pb.SCHEDULE_CATCH_UP_SKIP: "skip", pb.SCHEDULE_CATCH_UP_LATEST: "latest",
+_POLICY_NAMES: dict[int, str] = {pb.SCHEDULE_CATCH_UP_SKIP: "skip", pb.SCHEDULE_CATCH_UP_LATEST: "latest",
                  pb.SCHEDULE_CATCH_UP_ALL: "all"}
 
 

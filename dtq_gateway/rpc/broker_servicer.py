@@ -68,7 +68,7 @@ async def _send(context: grpc.aio.ServicerContext, message: dtq_pb2.LeaseRespons
     return True
 
 
-def status_enum(status: str) -> int:
+def status_enum(status: str) -> dtq_pb2.TaskStatus:
     """TaskStatus value of a stored status string (UNSPECIFIED when unknown)."""
     return STATUS_BY_NAME.get(status, dtq_pb2.TASK_STATUS_UNSPECIFIED)
 
@@ -254,7 +254,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
             if not session.not_reading:
                 raise
             # the dispatcher ended this stream: it stopped reading (Dispatcher._stall)
-            asyncio.current_task().uncancel()
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]  # in a task
         finally:
             await self.dispatcher.unregister(session)
             try:

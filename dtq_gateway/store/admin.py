@@ -13,7 +13,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from dtq_gateway.errors import NotFound
@@ -30,6 +29,7 @@ from dtq_gateway.store.admin_dlq import dead_letter_depth
 from dtq_gateway.store.admin_scripts import PAUSE_QUEUE, QUEUE_SUMMARIES
 from dtq_gateway.store.admin_waiting import TypeWaiting, queue_counters, waiting_by_type
 from dtq_gateway.store.audit import append_audit
+from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import call_chunks
 
@@ -106,13 +106,13 @@ class QueueSummary:
     paused: bool
 
 
-async def busy_queues(redis: Redis) -> list[str]:
+async def busy_queues(redis: Client) -> list[str]:
     """Members of ``dtq:queues:busy`` (queues whose streams may hold entries), sorted."""
     found = {text(m) async for m in redis.sscan_iter(keys.BUSY_QUEUES, count=1000)}
     return sorted(q for q in found if keys.QUEUE_RE.match(q))
 
 
-async def unregistered(redis: Redis, queues: list[str]) -> list[str]:
+async def unregistered(redis: Client, queues: list[str]) -> list[str]:
     """The names among ``queues`` that the queue registry ``dtq:queues`` does not hold
     (deleted, or never created), in order: one ZMSCORE per 500 names."""
     missing: list[str] = []
@@ -123,7 +123,7 @@ async def unregistered(redis: Redis, queues: list[str]) -> list[str]:
     return missing
 
 
-async def queue_depths(redis: Redis, queues: list[str]) -> dict[str, int]:
+async def queue_depths(redis: Client, queues: list[str]) -> dict[str, int]:
     """Sum of the band XLENs of each queue (10 XLEN per queue, pipelined in chunks)."""
     depths: dict[str, int] = {}
     for start in range(0, len(queues), _CHUNK // 10):
@@ -138,7 +138,7 @@ async def queue_depths(redis: Redis, queues: list[str]) -> dict[str, int]:
     return depths
 
 
-async def outcome_counts_many(redis: Redis, queues: list[str]) -> list[tuple[int, int, int]]:
+async def outcome_counts_many(redis: Client, queues: list[str]) -> list[tuple[int, int, int]]:
     """(succeeded, retried, dead_lettered) of each queue's outcome counters
     (``dtq:queue:{<q>}:counters``; absent = 0), in the order of ``queues``: one HMGET
     per queue, one pipeline."""
@@ -158,7 +158,7 @@ def _group_of(groups: Any) -> dict[str, Any] | None:
     return None
 
 
-async def band_infos(redis: Redis, queue: str) -> list[BandInfo]:
+async def band_infos(redis: Client, queue: str) -> list[BandInfo]:
     """Depth, pending and oldest undelivered task of each band, p9 first.
 
     The undelivered entries are those after the group's last-delivered-id; a band
@@ -170,7 +170,7 @@ async def band_infos(redis: Redis, queue: str) -> list[BandInfo]:
     return (await band_infos_many(redis, [queue]))[queue]
 
 
-async def band_infos_many(redis: Redis, queues: list[str]) -> dict[str, list[BandInfo]]:
+async def band_infos_many(redis: Client, queues: list[str]) -> dict[str, list[BandInfo]]:
     """:func:`band_infos` of several queues: two pipelines per chunk of queues."""
     out: dict[str, list[BandInfo]] = {}
     step = _CHUNK // 20
@@ -179,7 +179,7 @@ async def band_infos_many(redis: Redis, queues: list[str]) -> dict[str, list[Ban
     return out
 
 
-async def _band_infos_chunk(redis: Redis, queues: list[str]) -> dict[str, list[BandInfo]]:
+async def _band_infos_chunk(redis: Client, queues: list[str]) -> dict[str, list[BandInfo]]:
     async with redis.pipeline(transaction=False) as pipe:
         for queue in queues:
             for s in keys.queue_streams_desc(queue):
@@ -224,7 +224,7 @@ def queued_ms(entry: Any) -> int:
     return int(text(raw)) if raw else entry_ms(text(entry_id))
 
 
-async def list_queues(redis: Redis, size: int = 100, token: str = ""
+async def list_queues(redis: Client, size: int = 100, token: str = ""
                       ) -> tuple[list[QueueSummary], str]:
     """One page of the queue registry ``dtq:queues``, sorted by name.
 
@@ -259,7 +259,7 @@ async def list_queues(redis: Redis, size: int = 100, token: str = ""
     return out, (names[-1] if more and names else "")
 
 
-async def _consumers(redis: Redis, queue: str, bands: Iterable[BandInfo]) -> list[ConsumerInfo]:
+async def _consumers(redis: Client, queue: str, bands: Iterable[BandInfo]) -> list[ConsumerInfo]:
     """XINFO CONSUMERS of every band, aggregated by consumer name."""
     with_group = [b for b in bands if b.exists]
     async with redis.pipeline(transaction=False) as pipe:
@@ -283,13 +283,13 @@ async def _consumers(redis: Redis, queue: str, bands: Iterable[BandInfo]) -> lis
     return [merged[n] for n in sorted(merged)]
 
 
-async def scheduled_count(redis: Redis, queue: str, scan_max: int = SCHEDULE_SCAN_MAX) -> int:
+async def scheduled_count(redis: Client, queue: str, scan_max: int = SCHEDULE_SCAN_MAX) -> int:
     """Scheduled tasks of ``queue`` (ZCARD of its schedule; ``scan_max`` is unused, kept
     for callers)."""
     return int(await redis.zcard(keys.schedule(queue)))
 
 
-async def queue_stats(redis: Redis, queue: str, heartbeat_interval_ms: int = 10_000
+async def queue_stats(redis: Client, queue: str, heartbeat_interval_ms: int = 10_000
                       ) -> QueueStats:
     """Statistics of one queue.
 
@@ -321,7 +321,7 @@ async def queue_stats(redis: Redis, queue: str, heartbeat_interval_ms: int = 10_
         waiting_complete=complete, now_ms=now)
 
 
-async def queue_known(redis: Redis, queue: str) -> bool:
+async def queue_known(redis: Client, queue: str) -> bool:
     """True when ``queue`` is in the queue registry (a task was enqueued to it or a
     worker leased from it), has a band stream, or has a pause flag (paused with
     ``create``). Single-key commands only, pipelined."""
@@ -333,7 +333,7 @@ async def queue_known(redis: Redis, queue: str) -> bool:
     return score is not None or any(found)
 
 
-async def set_paused(redis: Redis, queue: str, paused: bool, call: CallInfo, reason: str = "",
+async def set_paused(redis: Client, queue: str, paused: bool, call: CallInfo, reason: str = "",
                      *, audit_maxlen: int = 10000, create: bool = False) -> bool:
     """Pause or resume a queue (flag, CONFIGURATION_CHANGED event, audit entry).
 

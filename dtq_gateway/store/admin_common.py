@@ -12,10 +12,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import Redis
-
 from dtq_gateway.errors import InvalidArgument
 from dtq_gateway.store import keys
+from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
 
 ENTRY_ID_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}\Z")
@@ -90,7 +89,7 @@ def page_size(value: int, field_name: str, default: int, maximum: int) -> int:
     return value
 
 
-async def redis_now_ms(redis: Redis) -> int:
+async def redis_now_ms(redis: Client) -> int:
     """Now in epoch ms from Redis TIME."""
     sec, usec = await redis.time()
     return int(sec) * 1000 + int(usec) // 1000

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from redis.asyncio import Redis
-
 from dtq_gateway.store import keys
 from dtq_gateway.store.admin_lists import list_workers
 from dtq_gateway.store.admin_scripts import QUEUE_WAITING
+from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
 
 #: Most waiting entries (all bands together, p9 first) GetQueueStats reads to count
@@ -42,7 +41,7 @@ def _int(value: object) -> int:
         return 0
 
 
-async def queue_counters(redis: Redis, queue: str) -> dict[str, int]:
+async def queue_counters(redis: Client, queue: str) -> dict[str, int]:
     """The queue's outcome counters (``dtq:queue:{<q>}:counters``; absent fields are 0;
     the history sampler's baselines ``h_*`` are left out)."""
     raw = await redis.hgetall(keys.queue_counters(queue))
@@ -52,7 +51,7 @@ async def queue_counters(redis: Redis, queue: str) -> dict[str, int]:
     return out
 
 
-async def waiting_by_type(redis: Redis, queue: str, now_ms: int, heartbeat_interval_ms: int,
+async def waiting_by_type(redis: Client, queue: str, now_ms: int, heartbeat_interval_ms: int,
                           scan_max: int = WAITING_SCAN_MAX) -> tuple[list[TypeWaiting], bool]:
     """Waiting tasks of ``queue`` by type, most waiting first, and whether every waiting
     entry was read (at most ``scan_max`` entries in all, p9 first, by

@@ -12,14 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import Redis
-
 from dtq_gateway import observe
 from dtq_gateway.domain.validation import NewTask
 from dtq_gateway.errors import DtqError, NotFound, QueueFull, WrongState
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import keys
 from dtq_gateway.store.audit import append_audit
+from dtq_gateway.store.client import Client
 from dtq_gateway.store.durability import ReplicaWait
 from dtq_gateway.store.errors import ReplicasNotAcked
 from dtq_gateway.store.groups import Groups, queue_limit
@@ -56,7 +55,7 @@ class Enqueued:
 class Broker:
     """Enqueue, read and cancel tasks. ``on_queued(queue)`` is called after a task is queued."""
 
-    def __init__(self, redis: Redis, settings: Settings, groups: Groups,
+    def __init__(self, redis: Client, settings: Settings, groups: Groups,
                  on_queued: Callable[[str], None] = lambda q: None,
                  read_ahead: Callable[[str, str], Any] | None = None) -> None:
         self.redis = redis

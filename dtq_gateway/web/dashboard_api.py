@@ -391,7 +391,7 @@ def task_filter(raw: Any) -> pb.TaskFilter:
     statuses = raw.get("statuses") or []
     if not isinstance(statuses, list):
         raise InvalidArgument("filter.statuses: must be a list", field="filter.statuses")
-    values = []
+    values: list[pb.TaskStatus] = []
     for name in statuses:
         key = str(name).lower()
         if not isinstance(name, str) or key not in STATUS_BY_NAME:

@@ -5,9 +5,9 @@
 - Imports point down: ``rpc`` and ``web`` on top; ``leasing``, ``duties`` and ``events``
   below them (never importing ``rpc`` or ``web``); ``store`` below those, importing
   none of them; ``domain`` (pure rules: names, validation, plans) at the bottom,
-  importing no layer at all, the store included. Top-level modules (settings, errors, validation, metrics, ...) are shared
-  by all and import no layer but the store; server.py, cli.py and settings.py wire
-  them together.
+  importing no layer at all, the store included. Top-level modules (settings, errors,
+  metrics, ...) are shared by all and import no layer but the store; server.py, cli.py
+  and settings.py wire them together.
 - No import cycles among the modules of dtq_gateway, dtq_pyworker and dtq_cli, counting
   every import that runs (module level or inside a function; ``if TYPE_CHECKING:``
   blocks aside).
