@@ -22,6 +22,7 @@ import grpc
 
 from dtq_pyworker._channel import check_target
 from dtq_pyworker.admin import AdminClient
+from dtq_pyworker.connect import ConnectConfig
 from dtq_pyworker.errors import DtqRpcError
 
 
@@ -106,9 +107,10 @@ class State:
     def client(self) -> AdminClient:
         """The AdminClient (made once, closed when the command ends)."""
         if self._client is None:
-            self._client = AdminClient(self.gateway, timeout_s=self.timeout_s,
-                                       token=self.token, tls=self.tls, tls_ca=self.tls_ca,
-                                       tls_cert=self.tls_cert, tls_key=self.tls_key)
+            config = ConnectConfig.from_keywords(
+                self.gateway, token=self.token, tls=self.tls, tls_ca=self.tls_ca,
+                tls_cert=self.tls_cert, tls_key=self.tls_key)
+            self._client = AdminClient(config, timeout_s=self.timeout_s)
         return self._client
 
     @property

@@ -18,6 +18,7 @@ import grpc
 from dtq_proto import dtq_pb2
 from dtq_pyworker._requests import new_message
 from dtq_pyworker.client import Client
+from dtq_pyworker.connect import ConnectConfig
 from dtq_pyworker.errors import DtqRpcError
 from dtq_pyworker.tasks import Task, TaskStatus
 
@@ -43,7 +44,7 @@ class AdminClient(Client):
     once (each appends to the audit stream).
     """
 
-    def __init__(self, target: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, target: str | ConnectConfig | None = None, **kwargs: Any) -> None:
         super().__init__(target, **kwargs)
         self._admin = self.connection.stub(self._channel, "Admin")
         self._events = self.connection.stub(self._channel, "Events")
