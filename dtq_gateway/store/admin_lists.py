@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from dtq_gateway.store import keys
 from dtq_gateway.store.admin_common import as_int, redis_now_ms, validate_page_token
@@ -99,13 +100,27 @@ async def list_workers(redis: Client, heartbeat_interval_ms: int) -> list[Worker
             for tag in tags:
                 pipe.exists(keys.gateway(tag))
             live_tags = {t for t, n in zip(tags, await pipe.execute()) if n}
+    return worker_records(ids, hashes, now, heartbeat_interval_ms, live_tags)
+
+
+def worker_records(ids: list[str], hashes: list[Any], now_ms: int, heartbeat_interval_ms: int,
+                   live_tags: set[str] | frozenset[str] = frozenset()) -> list[WorkerRecord]:
+    """The WorkerRecords of worker ``ids`` from their hashes (HGETALL replies, in the
+    order of ``ids``; an empty one, an expired record, is left out).
+
+    Args:
+        now_ms: Redis TIME in epoch ms, against which heartbeat ages are taken.
+        heartbeat_interval_ms: alive = last heartbeat younger than 3 of them.
+        live_tags: tags of live gateway replicas (``leasing`` is True for a worker
+            with a Lease stream open on one of them).
+    """
     out = []
     for worker_id, raw in zip(ids, hashes):
         if not raw:
             continue  # record expired (3 heartbeat intervals); the set is best effort
         f = normalize(raw)
         last = _ms_field(f, "last_heartbeat", "last_heartbeat_at_ms")
-        age = max(0, now - last) if last else now
+        age = max(0, now_ms - last) if last else now_ms
         alive = age < 3 * heartbeat_interval_ms
         stored = text(f.get("status"))
         status = stored if stored in ("stopped", "draining") else ("alive" if alive else "stale")
@@ -123,7 +138,6 @@ async def list_workers(redis: Client, heartbeat_interval_ms: int) -> list[Worker
             labels=_labels(f.get("labels")), queues=_names(f.get("queues")),
             task_types=_names(f.get("task_types"))))
     return out
-
 
 
 async def worker_session_fields(redis: Client, worker_ids: list[str]
