@@ -3,9 +3,10 @@ pending and the oldest undelivered task of each band stream, consumers, counters
 waiting tasks by type.
 
 :func:`queue_stats` reads everything in two round trips: one pipeline for the
-numbers of every key of the queue (the waiting-by-type script among them) and the
-workers registry, and one for the first and last undelivered entry of each band that
-holds entries together with the worker records (only when tasks wait). Everything is
+numbers of every key of the queue (the waiting-by-type script among them), the
+workers registry and Redis TIME, and one for the first and last undelivered entry of
+each band that holds entries together with the worker records (only when tasks wait).
+On Redis Cluster TIME takes a round trip of its own (cluster pipelines refuse it). Everything is
 read against Redis TIME (docs/design.md, "One clock").
 """
 
@@ -27,7 +28,7 @@ from dtq_gateway.store.admin_waiting import (
     waiting_call,
     waiting_types,
 )
-from dtq_gateway.store.client import Client
+from dtq_gateway.store.client import Client, is_cluster
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import execute
 
@@ -227,9 +228,10 @@ async def queue_known(redis: Client, queue: str) -> bool:
     return score is not None or any(found)
 
 
-#: Replies of the first pipeline of queue_stats after the 3 per band, in this order.
-_SINGLES = ("time", "scheduled", "paused", "dead_letters", "counters", "registered",
-            "waiting", "worker_ids")
+#: Replies of the first pipeline of queue_stats after the 3 per band, in this order
+#: (TIME last; a cluster pipeline refuses TIME, which is then read on its own).
+_SINGLES = ("scheduled", "paused", "dead_letters", "counters", "registered", "waiting",
+            "worker_ids", "time")
 
 
 def _ok(reply: Any) -> Any:
@@ -248,7 +250,6 @@ async def _first_round(redis: Client, queue: str) -> tuple[list[Any], dict[str, 
         pipe.xlen(s)
         pipe.xinfo_groups(s)
         pipe.xinfo_consumers(s, keys.GROUP)
-    pipe.time()
     pipe.zcard(keys.schedule(queue))
     pipe.exists(keys.paused(queue))
     pipe.xlen(keys.dead_letter(queue))
@@ -256,7 +257,11 @@ async def _first_round(redis: Client, queue: str) -> tuple[list[Any], dict[str, 
     pipe.zscore(keys.QUEUES, queue)
     QUEUE_WAITING.queue(pipe, *waiting_call(queue))
     pipe.smembers(keys.WORKERS)
+    if not is_cluster(redis):
+        pipe.time()
     replies = await execute(redis, pipe)
+    if is_cluster(redis):
+        replies.append(await redis.time())
     per_band = 3 * len(streams)
     return replies[:per_band], dict(zip(_SINGLES, replies[per_band:]))
 
@@ -279,7 +284,8 @@ async def _second_round(redis: Client, starts: list[tuple[str, BandInfo, str]],
 async def queue_stats(redis: Client, queue: str, heartbeat_interval_ms: int = 10_000
                       ) -> QueueStats:
     """Statistics of one queue, in two round trips (one when it holds no entry and
-    no task waits; see the module docstring).
+    no task waits; one more on Redis Cluster, which reads TIME on its own; see the
+    module docstring).
 
     Args:
         heartbeat_interval_ms: the gateway's heartbeat interval; a worker is live
