@@ -204,6 +204,8 @@ def cli(ctx: click.Context, gateway: str | None, token: str | None, tls: bool | 
     8 gateway unavailable, 9 unauthenticated or permission denied, 10 the gateway
     cannot reach Redis.
     """
+    if bool(tls_cert) != bool(tls_key):
+        raise click.UsageError("--tls-cert and --tls-key go together (mTLS)")
     state = ctx.ensure_object(State)
     state.gateway, state.token, state.tls = gateway or None, token or None, tls
     state.tls_ca, state.tls_cert, state.tls_key = tls_ca or None, tls_cert, tls_key
