@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dtq_gateway import metrics
+from dtq_gateway.domain.validation import MAX_HOSTNAME_BYTES, cut_utf8
 from dtq_gateway.errors import DtqError, PermissionDenied, StaleLease
 from dtq_gateway.leasing import leaseid
 from dtq_gateway.leasing.leaseid import Keyring, Lease, default_keyring, owner_tag
@@ -23,7 +24,6 @@ from dtq_gateway.store.client import Client
 from dtq_gateway.store.completion import ACK_CHUNK, WorkerBeat, WorkerRegistration
 from dtq_gateway.store.durability import ReplicaWait
 from dtq_gateway.store.errors import ReplicasNotAcked
-from dtq_gateway.validation import MAX_HOSTNAME_BYTES, cut_utf8
 from dtq_proto import dtq_pb2
 
 __all__ = ["ACK_CHUNK", "Completion", "ItemOutcome", "WorkerRegistration"]

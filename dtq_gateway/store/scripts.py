@@ -1,6 +1,6 @@
 """Loading and calling the Lua scripts in ``dtq_gateway/store/lua``.
 
-Every script file gets ``_lib.lua`` prepended (shared helpers: Redis TIME clock,
+Every script file gets ``_lib.lua`` prepended (shared helpers: Client TIME clock,
 event publishing, attempt records). Scripts are called with EVALSHA; a NOSCRIPT
 reply (after a Redis restart or SCRIPT FLUSH) loads the script and repeats the
 call, which is safe because a NOSCRIPT call executed nothing. Pipelined calls
@@ -34,11 +34,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
 
 from dtq_gateway.store import keys
-from dtq_gateway.store.client import is_cluster
+from dtq_gateway.store.client import Client, is_cluster
 from dtq_gateway.store.durability import ReplicaWait
 from dtq_gateway.store.errors import ReplicasNotAcked
 
@@ -130,7 +129,7 @@ class Script:
             return self.flagged
         return self.source, self.sha
 
-    async def eval_source(self, client: Redis, keys_: Sequence[str],
+    async def eval_source(self, client: Client, keys_: Sequence[str],
                           args: Sequence[Any]) -> Any:
         """EVAL of :meth:`current`'s source; a shebang refused by Redis 6.2 switches
         this process to plain sources (:func:`flags_supported`) and runs the plain one."""
@@ -154,7 +153,7 @@ class Script:
         their events carry EVENT_ID_PREFIX, which the dispatcher skips."""
         return [keys.EVENTS_CHANNEL, event_id_prefix(EVENT_ID_PREFIX), *args]
 
-    async def __call__(self, client: Redis, keys_: Sequence[str], args: Sequence[Any]) -> Any:
+    async def __call__(self, client: Client, keys_: Sequence[str], args: Sequence[Any]) -> Any:
         """Run the script once (EVALSHA; NOSCRIPT → EVAL of the source, which also caches
         it on the node that owns the keys' slot, so this works on every cluster node)."""
         try:
@@ -172,7 +171,7 @@ class Script:
         pipe.execute_command("EVALSHA", self.current()[1], len(keys_), *keys_, *args)
 
 
-async def execute(client: Redis, pipe: Any, wait: ReplicaWait | None = None) -> list[Any]:
+async def execute(client: Client, pipe: Any, wait: ReplicaWait | None = None) -> list[Any]:
     """Execute a pipeline of :meth:`Script.queue` calls.
 
     Items answered NOSCRIPT (a Redis restart, SCRIPT FLUSH, a cluster node that never
@@ -290,7 +289,7 @@ async def _execute_per_node(client: Any,
     return replies
 
 
-async def call_each(client: Redis, script: Script,
+async def call_each(client: Client, script: Script,
                     calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
                     wait: ReplicaWait | None = None) -> list[Any]:
     """Run calls of a script; one reply per call, in order, with a failed call's error
@@ -308,7 +307,7 @@ async def call_each(client: Redis, script: Script,
     return await execute(client, pipe, wait)
 
 
-async def call_chunks(client: Redis, script: Script,
+async def call_chunks(client: Client, script: Script,
                       calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
                       wait: ReplicaWait | None = None) -> list[Any]:
     """Run calls of a script that answers one list per call (one item per input) and
