@@ -39,7 +39,7 @@ from dtq_gateway.store.audit import append_audit
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.indexes import mark_busy
 from dtq_gateway.store.replies import text
-from dtq_gateway.store.scripts import execute
+from dtq_gateway.store.scripts import ScriptPipeline, execute
 from dtq_gateway.store.task_record import normalize
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ async def scan(redis: Client, reverse: bool, after: str = "", count: int = SCAN_
     queues = await dead_letter_queues(redis) if queues is None else queues
     if not queues:
         return []
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     for q in queues:
         DLQ_SCAN.queue(pipe, [keys.dead_letter(q)], DLQ_SCAN.argv(
             "rev" if reverse else "fwd", _bound(after, after_queue, q, reverse), count))

@@ -24,7 +24,7 @@ from dtq_gateway.store.errors import ReplicasNotAcked
 from dtq_gateway.store.groups import Groups, queue_limit
 from dtq_gateway.store.indexes import write_indexes_logged as write_indexes
 from dtq_gateway.store.replies import text as as_text
-from dtq_gateway.store.scripts import Script, call_each, execute
+from dtq_gateway.store.scripts import Script, ScriptPipeline, call_each, execute
 
 log = logging.getLogger(__name__)
 
@@ -234,12 +234,12 @@ class Broker:
         return out
 
     async def _enqueue_read_ahead(self, task: NewTask, ahead: Any) -> Enqueued | DtqError:
-        """Enqueue one task with a lease_read for an idle session in the same round trip.
+        """Enqueue one task with a lease_take for an idle session in the same round trip.
 
         The dispatcher activates what the read returned (and wakes other sessions
         itself when the read came back empty), so ``on_queued`` is not called here.
         """
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = ScriptPipeline(self.redis)
         ENQUEUE.queue(pipe, *self._enqueue_call([task]))
         ahead.queue_calls(pipe)
         try:

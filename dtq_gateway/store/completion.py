@@ -21,7 +21,13 @@ from dtq_gateway.store.durability import ReplicaWait
 from dtq_gateway.store.errors import ReplicasNotAcked
 from dtq_gateway.store.indexes import queue_set_add
 from dtq_gateway.store.replies import text as as_text
-from dtq_gateway.store.scripts import Script, call_chunks, call_each, execute
+from dtq_gateway.store.scripts import (
+    Script,
+    ScriptPipeline,
+    call_chunks,
+    call_each,
+    execute,
+)
 
 ACK = Script("ack", helpers=("_finished",), allow_oom=True)
 FAIL = Script("fail", allow_oom=True)
@@ -187,7 +193,7 @@ async def worker_beat(redis: Client, beat: WorkerBeat) -> bool:
     Raises:
         The call's Redis error.
     """
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     _queue_beat(pipe, beat)
     (reply,) = await execute(redis, pipe)
     if isinstance(reply, Exception):
@@ -213,7 +219,7 @@ async def heartbeat(redis: Client, beat: WorkerBeat,
     Raises:
         The first failed call's Redis error.
     """
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     _queue_beat(pipe, beat)
     for le, percent, message in leases:
         HEARTBEAT.queue(pipe, [keys.stream(le.queue, le.band), keys.task(le.task_id)],
@@ -310,7 +316,7 @@ async def fail(redis: Client, items: Sequence[tuple[LeaseRef, str, bool, int, st
     """
     if not items:
         return []
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     queue_set_add(pipe, keys.DEAD_LETTER_QUEUES, {it[0].queue for it in items})
     for le, mode, retryable, retry_after_ms, message, error_class in items:
         FAIL.queue(pipe, [keys.stream(le.queue, le.band), keys.task(le.task_id),

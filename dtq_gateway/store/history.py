@@ -35,7 +35,7 @@ from dtq_gateway.store.admin import band_infos_many
 from dtq_gateway.store.admin_common import as_int
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
-from dtq_gateway.store.scripts import Script, execute
+from dtq_gateway.store.scripts import Script, ScriptPipeline, execute
 
 #: Most task records read per sample (the newest of the tasks created since the last one).
 SAMPLE_MAX = 1000
@@ -117,7 +117,7 @@ async def take_sample(redis: Client, queues: list[str], since_ms: int, now_ms: i
     names = names[:MAX_QUEUES]
     counters: list[Any] = []
     if names:
-        pipe = redis.pipeline(transaction=False)
+        pipe = ScriptPipeline(redis)
         for q in names:
             HISTORY_COUNTERS.queue(pipe, [keys.queue_counters(q)], Script.argv())
         counters = await execute(redis, pipe)

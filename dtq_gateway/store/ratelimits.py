@@ -5,7 +5,7 @@ A limit is a token bucket shared by every gateway, kept in the queue's own hash
 script touches the keys of one queue only. Where the check happens (why a throttled
 task is never lost nor counted as an attempt, docs/rate-limits.md):
 
-* the queue-wide limit is taken inside ``lease_read.lua``: the COUNT of each
+* the queue-wide limit is taken inside ``lease_take.lua``: the COUNT of each
   XREADGROUP is capped at the bucket's whole tokens, so a throttled task is simply not
   read; it stays queued in its stream, in order.
 * a task-type limit is taken by :func:`take_types` after the read and before
@@ -39,7 +39,7 @@ from dtq_gateway.store import keys
 from dtq_gateway.store.admin_common import redis_now_ms
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
-from dtq_gateway.store.scripts import Script, execute
+from dtq_gateway.store.scripts import Script, ScriptPipeline, execute
 
 RATE_TAKE = Script("rate_take", helpers=("_bucket",))
 RATE_LIMIT_SET = Script("rate_limit_set", helpers=("_bucket",))
@@ -242,7 +242,7 @@ async def _ensure_index(redis: Client) -> None:
 
 @dataclass(slots=True)
 class Limits:
-    """The rate-limit part of a lease_read reply, with queue names resolved."""
+    """The rate-limit part of a lease_take reply, with queue names resolved."""
 
     wait_ms: int
     typed: set[str]
@@ -307,7 +307,7 @@ async def take_types(redis: Client, wanted: list[tuple[str, str]]
     per_queue: dict[str, Counter[str]] = {}
     for queue, task_type in wanted:
         per_queue.setdefault(queue, Counter())[task_type] += 1
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     calls = list(per_queue.items())
     for queue, counts in calls:
         args: list = []
@@ -336,7 +336,7 @@ async def give_back(redis: Client, returns: dict[str, Counter[str]]) -> None:
     Args:
         returns: per queue, tokens per scope (``"*"`` or a task type) to give back.
     """
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     for queue, counts in returns.items():
         args: list = []
         for scope, n in counts.items():

@@ -51,7 +51,7 @@ from dtq_gateway.store import keys
 from dtq_gateway.store.admin_common import redis_now_ms
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
-from dtq_gateway.store.scripts import Script, execute
+from dtq_gateway.store.scripts import Script, ScriptPipeline, execute
 from dtq_proto import dtq_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -286,7 +286,7 @@ async def advance_many(redis: Client, steps: list[tuple[str, str, int, int, str,
     Raises:
         A Redis error of any step.
     """
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     for name, gen, done_ms, fire_ms, task_id, next_ms in steps:
         ADVANCE.queue(pipe, [keys.periodic_schedule(name)],
                       ADVANCE.argv(gen, done_ms, fire_ms, task_id, next_ms))

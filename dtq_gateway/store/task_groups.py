@@ -26,7 +26,7 @@ from dtq_gateway.store import keys
 from dtq_gateway.store.admin_common import redis_now_ms
 from dtq_gateway.store.broker import Broker, Enqueued
 from dtq_gateway.store.client import Client
-from dtq_gateway.store.replies import text as _s
+from dtq_gateway.store.replies import text as as_text
 from dtq_gateway.store.scripts import Script
 from dtq_proto import dtq_pb2
 
@@ -122,7 +122,7 @@ class TaskGroups:
         was the last."""
         f = await self.redis.hmget(keys.task(task_id), "status", "group_id", "group_queue",
                                    "last_error_class", "last_error")
-        status, group_id, queue = _s(f[0] or b""), _s(f[1] or b""), _s(f[2] or b"")
+        status, group_id, queue = as_text(f[0] or b""), as_text(f[1] or b""), as_text(f[2] or b"")
         if status not in TERMINAL or not keys.TASK_ID_RE.match(group_id) \
                 or not keys.QUEUE_RE.match(queue):
             return
@@ -143,9 +143,9 @@ class TaskGroups:
         if not h:
             return None
         members = json.loads(h[b"members"]) if b"members" in h else None
-        outcomes = {_s(k)[2:]: json.loads(v) for k, v in h.items() if k.startswith(b"m:")}
+        outcomes = {as_text(k)[2:]: json.loads(v) for k, v in h.items() if k.startswith(b"m:")}
         return GroupState(h.get(b"callback", b""), members, outcomes,
-                          int(h.get(b"created_at_ms", 0)), _s(h.get(b"state", b"")))
+                          int(h.get(b"created_at_ms", 0)), as_text(h.get(b"state", b"")))
 
     async def check_group(self, queue: str, group_id: str, now_ms: int = 0) -> bool:
         """Record every finished member, and enqueue the callback once all finished.
@@ -173,7 +173,7 @@ class TaskGroups:
                 pipe.hmget(keys.task(m), "status", "group_id", "group_queue",
                            "last_error_class", "last_error")
             for m, f in zip(missing, await pipe.execute()):
-                status = _s(f[0] or b"")
+                status = as_text(f[0] or b"")
                 if status in TERMINAL or not f[0]:
                     outcome = _outcome(f) if f[0] else {"status": "unknown"}
                     await self._record_member(queue, group_id, m, outcome)
@@ -239,6 +239,6 @@ class TaskGroups:
 
 def _outcome(f: list) -> dict[str, str]:
     """A member outcome from HMGET status, group_id, group_queue, error class, error."""
-    return {"status": _s(f[0] or b""), "error_class": _s(f[3] or b""),
-            "error": _s(f[4] or b"")[:1024]}
+    return {"status": as_text(f[0] or b""), "error_class": as_text(f[3] or b""),
+            "error": as_text(f[4] or b"")[:1024]}
 
