@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import click
 
-from dtq_cli.main import State, cli, json_option, pass_state
+from dtq_cli.group import State, json_option, pass_state
 from dtq_cli.render import emit_json, table, to_dict
 
 #: SetConcurrencyLimitRequest.max_active_per_key: 1..1000000.
 MAX_PER_KEY = 1_000_000
 
 
-@cli.group()
+@click.group()
 def concurrency() -> None:
     """Per-key concurrency: at most N active tasks per concurrency key of a queue."""
 
@@ -75,3 +75,7 @@ def concurrency_keys(state: State, queue: str, top: int) -> None:
                f"{res.active} active, {res.waiting} waiting")
     table(None, ["key", "active", "waiting"], [(k.key, k.active, k.waiting) for k in res.keys],
           empty="no keys in use")
+
+
+#: The commands this module adds to ``dtq`` (dtq_cli/main.py).
+COMMANDS = (concurrency,)

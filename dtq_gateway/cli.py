@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from dtq_gateway import logconf
 from dtq_gateway.settings import SettingsError, load
@@ -209,9 +210,9 @@ def _run(settings, watchdog: Watchdog, embedded_box: list, argv: list[str]) -> i
     else:
         log.info("using redis from DTQ_REDIS_URL", extra={"settings": repr(settings)})
     try:
-        import uvloop  # type: ignore[import-not-found]
+        import uvloop
 
-        runner = uvloop.run
+        runner: Callable[..., Any] = uvloop.run
     except ImportError:
         runner = asyncio.run
     for sig in STOP_SIGNALS:  # from here on the loop handles them (see _note_stop)

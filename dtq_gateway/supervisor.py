@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import random
 import time
@@ -163,7 +164,7 @@ class Supervisor:
     def _launch(self, child: _Child) -> asyncio.Task[object]:
         task = child.start()
         child.task = task
-        task.add_done_callback(lambda t, c=child: self._ended(c, t))
+        task.add_done_callback(functools.partial(self._ended, child))
         return task
 
     def _ended(self, child: _Child, task: asyncio.Task[object]) -> None:
@@ -210,6 +211,6 @@ class Supervisor:
             self._spawn(self.on_give_up(name, why))
 
     def _spawn(self, coro: Awaitable[None]) -> None:
-        pending: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[assignment]
+        pending: asyncio.Task[None] = asyncio.ensure_future(coro)
         self._pending.add(pending)
         pending.add_done_callback(self._pending.discard)

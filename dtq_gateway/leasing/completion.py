@@ -11,8 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from dtq_gateway import metrics
+from dtq_gateway.domain.validation import MAX_HOSTNAME_BYTES, cut_utf8
 from dtq_gateway.errors import DtqError, PermissionDenied, StaleLease
 from dtq_gateway.leasing import leaseid
 from dtq_gateway.leasing.leaseid import Keyring, Lease, default_keyring, owner_tag
@@ -23,7 +25,6 @@ from dtq_gateway.store.client import Client
 from dtq_gateway.store.completion import ACK_CHUNK, WorkerBeat, WorkerRegistration
 from dtq_gateway.store.durability import ReplicaWait
 from dtq_gateway.store.errors import ReplicasNotAcked
-from dtq_gateway.validation import MAX_HOSTNAME_BYTES, cut_utf8
 from dtq_proto import dtq_pb2
 
 __all__ = ["ACK_CHUNK", "Completion", "ItemOutcome", "WorkerRegistration"]
@@ -159,9 +160,10 @@ class Completion:
                 # applied on the primary but not confirmed by enough replicas: keep the
                 # local state in step with the primary, then answer the error
                 unconfirmed = unconfirmed or reply
-                reply = reply.reply
+                reply = cast(store.LeaseOutcome, reply.reply)
             if isinstance(reply, Exception):
                 raise reply
+            assert oc.lease is not None  # queued items always carry their decoded lease
             oc.kind = reply.kind
             if reply.kind == "dup":  # a repeat of the call that finished the lease
                 oc.duplicate = True

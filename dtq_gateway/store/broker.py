@@ -10,22 +10,21 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-from redis.asyncio import Redis
+from typing import Any, cast
 
 from dtq_gateway import observe
+from dtq_gateway.domain.validation import NewTask
 from dtq_gateway.errors import DtqError, NotFound, QueueFull, WrongState
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import keys
 from dtq_gateway.store.audit import append_audit
+from dtq_gateway.store.client import Client
 from dtq_gateway.store.durability import ReplicaWait
 from dtq_gateway.store.errors import ReplicasNotAcked
 from dtq_gateway.store.groups import Groups, queue_limit
 from dtq_gateway.store.indexes import write_indexes_logged as write_indexes
 from dtq_gateway.store.replies import text as as_text
 from dtq_gateway.store.scripts import Script, ScriptPipeline, call_each, execute
-from dtq_gateway.validation import NewTask
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +90,7 @@ class EnqueueReply:
 def enqueue_reply(raw: list[Any]) -> EnqueueReply:
     """Decode enqueue.lua's reply: its items, then the last ``{'meta', now_ms,
     became_busy, recent}`` item."""
-    became_busy, recent = False, ()
+    became_busy, recent = False, cast(tuple[str, ...], ())
     if raw and as_text(raw[-1][0]) == "meta":
         meta = raw[-1]
         raw = raw[:-1]
@@ -119,7 +118,7 @@ class CancelReply:
 class Broker:
     """Enqueue, read and cancel tasks. ``on_queued(queue)`` is called after a task is queued."""
 
-    def __init__(self, redis: Redis, settings: Settings, groups: Groups,
+    def __init__(self, redis: Client, settings: Settings, groups: Groups,
                  on_queued: Callable[[str], None] = lambda q: None,
                  read_ahead: Callable[[str, str], Any] | None = None) -> None:
         self.redis = redis

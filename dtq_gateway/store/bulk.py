@@ -16,11 +16,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from redis.asyncio import Redis
-
 from dtq_gateway.store import keys
-from dtq_gateway.store.admin import CallInfo, redis_now_ms
+from dtq_gateway.store.admin_common import CallInfo, redis_now_ms
 from dtq_gateway.store.audit import append_audit
+from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import Script
 
@@ -106,7 +105,7 @@ class BulkResult:
     task_ids: list[str] = field(default_factory=list)
 
 
-async def cancel_matching(redis: Redis, flt: TaskFilter, *, dry_run: bool, limit: int,
+async def cancel_matching(redis: Client, flt: TaskFilter, *, dry_run: bool, limit: int,
                           task_retention_s: int, keep_finished: int = 0,
                           actor: str = "") -> BulkResult:
     """Cancel (or with ``dry_run`` count) up to ``limit`` waiting tasks of ``flt.queue``
@@ -152,7 +151,7 @@ async def cancel_matching(redis: Redis, flt: TaskFilter, *, dry_run: bool, limit
     return out
 
 
-async def bulk_cancel(redis: Redis, flt: TaskFilter, call: CallInfo, *, action: str,
+async def bulk_cancel(redis: Client, flt: TaskFilter, call: CallInfo, *, action: str,
                       dry_run: bool, limit: int, reason: str, task_retention_s: int,
                       keep_finished: int, audit_maxlen: int) -> BulkResult:
     """:func:`cancel_matching`, then one audit entry (``action``: cancel_tasks or

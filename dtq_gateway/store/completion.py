@@ -13,7 +13,7 @@ import json
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from dtq_gateway.store import keys
 from dtq_gateway.store.client import Client
@@ -101,7 +101,7 @@ def _outcomes(replies: Sequence[Any]) -> list[LeaseOutcome | Exception]:
     for reply in replies:
         if isinstance(reply, ReplicasNotAcked):
             out.append(ReplicasNotAcked(reply.wanted, reply.got, reply.timeout_ms,
-                                        lease_outcome(reply.reply)))
+                                        lease_outcome(cast(Sequence[Any], reply.reply))))
         elif isinstance(reply, Exception):
             out.append(reply)
         else:
@@ -284,7 +284,7 @@ async def ack(redis: Client, parts: Sequence[Sequence[tuple[LeaseRef, bytes]]],
     for reply in await call_each(redis, ACK, calls, wait):
         if isinstance(reply, ReplicasNotAcked):
             items += [ReplicasNotAcked(reply.wanted, reply.got, reply.timeout_ms, one)
-                      for one in reply.reply]
+                      for one in cast(list[Any], reply.reply)]
         elif isinstance(reply, Exception):
             raise reply
         else:

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from redis.asyncio import Redis
-
+from dtq_gateway.domain.validation import check_queue
 from dtq_gateway.errors import InvalidArgument
 from dtq_gateway.store import keys
+from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import Script
-from dtq_gateway.validation import check_queue
 
 CONCURRENCY_SET = Script("concurrency_set", helpers=("_finished", "_concurrency"))
 MAX_PER_KEY = 1_000_000
@@ -71,7 +70,7 @@ def validate(queue: str, max_active_per_key: int) -> tuple[str, int]:
     return queue, max_active_per_key
 
 
-async def _apply(redis: Redis, queue: str, limit: str) -> int:
+async def _apply(redis: Client, queue: str, limit: str) -> int:
     """Run concurrency_set.lua until it has moved every parked task the new rule lets
     go (``MOVE_BUDGET`` per call). Returns the limit before the change (0 = none)."""
     keys_ = [keys.concurrency_limit(queue), keys.concurrency_active(queue),
@@ -85,7 +84,7 @@ async def _apply(redis: Redis, queue: str, limit: str) -> int:
     return previous or 0
 
 
-async def set_limit(redis: Redis, queue: str, max_active_per_key: int) -> bool:
+async def set_limit(redis: Client, queue: str, max_active_per_key: int) -> bool:
     """Set or change the per-key limit of ``queue`` (validated by :func:`validate`);
     parked tasks the new limit has room for go back to their bands at once.
 
@@ -96,7 +95,7 @@ async def set_limit(redis: Redis, queue: str, max_active_per_key: int) -> bool:
     return await _apply(redis, queue, str(max_active_per_key)) == 0
 
 
-async def delete_limit(redis: Redis, queue: str) -> bool:
+async def delete_limit(redis: Client, queue: str) -> bool:
     """Remove the per-key limit of ``queue``; every parked task goes back to its band.
 
     Returns:
@@ -111,7 +110,7 @@ async def delete_limit(redis: Redis, queue: str) -> bool:
     return previous > 0
 
 
-async def get(redis: Redis, queue: str, max_keys: int = DEFAULT_KEYS) -> QueueConcurrency:
+async def get(redis: Client, queue: str, max_keys: int = DEFAULT_KEYS) -> QueueConcurrency:
     """A queue's limit and its busiest keys (most active plus waiting first, ties by
     key), reading the whole active and waiting hashes (one field per key in use).
 
@@ -125,7 +124,7 @@ async def get(redis: Redis, queue: str, max_keys: int = DEFAULT_KEYS) -> QueueCo
     return got
 
 
-async def get_many(redis: Redis, queues: list[str], max_keys: int) -> list[QueueConcurrency]:
+async def get_many(redis: Client, queues: list[str], max_keys: int) -> list[QueueConcurrency]:
     """:func:`get` for several queues in one pipeline (queues not validated), in order."""
     async with redis.pipeline(transaction=False) as pipe:
         for queue in queues:
@@ -148,7 +147,7 @@ async def get_many(redis: Redis, queues: list[str], max_keys: int) -> list[Queue
     return out
 
 
-async def list_limits(redis: Redis) -> list[tuple[str, int]]:
+async def list_limits(redis: Client) -> list[tuple[str, int]]:
     """Every queue's per-key limit as (queue, max_active_per_key), sorted by queue."""
     queues = sorted(text(q) for q in await redis.smembers(keys.CONCURRENCY_LIMITED_QUEUES))
     if not queues:

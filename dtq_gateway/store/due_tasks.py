@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from dtq_gateway.store import keys
-from dtq_gateway.store.admin import redis_now_ms
+from dtq_gateway.store.admin_common import redis_now_ms
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import Script, ScriptPipeline, execute

@@ -33,12 +33,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import Redis
-
 from dtq_gateway import metrics
 from dtq_gateway.errors import InvalidArgument, RateLimitLimit
 from dtq_gateway.store import keys
-from dtq_gateway.store.admin import redis_now_ms
+from dtq_gateway.store.admin_common import redis_now_ms
+from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import Script, ScriptPipeline, execute
 
@@ -92,7 +91,7 @@ def _member(queue: str, scope: str) -> str:
     return f"{queue} {scope}"
 
 
-async def set_limit(redis: Redis, rl: RateLimit, actor: str, max_limits: int = 0) -> bool:
+async def set_limit(redis: Client, rl: RateLimit, actor: str, max_limits: int = 0) -> bool:
     """Store a validated limit; True when it is new (False: an existing one changed).
 
     The registry and index entries are written first: a crash after them leaves
@@ -124,7 +123,7 @@ async def set_limit(redis: Redis, rl: RateLimit, actor: str, max_limits: int = 0
     return text(outcome) == "created"
 
 
-async def delete_limit(redis: Redis, queue: str, task_type: str, actor: str) -> bool:
+async def delete_limit(redis: Client, queue: str, task_type: str, actor: str) -> bool:
     """Remove one limit; True when there was one.
 
     Raises:
@@ -144,7 +143,7 @@ async def delete_limit(redis: Redis, queue: str, task_type: str, actor: str) -> 
     return text(outcome) == "deleted"
 
 
-async def forget_queue(redis: Redis, queue: str) -> None:
+async def forget_queue(redis: Client, queue: str) -> None:
     """Drop the index members of a deleted queue's limits (DeleteQueue, after the
     queue's limits hash is gone), then re-add those of limits a SetRateLimit wrote
     meanwhile (read back from the hash)."""
@@ -183,7 +182,7 @@ def _check_token(token: str, queue: str) -> str:
     return token
 
 
-async def list_page(redis: Redis, size: int, token: str = "", queue: str = ""
+async def list_page(redis: Client, size: int, token: str = "", queue: str = ""
                     ) -> tuple[list[RateLimit], str]:
     """One page of limits sorted by queue, the queue-wide limit first, then by task
     type: one ZRANGEBYLEX of the index and one HMGET per limit of the page.
@@ -221,7 +220,7 @@ async def list_page(redis: Redis, size: int, token: str = "", queue: str = ""
     return out, (members[size - 1] if len(members) > size else "")
 
 
-async def _ensure_index(redis: Redis) -> None:
+async def _ensure_index(redis: Client) -> None:
     """Build the index once from the limits stored before it existed (the registry's
     queues' hashes); afterwards one GET."""
     if await redis.get(keys.RATE_LIMIT_INDEX_BUILT):
@@ -294,7 +293,7 @@ class Waker:
         self._timers.clear()
 
 
-async def take_types(redis: Redis, wanted: list[tuple[str, str]]
+async def take_types(redis: Client, wanted: list[tuple[str, str]]
                      ) -> tuple[list[bool], dict[str, int]]:
     """Take one token per entry of a queue with task-type limits.
 
@@ -331,7 +330,7 @@ async def take_types(redis: Redis, wanted: list[tuple[str, str]]
     return out, waits
 
 
-async def give_back(redis: Redis, returns: dict[str, Counter[str]]) -> None:
+async def give_back(redis: Client, returns: dict[str, Counter[str]]) -> None:
     """Return tokens taken for entries that were not delivered.
 
     Args:

@@ -1,6 +1,6 @@
 """Loading and calling the Lua scripts in ``dtq_gateway/store/lua``.
 
-Every script file gets ``_lib.lua`` prepended (shared helpers: Redis TIME clock,
+Every script file gets ``_lib.lua`` prepended (shared helpers: Client TIME clock,
 event publishing, attempt records). Scripts are called with EVALSHA; a NOSCRIPT
 reply (after a Redis restart or SCRIPT FLUSH) loads the script and repeats the
 call, which is safe because a NOSCRIPT call executed nothing. Pipelined calls

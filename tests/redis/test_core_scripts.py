@@ -11,6 +11,7 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
+from dtq_gateway.domain.validation import validate_enqueue
 from dtq_gateway.events.events_wire import decode
 from dtq_gateway.leasing.completion import Completion
 from dtq_gateway.leasing.dispatch import Dispatcher
@@ -20,7 +21,6 @@ from dtq_gateway.store.broker import CHUNK, Broker
 from dtq_gateway.store.completion import ACK_CHUNK, FAIL
 from dtq_gateway.store.groups import Groups
 from dtq_gateway.store.scripts import Script
-from dtq_gateway.validation import validate_enqueue
 from dtq_proto import dtq_pb2 as pb
 from tests.conftest import gateway_settings
 from tests.support.leasing import resign

@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dtq_gateway.domain.validation import validate_enqueue
 from dtq_gateway.store import keys
 from dtq_gateway.store.lease_replies import LeaseRead, ReadEntry, WorkerState
 from dtq_gateway.store.ratelimits import Limits
 from dtq_gateway.store.replies import text
-from dtq_gateway.validation import validate_enqueue
 from dtq_proto import dtq_pb2 as pb
 
 

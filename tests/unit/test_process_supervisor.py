@@ -81,15 +81,30 @@ def test_check_free_with_reuseport_shares_only_with_reuseport_holders() -> None:
             check_free("gRPC", f"127.0.0.1:{other.getsockname()[1]}", reuseport=True)
 
 
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def test_a_taken_metrics_port_of_any_process_is_refused_before_anything_starts() -> None:
-    with socket.socket() as other:
-        other.bind(("127.0.0.1", 0))
-        other.listen()
-        taken = other.getsockname()[1]
-        settings = load(["--processes", "3", "--listen", "127.0.0.1:1",
-                         "--metrics-port", str(taken - 2)], environ={})
-        with pytest.raises(ListenError, match=f"metrics cannot listen on 127.0.0.1:{taken}"):
-            supervisor.check_ports(settings, 3)
+    for _ in range(50):  # the two ports below the taken one must be free (shared machine)
+        with socket.socket() as other:
+            other.bind(("127.0.0.1", 0))
+            other.listen()
+            taken = other.getsockname()[1]
+            if not (_free(taken - 2) and _free(taken - 1)):
+                continue
+            settings = load(["--processes", "3", "--listen", "127.0.0.1:1",
+                             "--metrics-port", str(taken - 2)], environ={})
+            with pytest.raises(ListenError,
+                               match=f"metrics cannot listen on 127.0.0.1:{taken}"):
+                supervisor.check_ports(settings, 3)
+            return
+    pytest.fail("found no three consecutive ports to test with")
 
 
 # -- the supervisor loop, with stand-in children (python -c ...) ---------------------------
