@@ -233,7 +233,7 @@ class ItemError(_message.Message):
     def __init__(self, code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., field: _Optional[str] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
-    __slots__ = ("worker_id", "queues", "task_types", "max_in_flight", "hostname", "labels", "concurrency", "sdk")
+    __slots__ = ("worker_id", "queues", "task_types", "max_in_flight", "hostname", "labels", "concurrency", "sdk", "max_batch")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -249,6 +249,7 @@ class LeaseRequest(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     SDK_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     queues: _containers.RepeatedScalarFieldContainer[str]
     task_types: _containers.RepeatedScalarFieldContainer[str]
@@ -257,18 +258,27 @@ class LeaseRequest(_message.Message):
     labels: _containers.ScalarMap[str, str]
     concurrency: int
     sdk: str
-    def __init__(self, worker_id: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., task_types: _Optional[_Iterable[str]] = ..., max_in_flight: _Optional[int] = ..., hostname: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., concurrency: _Optional[int] = ..., sdk: _Optional[str] = ...) -> None: ...
+    max_batch: int
+    def __init__(self, worker_id: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., task_types: _Optional[_Iterable[str]] = ..., max_in_flight: _Optional[int] = ..., hostname: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., concurrency: _Optional[int] = ..., sdk: _Optional[str] = ..., max_batch: _Optional[int] = ...) -> None: ...
 
 class LeaseResponse(_message.Message):
-    __slots__ = ("session", "task")
+    __slots__ = ("session", "task", "batch")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     session: SessionInfo
     task: LeasedTask
-    def __init__(self, session: _Optional[_Union[SessionInfo, _Mapping]] = ..., task: _Optional[_Union[LeasedTask, _Mapping]] = ...) -> None: ...
+    batch: LeasedTaskBatch
+    def __init__(self, session: _Optional[_Union[SessionInfo, _Mapping]] = ..., task: _Optional[_Union[LeasedTask, _Mapping]] = ..., batch: _Optional[_Union[LeasedTaskBatch, _Mapping]] = ...) -> None: ...
+
+class LeasedTaskBatch(_message.Message):
+    __slots__ = ("tasks",)
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[LeasedTask]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[LeasedTask, _Mapping]]] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
-    __slots__ = ("session_id", "heartbeat_interval_ms", "visibility_timeout_ms", "max_in_flight", "gateway_id", "result_max_bytes", "lease_grace_ms")
+    __slots__ = ("session_id", "heartbeat_interval_ms", "visibility_timeout_ms", "max_in_flight", "gateway_id", "result_max_bytes", "lease_grace_ms", "max_batch")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     VISIBILITY_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -276,6 +286,7 @@ class SessionInfo(_message.Message):
     GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
     RESULT_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     LEASE_GRACE_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     heartbeat_interval_ms: int
     visibility_timeout_ms: int
@@ -283,7 +294,8 @@ class SessionInfo(_message.Message):
     gateway_id: str
     result_max_bytes: int
     lease_grace_ms: int
-    def __init__(self, session_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., visibility_timeout_ms: _Optional[int] = ..., max_in_flight: _Optional[int] = ..., gateway_id: _Optional[str] = ..., result_max_bytes: _Optional[int] = ..., lease_grace_ms: _Optional[int] = ...) -> None: ...
+    max_batch: int
+    def __init__(self, session_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., visibility_timeout_ms: _Optional[int] = ..., max_in_flight: _Optional[int] = ..., gateway_id: _Optional[str] = ..., result_max_bytes: _Optional[int] = ..., lease_grace_ms: _Optional[int] = ..., max_batch: _Optional[int] = ...) -> None: ...
 
 class LeasedTask(_message.Message):
     __slots__ = ("lease_id", "task_id", "queue", "task_type", "payload", "content_type", "priority", "attempt", "max_attempts", "timeout_ms", "idempotency_key", "metadata", "created_at_ms", "leased_at_ms", "traceparent", "tracestate")

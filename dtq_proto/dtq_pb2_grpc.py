@@ -103,7 +103,8 @@ class BrokerServicer:
 
     def Lease(self, request, context):
         """Lease opens a worker session. The first response carries SessionInfo; every
-        later response carries one LeasedTask. The gateway never has more than
+        later response carries one LeasedTask, or (when LeaseRequest.max_batch > 1) a
+        LeasedTaskBatch of 1..max_batch of them. The gateway never has more than
         max_in_flight unfinished leases out to this worker_id (counted from the
         Redis pending-entries list, so acks landing on other gateway replicas count).
         The stream ends with UNAVAILABLE when the gateway drains; workers reconnect.
