@@ -81,28 +81,38 @@ class Runtime(BatchRuntime):
     # -- intake -------------------------------------------------------------------
     def add(self, task: dtq_pb2.LeasedTask) -> None:
         """Take a leased task: buffer it and start it when a slot is free."""
-        if task.lease_id in self.held:
-            log.warning("duplicate lease ignored", extra={"lease_id": task.lease_id})
-            return
-        ctx = TaskContext(
-            task_id=task.task_id, queue=task.queue, task_type=task.task_type,
-            attempt=task.attempt, max_attempts=task.max_attempts, metadata=dict(task.metadata),
-            timeout_ms=task.timeout_ms, worker_id=self.worker_id, lease_id=task.lease_id,
-            priority=task.priority, content_type=task.content_type, payload_bytes=task.payload,
-            traceparent=task.traceparent, tracestate=task.tracestate,
-            _on_progress=self._progress_reported)
+        self.add_many((task,))
+
+    def add_many(self, tasks: Iterable[dtq_pb2.LeasedTask]) -> None:
+        """Take leased tasks in delivery order (one Lease stream message): buffer each,
+        then start as many as there are free slots, in one pass."""
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
-        ex = self.held[task.lease_id] = Execution(task=task, ctx=ctx)
-        handler = self.handlers.get(task.task_type)
-        if isinstance(handler, BatchHandler) and not self.draining:
-            self._gather(ex, handler)
-        else:
-            self.buffer.append(task.lease_id)
+        for task in tasks:
+            self._hold(task)
         if self.draining:  # arrived in transit after the drain began: never runs
             self.release_buffered()
             return
         self.pump()
+
+    def _hold(self, task: dtq_pb2.LeasedTask) -> None:
+        lease_id = task.lease_id
+        if lease_id in self.held:
+            log.warning("duplicate lease ignored", extra={"lease_id": lease_id})
+            return
+        ctx = TaskContext(
+            task_id=task.task_id, queue=task.queue, task_type=task.task_type,
+            attempt=task.attempt, max_attempts=task.max_attempts, metadata=dict(task.metadata),
+            timeout_ms=task.timeout_ms, worker_id=self.worker_id, lease_id=lease_id,
+            priority=task.priority, content_type=task.content_type, payload_bytes=task.payload,
+            traceparent=task.traceparent, tracestate=task.tracestate,
+            _on_progress=self._progress_reported)
+        ex = self.held[lease_id] = Execution(task=task, ctx=ctx)
+        handler = self.handlers.get(task.task_type)
+        if isinstance(handler, BatchHandler) and not self.draining:
+            self._gather(ex, handler)
+        else:
+            self.buffer.append(lease_id)
 
     def _progress_reported(self) -> None:
         """Wake the heartbeat loop; called by TaskContext.progress from the loop or from
