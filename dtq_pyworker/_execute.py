@@ -98,11 +98,18 @@ async def execute(handler: Handler, ex: Execution, executor: Executor) -> Outcom
     except (ValueError, UnicodeDecodeError) as exc:
         return Outcome(fail=fail_item(task.lease_id, "PayloadDecodeError", str(exc), False))
     try:
-        async with asyncio.timeout(None) as scope:  # armed when the handler starts
-            arm = arm_on_start(scope, task.timeout_ms)
-            value = await _invoke(handler, payload, ex, executor, arm)
-            if isinstance(value, Outcome):  # run in a child process: already mapped
-                return value
+        if handler.is_async and not hasattr(executor, "run_handler"):
+            # on the loop, the handler starts now: its limit is armed here, with no
+            # start callback (the common case of cheap async handlers, kept short)
+            limit_s = task.timeout_ms / 1000.0 if task.timeout_ms else None
+            async with asyncio.timeout(limit_s) as scope:
+                value = await handler.fn(payload, ex.ctx)
+        else:
+            async with asyncio.timeout(None) as scope:  # armed when the handler starts
+                arm = arm_on_start(scope, task.timeout_ms)
+                value = await _invoke(handler, payload, ex, executor, arm)
+                if isinstance(value, Outcome):  # run in a child process: already mapped
+                    return value
     except TimeoutError as exc:
         if not scope.expired():  # the handler raised TimeoutError itself
             return exception_outcome(task.lease_id, exc)

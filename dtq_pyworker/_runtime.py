@@ -138,7 +138,8 @@ class Runtime(BatchRuntime):
     def stuck_threads(self) -> int:
         """Sync handlers no longer waited for (timed out, cancelled, lost) whose
         thread has not returned yet."""
-        self._orphans = {ex for ex in self._orphans if ex.in_thread}
+        if self._orphans:  # (pump asks after every task: no new set while none)
+            self._orphans = {ex for ex in self._orphans if ex.in_thread}
         return len(self._orphans)
 
     def pump(self) -> None:
@@ -153,8 +154,8 @@ class Runtime(BatchRuntime):
             ex = self.held.get(lease_id)
             if ex is None:
                 continue
-            ex.handle = asyncio.get_running_loop().create_task(
-                self._run(ex), name=f"dtq-task-{ex.task.task_id}")
+            loop = self._loop or asyncio.get_running_loop()
+            ex.handle = loop.create_task(self._run(ex), name=f"dtq-task-{ex.task.task_id}")
             ex.handle.add_done_callback(lambda _t, ex=ex: self._after(ex))
             self.running[lease_id] = ex.handle
 
@@ -246,10 +247,7 @@ class Runtime(BatchRuntime):
                     lease_id, "UnknownTaskType",
                     f"no handler for task type {ex.task.task_type!r}", False))
             else:
-                with _tracing.handler_span(ex.task) as span:
-                    outcome = await execute(handler, ex, self.executor)
-                    _tracing.set_outcome(span, outcome.fail is None,
-                                         outcome.fail.error_class if outcome.fail else "")
+                outcome = await self._execute(handler, ex)
             if ex.stop_reason is not None:  # the handler swallowed our cancellation
                 outcome = stop_outcome(lease_id, ex.stop_reason)
         except asyncio.CancelledError:
@@ -264,6 +262,17 @@ class Runtime(BatchRuntime):
         self._forget(lease_id)
         self._report(ex, outcome)
         self.pump()
+
+    async def _execute(self, handler: Handler, ex: Execution) -> Outcome:
+        """Run the handler, in a CONSUMER span when tracing is on (without it, no span
+        context manager is entered: a no-op handler's cost stays small)."""
+        if not _tracing.enabled():
+            return await execute(handler, ex, self.executor)
+        with _tracing.handler_span(ex.task) as span:
+            outcome = await execute(handler, ex, self.executor)
+            _tracing.set_outcome(span, outcome.fail is None,
+                                 outcome.fail.error_class if outcome.fail else "")
+        return outcome
 
     def _after(self, ex: Execution) -> None:
         """Clean up an execution whose task was cancelled before its first step."""
