@@ -13,8 +13,8 @@ window runs from the worker's first handler call until the gateway acked every t
 (the worker's ``processed`` counter); both processes' CPU (user + system, /proc) over
 that window is divided by ``--tasks``. ``--max-batch`` sets the worker's
 ``LeaseRequest.max_batch`` (default: what the worker asks for itself; 1 = one task per
-stream message). ``--cprofile`` also prints the worker's top 20 functions by own time
-(cProfile adds its own cost: read its CPU figure as inflated).
+stream message). ``--cprofile`` also prints the worker's top 20 functions by own CPU time of the
+event loop's thread (cProfile adds its own cost: read its CPU figure as inflated).
 
 The figures are noisy on a shared machine: run it with few other processes busy and
 compare runs made back to back (``--runs`` repeats and prints each).
@@ -52,7 +52,7 @@ async def child(target: str, queue: str, tasks: int, concurrency: int,
     profiler = None
     if cprofile:
         import cProfile
-        profiler = cProfile.Profile()
+        profiler = cProfile.Profile(time.thread_time)  # the loop thread's CPU, not waits
 
     @worker.task("noop")
     async def noop(payload: Any, ctx: Any) -> None:
