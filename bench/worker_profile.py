@@ -11,7 +11,8 @@ nothing). ``--tasks`` tasks (100-byte JSON payloads) are enqueued with
 ``EnqueueBatch`` of 500 before the worker starts, so the worker drains a backlog. The
 window runs from the worker's first handler call until the gateway acked every task
 (the worker's ``processed`` counter); both processes' CPU (user + system, /proc) over
-that window is divided by ``--tasks``. ``--max-batch`` sets the worker's
+that window is divided by ``--tasks`` (the worker's also for its event loop's thread
+alone: the rest is grpc's own threads). ``--max-batch`` sets the worker's
 ``LeaseRequest.max_batch`` (default: what the worker asks for itself; 1 = one task per
 stream message). ``--cprofile`` also prints the worker's top 20 functions by own CPU time of the
 event loop's thread (cProfile adds its own cost: read its CPU figure as inflated).
@@ -44,7 +45,17 @@ async def child(target: str, queue: str, tasks: int, concurrency: int,
     """The worker process: drain ``tasks``; print a line at the first handler call and a
     JSON line with its CPU and wall time once every task was acked."""
     from dtq_pyworker import Worker
+    from dtq_pyworker._reporter import ResultReporter
 
+    calls: list[int] = []  # items per Ack/Fail call: how well results batch under load
+    send = ResultReporter._send
+
+    async def counted_send(self, method, request_cls, items):
+        if items:
+            calls.append(len(items))
+        return await send(self, method, request_cls, items)
+
+    ResultReporter._send = counted_send
     worker = Worker([queue], target, concurrency=concurrency, worker_id="profile-worker")
     if max_batch is not None:
         worker.lease_max_batch = lambda: max_batch  # the bench's override
@@ -57,7 +68,7 @@ async def child(target: str, queue: str, tasks: int, concurrency: int,
     @worker.task("noop")
     async def noop(payload: Any, ctx: Any) -> None:
         if not first:
-            first.append((time.process_time(), time.perf_counter()))
+            first.append((time.process_time(), time.perf_counter(), time.thread_time()))
             print("first", flush=True)
             if profiler is not None:
                 profiler.enable()
@@ -68,9 +79,11 @@ async def child(target: str, queue: str, tasks: int, concurrency: int,
             run.result()
         await asyncio.sleep(0.02)
     cpu_s, wall_s = time.process_time() - first[0][0], time.perf_counter() - first[0][1]
+    loop_cpu_s = time.thread_time() - first[0][2]  # the event loop's thread alone
     if profiler is not None:
         profiler.disable()
-    print(json.dumps({"cpu_s": cpu_s, "wall_s": wall_s,
+    print(json.dumps({"cpu_s": cpu_s, "wall_s": wall_s, "loop_cpu_s": loop_cpu_s,
+                      "result_calls": len(calls),
                       "max_batch": worker.session.max_batch if worker.session else 0}),
           flush=True)
     if profiler is not None:
@@ -136,8 +149,10 @@ async def _run_worker(args: argparse.Namespace, target: str, queue: str,
     n = args.tasks
     return {"tasks": n, "max_batch": res["max_batch"],
             "worker_cpu_us_per_task": round(res["cpu_s"] / n * 1e6, 1),
+            "worker_loop_thread_cpu_us_per_task": round(res["loop_cpu_s"] / n * 1e6, 1),
             "gateway_cpu_us_per_task": round(gw_cpu_s / n * 1e6, 1),
-            "tasks_per_s": round(n / res["wall_s"], 1)}
+            "tasks_per_s": round(n / res["wall_s"], 1),
+            "items_per_result_call": round(n / max(1, res["result_calls"]), 1)}
 
 
 async def measure(args: argparse.Namespace) -> list[dict]:
@@ -179,9 +194,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         return []
     runs = asyncio.run(measure(args))
     for r in runs:
-        print(f"worker {r['worker_cpu_us_per_task']:7.1f} us/task  gateway "
+        print(f"worker {r['worker_cpu_us_per_task']:7.1f} us/task (event loop thread "
+              f"{r['worker_loop_thread_cpu_us_per_task']:.1f})  gateway "
               f"{r['gateway_cpu_us_per_task']:7.1f} us/task  {r['tasks_per_s']:8.1f} tasks/s  "
-              f"(max_batch {r['max_batch']}, {r['tasks']} tasks, "
+              f"(max_batch {r['max_batch']}, {r['items_per_result_call']} results per "
+              f"Ack call, {r['tasks']} tasks, "
               f"concurrency {args.concurrency})")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

@@ -88,6 +88,8 @@ class Worker:
             its thread returns: no new task starts there, a warning is logged and
             heartbeats count the slot in ``active_tasks``.
         max_in_flight: Leases held at once (running + buffered); default 2 * concurrency.
+            Also the most tasks per Lease stream message the worker asks for
+            (batched delivery, ``LeaseRequest.max_batch``, at most 256).
             A batch handler takes one slot of ``concurrency`` but holds up to
             ``max_size`` leases: for a batch to fill, ``max_in_flight`` must be at
             least ``max_size`` (plus what other handlers hold); with less, batches
