@@ -4,11 +4,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test proto proto-check lint bench bench-scale bench-cluster clean
+.PHONY: install go-worker demo test proto proto-check lint bench bench-scale bench-cluster clean
 
-install: $(STAMP)
+install: $(STAMP) go-worker
 
 NODE_WORKER := examples/node-worker
+GO_CLIENT := clients/go
+GO_PACKAGES := golang-go golang-google-grpc-dev golang-goprotobuf-dev protoc-gen-go-grpc \
+  protobuf-compiler
 
 $(STAMP): pyproject.toml $(NODE_WORKER)/package-lock.json
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +27,22 @@ $(STAMP): pyproject.toml $(NODE_WORKER)/package-lock.json
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    --no-install-recommends prometheus >/dev/null) \
 	    || echo "prometheus package not installed: promtool tests will skip"; fi
+	@# the Go client (clients/go) builds offline from Debian's Go toolchain and gRPC
+	@# packages, installed the same way; elsewhere the Go tests skip and say so
+	if { ! command -v go >/dev/null 2>&1 || ! command -v protoc-gen-go-grpc >/dev/null 2>&1 \
+	    || [ ! -d /usr/share/gocode/src/google.golang.org/grpc ]; } \
+	    && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends $(GO_PACKAGES) >/dev/null) \
+	    || echo "Go packages not installed: the Go worker tests will skip"; fi
 	touch $(STAMP)
+
+# the Go conformance/demo worker and bench worker (incremental: rebuilt when clients/go changed)
+go-worker: $(STAMP)
+	@if command -v go >/dev/null 2>&1 && [ -d /usr/share/gocode/src/google.golang.org/grpc ]; then \
+	  $(PY) scripts/go_vendor.py && cd $(GO_CLIENT) && GOFLAGS=-mod=vendor \
+	    go build -o bin/ ./cmd/...; \
+	else echo "Go or its Debian gRPC packages missing: Go worker not built, its tests skip"; fi
 
 proto: install
 	$(PY) scripts/gen_proto.py
@@ -61,4 +79,4 @@ bench-cluster: install
 	$(PY) -m bench.cluster_scale
 
 clean:
-	rm -rf $(VENV) .dtq $(NODE_WORKER)/node_modules
+	rm -rf $(VENV) .dtq $(NODE_WORKER)/node_modules $(GO_CLIENT)/vendor $(GO_CLIENT)/bin

@@ -1,7 +1,8 @@
 """``python -m bench``: floors, dtq and peers side by side on a private redis-server.
 
 Prints one report (absolute numbers, dtq/peer ratios, issue 6 targets) and writes the
-JSON to ``bench/results/<UTC timestamp>.json``. ``--quick`` for a smoke run.
+JSON to ``bench/results/<UTC timestamp>.json``. ``--quick`` for a quick run (~2 min),
+``--smoke`` for the smallest run of every part (tests/system/test_bench_main.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ PARTS = ("floors", "dtq", "peers")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="small sizes: a smoke run (~2 min)")
+    p.add_argument("--quick", action="store_true", help="small sizes: a quick run (~2 min)")
+    p.add_argument("--smoke", action="store_true",
+                   help="smallest sizes that still run every part (the bench's own test)")
     p.add_argument("--only", default=",".join(PARTS),
                    help="comma list of parts to run: floors,dtq,peers (default all)")
     p.add_argument("--peers", default=",".join(ALL_PEERS),
@@ -55,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if peer not in ALL_PEERS:
             p.error(f"--peers: unknown peer {peer!r} (choose from {', '.join(ALL_PEERS)})")
     if args.repeat is None:
-        args.repeat = 1 if args.quick else 3
+        args.repeat = 1 if args.quick or args.smoke else 3
     return args
 
 
@@ -80,10 +83,11 @@ def _git(*args: str) -> str:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the selected parts on one private redis-server; the results dict."""
-    sizes = Sizes.for_mode(args.quick, args.repeat, args.repeat_all_peers)
+    sizes = Sizes.for_mode(args.quick, args.repeat, args.repeat_all_peers, smoke=args.smoke)
     started = datetime.now(UTC)
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     results: dict[str, Any] = {"started_at": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                               "mode": "quick" if args.quick else "full",
+                               "mode": mode,
                                "sizes": dataclasses.asdict(sizes), "host": _host()}
     server = private_redis()
     try:

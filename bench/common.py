@@ -145,8 +145,14 @@ class Sizes:
     repeat_all_peers: bool = False
 
     @classmethod
-    def for_mode(cls, quick: bool, repeat_n: int, repeat_all_peers: bool = False) -> Sizes:
-        """Full sizes (issue 6) or quick smoke sizes."""
+    def for_mode(cls, quick: bool, repeat_n: int, repeat_all_peers: bool = False,
+                 smoke: bool = False) -> Sizes:
+        """Full sizes (issue 6), quick sizes (~2 min) or smoke sizes (every part of the
+        bench, as small as it still runs: the test of ``python -m bench``)."""
+        if smoke:
+            return cls(enqueue_n=200, backlog_n=600, latency_rate=200, latency_s=1.0,
+                       repeat=repeat_n, peer_timeout_s=60.0,
+                       repeat_all_peers=repeat_all_peers)
         if quick:
             return cls(enqueue_n=1000, backlog_n=3000, latency_rate=200, latency_s=2.0,
                        repeat=repeat_n, peer_timeout_s=120.0,

@@ -2,7 +2,8 @@
 
 Figures (same names as the peers where they mean the same): enqueue/s (unary, one
 caller and 16 in flight; EnqueueBatch of 500), drain/s of a backlog with one worker
-process, e2e p50/p99 at a steady rate, gateway CPU per task; the scale figures are in
+process, e2e p50/p99 at a steady rate, gateway, Redis and worker CPU per task; the
+scale figures are in
 :mod:`bench.dtq_scale`. Skips with ``na`` when the gateway cannot start.
 """
 
@@ -44,6 +45,12 @@ def _pb() -> tuple[Any, Any]:
 def commandstats(r: redis.Redis) -> dict[str, int]:
     """Redis calls so far per command (INFO commandstats), e.g. ``{"evalsha": 120}``."""
     return {k.removeprefix("cmdstat_"): v["calls"] for k, v in r.info("commandstats").items()}
+
+
+def redis_cpu_s(r: redis.Redis) -> float:
+    """CPU seconds the Redis server has used (``INFO cpu`` user + sys)."""
+    info = r.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def per_task_commands(before: dict[str, int], after: dict[str, int],
@@ -171,24 +178,32 @@ class DtqBench:
         return n / (time.perf_counter() - t0)
 
     async def drain(self) -> dict[str, float]:
-        """EnqueueBatch a backlog, then drain/s of one worker and gateway CPU per task."""
+        """EnqueueBatch a backlog, then drain/s of one worker, and the cost per task of
+        this batch path (µs): gateway CPU and Redis CPU (enqueue + drain), the worker's
+        CPU (first to last drain task, as the peers measure it) and their sum."""
         for f in self.out.glob("*.json"):
             f.unlink()
         n = self.sizes.backlog_n
         pid = self.procs.gateway.pid  # type: ignore[union-attr]
-        cpu0, cmds0 = proc_cpu_s(pid), commandstats(self.redis)
+        cpu0, cmds0, redis0 = proc_cpu_s(pid), commandstats(self.redis), redis_cpu_s(self.redis)
         batch = await self.enqueue_batch(n)
         self.procs.start_worker(self.out)
         try:
             with GatewayProfile(pid, self._profile_path("drain")):
                 done = await _wait_file(self.out / "drain.json", self.sizes.peer_timeout_s)
-            cpu1, cmds1 = proc_cpu_s(pid), commandstats(self.redis)
+            cpu1, cmds1, redis1 = (proc_cpu_s(pid), commandstats(self.redis),
+                                   redis_cpu_s(self.redis))
         finally:
             self.procs.stop_worker()
         self.commands["batch"] = per_task_commands(cmds0, cmds1, n)
+        gateway_us, redis_us = (cpu1 - cpu0) / n * 1e6, (redis1 - redis0) / n * 1e6
+        worker_us = done["cpu_s"] / max(1, done["n"] - 1) * 1e6
         return {"enqueue_batch_per_s": batch,
                 "drain_per_s": (done["n"] - 1) / ((done["last_ns"] - done["first_ns"]) / 1e9),
-                "gateway_cpu_us_per_task_batch": (cpu1 - cpu0) / n * 1e6}
+                "gateway_cpu_us_per_task_batch": gateway_us,
+                "redis_cpu_us_per_task_batch": redis_us,
+                "worker_cpu_us_per_task_batch": worker_us,
+                "all_cpu_us_per_task_batch": gateway_us + redis_us + worker_us}
 
     async def latency(self) -> dict[str, float]:
         """e2e p50/p99 (ms) at a steady rate with unary Enqueue, and gateway CPU per task."""

@@ -20,6 +20,12 @@ from dtq_gateway.store import keys
 logger = logging.getLogger(__name__)
 IDLE_STREAMS = 1000
 STREAMS_PER_CHANNEL = 100
+#: Each idle-stream channel gets its own TCP connection: grpc Python shares one
+#: connection among all channels to a target with the same options (its global
+#: subchannel pool), so 1,000 streams over "ten channels" were 1,000 calls on ONE
+#: connection, filling its DTQ_GRPC_MAX_CONCURRENT_STREAMS (1,000): the probe's Lease,
+#: on that connection too, then waited in the client and never got SessionInfo.
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 PAYLOAD_100 = b'{"pad":"' + b"x" * 90 + b'"}'  # exactly 100 bytes of JSON
 
 
@@ -57,9 +63,10 @@ async def lease_latency(channel: grpc.aio.Channel, samples: int) -> dict[str, fl
 
 
 async def open_idle_streams(target: str, n: int) -> tuple[list[Any], list[Any]]:
-    """Open ``n`` Lease streams on an empty queue; return once each got its SessionInfo."""
+    """Open ``n`` Lease streams on an empty queue, STREAMS_PER_CHANNEL per channel and
+    connection; return once each got its SessionInfo."""
     pb, grpc_mod = _pb()
-    channels = [grpc.aio.insecure_channel(target)
+    channels = [grpc.aio.insecure_channel(target, options=OWN_CONNECTION)
                 for _ in range((n + STREAMS_PER_CHANNEL - 1) // STREAMS_PER_CHANNEL)]
     calls = []
     for i in range(n):
@@ -135,8 +142,8 @@ async def run_scale(redis_url: str, sizes: Any, procs: Any, channel: grpc.aio.Ch
         out = await streams_at_rest(r, through)
         samples = 100 if sizes.backlog_n < 20000 else 300
         out.update(await idle_streams_figures(procs, channel, r, samples))
-        out.update(await memory_per_task(channel, r, 10000 if sizes.backlog_n < 20000
-                                         else 100000))
+        mem_n = 100000 if sizes.backlog_n >= 20000 else min(10000, 4 * sizes.backlog_n)
+        out.update(await memory_per_task(channel, r, mem_n))
         return out
     finally:
         await r.aclose()

@@ -99,12 +99,15 @@ def _ratio(results: dict[str, Any], key: str, where: str, other: str | None = No
     return a / b if a is not None and b else None
 
 
-Target = tuple[str, Callable[[dict[str, Any]], float | None], str, Callable[[float], bool]]
+#: (what, how it is measured, goal, whether a value meets it); goal "report" and test
+#: None: a figure printed for comparison, with no agreed goal (met "-").
+Target = tuple[str, Callable[[dict[str, Any]], float | None], str,
+               Callable[[float], bool] | None]
 TARGETS: list[Target] = [
     ("drain / taskiq", lambda r: _ratio(r, "drain_per_s", "taskiq"), ">= 2.0x",
      lambda v: v >= 2.0),
-    ("drain / bullmq", lambda r: _ratio(r, "drain_per_s", "bullmq"), ">= 0.5x",
-     lambda v: v >= 0.5),
+    ("drain / bullmq", lambda r: _ratio(r, "drain_per_s", "bullmq"), ">= 0.6x",
+     lambda v: v >= 0.6),
     ("EnqueueBatch / bullmq addBulk", lambda r: _ratio(r, "enqueue_batch_per_s", "bullmq"),
      ">= 1.0x", lambda v: v >= 1.0),
     ("unary 16 in flight / taskiq per-task enqueue",
@@ -118,7 +121,7 @@ TARGETS: list[Target] = [
     ("gateway CPU per task, unary at 200/s (us)",
      lambda r: _get(r, "dtq", "gateway_cpu_us_per_task_unary"), "<= 150", lambda v: v <= 150),
     ("e2e p50 at 200/s (ms)", lambda r: _get(r, "dtq", "e2e_p50_ms"), "<= 1", lambda v: v <= 1),
-    ("e2e p99 at 200/s (ms)", lambda r: _get(r, "dtq", "e2e_p99_ms"), "<= 3", lambda v: v <= 3),
+    ("e2e p99 at 200/s (ms)", lambda r: _get(r, "dtq", "e2e_p99_ms"), "<= 2", lambda v: v <= 2),
     ("Redis clients with 1,000 idle Lease streams",
      lambda r: _get(r, "dtq", "scale_redis_clients_idle"), "<= 20", lambda v: v <= 20),
     ("gateway RSS with 1,000 idle Lease streams (MB)",
@@ -130,6 +133,23 @@ TARGETS: list[Target] = [
      lambda r: _get(r, "dtq", "mem_bytes_per_queued_task"), "<= 1024", lambda v: v <= 1024),
     ("task stream entries at rest", lambda r: _get(r, "dtq", "rest_stream_entries"), "~0",
      lambda v: v <= 10),
+    # issue 21: cost per task by process, and the ratios the lead compares across rounds
+    ("all-process CPU per task, batch path (us): gateway + worker + Redis",
+     lambda r: _get(r, "dtq", "all_cpu_us_per_task_batch"), "<= 200", lambda v: v <= 200),
+    ("all-process CPU per task, batch path: dtq / taskiq (worker + Redis)",
+     lambda r: _ratio(r, "all_cpu_us_per_task_batch", "taskiq"), "report", None),
+    ("Redis CPU per task, batch path: dtq / taskiq",
+     lambda r: _ratio(r, "redis_cpu_us_per_task_batch", "taskiq"), "<= 1.0x",
+     lambda v: v <= 1.0),
+    ("Redis commands per task, batch path", lambda r: _get(
+        r, "dtq", "gateway_redis_cmds_per_task_batch"), "<= 8", lambda v: v <= 8),
+    ("Redis commands per task at 200/s", lambda r: _get(
+        r, "dtq", "gateway_redis_cmds_per_task_unary_200"), "<= 10", lambda v: v <= 10),
+    ("Redis commands per task at 200/s: dtq / taskiq",
+     lambda r: _ratio(r, "gateway_redis_cmds_per_task_unary_200", "taskiq",
+                      other_key="redis_cmds_per_task_unary_200"), "report", None),
+    ("unary Enqueue one caller: dtq / taskiq",
+     lambda r: _ratio(r, "enqueue_one_per_s", "taskiq"), ">= 1.0x", lambda v: v >= 1.0),
 ]
 
 
@@ -140,15 +160,16 @@ def check_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         value = measure(results)
         out.append({"target": name, "goal": goal,
                     "value": None if value is None else round(value, 3),
-                    "met": None if value is None else bool(test(value))})
+                    "met": None if value is None or test is None else bool(test(value))})
     return out
 
 
 def targets_table(targets: list[dict[str, Any]]) -> str:
     """The target check as a table."""
     rows = [[t["target"], fmt(t["value"]) if t["value"] is not None else "n/a", t["goal"],
-             {True: "yes", False: "NO", None: "n/a"}[t["met"]]] for t in targets]
-    return _table(["target (issue 6)", "measured", "goal", "met"], rows)
+             "-" if t["goal"] == "report" else {True: "yes", False: "NO", None: "n/a"}[t["met"]]]
+            for t in targets]
+    return _table(["target (issues 6, 21)", "measured", "goal", "met"], rows)
 
 
 def render(results: dict[str, Any]) -> str:

@@ -102,6 +102,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="longest wait for one phase (enqueue or drain) of one cell (s)")
     p.add_argument("--out", default=str(REPO / "bench" / "results"),
                    help="directory for the JSON result")
+    p.add_argument("--json", default=None,
+                   help="write the JSON result to this file instead (bench.plot_cpu reads it)")
     p.add_argument("--plot", default=str(REPO / "docs" / "img" / "scale.png"),
                    help="PNG to write (needs matplotlib: pip install '.[bench]')")
     p.add_argument("--no-plot", action="store_true", help="write no PNG")
@@ -830,8 +832,9 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted; every process the bench started was stopped", file=sys.stderr)
         return 130
     print(render(results))
-    os.makedirs(args.out, exist_ok=True)
-    path = Path(args.out) / f"scale-{results['started_at'].replace(':', '')}.json"
+    path = Path(args.json) if args.json else (
+        Path(args.out) / f"scale-{results['started_at'].replace(':', '')}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nelapsed {results['elapsed_s']} s; JSON written to {path}")
     if not args.no_plot and plot(results, Path(args.plot)):

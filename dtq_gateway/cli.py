@@ -1,11 +1,13 @@
-"""``dtq-gateway``: run one gateway replica.
+"""``dtq-gateway``: run one gateway replica (``--processes N``: N of them, supervised).
 
 Settings come from ``DTQ_*`` environment variables and flags (``--help``). With no
 DTQ_REDIS_URL an embedded redis-server is started, which the first log line says.
 Exit status: 0 after SIGTERM/SIGINT (whatever the gateway was doing: starting the
 embedded Redis, starting, serving), 2 on bad settings, 1 on errors (one ERROR line
 names it, e.g. ``gateway failed: dashboard cannot listen on 127.0.0.1:8080: Address
-already in use``) and when a stop outlasts DTQ_SHUTDOWN_GRACE_S + 5 s.
+already in use``) and when a stop outlasts DTQ_SHUTDOWN_GRACE_S + 5 s. With
+DTQ_GATEWAY_PROCESSES != 1 this process supervises that many gateway processes
+(:mod:`dtq_gateway.supervisor`, whose exit statuses it returns).
 """
 
 from __future__ import annotations
@@ -160,7 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, _raise_stop)
     embedded_box: list = []
     try:
-        return _run(settings, watchdog, embedded_box)
+        args = list(sys.argv[1:] if argv is None else argv)
+        return _run(settings, watchdog, embedded_box, args)
     except StopRequested as exc:
         log.info("stopped while starting", extra={"signal": str(exc)})
         return 0
@@ -173,12 +176,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         watchdog.disarm()
 
 
-def _run(settings, watchdog: Watchdog, embedded_box: list) -> int:
+def _run(settings, watchdog: Watchdog, embedded_box: list, argv: list[str]) -> int:
     """Start the embedded Redis when needed (appended to ``embedded_box`` for
-    :func:`main` to stop), then serve; return the exit status."""
+    :func:`main` to stop), then serve, or supervise DTQ_GATEWAY_PROCESSES gateway
+    processes (:mod:`dtq_gateway.supervisor`); return the exit status."""
     from dtq_gateway.listen import ListenError
     from dtq_gateway.store.redis_policy import EvictionPolicyError
 
+    if settings.gateway_processes != 1:
+        from dtq_gateway import supervisor
+
+        try:  # before the embedded Redis: a taken port is the whole answer
+            supervisor.check_ports(settings, supervisor.process_count(settings))
+        except ListenError as exc:
+            log.error("gateway failed: %s", exc)
+            return 1
     redis_url = settings.redis_url
     if not redis_url:
         from dtq_gateway.store.embedded import EmbeddedRedis, EmbeddedRedisError
@@ -204,6 +216,9 @@ def _run(settings, watchdog: Watchdog, embedded_box: list) -> int:
         runner = asyncio.run
     for sig in STOP_SIGNALS:  # from here on the loop handles them (see _note_stop)
         signal.signal(sig, _note_stop)
+    if settings.gateway_processes != 1:
+        return supervisor.supervise(settings, argv, redis_url if embedded_box else None,
+                                    watchdog.limit_s, _NOTED)
     try:
         runner(_serve(settings, redis_url, watchdog))
     except ListenError as exc:

@@ -48,7 +48,7 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def check_free(listener: str, address: str) -> None:
+def check_free(listener: str, address: str, reuseport: bool = False) -> None:
     """Raise :class:`ListenError` when ``address`` (``host:port``) cannot be bound now.
 
     grpc reports a taken port only as ``RuntimeError: Failed to bind`` after logging
@@ -60,6 +60,9 @@ def check_free(listener: str, address: str) -> None:
     Args:
         listener: the listener's name for the message (``"gRPC"``).
         address: ``host:port`` as configured.
+        reuseport: bind with SO_REUSEPORT too, as grpc does with DTQ_LISTEN_REUSEPORT:
+            the sibling processes of DTQ_GATEWAY_PROCESSES (which set it) do not count
+            then, a program that holds the port without it still does.
 
     Raises:
         ListenError: the address is in use or may not be bound (EADDRINUSE,
@@ -79,6 +82,8 @@ def check_free(listener: str, address: str) -> None:
     for family, kind, proto, _, sockaddr in infos:
         with socket.socket(family, kind, proto) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuseport:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             try:
                 sock.bind(sockaddr)
             except OSError as exc:

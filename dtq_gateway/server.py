@@ -49,8 +49,7 @@ log = logging.getLogger(__name__)
 #: Seconds a stop may take beyond ``shutdown_grace_s`` (health, streams, duties and
 #: connections closing); ``dtq-gateway`` exits 1 once grace + this margin has passed.
 STOP_MARGIN_S = 5.0
-GRPC_OPTIONS = [("grpc.so_reuseport", 0),  # a taken port must fail, not be shared
-                ("grpc.max_receive_message_length", 64 << 20),
+GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
                 ("grpc.max_send_message_length", 64 << 20)]
 
 
@@ -72,6 +71,9 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
     DTQ_GRPC_MAX_CONNECTION_IDLE_MS.
     """
     return [*GRPC_OPTIONS,
+            # off, a taken port fails, not shared; on (DTQ_LISTEN_REUSEPORT: the processes
+            # of DTQ_GATEWAY_PROCESSES) the kernel spreads connections over the sharers
+            ("grpc.so_reuseport", int(settings.listen_reuseport)),
             ("grpc.keepalive_time_ms", settings.grpc_keepalive_time_ms),
             ("grpc.keepalive_timeout_ms", settings.grpc_keepalive_timeout_ms),
             # grpc >= 1.5x waits for a PING ack this long (default 60 s), whatever
@@ -198,7 +200,8 @@ class Gateway:
             ListenError: the address is taken or cannot be bound.
         """
         s = self.settings
-        check_free("gRPC", s.listen)  # grpc's own failure logs a C-core line first
+        # grpc's own failure logs a C-core line first
+        check_free("gRPC", s.listen, reuseport=s.listen_reuseport)
         try:
             if s.tls_cert:
                 with open(s.tls_key, "rb") as fk, open(s.tls_cert, "rb") as fc:

@@ -56,6 +56,17 @@ class Settings:
         "Longest wait for DTQ_REDIS_MIN_REPLICAS_ACK replicas per write (ms, 10..4000: "
         "below the 5 s Redis socket timeout)."))
     listen: str = field(default="127.0.0.1:50051", metadata=_meta("gRPC listen address host:port."))
+    gateway_processes: int = field(default=1, metadata=_meta(
+        "Gateway processes sharing DTQ_LISTEN (also --processes): 1 = this process serves; "
+        "N > 1 = a supervisor starts N gateway processes on the one address (SO_REUSEPORT), "
+        "restarts one that dies and drains all on SIGTERM; 0 = one per CPU core. Process i "
+        "is <DTQ_GATEWAY_ID>-i, serves metrics on DTQ_METRICS_PORT + i, and only process 0 "
+        "serves the dashboard (docs/operations.md)."))
+    listen_reuseport: bool = field(default=False, metadata=_meta(
+        "Bind DTQ_LISTEN with SO_REUSEPORT, sharing it with other gateway processes of this "
+        "user that set it too (the kernel spreads new connections over them); the "
+        "supervisor of DTQ_GATEWAY_PROCESSES sets it for its processes. Off, a taken port "
+        "fails the start."))
     metrics_port: int = field(default=9464, metadata=_meta(
         "Prometheus HTTP port; 0 disables. /metrics has no authentication: bind it where "
         "only the scraper reaches it (DTQ_METRICS_HOST)."))
@@ -259,7 +270,8 @@ _POSITIVE = {
     "grpc_max_concurrent_streams", "grpc_max_pending_calls", "lease_buffer_max_bytes",
     "followup_sweep_interval_s", "history_interval_s", "history_points",
 }
-_NON_NEGATIVE = {"queue_idle_delete_s", "grpc_max_connection_idle_ms", "metrics_port",
+_NON_NEGATIVE = {"gateway_processes", "queue_idle_delete_s", "grpc_max_connection_idle_ms",
+                 "metrics_port",
                  "dashboard_port", "max_queue_depth", "keep_finished", "lease_grace_ms",
                  "shutdown_grace_s", "lease_stall_heartbeats"}
 
@@ -326,11 +338,18 @@ def _validate(s: Settings) -> None:
     if not sep or not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
         raise SettingsError(f"DTQ_LISTEN must be host:port with a port 0..65535 "
                             f"(got {s.listen!r})")
+    if s.gateway_processes != 1 and int(port) == 0:
+        raise SettingsError("DTQ_GATEWAY_PROCESSES other than 1 needs a fixed port in "
+                            f"DTQ_LISTEN (got {s.listen!r}): port 0 would give each "
+                            "process its own port")
     if s.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         raise SettingsError(f"DTQ_LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL "
                             f"(got {s.log_level!r})")
     if s.metrics_port > 65535:
         raise SettingsError(f"DTQ_METRICS_PORT must be a port number (got {s.metrics_port})")
+    if s.metrics_port and s.metrics_port + max(1, s.gateway_processes) - 1 > 65535:
+        raise SettingsError(f"DTQ_METRICS_PORT + DTQ_GATEWAY_PROCESSES - 1 must be a port "
+                            f"number (got {s.metrics_port} and {s.gateway_processes})")
     if s.dashboard_port > 65535:
         raise SettingsError(f"DTQ_DASHBOARD_PORT must be a port number (got {s.dashboard_port})")
     if s.dashboard_port and not s.dashboard_host.strip():
@@ -379,6 +398,10 @@ def _validate(s: Settings) -> None:
             raise SettingsError(f"DTQ_AUTH_TOKENS: {exc}") from None
 
 
+#: Short flags of some settings, beside their ``--<field>`` flag.
+_ALIASES = {"gateway_processes": ("--processes",)}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Argument parser with one flag per settings field (defaults come from env)."""
     parser = argparse.ArgumentParser(
@@ -386,8 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="dtq gateway: gRPC front of the task queue; the only Redis client.",
     )
     for f in fields(Settings):
-        flag = "--" + f.name.replace("_", "-")
-        parser.add_argument(flag, dest=f.name, default=None,
+        flags = ["--" + f.name.replace("_", "-"), *_ALIASES.get(f.name, ())]
+        parser.add_argument(*flags, dest=f.name, default=None,
                             help=f"{f.metadata['help']} [env {env_name(f.name)}]")
     return parser
 

@@ -2,8 +2,9 @@
 
 Every benchmark task carries a small dict payload ``{"k": kind, "t": ns, "n": count,
 "pad": ...}``: kind ``w`` (warm-up: marks the worker ready), ``d`` (drain: first and
-last handler time are recorded) or ``l`` (latency: ``now - t`` is recorded). When a
-kind reaches its expected count ``n`` the figures are written as JSON into
+last handler time, and the handling process's CPU time between them, are recorded) or
+``l`` (latency: ``now - t`` is recorded). When a kind reaches its expected count ``n``
+the figures are written as JSON into
 ``$BENCH_OUT_DIR`` (atomically: write then rename) for the driver to pick up.
 Times are CLOCK_MONOTONIC ns, comparable between processes on one machine.
 """
@@ -47,9 +48,11 @@ def hit(p: dict[str, Any]) -> None:
             _state["d"] += 1
             if _state["d"] == 1:
                 _state["first"] = now
+                _state["cpu_first"] = time.process_time()
             if _state["d"] == p["n"]:
                 _write("drain.json", {"first_ns": _state["first"], "last_ns": now,
-                                      "n": _state["d"]})
+                                      "n": _state["d"],
+                                      "cpu_s": time.process_time() - _state["cpu_first"]})
         elif kind == "l":
             _state["lat"].append((now - p["t"]) / 1e6)
             if len(_state["lat"]) == p["n"]:

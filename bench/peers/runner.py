@@ -10,8 +10,11 @@ Per peer, on its own Redis database, flushed before each step:
      (enqueue_batch/s), else 16 calls in flight for async clients (enqueue_16/s),
      else one by one; then one worker process drains it: drain/s is measured at the
      handler, first to last task, so worker start-up is not counted;
+     The drain also gives Redis CPU per task (enqueue + drain) and the worker's CPU
+     per task (the handling process, first to last drain task);
   3. a fresh worker, warmed up, gets tasks at a steady rate; e2e latency is
-     handler time minus the enqueue timestamp in the payload.
+     handler time minus the enqueue timestamp in the payload, and Redis commands per
+     task in the window (``INFO commandstats``).
 """
 
 from __future__ import annotations
@@ -122,16 +125,28 @@ class Driver:
         return {}
 
     async def drain(self) -> dict[str, float]:
-        """Fill a backlog, then drain/s of one worker process (first to last handler call)."""
+        """Fill a backlog, then drain/s of one worker process (first to last handler call).
+
+        Also the cost per task of the batch path: Redis CPU (µs, ``INFO cpu``, backlog
+        enqueue + drain), the worker's CPU (µs, the handling process between its first
+        and last drain task) and their sum.
+        """
         self.flush()
-        figures = await self.fill_backlog(self.sizes["backlog_n"])
+        n = self.sizes["backlog_n"]
+        redis0 = redis_cpu_s(self.redis)
+        figures = await self.fill_backlog(n)
         proc = self.start_worker()
         try:
             done = await _wait_file(self.out / "drain.json", self.sizes["timeout_s"], proc)
+            redis_us = (redis_cpu_s(self.redis) - redis0) / n * 1e6
         finally:
             self.stop_worker(proc)
         span_s = (done["last_ns"] - done["first_ns"]) / 1e9
         figures["drain_per_s"] = (done["n"] - 1) / span_s
+        worker_us = done["cpu_s"] / max(1, done["n"] - 1) * 1e6
+        figures.update({"redis_cpu_us_per_task_batch": redis_us,
+                        "worker_cpu_us_per_task_batch": worker_us,
+                        "all_cpu_us_per_task_batch": redis_us + worker_us})
         return figures
 
     async def latency(self, windows: int) -> dict[str, float]:
@@ -146,9 +161,10 @@ class Driver:
                 await asyncio.sleep(0.05)
             rate, count = self.sizes["latency_rate"], int(self.sizes["latency_rate"]
                                                          * self.sizes["latency_s"])
-            p50s, p99s = [], []
+            p50s, p99s, cmds = [], [], []
             for w in range(windows):
                 (self.out / "latency.json").unlink(missing_ok=True)
+                calls0 = redis_calls(self.redis)
                 t0 = time.monotonic()
                 for i in range(count):
                     delay = t0 + i / rate - time.monotonic()
@@ -156,11 +172,24 @@ class Driver:
                         await asyncio.sleep(delay)
                     await self.adapter.enqueue_one(probe.payload("l", (w + 1) * count))
                 lat = (await _wait_file(self.out / "latency.json", 60, proc))["latencies_ms"]
+                cmds.append((redis_calls(self.redis) - calls0) / count)
                 p50s.append(_pct(lat[-count:], 50))
                 p99s.append(_pct(lat[-count:], 99))
         finally:
             self.stop_worker(proc)
-        return {"e2e_p50_ms": statistics.median(p50s), "e2e_p99_ms": statistics.median(p99s)}
+        return {"e2e_p50_ms": statistics.median(p50s), "e2e_p99_ms": statistics.median(p99s),
+                "redis_cmds_per_task_unary_200": statistics.median(cmds)}
+
+
+def redis_cpu_s(r: redis.Redis) -> float:
+    """CPU seconds the Redis server has used (``INFO cpu`` user + sys)."""
+    info = r.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def redis_calls(r: redis.Redis) -> int:
+    """Commands the Redis server has run (``INFO commandstats``), without INFO itself."""
+    return sum(v["calls"] for k, v in r.info("commandstats").items() if k != "cmdstat_info")
 
 
 def _median_runs(runs: list[dict[str, float]]) -> dict[str, float]:

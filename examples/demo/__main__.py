@@ -37,6 +37,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="process only the first N stdlib files (default: all)")
     parser.add_argument("--no-node", action="store_true",
                         help="do not start the Node worker even when it is installed")
+    parser.add_argument("--go", action="store_true",
+                        help="also start the Go worker (clients/go, built by make install)")
     parser.add_argument("--workers", type=int, default=2, metavar="N",
                         help="dtq-pyworker processes to start (default 2)")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="S",
@@ -74,6 +76,14 @@ def _start_workers(args: argparse.Namespace, env: dict[str, str],
         print("workers: a Node worker joins the Python ones (examples/node-worker)")
     elif not args.no_node:
         print("workers: Node worker not installed (npm ci in examples/node-worker); Python only")
+    if args.go and processes.go_worker_available():
+        worker_id = f"demo-go-{os.getpid()}"
+        workers.append(processes.start_go_worker(env, worker_id, args.log_dir))
+        langs[worker_id] = "go"
+        print("workers: a Go worker joins them (clients/go)")
+    elif args.go:
+        print(f"workers: Go worker not built ({processes.GO_WORKER_BIN.relative_to(processes.ROOT)}"
+              " is missing: make install builds it where Go is installed); without it")
     return workers, langs
 
 

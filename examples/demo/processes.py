@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_LOG_DIR = ROOT / ".dtq" / "demo"
 NODE_DIR = ROOT / "examples" / "node-worker"
+GO_WORKER_BIN = ROOT / "clients" / "go" / "bin" / "dtq-conformance-worker"
 #: How often :func:`stop` looks whether its processes have exited (s).
 STOP_POLL_S = 0.05
 _WILDCARD_HOSTS = {"0.0.0.0", "::", "[::]", ""}
@@ -293,6 +294,17 @@ def start_node_worker(env: Mapping[str, str], worker_id: str, log_dir: Path) -> 
     node_env = dict(env, DTQ_QUEUES="demo", DTQ_WORKER_ID=worker_id)
     return _spawn("node-worker", [shutil.which("node") or "node",
                                   str(NODE_DIR / "index.js")], node_env, log_dir)
+
+
+def go_worker_available() -> bool:
+    """True when the Go worker binary is built (make install builds it where Go is installed)."""
+    return GO_WORKER_BIN.is_file()
+
+
+def start_go_worker(env: Mapping[str, str], worker_id: str, log_dir: Path) -> Proc:
+    """Start the Go worker (clients/go/bin/dtq-conformance-worker) on queue demo."""
+    go_env = dict(env, DTQ_QUEUES="demo", DTQ_WORKER_ID=worker_id, DTQ_CONCURRENCY="8")
+    return _spawn("go-worker", [str(GO_WORKER_BIN)], go_env, log_dir)
 
 
 def stop(procs: list[Proc], timeout_s: float,

@@ -2,7 +2,8 @@
 
 The suite starts its own redis-server and gateway and runs the worker under test
 from a shell command. By default it runs every test against dtq-pyworker, the
-Node.js worker and the minimal raw-stub worker of examples/raw-python-worker;
+Node.js worker, the minimal raw-stub worker of examples/raw-python-worker and
+the Go worker of clients/go;
 set DTQ_CONFORMANCE_WORKER_CMD to run it against another implementation instead
 (see README.md).
 """
@@ -28,6 +29,7 @@ VISIBILITY_TIMEOUT_S = 2.0
 HEARTBEAT_INTERVAL_S = 0.5
 WARM_UP_TIMEOUT_S = 30.0
 NODE_WORKER = REPO_ROOT / "examples" / "node-worker"
+GO_WORKER_BIN = REPO_ROOT / "clients" / "go" / "bin" / "dtq-conformance-worker"
 #: Tokens of gateways started for tests marked ``gateway_auth``.
 ADMIN_TOKEN = "conf-admin-token"
 WORKER_TOKEN = "conf-worker-token"
@@ -44,7 +46,7 @@ def _worker_params() -> list[object]:
     custom = os.environ.get("DTQ_CONFORMANCE_WORKER_CMD", "").strip()
     if custom:
         return [pytest.param(("custom", custom), id="custom")]
-    return [pytest.param(name, id=name) for name in ("pyworker", "node", "raw-python")]
+    return [pytest.param(name, id=name) for name in ("pyworker", "node", "raw-python", "go")]
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -73,6 +75,11 @@ def worker_command(request: pytest.FixtureRequest) -> tuple[str, str]:
             pytest.skip("examples/node-worker/node_modules missing: run "
                         "`cd examples/node-worker && npm ci` (make install does)")
         return "node", "exec node examples/node-worker/index.js"
+    if param == "go":
+        if not GO_WORKER_BIN.is_file():
+            pytest.skip("clients/go/bin/dtq-conformance-worker missing: make install builds "
+                        "it where Go is installed (clients/go/README.md)")
+        return "go", f"exec {shlex.quote(str(GO_WORKER_BIN))}"
     if param == "raw-python":
         script = "examples/raw-python-worker/worker.py"
         return "raw-python", f"exec {shlex.quote(sys.executable)} {script}"

@@ -1,0 +1,48 @@
+package dtq
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ConfigFromEnv reads the environment conventions of the reference workers:
+// DTQ_GATEWAY (host:port), DTQ_QUEUES (comma-separated; DTQ_QUEUE for one),
+// DTQ_WORKER_ID, DTQ_CONCURRENCY, DTQ_MAX_IN_FLIGHT, DTQ_MAX_BATCH (0..256),
+// DTQ_DRAIN_GRACE_MS, DTQ_TOKEN, DTQ_TLS=1 with DTQ_TLS_CA (CA bundle path).
+// Unset variables leave the WorkerConfig defaults.
+//
+// Errors: a number variable that is not a non-negative integer.
+func ConfigFromEnv() (WorkerConfig, error) {
+	cfg := WorkerConfig{Conn: ConnConfig{Target: os.Getenv("DTQ_GATEWAY"),
+		Token: os.Getenv("DTQ_TOKEN"), TLS: os.Getenv("DTQ_TLS") == "1",
+		CAFile: os.Getenv("DTQ_TLS_CA")}, WorkerID: os.Getenv("DTQ_WORKER_ID")}
+	queues := os.Getenv("DTQ_QUEUES")
+	if queues == "" {
+		queues = os.Getenv("DTQ_QUEUE")
+	}
+	for _, q := range strings.Split(queues, ",") {
+		if q = strings.TrimSpace(q); q != "" {
+			cfg.Queues = append(cfg.Queues, q)
+		}
+	}
+	ints := map[string]*int{"DTQ_CONCURRENCY": &cfg.Concurrency,
+		"DTQ_MAX_IN_FLIGHT": &cfg.MaxInFlight, "DTQ_MAX_BATCH": &cfg.MaxBatch}
+	var graceMs int
+	ints["DTQ_DRAIN_GRACE_MS"] = &graceMs
+	for name, dst := range ints {
+		raw := os.Getenv(name)
+		if raw == "" {
+			continue
+		}
+		n, err := strconv.Atoi(raw)
+		if err != nil || n < 0 {
+			return cfg, fmt.Errorf("dtq: %s=%q is not a non-negative integer", name, raw)
+		}
+		*dst = n
+	}
+	cfg.DrainGrace = time.Duration(graceMs) * time.Millisecond
+	return cfg, nil
+}
