@@ -205,7 +205,8 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
         try:
             if not await send(context, self._session_info(session, max_batch)):
                 return
-            if not await write_tasks(context, session, self.dispatcher, max_batch):
+            if not await write_tasks(context, session, self.dispatcher, max_batch,
+                                     self.settings.max_payload_bytes):
                 return  # the worker went away: its leases expire and are reclaimed
         except asyncio.CancelledError:
             if not session.not_reading:

@@ -4,8 +4,8 @@ message.
 A session's ``out`` queue (leasing.sessions.Session) receives every task the dispatcher
 activated for it, then, last, the end marker None. The Lease handler writes them in
 order. A worker that set ``LeaseRequest.max_batch`` > 1 gets, per write, the task the
-handler waited for plus every task already waiting, up to max_batch, as one
-LeasedTaskBatch: one gRPC write and one worker wake-up per read of the gateway instead
+handler waited for plus every task already waiting, up to max_batch tasks and at most
+the largest payload of one task in payload bytes, as one LeasedTaskBatch: one gRPC write and one worker wake-up per read of the gateway instead
 of one per task. A worker that did not set it gets one LeasedTask per message, the
 original protocol (docs/protocol.md 3.2). Flow control stays per task either way: the
 buffered-bytes account, the unread window (``Session.handed``) and the PEL credit all
@@ -58,22 +58,38 @@ async def send(context: grpc.aio.ServicerContext, message: dtq_pb2.LeaseResponse
     return True
 
 
-def take_ready(out: asyncio.Queue, first: dtq_pb2.LeasedTask, max_batch: int
-               ) -> tuple[list[dtq_pb2.LeasedTask], bool]:
+def _head(out: asyncio.Queue) -> dtq_pb2.LeasedTask | None:
+    """The next item of ``out`` without taking it (asyncio.Queue has no public peek;
+    its items are the deque ``_queue``)."""
+    return out._queue[0]  # type: ignore[attr-defined]
+
+
+def take_ready(out: asyncio.Queue, first: dtq_pb2.LeasedTask, max_batch: int,
+               max_bytes: int) -> tuple[list[dtq_pb2.LeasedTask], bool]:
     """``first`` plus the tasks already waiting in ``out``, ``max_batch`` in all (0 or
     1: ``first`` alone), and whether the end marker (None) was taken: the stream ends
-    once they are written (the marker is always the last item of ``out``)."""
-    tasks = [first]
+    once they are written (the marker is always the last item of ``out``).
+
+    A task joins only while the batch's payloads stay within ``max_bytes`` (the
+    largest payload one task may carry): a batch then never needs a larger gRPC
+    receive limit than a single task, apart from the tasks' other fields. A task that
+    does not fit stays first in ``out`` for the next message.
+    """
+    tasks, size = [first], len(first.payload)
     while len(tasks) < max_batch and not out.empty():
-        task = out.get_nowait()
-        if task is None:
+        head = _head(out)
+        if head is not None and size + len(head.payload) > max_bytes:
+            break
+        out.get_nowait()
+        if head is None:
             return tasks, True
-        tasks.append(task)
+        tasks.append(head)
+        size += len(head.payload)
     return tasks, False
 
 
 async def write_tasks(context: grpc.aio.ServicerContext, session: Session,
-                      dispatcher: Dispatcher, max_batch: int) -> bool:
+                      dispatcher: Dispatcher, max_batch: int, max_bytes: int) -> bool:
     """Write the session's tasks until its end marker.
 
     Args:
@@ -83,6 +99,8 @@ async def write_tasks(context: grpc.aio.ServicerContext, session: Session,
         max_batch: Granted max_batch (:func:`check_max_batch`): 0 writes one
             LeaseResponse.task per message, 2..256 one LeaseResponse.batch of up to
             that many tasks.
+        max_bytes: Most payload bytes of one batch (DTQ_MAX_PAYLOAD_BYTES); a task
+            alone may carry more.
 
     Returns:
         True once the end marker was reached (every task queued before it was
@@ -92,7 +110,7 @@ async def write_tasks(context: grpc.aio.ServicerContext, session: Session,
         first = await session.out.get()
         if first is None:
             return True
-        tasks, ended = take_ready(session.out, first, max_batch)
+        tasks, ended = take_ready(session.out, first, max_batch, max_bytes)
         dispatcher.buffered(session, -sum(len(t.payload) for t in tasks))
         # unread until a receipt names them (or a later lease): stream health
         now = time.monotonic()

@@ -115,3 +115,27 @@ async def test_draining_ends_a_batching_stream_after_every_sent_lease(broker_stu
         pb.FailItem(lease_id=t.lease_id, mode=pb.FAIL_MODE_RELEASE) for t in got]))
     assert [r.status for r in res.results] == [pb.TASK_STATUS_QUEUED] * 3
     lease.close()
+
+
+async def test_a_batch_carries_at_most_max_payload_bytes_of_payload(redis_url):
+    """A batch never needs a larger receive limit than the largest single task: its
+    payloads together stay within DTQ_MAX_PAYLOAD_BYTES (1000 here)."""
+    from dtq_gateway.server import Gateway
+    from tests.conftest import gateway_settings
+
+    gw = Gateway(gateway_settings(redis_url, max_payload_bytes=1000), redis_url)
+    await gw.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+            stub = dtq_pb2_grpc.BrokerStub(ch)
+            await stub.EnqueueBatch(pb.EnqueueBatchRequest(items=[
+                pb.EnqueueRequest(queue="q", task_type="t", payload=b"x" * 400,
+                                  content_type="application/octet-stream")
+                for _ in range(6)]))
+            lease = await LeaseStream(stub, "w1", ["q"], max_in_flight=6, max_batch=8).open()
+            await lease.take(6)
+            sizes = [n for _, n in lease.messages]
+            assert sum(sizes) == 6 and max(sizes) == 2, sizes  # 2 x 400 fits, 3 x 400 not
+            lease.close()
+    finally:
+        await gw.stop()

@@ -78,19 +78,33 @@ def test_take_ready_stops_at_max_batch_and_at_the_end_marker():
     out: asyncio.Queue = asyncio.Queue()
     for i in range(2, 6):
         out.put_nowait(task(i))
-    tasks, ended = take_ready(out, task(1), 3)
+    tasks, ended = take_ready(out, task(1), 3, 1000)
     assert [t.lease_id for t in tasks] == ["L1", "L2", "L3"] and not ended
     out.put_nowait(None)
-    tasks, ended = take_ready(out, task(9), 8)
+    tasks, ended = take_ready(out, task(9), 8, 1000)
     assert [t.lease_id for t in tasks] == ["L9", "L4", "L5"] and ended
     assert out.empty()
-    tasks, ended = take_ready(out, task(7), 0)
+    tasks, ended = take_ready(out, task(7), 0, 1000)
     assert [t.lease_id for t in tasks] == ["L7"] and not ended
+
+
+def test_a_batch_holds_at_most_max_bytes_of_payload_unless_it_is_one_task():
+    out: asyncio.Queue = asyncio.Queue()
+    for i in (4, 3, 2):  # payloads of 4, 3 and 2 bytes
+        out.put_nowait(task(i))
+    tasks, ended = take_ready(out, task(5), 8, 9)
+    assert [t.lease_id for t in tasks] == ["L5", "L4"] and not ended  # 5 + 4 fits 9
+    assert out.get_nowait().lease_id == "L3"  # did not fit: still first for the next
+    tasks, _ = take_ready(out, task(20), 8, 9)  # larger alone than the bound: goes alone
+    assert [t.lease_id for t in tasks] == ["L20"]
+    out.put_nowait(None)
+    tasks, ended = take_ready(out, task(7), 8, 9)  # 7 + 2 fits; the marker has no size
+    assert [t.lease_id for t in tasks] == ["L7", "L2"] and ended
 
 
 async def test_without_max_batch_every_task_is_its_own_message():
     session, call, disp = session_with(task(1), task(2), task(3), None), Call(), Dispatcher()
-    assert await write_tasks(call, session, disp, 0) is True
+    assert await write_tasks(call, session, disp, 0, 1000) is True
     assert [m.WhichOneof("kind") for m in call.written] == ["task"] * 3
     assert [m.task.lease_id for m in call.written] == ["L1", "L2", "L3"]
     assert disp.buffered_deltas == [-1, -2, -3] and disp.progress == 3
@@ -99,7 +113,7 @@ async def test_without_max_batch_every_task_is_its_own_message():
 async def test_batches_hold_what_is_waiting_and_the_end_marker_ends_after_the_batch():
     session = session_with(*(task(i) for i in range(1, 6)), None)
     call, disp = Call(), Dispatcher()
-    assert await write_tasks(call, session, disp, 3) is True
+    assert await write_tasks(call, session, disp, 3, 1000) is True
     assert [m.WhichOneof("kind") for m in call.written] == ["batch", "batch"]
     assert [[t.lease_id for t in m.batch.tasks] for m in call.written] == \
         [["L1", "L2", "L3"], ["L4", "L5"]]
@@ -112,5 +126,5 @@ async def test_batches_hold_what_is_waiting_and_the_end_marker_ends_after_the_ba
 async def test_a_failed_write_ends_the_stream_as_gone():
     session = session_with(task(1), task(2), task(3))
     call = Call(fail_at=0)
-    assert await write_tasks(call, session, Dispatcher(), 2) is False
+    assert await write_tasks(call, session, Dispatcher(), 2, 1000) is False
     assert call.written == []
