@@ -59,6 +59,7 @@ proto-check: install
 
 lint: proto-check
 	$(VENV)/bin/ruff check dtq_gateway dtq_pyworker dtq_cli tests examples bench
+	$(VENV)/bin/mypy  # the packages and strictness of [tool.mypy] in pyproject.toml
 
 test: install proto-check
 	$(VENV)/bin/pytest -q -n 2 --dist loadscope

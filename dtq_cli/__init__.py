@@ -19,7 +19,6 @@ __all__ = ["ExitCode", "cli"]
 def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module 'dtq_cli' has no attribute {name!r}")
-    from dtq_cli import main
+    from dtq_cli import main  # the group with every command added
 
-    main.register_commands()
     return getattr(main, name)

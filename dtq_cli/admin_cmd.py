@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from dtq_cli.main import ExitCode, Failure, State, cli, json_option, pass_state
+from dtq_cli.group import ExitCode, Failure, State, json_option, pass_state
 from dtq_cli.render import (
     Duration,
     ago,
@@ -26,7 +26,7 @@ MAX_REDRIVE_RATE = 10_000
 MAX_REDRIVE_LIMIT = 100_000
 
 
-@cli.command()
+@click.command()
 @json_option
 @pass_state
 def queues(state: State) -> None:
@@ -65,7 +65,7 @@ def _waiting(s) -> str:
     return text
 
 
-@cli.command()
+@click.command()
 @click.argument("queue")
 @json_option
 @pass_state
@@ -115,7 +115,7 @@ def _toggle(state: State, queue: str, reason: str, pause: bool, create: bool = F
         click.echo(f"{queue} was already {'paused' if pause else 'not paused'}")
 
 
-@cli.command()
+@click.command()
 @click.argument("queue")
 @click.option("--reason", default="", help="Reason recorded in the audit stream.")
 @click.option("--create", is_flag=True,
@@ -127,7 +127,7 @@ def pause(state: State, queue: str, reason: str, create: bool) -> None:
     _toggle(state, queue, reason, True, create)
 
 
-@cli.command()
+@click.command()
 @click.argument("queue")
 @click.option("--reason", default="", help="Reason recorded in the audit stream.")
 @json_option
@@ -137,7 +137,7 @@ def resume(state: State, queue: str, reason: str) -> None:
     _toggle(state, queue, reason, False)
 
 
-@cli.command("delete-queue")
+@click.command("delete-queue")
 @click.argument("queue")
 @click.option("--dry-run", is_flag=True, help="Only list what would be deleted.")
 @click.option("--discard-dead-letters", is_flag=True,
@@ -174,7 +174,7 @@ def delete_queue(state: State, queue: str, dry_run: bool, discard_dead_letters: 
         click.echo(f"{queue} deleted ({len(res.keys)} keys{dead})")
 
 
-@cli.command()
+@click.command()
 @json_option
 @pass_state
 def workers(state: State) -> None:
@@ -197,7 +197,7 @@ def workers(state: State) -> None:
           empty="no workers")
 
 
-@cli.command()
+@click.command()
 @click.option("-n", "--limit", type=click.IntRange(1, 10000), default=20, show_default=True)
 @json_option
 @pass_state
@@ -213,7 +213,7 @@ def audit(state: State, limit: int) -> None:
 
 
 # -- dead letters ---------------------------------------------------------------------------
-@cli.group()
+@click.group()
 def dlq() -> None:
     """Dead-letter queue: ls, requeue, discard, redrive, purge."""
 
@@ -324,3 +324,7 @@ def dlq_purge(state: State, yes: bool) -> None:
         emit_json({"purged": res.purged, "request_id": res.request_id})
     else:
         click.echo(f"purged {res.purged} dead letters")
+
+
+#: The commands of this module, added to the ``dtq`` group by dtq_cli.main.
+COMMANDS = (queues, stats, pause, resume, delete_queue, workers, audit, dlq)

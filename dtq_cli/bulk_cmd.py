@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from dtq_cli.main import ExitCode, Failure, State, cli, json_option, pass_state
+from dtq_cli.group import ExitCode, Failure, State, json_option, pass_state
 from dtq_cli.render import Duration, ago, emit_json, parse_duration_ms, table, to_dict
 from dtq_proto import dtq_pb2
 from dtq_pyworker.tasks import Task, TaskStatus
@@ -77,7 +77,7 @@ def cancel_by_filter(state: State, filters: tuple[str, ...], dry_run: bool, limi
         click.echo(f"cancelled {res.cancelled} of {res.matched} matching tasks{flagged}")
 
 
-@cli.command()
+@click.command()
 @click.argument("queue")
 @click.option("--dry-run", is_flag=True, help="Only count the waiting tasks.")
 @click.option("--reason", default="", help="Reason recorded in the audit stream.")
@@ -101,7 +101,7 @@ def purge(state: State, queue: str, dry_run: bool, reason: str, yes: bool) -> No
 _STATUS_NAMES = [s.name for s in TaskStatus if s is not TaskStatus.UNSPECIFIED]
 
 
-@cli.command()
+@click.command()
 @click.option("--queue", default="", help="Only this queue.")
 @click.option("--type", "task_type", default="", help="Only this task type.")
 @click.option("--status", "statuses", multiple=True,
@@ -136,8 +136,7 @@ def search(state: State, queue: str, task_type: str, statuses: tuple[str, ...],
         min_age_ms=min_age or 0, max_age_ms=max_age or 0)
     tasks = [Task.from_proto(t) for t in res.tasks]
     if state.json:
-        from dtq_cli.tasks_cmd import task_doc
-        emit_json({"tasks": [task_doc(t) for t in tasks],
+        emit_json({"tasks": [to_dict(t.raw) for t in tasks],
                    "next_page_token": res.next_page_token, "examined": res.examined})
         return
     table(None, ["task", "queue", "type", "status", "created", "metadata"],
@@ -152,3 +151,7 @@ def no_target() -> Failure:
     """The error of a ``dtq cancel`` with neither ID nor --filter."""
     return Failure("give a task ID or --filter queue=Q ..., not both or neither",
                    ExitCode.USAGE)
+
+
+#: The commands of this module, added to the ``dtq`` group by dtq_cli.main.
+COMMANDS = (purge, search)

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import click
 
-from dtq_cli.main import State, cli, json_option, pass_state
+from dtq_cli.group import State, json_option, pass_state
 from dtq_cli.render import Duration, emit_json, human_duration, table, to_dict, when
 from dtq_cli.tasks_cmd import _payload
 from dtq_proto import dtq_pb2
@@ -22,7 +25,7 @@ _CATCH_UP = {"skip": dtq_pb2.SCHEDULE_CATCH_UP_SKIP,
              "latest": dtq_pb2.SCHEDULE_CATCH_UP_LATEST, "all": dtq_pb2.SCHEDULE_CATCH_UP_ALL}
 
 
-@cli.group()
+@click.group()
 def schedules() -> None:
     """Periodic schedules: a task enqueued on a cron expression or every interval."""
 
@@ -85,9 +88,10 @@ def schedules_create(state: State, name: str, queue: str, task_type: str, payloa
 
 
 def _one(state: State, name: str, action: str) -> None:
-    call = {"pause": state.client.pause_schedule, "resume": state.client.resume_schedule,
-            "trigger": state.client.trigger_schedule,
-            "delete": state.client.delete_schedule}[action]
+    call: Callable[[str], Any] = {
+        "pause": state.client.pause_schedule, "resume": state.client.resume_schedule,
+        "trigger": state.client.trigger_schedule,
+        "delete": state.client.delete_schedule}[action]
     res = call(name)
     if state.json:
         emit_json(to_dict(res))
@@ -114,7 +118,7 @@ for _action, _help in (("pause", "Stop firing NAME (fires due while paused are s
     _make(_action, _help)
 
 
-@cli.group()
+@click.group()
 def limits() -> None:
     """Rate limits per queue and per (queue, task type), shared by every gateway."""
 
@@ -168,3 +172,7 @@ def limits_rm(state: State, queue: str, task_type: str) -> None:
         emit_json(to_dict(res))
         return
     click.echo("removed" if res.deleted else "there was no such limit")
+
+
+#: The commands of this module, added to the ``dtq`` group by dtq_cli.main.
+COMMANDS = (schedules, limits)

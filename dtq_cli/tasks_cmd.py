@@ -11,7 +11,7 @@ import click
 from click.core import ParameterSource
 
 from dtq_cli import bulk_cmd
-from dtq_cli.main import ExitCode, Failure, State, cli, json_option, pass_state
+from dtq_cli.group import ExitCode, Failure, State, json_option, pass_state
 from dtq_cli.render import (
     Duration,
     ago,
@@ -118,6 +118,9 @@ def finish_wait(state: State, task_id: str, timeout_ms: int, quiet: bool = False
     try:
         task = state.client.wait(task_id, timeout_s=timeout_ms / 1000.0, raise_on_failure=False)
     except TaskWaitTimeout as exc:
+        if exc.task is None:  # never read (GetTask answered NOT_FOUND with missing_ok)
+            raise Failure(f"task {task_id} not found after {timeout_ms / 1000:g}s",
+                          ExitCode.WAIT_TIMEOUT) from exc
         show(exc.task)
         raise Failure(f"task {task_id} still {exc.task.status.name} after "
                       f"{timeout_ms / 1000:g}s", ExitCode.WAIT_TIMEOUT) from exc
@@ -177,7 +180,7 @@ def _metadata(pairs: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-@cli.command()
+@click.command()
 @click.argument("queue")
 @click.argument("task_type", metavar="TYPE")
 @click.argument("payload", required=False)
@@ -258,7 +261,7 @@ def _debounce(opts: dict[str, Any]) -> dict[str, Any] | None:
     return out
 
 
-@cli.command()
+@click.command()
 @click.argument("task_id", metavar="ID")
 @json_option
 @pass_state
@@ -267,7 +270,7 @@ def get(state: State, task_id: str) -> None:
     show_task(state, state.client.get_task(task_id))
 
 
-@cli.command()
+@click.command()
 @click.argument("task_id", metavar="ID")
 @click.option("--timeout", "timeout_ms", type=Duration(max_ms=MAX_DELAY_MS), default="30s", show_default=True,
               help="Give up after this long (exit 7).")
@@ -278,7 +281,7 @@ def wait(state: State, task_id: str, timeout_ms: int) -> None:
     finish_wait(state, task_id, timeout_ms)
 
 
-@cli.command()
+@click.command()
 @click.argument("task_id", metavar="[ID]", required=False)
 @click.option("--reason", default="", help="Reason recorded in the audit stream.")
 @click.option("--filter", "filters", multiple=True, metavar="KEY=VALUE",
@@ -299,6 +302,7 @@ def cancel(state: State, task_id: str | None, reason: str, filters: tuple[str, .
     if filters:
         bulk_cmd.cancel_by_filter(state, filters, dry_run, limit, reason, yes)
         return
+    assert task_id is not None  # one of ID and --filter, checked above
     res = state.client.cancel(task_id, reason=reason)
     if state.json:
         emit_json({"task_id": task_id, "status": res.status.name,
@@ -309,7 +313,7 @@ def cancel(state: State, task_id: str | None, reason: str, filters: tuple[str, .
         click.echo(f"{task_id} {res.status.name}")
 
 
-@cli.command()
+@click.command()
 @click.option("--queue", default="", help="Only this queue.")
 @click.option("--status", type=click.Choice(_STATUS_NAMES, case_sensitive=False),
               help="Only tasks in this status.")
@@ -330,7 +334,7 @@ def recent(state: State, queue: str, status: str | None, limit: int) -> None:
           empty="no tasks")
 
 
-@cli.command()
+@click.command()
 @click.option("--queue", "queues", multiple=True, help="Only this queue (repeatable).")
 @click.option("--type", "types", multiple=True,
               type=click.Choice(_EVENT_NAMES, case_sensitive=False),
@@ -383,3 +387,7 @@ def _print_event(state: State, ev: dtq_pb2.SubscribeResponse) -> None:
         parts.append(f"(dropped {ev.dropped} before)")
     click.echo(" ".join(parts))
     sys.stdout.flush()
+
+
+#: The commands of this module, added to the ``dtq`` group by dtq_cli.main.
+COMMANDS = (enqueue, get, wait, cancel, recent, tail)

@@ -7,7 +7,7 @@ embedded Redis, starting, serving), 2 on bad settings, 1 on errors (one ERROR li
 names it, e.g. ``gateway failed: dashboard cannot listen on 127.0.0.1:8080: Address
 already in use``) and when a stop outlasts DTQ_SHUTDOWN_GRACE_S + 5 s. With
 DTQ_GATEWAY_PROCESSES != 1 this process supervises that many gateway processes
-(:mod:`dtq_gateway.supervisor`, whose exit statuses it returns).
+(:mod:`dtq_gateway.process_supervisor`, whose exit statuses it returns).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from dtq_gateway import logconf
 from dtq_gateway.settings import SettingsError, load
@@ -179,12 +180,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(settings, watchdog: Watchdog, embedded_box: list, argv: list[str]) -> int:
     """Start the embedded Redis when needed (appended to ``embedded_box`` for
     :func:`main` to stop), then serve, or supervise DTQ_GATEWAY_PROCESSES gateway
-    processes (:mod:`dtq_gateway.supervisor`); return the exit status."""
+    processes (:mod:`dtq_gateway.process_supervisor`); return the exit status."""
     from dtq_gateway.listen import ListenError
     from dtq_gateway.store.redis_policy import EvictionPolicyError
 
     if settings.gateway_processes != 1:
-        from dtq_gateway import supervisor
+        from dtq_gateway import process_supervisor as supervisor
 
         try:  # before the embedded Redis: a taken port is the whole answer
             supervisor.check_ports(settings, supervisor.process_count(settings))
@@ -209,9 +210,9 @@ def _run(settings, watchdog: Watchdog, embedded_box: list, argv: list[str]) -> i
     else:
         log.info("using redis from DTQ_REDIS_URL", extra={"settings": repr(settings)})
     try:
-        import uvloop  # type: ignore[import-not-found]
+        import uvloop
 
-        runner = uvloop.run
+        runner: Callable[..., Any] = uvloop.run
     except ImportError:
         runner = asyncio.run
     for sig in STOP_SIGNALS:  # from here on the loop handles them (see _note_stop)

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from grpc_health.v1 import health, health_pb2
 
@@ -52,8 +53,11 @@ class HealthProbe:
                  draining: asyncio.Event, policy: EvictionPolicyWatch,
                  interval_s: float = 1.0, memory_check_s: float = 2.0,
                  liveness_key: str = "", liveness_ttl_ms: int = 30_000,
-                 probe_redis: Client | None = None) -> None:
+                 probe_redis: Client | None = None,
+                 background_ok: Callable[[], bool] = lambda: True) -> None:
         self.redis = redis
+        #: False once the supervisor gave up on a background task: NOT_SERVING then
+        self.background_ok = background_ok
         #: the probe's own client (None: the calls' client, as in unit tests)
         self.probe_redis = probe_redis or redis
         self.servicer = servicer
@@ -122,7 +126,7 @@ class HealthProbe:
         # take the allow-oom flag (Redis >= 7.0); Enqueue's own health says it is full
         way_out = redis_health.way_out_available()
         await self._set(ok and not self.draining.is_set() and not self.policy.refusing
-                        and (way_out or not self.memory_full),
+                        and (way_out or not self.memory_full) and self.background_ok(),
                         enqueue=not self.memory_full)
 
     async def _check_memory(self) -> None:
@@ -152,9 +156,16 @@ class HealthProbe:
             await self.check_once()
             await asyncio.sleep(self.interval_s)
 
-    def start(self) -> None:
-        """Start probing in the background."""
+    def start(self) -> asyncio.Task[None]:
+        """Start probing in the background (again, after the task ended); returns the
+        task."""
         self._task = asyncio.create_task(self.run(), name="dtq-health")
+        return self._task
+
+    async def mark_not_serving(self) -> None:
+        """Report NOT_SERVING for every service now (the supervisor gave up on a
+        background task; :attr:`background_ok` keeps later probes from undoing it)."""
+        await self._set(False)
 
     async def stop(self) -> None:
         """Stop probing and report NOT_SERVING.

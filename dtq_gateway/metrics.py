@@ -130,6 +130,10 @@ LEASE_STREAMS_NOT_READING = Counter(
 LEASES_RELEASED_UNREAD = Counter(
     "dtq_leases_released_unread_total", "Leases written to a Lease stream that stopped "
     "reading and put back in their queue unread, without spending an attempt.")
+BACKGROUND_TASK_RESTARTS = Counter(
+    "dtq_background_task_restarts_total", "Background tasks of this gateway replica "
+    "restarted by its supervisor after they ended while it served (task: health, "
+    "events-hub, metrics-refresh, dispatcher, scheduler, primary-watch).", ["task"])
 LEASE_SESSIONS = Gauge("dtq_lease_sessions", "Open Lease streams on this gateway replica.")
 REDIS_EVICTION_SAFE = Gauge("dtq_redis_eviction_safe", "1 when Redis maxmemory-policy is "
                             "noeviction, 0 when Redis may evict dtq's keys, -1 when unknown.")

@@ -3,17 +3,22 @@
 :class:`Gateway` wires the layers together. It can run in-process (tests start it
 on ``127.0.0.1:0``) or from the CLI (``dtq-gateway``). :meth:`Gateway.start` binds every
 listener (gRPC, metrics, dashboard) before it serves, and stops what it started when it
-fails or is cancelled (ListenError names a listener that cannot bind). Shutdown order
-on SIGTERM: health goes NOT_SERVING, Lease streams end with UNAVAILABLE so workers
-reconnect to another replica, unary calls get ``shutdown_grace_s`` to finish, then the
-duties stop and Redis connections close.
+fails or is cancelled (ListenError names a listener that cannot bind): each start step
+registers its stop step, and :meth:`Gateway.stop` runs them in reverse order. Shutdown
+order on SIGTERM: health goes NOT_SERVING, Events and Lease streams end with
+UNAVAILABLE so workers reconnect to another replica, the duties stop (the scheduler
+lock is released at once), unary calls get ``shutdown_grace_s`` to finish, then
+follow-ups finish and Redis connections close. Background tasks run under a
+:class:`~dtq_gateway.supervisor.Supervisor` while the gateway serves.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -39,6 +44,7 @@ from dtq_gateway.store.client import Client, make_client
 from dtq_gateway.store.groups import Groups
 from dtq_gateway.store.primary_watch import PrimaryWatch
 from dtq_gateway.store.redis_policy import EvictionPolicyWatch
+from dtq_gateway.supervisor import Starter, Supervisor, started_task
 from dtq_gateway.web.dashboard import Dashboard
 from dtq_gateway.web.dashboard_api import Backend
 from dtq_gateway.web.dashboard_rates import RateTracker
@@ -124,6 +130,13 @@ class Gateway:
         #: the health probe's own connections (HealthProbe)
         self.probe_redis = redis_client(settings, redis_url, max_connections=PROBE_CONNECTIONS)
         self.draining = asyncio.Event()
+        #: stop steps of what started, run in reverse order by stop() (_on_stop)
+        self._stack = contextlib.AsyncExitStack()
+        self._on_stop("redis client", lambda: redis_health.close(self.redis))
+        self._on_stop("health probe's redis client",
+                      lambda: redis_health.close(self.probe_redis))
+        #: watches the background tasks; giving up on one turns health NOT_SERVING
+        self.supervisor = Supervisor(self._gave_up)
         self.groups = Groups(max_queues=settings.max_queues)
         #: the server's interceptors (ops.server_interceptors), in order
         self.interceptors = server_interceptors(settings)
@@ -145,7 +158,8 @@ class Gateway:
         self.probe = HealthProbe(
             self.redis, self.health, self.draining, self.policy,
             liveness_key=redis_health.liveness_key(settings.gateway_id),
-            liveness_ttl_ms=settings.worker_ttl_ms, probe_redis=self.probe_redis)
+            liveness_ttl_ms=settings.worker_ttl_ms, probe_redis=self.probe_redis,
+            background_ok=lambda: self.supervisor.healthy)
         self.ops = Operations(self.redis, settings, broker=self.broker)
         self.ops.hub.add_listener(self.dispatcher.on_event, self.dispatcher.wants_raw_event)
         self.scheduler = Scheduler(self.redis, settings, broker=self.broker)
@@ -228,19 +242,25 @@ class Gateway:
             ListenError: one of them cannot be bound.
         """
         self._add_services()
+        self._on_stop("gRPC server", lambda: self.server.stop(self.settings.shutdown_grace_s))
         self.port = self._bind()
         self.ops.listen()
+        self._on_stop("metrics endpoint", self.ops.close_listener)
         if self.dashboard is not None:
             await self.dashboard.start()
+            self._on_stop("dashboard", self.dashboard.stop)
 
     async def start(self) -> None:
         """Start the gateway; on any failure (or cancellation) stop what was started.
 
-        The start sequence: read Redis's eviction policy and the lease secret (Redis may
-        be down: both are read later then), bind every listener (gRPC, metrics,
-        dashboard), then serve and start the health probe, dispatcher and duties.
-        Cancelling it (SIGTERM while starting) or a failure runs :meth:`stop`, so
-        nothing is left listening or running.
+        The start sequence: follow the Sentinel primary (Sentinel mode), read Redis's
+        eviction policy and the lease secret (Redis may be down: both are read later
+        then), bind every listener (gRPC, metrics, dashboard), serve, then start the
+        scheduler, the dispatcher, the events hub and metrics refresh, and the health
+        probe, each background task under :attr:`supervisor`. Each step registers how
+        to stop what it started; a failure or a cancel (SIGTERM while starting) runs
+        :meth:`stop`, which runs those steps in reverse order, so nothing is left
+        listening or running.
 
         Raises:
             EvictionPolicyError: Redis may evict keys and DTQ_REQUIRE_NOEVICTION is on.
@@ -266,11 +286,30 @@ class Gateway:
         return self._stopped
 
     def _step(self) -> None:
-        """Raise CancelledError once :meth:`abort_start` was called."""
-        if self._abort:
+        """Raise CancelledError once :meth:`abort_start` or :meth:`stop` was called."""
+        if self._abort or self._stopped:
             raise asyncio.CancelledError("gateway start aborted")
 
+    def _on_stop(self, step: str, stop: Callable[[], Awaitable[object]]) -> None:
+        """Register the stop step of what just started: :meth:`stop` runs the steps in
+        reverse order; one that raises is logged (naming ``step``) and the later steps
+        still run."""
+        self._stack.push_async_callback(_guarded, step, stop)
+
+    def _supervise(self, name: str, start: Starter,
+                   stop: Callable[[], Awaitable[object]]) -> None:
+        """Start a background task under the supervisor; ``stop`` ends it at stop."""
+        self.supervisor.watch(name, start)
+        self._on_stop(name, stop)
+
+    async def _gave_up(self, task: str, why: str) -> None:
+        """The supervisor gave up on a background task: NOT_SERVING for every service."""
+        if not self._stopped:
+            await self.probe.mark_not_serving()
+
     async def _start(self) -> None:
+        if self.primary_watch is not None:
+            self._supervise("primary-watch", self.primary_watch.start, self.primary_watch.stop)
         try:
             await self.policy.check(at_startup=True)
         except Exception:  # Redis down: the health probe reads it once Redis answers
@@ -284,22 +323,36 @@ class Gateway:
         refused = self.policy.startup_error()
         if refused is not None:
             raise refused
+        # follow-ups spawned by Acks during the server's grace finish after it
+        self._on_stop("follow-ups", self.followups.drain)
         await self._listen()
         self._step()
+        self._on_stop("health", self.probe.stop)  # the probe writes the liveness key
         await self.probe.check_once()
         self._step()
         await self.server.start()
-        self.ops.start()
-        self.probe.start()
-        if self.primary_watch is not None:
-            self.primary_watch.start()
-        self.dispatcher.start()
-        self.scheduler.start()
+        self._supervise("scheduler", self.scheduler.start, self.scheduler.stop)
+        self._supervise("dispatcher", lambda: started_task(self.dispatcher.start),
+                        self.dispatcher.stop)
+        self._on_stop("events hub and metrics refresh", self.ops.stop_background)
+        self.supervisor.watch("events-hub", self.ops.hub.start)
+        self.supervisor.watch("metrics-refresh", self.ops.start_gauges)
+        self.supervisor.watch("health", self.probe.start)
         log.info("listening", extra={"listen": self.settings.listen, "port": self.port,
                                      "gateway_id": self.settings.gateway_id})
 
     async def stop(self) -> None:
-        """Drain: NOT_SERVING, end Lease streams, let unary calls finish, close.
+        """Drain: NOT_SERVING, end Events and Lease streams, stop the duties, let unary
+        calls finish, close.
+
+        The supervisor stops first (no task is restarted meanwhile) and health turns
+        NOT_SERVING; then the stop steps of whatever :meth:`start` started run in
+        reverse order: the events hub (Subscribe streams end with UNAVAILABLE) and
+        metrics refresh, the dispatcher (Lease streams end with UNAVAILABLE), the
+        scheduler (the leader lock is released), the health probe (the liveness key is
+        deleted), the dashboard and metrics endpoint, the gRPC server (unary calls get
+        ``shutdown_grace_s``), pending follow-ups, the Sentinel watch, the Redis
+        connections. A step that raises is logged and the later steps still run.
 
         Safe on a gateway that started only in part (a failed or cancelled
         :meth:`start`) and safe to call again (later calls return at once). The waits
@@ -311,16 +364,15 @@ class Gateway:
         self._stopped = True
         started = time.monotonic()
         self.draining.set()
-        await self.probe.stop()
-        if self.dashboard is not None:
-            await self.dashboard.stop()
-        await self.ops.stop()  # Subscribe streams end with UNAVAILABLE
-        await self.dispatcher.stop()  # Lease streams end with UNAVAILABLE
-        await self.server.stop(self.settings.shutdown_grace_s)
-        await self.followups.drain()
-        await self.scheduler.stop()
-        if self.primary_watch is not None:
-            await self.primary_watch.stop()
-        await redis_health.close(self.redis)
-        await redis_health.close(self.probe_redis)
+        self.supervisor.close()
+        await _guarded("health NOT_SERVING", self.probe.mark_not_serving)
+        await self._stack.aclose()
         log.info("stopped", extra={"drain_s": round(time.monotonic() - started, 3)})
+
+
+async def _guarded(step: str, stop: Callable[[], Awaitable[object]]) -> None:
+    """Run one stop step; an exception is logged, naming the step, not raised."""
+    try:
+        await stop()
+    except Exception:
+        log.exception("stop step failed: %s", step, extra={"step": step})

@@ -1,240 +1,216 @@
-"""``dtq-gateway --processes N``: N gateway processes on one listen address.
+"""Supervision of the gateway's background tasks: restart with backoff, or give up.
 
-One gateway process is one Python event loop: it uses one core. To use every core of a
-host, the supervisor (this module, the parent process) starts N gateway processes, each
-a plain ``dtq-gateway`` with DTQ_LISTEN_REUSEPORT on, so all of them bind DTQ_LISTEN and
-the kernel spreads new client connections over them (SO_REUSEPORT). The parent serves
-nothing itself; it:
+Every long-lived background task of a gateway replica is started through one
+:class:`Supervisor`, which watches it until the gateway stops. A task that ends while
+the gateway serves (it raised, it returned, something cancelled it) is a fault: the
+supervisor logs it with the task's name and error, counts it in
+``dtq_background_task_restarts_total{task}`` and starts it again after a capped,
+jittered exponential backoff. A task that may not be restarted, or that keeps failing
+(more than ``max_restarts`` restarts within ``window_s``), is given up on: one ERROR
+line says why and ``on_give_up`` runs (the gateway turns its gRPC health
+NOT_SERVING for every service it serves, so load balancers send calls elsewhere).
 
-- checks before anything starts that DTQ_LISTEN, the metrics ports and the dashboard
-  port are free (a port another program holds: one ERROR line, exit 1);
-- starts the embedded redis-server once when DTQ_REDIS_URL is empty, and gives all
-  processes its URL;
-- restarts a process that exits on its own, after a backoff that doubles from
-  RESTART_MIN_S to RESTART_MAX_S (reset once a process has lived RESTART_RESET_S),
-  logging each exit and restart;
-- on SIGTERM/SIGINT, sends SIGTERM to every process (each drains as one gateway does)
-  and exits once all have: 0 when all exited 0, 1 otherwise or when one outlasted
-  DTQ_SHUTDOWN_GRACE_S + the gateway's STOP_MARGIN_S + KILL_MARGIN_S (it is then
-  SIGKILLed).
-
-Process i (0-based) runs with gateway id ``<DTQ_GATEWAY_ID>-i``, Prometheus metrics on
-DTQ_METRICS_PORT + i (0 stays off) and, for i = 0 only, the dashboard. Each process
-gets SIGTERM when the supervisor dies (PR_SET_PDEATHSIG), so none outlives it.
-Leader duties need nothing here: every process elects through Redis like any replica.
+The owner of each task still stops it (its own ``stop()``, which knows how to end it
+cleanly); :meth:`Supervisor.close` comes first, so a task that ends because it is
+being stopped is never restarted.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
+import collections
+import functools
 import logging
-import os
-import shutil
-import signal
-import sys
+import random
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
-from dtq_gateway.listen import ListenError, check_free
-from dtq_gateway.settings import Settings
+from dtq_gateway.metrics import BACKGROUND_TASK_RESTARTS
 
-log = logging.getLogger("dtq_gateway.supervisor")
+log = logging.getLogger(__name__)
 
-#: First restart delay after a process exits (s); doubles per quick exit.
-RESTART_MIN_S = 0.5
-#: Longest restart delay (s).
-RESTART_MAX_S = 30.0
-#: A process that lived this long restarts after RESTART_MIN_S again (s).
-RESTART_RESET_S = 30.0
-#: Seconds past a process's own stop bound before the supervisor SIGKILLs it.
-KILL_MARGIN_S = 5.0
-#: Exit status of ``dtq-gateway`` on bad settings: the supervisor then gives up at once.
-BAD_SETTINGS = 2
+#: Starts one background task and returns it (a component's ``start``).
+Starter = Callable[[], "asyncio.Task[object]"]
+#: Called once per task given up on, with the task's name and why.
+GiveUp = Callable[[str, str], Awaitable[None]]
 
 
-def process_count(settings: Settings) -> int:
-    """DTQ_GATEWAY_PROCESSES resolved: 0 means one per CPU core (at least 1)."""
-    return settings.gateway_processes or max(1, os.cpu_count() or 1)
+@dataclass
+class _Child:
+    name: str
+    start: Starter
+    restart: bool
+    task: asyncio.Task[object] | None = None
+    #: monotonic times (s) of recent restarts, for the crash-loop bound
+    restarts: collections.deque[float] = field(default_factory=collections.deque)
 
 
-def child_args(argv: Sequence[str], settings: Settings, index: int,
-               redis_url: str | None) -> list[str]:
-    """Command line of gateway process ``index``: the supervisor's own flags, then
-    flags that override them (argparse keeps the last value of a repeated flag).
+def started_task(start: Callable[[], object]) -> asyncio.Task[object]:
+    """Call a component's ``start()`` that creates one task and returns nothing (the
+    dispatcher's), and return that task, for :meth:`Supervisor.watch`.
 
-    Args:
-        argv: the flags ``dtq-gateway`` was given.
-        settings: the supervisor's settings.
-        index: 0-based process number.
-        redis_url: the embedded redis-server's URL, or None to keep DTQ_REDIS_URL.
+    Raises:
+        RuntimeError: ``start`` created no task, or more than one.
     """
-    extra = ["--gateway-processes", "1", "--listen-reuseport", "true",
-             "--gateway-id", f"{settings.gateway_id}-{index}",
-             "--metrics-port", str(settings.metrics_port + index if settings.metrics_port else 0),
-             "--dashboard-port", str(settings.dashboard_port if index == 0 else 0)]
-    if redis_url is not None:
-        extra += ["--redis-url", redis_url]
-    return [sys.executable, "-m", "dtq_gateway", *argv, *extra]
+    before = asyncio.all_tasks()
+    start()
+    new = asyncio.all_tasks() - before
+    if len(new) != 1:
+        raise RuntimeError(f"{start!r} started {len(new)} tasks, not one")
+    return new.pop()
 
 
-def check_ports(settings: Settings, count: int) -> None:
-    """Raise ListenError when an address some process needs is taken now: DTQ_LISTEN,
-    DTQ_METRICS_PORT .. + count - 1, DTQ_DASHBOARD_PORT."""
-    check_free("gRPC", settings.listen)
-    host = settings.metrics_host or settings.listen.rpartition(":")[0]
-    if settings.metrics_port:
-        last = settings.metrics_port + count - 1
-        if last > 65535:
-            raise ListenError("metrics", f"{host}:{last}", "port number out of range")
-        for i in range(count):
-            check_free("metrics", f"{host}:{settings.metrics_port + i}")
-    if settings.dashboard_port:
-        check_free("dashboard", f"{settings.dashboard_host}:{settings.dashboard_port}")
-
-
-def _load_prctl():  # the ctypes function, or None
-    try:
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except OSError:
-        return None
-
-
-_PRCTL = _load_prctl()
-#: util-linux's setpriv sets the parent-death signal and execs the gateway, so no Python
-#: code runs between fork and exec (asyncio's child watcher threads are running then);
-#: where it is missing a ``preexec_fn`` sets the signal.
-_SETPRIV = shutil.which("setpriv")
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _with_parent_death(args: list[str]) -> tuple[list[str], dict]:
-    """``args`` and the extra Popen arguments that end the process with the supervisor."""
-    if _SETPRIV:
-        return [_SETPRIV, "--pdeathsig", "TERM", "--", *args], {}
-    return args, {"preexec_fn": _die_with_parent}
+def ended_reason(task: asyncio.Task[object]) -> str:
+    """How a finished task ended, for the log: ``cancelled``, ``returned`` or the
+    exception's repr."""
+    if task.cancelled():
+        return "cancelled"
+    exc = task.exception()
+    return "returned" if exc is None else repr(exc)
 
 
 class Supervisor:
-    """Runs and restarts the gateway processes until a stop signal.
+    """Watches the gateway's background tasks; restarts them or gives up on them.
+
+    Which task is restarted (all of them, each safe to restart), as the gateway
+    registers them:
+
+    * ``health``: the health probe's loop; it keeps no state between probes.
+    * ``events-hub``: the single pub/sub reader; it resubscribes on start (events
+      published while it was down are lost, as pub/sub semantics say).
+    * ``metrics-refresh``: the queue-gauge refresher; every tick reads Redis afresh.
+    * ``dispatcher``: the lease dispatch loop; sessions live in the dispatcher, not the
+      loop, and a lease read cut short stays in the PEL, where the reaper reclaims it.
+    * ``scheduler``: the leader lock keeper and the leader's duties (mover, reaper,
+      sweeps, schedule firer, follow-up sweep); a duty that dies ends them all, the
+      lock is released and sought again. Every state change is one atomic script.
+    * ``primary-watch`` (Sentinel mode): the sentinel poll and event listeners.
+
+    ``restart=False`` is for a task whose restart is not safe: its first fault gives
+    up at once. Giving up also follows a crash loop: more than ``max_restarts``
+    restarts of one task within ``window_s``. Short-lived tasks are not supervised:
+    they end by design (a Lease or Subscribe stream's handler, the follow-ups of one
+    outcome, which :meth:`~dtq_gateway.duties.followups.FollowUps.drain` waits for and
+    the leader's follow-up sweep redoes when lost).
 
     Args:
-        settings: the supervisor's settings (DTQ_GATEWAY_PROCESSES != 1).
-        argv: the flags ``dtq-gateway`` was given (passed on to every process).
-        redis_url: the embedded redis-server's URL, or None (DTQ_REDIS_URL is set).
-        stop_limit_s: how long one process's stop may take (s): DTQ_SHUTDOWN_GRACE_S +
-            the gateway's stop margin; KILL_MARGIN_S later it is SIGKILLed.
+        on_give_up: awaited once per task given up on, with its name and the reason.
+        base_backoff_s: wait before the first restart (s); doubles per recent restart.
+        max_backoff_s: longest wait before a restart (s); each wait is jittered to
+            50-100 % of its value.
+        max_restarts: restarts of one task allowed within ``window_s`` (>= 0).
+        window_s: the crash-loop window (s).
     """
 
-    def __init__(self, settings: Settings, argv: Sequence[str], redis_url: str | None,
-                 stop_limit_s: float) -> None:
-        self.settings = settings
-        self.stop_limit_s = stop_limit_s
-        self.argv = list(argv)
-        self.redis_url = redis_url
-        self.count = process_count(settings)
-        self.stop = asyncio.Event()
-        self.procs: dict[int, asyncio.subprocess.Process] = {}
-        #: exit status of the supervisor: 1 after a failed stop, 2 after refused settings
-        self.status = 0
+    def __init__(self, on_give_up: GiveUp | None = None, *, base_backoff_s: float = 0.1,
+                 max_backoff_s: float = 5.0, max_restarts: int = 5,
+                 window_s: float = 60.0) -> None:
+        self.on_give_up = on_give_up
+        self.base_backoff_s = base_backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.max_restarts = max_restarts
+        self.window_s = window_s
+        self._children: dict[str, _Child] = {}
+        #: tasks given up on → why
+        self.failed: dict[str, str] = {}
+        self._pending: set[asyncio.Task[None]] = set()
+        self._closed = False
 
-    async def _spawn(self, index: int) -> asyncio.subprocess.Process:
-        args, extra = _with_parent_death(
-            child_args(self.argv, self.settings, index, self.redis_url))
-        proc = await asyncio.create_subprocess_exec(*args, **extra)
-        self.procs[index] = proc
-        if self.stop.is_set():  # the stop came while it started: _forward_stop missed it
-            proc.send_signal(signal.SIGTERM)
-        log.info("gateway process started", extra={
-            "index": index, "pid": proc.pid, "gateway_id": f"{self.settings.gateway_id}-{index}"})
-        return proc
+    @property
+    def healthy(self) -> bool:
+        """False once a task was given up on."""
+        return not self.failed
 
-    async def _keep(self, index: int) -> None:
-        """Run process ``index``; restart it with backoff until the stop signal."""
-        delay = RESTART_MIN_S
-        while not self.stop.is_set():
-            started = time.monotonic()
-            proc = await self._spawn(index)
-            code = await proc.wait()
-            if self.stop.is_set():
-                if code != 0:
-                    self.status = self.status or 1
-                return
-            if code == BAD_SETTINGS:
-                log.error("gateway process refused its settings; stopping all",
-                          extra={"index": index})
-                self.status = BAD_SETTINGS
-                self.stop.set()
-                return
-            if time.monotonic() - started >= RESTART_RESET_S:
-                delay = RESTART_MIN_S
-            log.warning("gateway process exited; restarting", extra={
-                "index": index, "pid": proc.pid, "returncode": code, "restart_in_s": delay})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), timeout=delay)
-            delay = min(delay * 2, RESTART_MAX_S)
-
-    async def _forward_stop(self) -> None:
-        """On the stop signal: SIGTERM every process; SIGKILL those past their bound."""
-        await self.stop.wait()
-        log.info("stopping gateway processes", extra={"processes": len(self.procs)})
-        for proc in self.procs.values():
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
-        limit_s = self.stop_limit_s + KILL_MARGIN_S
-        waits = [asyncio.ensure_future(p.wait()) for p in self.procs.values()]
-        if waits:
-            _, late = await asyncio.wait(waits, timeout=limit_s)
-            if late:
-                self.status = self.status or 1
-                log.error("gateway processes outlasted %.1f s; killing them", limit_s)
-                for proc in self.procs.values():
-                    if proc.returncode is None:
-                        with contextlib.suppress(ProcessLookupError):
-                            proc.kill()
-
-    async def run(self, noted: Sequence[int] = ()) -> int:
-        """Serve until SIGTERM/SIGINT; the exit status (see :func:`supervise`).
+    def watch(self, name: str, start: Starter, *, restart: bool = True) -> asyncio.Task[object]:
+        """Start a background task through ``start`` and watch it until :meth:`close`.
 
         Args:
-            noted: stop signals that arrived before the event loop took them over
-                (any: stop at once).
+            name: short stable name (the metric's ``task`` label, the logs).
+            start: starts the task and returns it; called again for each restart.
+            restart: False when restarting the task is not safe (give up at once).
+
+        Returns:
+            The task ``start`` returned.
+
+        Raises:
+            ValueError: ``name`` is already watched.
+            RuntimeError: :meth:`close` was called (the gateway is stopping): nothing
+                is started.
+            Whatever ``start`` raises (nothing is watched then).
         """
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop.set)
-        if noted:
-            return 0
-        log.info("supervising gateway processes", extra={
-            "processes": self.count, "listen": self.settings.listen})
-        stopper = asyncio.ensure_future(self._forward_stop())
-        await asyncio.gather(*(self._keep(i) for i in range(self.count)))
-        self.stop.set()
-        await stopper
-        log.info("stopped", extra={"exit_status": self.status})
-        return self.status
+        if self._closed:
+            raise RuntimeError(f"background task {name!r} not started: the gateway is "
+                               "stopping")
+        if name in self._children:
+            raise ValueError(f"background task {name!r} is already supervised")
+        child = _Child(name, start, restart)
+        task = self._launch(child)
+        self._children[name] = child
+        return task
 
+    def task(self, name: str) -> asyncio.Task[object] | None:
+        """The current task of ``name`` (None when not watched)."""
+        child = self._children.get(name)
+        return child.task if child else None
 
-def supervise(settings: Settings, argv: Sequence[str], redis_url: str | None,
-              stop_limit_s: float, noted: Sequence[int] = ()) -> int:
-    """Run the gateway processes until SIGTERM/SIGINT (``dtq-gateway`` when
-    DTQ_GATEWAY_PROCESSES != 1, after :func:`check_ports` and the embedded Redis).
+    def close(self) -> None:
+        """Stop watching (before the owners stop their tasks): no restart from now on;
+        restarts waiting for their backoff are cancelled."""
+        self._closed = True
+        for pending in self._pending:
+            pending.cancel()
 
-    Args:
-        settings: the supervisor's settings.
-        argv: the flags ``dtq-gateway`` was given.
-        redis_url: the embedded redis-server's URL, or None (DTQ_REDIS_URL is set).
-        stop_limit_s: how long one process's stop may take (s), see :class:`Supervisor`.
-        noted: stop signals that arrived before the event loop started.
+    def _launch(self, child: _Child) -> asyncio.Task[object]:
+        task = child.start()
+        child.task = task
+        task.add_done_callback(functools.partial(self._ended, child))
+        return task
 
-    Returns:
-        0 after SIGTERM/SIGINT when every process drained and exited 0; 1 when one did
-        not stop in time or exited non-zero on the stop; 2 when one refused its settings.
-    """
-    return asyncio.run(Supervisor(settings, argv, redis_url, stop_limit_s).run(noted))
+    def _ended(self, child: _Child, task: asyncio.Task[object]) -> None:
+        if self._closed or task is not child.task:
+            return
+        reason = ended_reason(task)
+        now = time.monotonic()
+        recent = child.restarts
+        while recent and now - recent[0] > self.window_s:
+            recent.popleft()
+        if not child.restart or len(recent) >= self.max_restarts:
+            why = ("ended and is not restarted" if not child.restart else
+                   f"failed {len(recent) + 1} times within {self.window_s:g} s")
+            self._give_up(child.name, f"{why}: {reason}")
+            return
+        recent.append(now)
+        delay = self._backoff_s(len(recent))
+        log.warning("background task %s ended (%s); restarting in %.2f s", child.name,
+                    reason, delay, extra={"task": child.name, "restarts": len(recent)},
+                    exc_info=None if task.cancelled() else task.exception())
+        self._spawn(self._restart(child, delay))
+
+    def _backoff_s(self, attempt: int) -> float:
+        base = min(self.max_backoff_s, self.base_backoff_s * 2 ** min(attempt - 1, 16))
+        return random.uniform(base / 2, base)
+
+    async def _restart(self, child: _Child, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        if self._closed:
+            return
+        try:
+            self._launch(child)
+        except Exception as exc:  # noqa: BLE001 - a start that raises is a fault too
+            self._give_up(child.name, f"could not be restarted: {exc!r}")
+            return
+        BACKGROUND_TASK_RESTARTS.labels(task=child.name).inc()
+        log.info("background task %s restarted", child.name, extra={"task": child.name})
+
+    def _give_up(self, name: str, why: str) -> None:
+        self.failed[name] = why
+        log.error("background task %s %s; health NOT_SERVING", name, why,
+                  extra={"task": name})
+        if self.on_give_up is not None:
+            self._spawn(self.on_give_up(name, why))
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        pending: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._pending.add(pending)
+        pending.add_done_callback(self._pending.discard)

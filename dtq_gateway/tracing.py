@@ -24,7 +24,7 @@ try:  # optional dependency: the `otel` extra
     from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # pragma: no cover - exercised where the extra is absent
-    _otel = None
+    _otel = None  # type: ignore[assignment]
 
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"

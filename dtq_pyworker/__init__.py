@@ -17,6 +17,7 @@ from dtq_pyworker._requests import TERMINAL_STATUSES, EnqueueResult, GroupResult
 from dtq_pyworker._version import __version__
 from dtq_pyworker.admin import AdminClient
 from dtq_pyworker.client import AsyncClient, Client
+from dtq_pyworker.connect import ConnectConfig, TLSConfig
 from dtq_pyworker.context import TaskContext
 from dtq_pyworker.errors import DtqRpcError, PermanentError, Retry
 from dtq_pyworker.handle import TaskHandle
@@ -42,11 +43,13 @@ __all__ = [
     "CancelResult",
     "ChainState",
     "Client",
+    "ConnectConfig",
     "DtqRpcError",
     "EnqueueResult",
     "GroupResult",
     "PermanentError",
     "Retry",
+    "TLSConfig",
     "Task",
     "TaskCancelled",
     "TaskContext",

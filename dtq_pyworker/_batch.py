@@ -92,7 +92,7 @@ class Batch:
     items: list[Execution] = field(default_factory=list)
     key: str = ""
     timer: asyncio.TimerHandle | None = None
-    handle: asyncio.Task | None = None
+    handle: asyncio.Task[None] | None = None
     in_thread: bool = False
     on_thread_exit: Callable[[], None] | None = None
 

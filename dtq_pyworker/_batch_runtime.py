@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING
 
 from dtq_pyworker._batch import Batch, BatchHandler, execute_batch
 from dtq_pyworker._execute import Execution, Outcome, fail_item, stop_outcome
@@ -17,6 +20,20 @@ log = logging.getLogger(__name__)
 class BatchRuntime:
     """Mixed into Runtime, whose ``held``, ``running``, ``gathering``, ``ready``,
     ``_batch_of``, ``executor``, ``pump``, ``_report`` and ``_orphan`` it uses."""
+
+    # set by Runtime.__init__
+    held: dict[str, Execution]
+    running: dict[str, asyncio.Task[None]]
+    gathering: dict[str, Batch]
+    ready: deque[Batch]
+    _batch_of: dict[str, Batch]
+    _batch_ids: Iterator[int]
+    executor: Executor
+
+    if TYPE_CHECKING:  # Runtime's methods
+        def pump(self) -> None: ...
+        def _report(self, ex: Execution, outcome: Outcome) -> None: ...
+        def _orphan(self, ex: Execution | Batch) -> None: ...
 
     def _gather(self, ex: Execution, handler: BatchHandler) -> None:
         """Add ``ex`` to its type's gathering batch; close the batch when full."""

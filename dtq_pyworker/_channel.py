@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 
 from dtq_proto import dtq_pb2_grpc
+from dtq_pyworker.connect import ConnectConfig, TLSConfig
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 #: The gateway accepts 64 MiB messages; grpc's 4 MiB default is too small for
@@ -87,7 +88,8 @@ def check_target(target: str, field: str = "target") -> str:
 
 @dataclass(frozen=True)
 class Connection:
-    """How to reach a gateway.
+    """How to reach a gateway, resolved (environment applied) from a
+    :class:`~dtq_pyworker.connect.ConnectConfig`.
 
     Attributes:
         target: host:port.
@@ -96,6 +98,7 @@ class Connection:
         tls_ca: CA bundle PEM path for TLS ("" = system roots).
         tls_cert: Client certificate PEM path for mTLS ("" = none).
         tls_key: Client private key PEM path for mTLS ("" = none).
+        server_name: Name the gateway's certificate must hold ("" = the target's host).
     """
 
     target: str
@@ -104,12 +107,36 @@ class Connection:
     tls_ca: str = ""
     tls_cert: str = ""
     tls_key: str = ""
+    server_name: str = ""
+
+    @classmethod
+    def of(cls, config: ConnectConfig) -> Connection:
+        """``config`` with unset values filled from ``DTQ_GATEWAY``, ``DTQ_TOKEN``,
+        ``DTQ_TLS`` and ``DTQ_TLS_CA`` (see :class:`ConnectConfig`).
+
+        Raises:
+            ValueError: the address is not one grpc reads as meant (:func:`check_target`).
+        """
+        env = os.environ
+        env_ca = env.get("DTQ_TLS_CA", "").strip()
+        tls = config.tls
+        if tls is None:
+            tls = env.get("DTQ_TLS", "").strip().lower() in _TRUE or bool(env_ca)
+        files = tls if isinstance(tls, TLSConfig) else TLSConfig()
+        address = check_target(config.target or env.get("DTQ_GATEWAY", "").strip()
+                               or DEFAULT_TARGET, "target" if config.target else "DTQ_GATEWAY")
+        token = config.token if config.token is not None else env.get("DTQ_TOKEN", "").strip()
+        return cls(target=address, token=token, tls=tls is not False,
+                   tls_ca=files.ca_path or env_ca, tls_cert=files.cert_path,
+                   tls_key=files.key_path, server_name=files.server_name)
 
     @classmethod
     def resolve(cls, target: str | None = None, *, token: str | None = None,
                 tls: bool | None = None, tls_ca: str | None = None,
-                tls_cert: str | None = None, tls_key: str | None = None) -> Connection:
-        """Fill unset values from ``DTQ_GATEWAY``, ``DTQ_TOKEN``, ``DTQ_TLS``, ``DTQ_TLS_CA``.
+                tls_cert: str | None = None, tls_key: str | None = None,
+                config: ConnectConfig | None = None) -> Connection:
+        """:meth:`of` the ``config``, or of the config the separate values describe
+        (:meth:`ConnectConfig.from_keywords`); a ``target`` replaces the config's.
 
         TLS is on when asked for, when ``DTQ_TLS`` is true, or when a CA or a
         client certificate is given.
@@ -117,15 +144,12 @@ class Connection:
         Raises:
             ValueError: the address is not one grpc reads as meant (:func:`check_target`).
         """
-        env = os.environ
-        ca = tls_ca if tls_ca is not None else env.get("DTQ_TLS_CA", "").strip()
-        if tls is None:
-            tls = env.get("DTQ_TLS", "").strip().lower() in _TRUE or bool(ca or tls_cert)
-        address = check_target(target or env.get("DTQ_GATEWAY", "").strip() or DEFAULT_TARGET,
-                               "target" if target else "DTQ_GATEWAY")
-        return cls(target=address,
-                   token=token if token is not None else env.get("DTQ_TOKEN", "").strip(),
-                   tls=tls, tls_ca=ca, tls_cert=tls_cert or "", tls_key=tls_key or "")
+        if config is None:
+            config = ConnectConfig.from_keywords(target, token=token, tls=tls, tls_ca=tls_ca,
+                                                 tls_cert=tls_cert, tls_key=tls_key)
+        elif target:
+            config = ConnectConfig(target, config.tls, config.token)
+        return cls.of(config)
 
     def credentials(self) -> grpc.ChannelCredentials | None:
         """Channel credentials for TLS, or None for plaintext."""
@@ -137,7 +161,7 @@ class Connection:
                                             certificate_chain=cert)
 
     def channel(self, *, aio: bool, options: list[tuple[str, Any]] | None = None,
-                reconnect_max_s: float = RECONNECT_MAX_S, retries: bool = False):
+                reconnect_max_s: float = RECONNECT_MAX_S, retries: bool = False) -> Any:
         """A new grpc (``aio=False``) or grpc.aio (``aio=True``) channel.
 
         Args:
@@ -155,6 +179,8 @@ class Connection:
         merged = dict(default_options(reconnect_max_s))
         if retries:
             merged["grpc.service_config"] = retry_service_config()
+        if self.tls and self.server_name:
+            merged["grpc.ssl_target_name_override"] = self.server_name
         merged.update(options or [])
         opts = list(merged.items())
         module = grpc.aio if aio else grpc
@@ -163,7 +189,7 @@ class Connection:
             return module.insecure_channel(self.target, options=opts)
         return module.secure_channel(self.target, creds, options=opts)
 
-    def stub(self, channel, service: str = "Broker") -> Any:
+    def stub(self, channel: Any, service: str = "Broker") -> Any:
         """A stub of ``service`` ("Broker", "Admin" or "Events") whose calls carry
         the bearer token (when one is set)."""
         stub = getattr(dtq_pb2_grpc, f"{service}Stub")(channel)

@@ -38,7 +38,9 @@ def resolve(module: str, qualname: str) -> Callable[..., Any]:
     for part in qualname.split("."):
         obj = getattr(obj, part)
     fn = getattr(obj, "fn", None)  # @worker.task leaves a TaskHandle at the name
-    return fn if fn is not None and getattr(obj, "task_type", None) is not None else obj
+    found: Callable[..., Any] = (fn if fn is not None and getattr(obj, "task_type", None)
+                                 is not None else obj)
+    return found
 
 
 class SharedFlag:
@@ -130,8 +132,9 @@ def child_run(module: str, qualname: str, payload: Any,
         if inspect.isawaitable(value):
             value = asyncio.run(_awaited(value))
     except Exception as exc:  # noqa: BLE001 - every handler error becomes a Fail item
-        outcome = exception_outcome(ctx.lease_id, exc)
-        return "fail", outcome.fail.SerializeToString()
+        fail = exception_outcome(ctx.lease_id, exc).fail
+        assert fail is not None  # an exception's outcome is always a Fail item
+        return "fail", fail.SerializeToString()
     try:
         return "ack", encode_result(value)
     except (TypeError, ValueError) as exc:

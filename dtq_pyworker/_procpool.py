@@ -119,7 +119,7 @@ class ProcessPool:
                 {_procchild.__name__} | {m for m, _ in self._refs.values() if m != "__main__"}))
         self._idle: asyncio.Queue[_Slot] = asyncio.Queue()
         self._slots: set[_Slot] = set()
-        self._replacing: set[asyncio.Task] = set()
+        self._replacing: set[asyncio.Task[None]] = set()
         self._closed = False
         #: Child processes started so far (the first ``size`` plus replacements).
         self.started = 0
@@ -184,7 +184,11 @@ class ProcessPool:
             if slot.current is not None:
                 _kill(slot)
             self._drop(slot)
-        await asyncio.to_thread(lambda: [s.executor.shutdown(wait=True) for s in slots])
+        def shut_down() -> None:
+            for s in slots:
+                s.executor.shutdown(wait=True)
+
+        await asyncio.to_thread(shut_down)
 
     def _new_slot(self) -> _Slot:
         """Start one child and wait until it runs (blocking: call in a thread)."""
@@ -224,7 +228,7 @@ class ProcessPool:
             with contextlib.suppress(ValueError, OSError):
                 asyncio.get_running_loop().remove_reader(slot.progress_in.fileno())
 
-    async def _stop(self, slot: _Slot, future: Future, ex: Execution) -> None:
+    async def _stop(self, slot: _Slot, future: Future[Any], ex: Execution) -> None:
         """The call was cancelled: let a cancelled handler finish within the grace,
         else kill its process and replace the slot."""
         slot.cancel_value.value = 1
@@ -306,7 +310,7 @@ def _start_forkserver() -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _retrieve(future: asyncio.Future) -> None:
+def _retrieve(future: asyncio.Future[Any]) -> None:
     """Mark a future's outcome as seen (its exception is expected and handled)."""
     if not future.cancelled():
         future.exception()

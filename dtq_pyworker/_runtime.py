@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor
+from typing import cast
 
 from dtq_proto import dtq_pb2
 from dtq_pyworker import _tracing
@@ -64,7 +66,7 @@ class Runtime(BatchRuntime):
         self._count = count
         self.held: dict[str, Execution] = {}
         self.buffer: deque[str] = deque()
-        self.running: dict[str, asyncio.Task] = {}
+        self.running: dict[str, asyncio.Task[None]] = {}
         self._orphans: set[Execution | Batch] = set()  # stopped, their sync thread runs on
         #: Gathering batch by task type; closed batches waiting for a slot; the batch of
         #: every lease that belongs to one (gathering, waiting or running).
@@ -156,7 +158,7 @@ class Runtime(BatchRuntime):
                 continue
             loop = self._loop or asyncio.get_running_loop()
             ex.handle = loop.create_task(self._run(ex), name=f"dtq-task-{ex.task.task_id}")
-            ex.handle.add_done_callback(lambda _t, ex=ex: self._after(ex))
+            ex.handle.add_done_callback(functools.partial(self._after_task, ex))
             self.running[lease_id] = ex.handle
 
     # -- stops ----------------------------------------------------------------------
@@ -240,7 +242,9 @@ class Runtime(BatchRuntime):
     # -- running --------------------------------------------------------------------
     async def _run(self, ex: Execution) -> None:
         lease_id = ex.task.lease_id
-        handler = self.handlers.get(ex.task.task_type)
+        # batch handlers' tasks never get here (_gather takes them)
+        handler = cast(Handler | None, self.handlers.get(ex.task.task_type))
+        outcome: Outcome | None
         try:
             if handler is None:
                 outcome = Outcome(fail=fail_item(
@@ -260,7 +264,8 @@ class Runtime(BatchRuntime):
             outcome = Outcome(fail=fail_item(lease_id, "WorkerError", "internal worker error",
                                              True))
         self._forget(lease_id)
-        self._report(ex, outcome)
+        if outcome is not None:  # None only for a stop reason that is not ours
+            self._report(ex, outcome)
         self.pump()
 
     async def _execute(self, handler: Handler, ex: Execution) -> Outcome:
@@ -273,6 +278,9 @@ class Runtime(BatchRuntime):
             _tracing.set_outcome(span, outcome.fail is None,
                                  outcome.fail.error_class if outcome.fail else "")
         return outcome
+
+    def _after_task(self, ex: Execution, _task: asyncio.Task[None]) -> None:
+        self._after(ex)
 
     def _after(self, ex: Execution) -> None:
         """Clean up an execution whose task was cancelled before its first step."""
@@ -313,7 +321,7 @@ class Runtime(BatchRuntime):
         if not ex.in_thread:  # it returned before the callback was in place
             loop.call_soon(self._thread_returned, ex)
 
-    def _thread_returned(self, ex: Execution) -> None:
+    def _thread_returned(self, ex: Execution | Batch) -> None:
         if ex in self._orphans:
             self._orphans.discard(ex)
             log.info("stopped handler's thread returned; slot free again",

@@ -19,7 +19,7 @@ try:  # optional dependency: the `otel` extra
     from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Status, StatusCode
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # pragma: no cover - exercised where the extra is absent
-    _otel = None
+    _otel = None  # type: ignore[assignment]
 
 _TRACER = "dtq_pyworker"
 

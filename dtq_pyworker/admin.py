@@ -11,15 +11,18 @@ the gateway has tokens on, every Admin and Events call needs an ``admin`` token.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import grpc
 
 from dtq_proto import dtq_pb2
 from dtq_pyworker._requests import new_message
 from dtq_pyworker.client import Client
+from dtq_pyworker.connect import ConnectConfig
 from dtq_pyworker.errors import DtqRpcError
 from dtq_pyworker.tasks import Task, TaskStatus
+
+R = TypeVar("R")
 
 #: Largest page the gateway serves for each listing.
 QUEUES_PAGE = 1000
@@ -41,14 +44,16 @@ class AdminClient(Client):
     once (each appends to the audit stream).
     """
 
-    def __init__(self, target: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, target: str | ConnectConfig | None = None, **kwargs: Any) -> None:
         super().__init__(target, **kwargs)
         self._admin = self.connection.stub(self._channel, "Admin")
         self._events = self.connection.stub(self._channel, "Events")
 
-    def _admin_call(self, method: str, request: Any) -> Any:
+    def _admin_call(self, method: str, reply: type[R], request: Any) -> R:
+        """The ``reply`` of Admin ``method`` for ``request`` (DtqRpcError when refused)."""
         try:
-            return getattr(self._admin, method)(request, timeout=self.timeout_s)
+            answer: R = getattr(self._admin, method)(request, timeout=self.timeout_s)
+            return answer
         except grpc.RpcError as exc:
             raise DtqRpcError.from_rpc_error(exc) from exc
 
@@ -58,7 +63,8 @@ class AdminClient(Client):
         out: list[dtq_pb2.ScheduleInfo] = []
         token = ""
         while True:
-            resp = self._admin_call("ListSchedules", dtq_pb2.ListSchedulesRequest(
+            resp = self._admin_call("ListSchedules", dtq_pb2.ListSchedulesResponse,
+                                    dtq_pb2.ListSchedulesRequest(
                 page_size=200, page_token=token))
             out.extend(resp.schedules)
             token = resp.next_page_token
@@ -68,31 +74,37 @@ class AdminClient(Client):
     def create_schedule(self, schedule: dtq_pb2.Schedule, replace: bool = False
                         ) -> dtq_pb2.CreateScheduleResponse:
         """Create a schedule (ALREADY_EXISTS unless ``replace``)."""
-        return self._admin_call("CreateSchedule", dtq_pb2.CreateScheduleRequest(
+        return self._admin_call("CreateSchedule", dtq_pb2.CreateScheduleResponse,
+                                dtq_pb2.CreateScheduleRequest(
             schedule=schedule, replace=replace))
 
     def pause_schedule(self, name: str) -> dtq_pb2.PauseScheduleResponse:
         """Pause a schedule (NOT_FOUND if unknown)."""
-        return self._admin_call("PauseSchedule", dtq_pb2.PauseScheduleRequest(name=name))
+        return self._admin_call("PauseSchedule", dtq_pb2.PauseScheduleResponse,
+                                dtq_pb2.PauseScheduleRequest(name=name))
 
     def resume_schedule(self, name: str) -> dtq_pb2.ResumeScheduleResponse:
         """Resume a schedule from now (fires due while paused are skipped)."""
-        return self._admin_call("ResumeSchedule", dtq_pb2.ResumeScheduleRequest(name=name))
+        return self._admin_call("ResumeSchedule", dtq_pb2.ResumeScheduleResponse,
+                                dtq_pb2.ResumeScheduleRequest(name=name))
 
     def trigger_schedule(self, name: str) -> dtq_pb2.TriggerScheduleResponse:
         """Enqueue one fire now, by hand; returns the task id."""
-        return self._admin_call("TriggerSchedule", dtq_pb2.TriggerScheduleRequest(name=name))
+        return self._admin_call("TriggerSchedule", dtq_pb2.TriggerScheduleResponse,
+                                dtq_pb2.TriggerScheduleRequest(name=name))
 
     def delete_schedule(self, name: str) -> dtq_pb2.DeleteScheduleResponse:
         """Delete a schedule; ``deleted`` is False when there was none."""
-        return self._admin_call("DeleteSchedule", dtq_pb2.DeleteScheduleRequest(name=name))
+        return self._admin_call("DeleteSchedule", dtq_pb2.DeleteScheduleResponse,
+                                dtq_pb2.DeleteScheduleRequest(name=name))
 
     def rate_limits(self, queue: str = "") -> list[dtq_pb2.RateLimit]:
         """Rate limits of one queue, or of every queue (pages through ListRateLimits)."""
         out: list[dtq_pb2.RateLimit] = []
         token = ""
         while True:
-            resp = self._admin_call("ListRateLimits", dtq_pb2.ListRateLimitsRequest(
+            resp = self._admin_call("ListRateLimits", dtq_pb2.ListRateLimitsResponse,
+                                    dtq_pb2.ListRateLimitsRequest(
                 queue=queue, page_size=1000, page_token=token))
             out.extend(resp.rate_limits)
             token = resp.next_page_token
@@ -108,14 +120,16 @@ class AdminClient(Client):
                 ``rate_limit.period_ms`` outside 0..2**64-1 (the gateway refuses what
                 is outside the documented 1..1000000 and 1..86400000 ms).
         """
-        return self._admin_call("SetRateLimit", dtq_pb2.SetRateLimitRequest(
+        return self._admin_call("SetRateLimit", dtq_pb2.SetRateLimitResponse,
+                                dtq_pb2.SetRateLimitRequest(
             rate_limit=new_message(dtq_pb2.RateLimit, "rate_limit.", queue=queue,
                                    task_type=task_type, limit=limit, period_ms=period_ms,
                                    burst=burst)))
 
     def delete_rate_limit(self, queue: str, task_type: str = "") -> dtq_pb2.DeleteRateLimitResponse:
         """Remove a rate limit; ``deleted`` is False when there was none."""
-        return self._admin_call("DeleteRateLimit", dtq_pb2.DeleteRateLimitRequest(
+        return self._admin_call("DeleteRateLimit", dtq_pb2.DeleteRateLimitResponse,
+                                dtq_pb2.DeleteRateLimitRequest(
             queue=queue, task_type=task_type))
 
     # -- queues -------------------------------------------------------------------
@@ -124,7 +138,8 @@ class AdminClient(Client):
         out: list[dtq_pb2.QueueSummary] = []
         token = ""
         while True:
-            resp = self._admin_call("ListQueues", dtq_pb2.ListQueuesRequest(
+            resp = self._admin_call("ListQueues", dtq_pb2.ListQueuesResponse,
+                                    dtq_pb2.ListQueuesRequest(
                 page_size=QUEUES_PAGE, page_token=token))
             out.extend(resp.queues)
             token = resp.next_page_token
@@ -137,18 +152,21 @@ class AdminClient(Client):
         Raises:
             DtqRpcError: NOT_FOUND for a queue with no streams.
         """
-        return self._admin_call("GetQueueStats", dtq_pb2.GetQueueStatsRequest(queue=queue))
+        return self._admin_call("GetQueueStats", dtq_pb2.GetQueueStatsResponse,
+                                dtq_pb2.GetQueueStatsRequest(queue=queue))
 
     def pause_queue(self, queue: str, reason: str = "",
                     create: bool = False) -> dtq_pb2.PauseQueueResponse:
         """Stop leasing from ``queue`` (``changed`` False when it already was); a queue
         that does not exist is NOT_FOUND unless ``create`` (pause it before its first task)."""
-        return self._admin_call("PauseQueue", dtq_pb2.PauseQueueRequest(
+        return self._admin_call("PauseQueue", dtq_pb2.PauseQueueResponse,
+                                dtq_pb2.PauseQueueRequest(
             queue=queue, reason=reason, create=create))
 
     def resume_queue(self, queue: str, reason: str = "") -> dtq_pb2.ResumeQueueResponse:
         """Resume leasing from ``queue`` (``changed`` False when it was not paused)."""
-        return self._admin_call("ResumeQueue", dtq_pb2.ResumeQueueRequest(queue=queue,
+        return self._admin_call("ResumeQueue", dtq_pb2.ResumeQueueResponse,
+                                dtq_pb2.ResumeQueueRequest(queue=queue,
                                                                            reason=reason))
 
     def delete_queue(self, queue: str, dry_run: bool = False, discard_dead_letters: bool = False,
@@ -160,7 +178,8 @@ class AdminClient(Client):
                 reason QUEUE_NOT_EMPTY (tasks queued, leased or scheduled) or
                 HAS_DEAD_LETTERS (unless ``discard_dead_letters``).
         """
-        return self._admin_call("DeleteQueue", dtq_pb2.DeleteQueueRequest(
+        return self._admin_call("DeleteQueue", dtq_pb2.DeleteQueueResponse,
+                                dtq_pb2.DeleteQueueRequest(
             queue=queue, dry_run=dry_run, discard_dead_letters=discard_dead_letters,
             reason=reason))
 
@@ -170,7 +189,8 @@ class AdminClient(Client):
         out: list[dtq_pb2.DeadLetter] = []
         token = ""
         while len(out) < limit:
-            resp = self._admin_call("ListDeadLetters", dtq_pb2.ListDeadLettersRequest(
+            resp = self._admin_call("ListDeadLetters", dtq_pb2.ListDeadLettersResponse,
+                                    dtq_pb2.ListDeadLettersRequest(
                 page_size=min(DEAD_LETTERS_PAGE, limit - len(out)), page_token=token,
                 queue=queue))
             out.extend(resp.entries)
@@ -182,23 +202,24 @@ class AdminClient(Client):
     def requeue_dead_letter(self, task_id: str) -> dtq_pb2.RequeueDeadLetterResponse:
         """Put a dead-lettered task back with a fresh attempt budget (NOT_FOUND
         when it has no dead-letter entry)."""
-        return self._admin_call("RequeueDeadLetter",
+        return self._admin_call("RequeueDeadLetter", dtq_pb2.RequeueDeadLetterResponse,
                                 dtq_pb2.RequeueDeadLetterRequest(task_id=task_id))
 
     def discard_dead_letter(self, task_id: str) -> dtq_pb2.DiscardDeadLetterResponse:
         """Remove a task's dead-letter entry (NOT_FOUND when it has none)."""
-        return self._admin_call("DiscardDeadLetter",
+        return self._admin_call("DiscardDeadLetter", dtq_pb2.DiscardDeadLetterResponse,
                                 dtq_pb2.DiscardDeadLetterRequest(task_id=task_id))
 
     def purge_dead_letters(self) -> dtq_pb2.PurgeDeadLettersResponse:
         """Remove every dead-letter entry."""
-        return self._admin_call("PurgeDeadLetters", dtq_pb2.PurgeDeadLettersRequest())
+        return self._admin_call("PurgeDeadLetters", dtq_pb2.PurgeDeadLettersResponse,
+                                dtq_pb2.PurgeDeadLettersRequest())
 
     def redrive_dead_letters(self, **filters: Any) -> dtq_pb2.RedriveDeadLettersResponse:
         """Requeue the dead letters matching ``filters`` (fields of
         ``RedriveDeadLettersRequest``: queue, task_type, error_class, min_age_ms,
         max_age_ms, dry_run, max_per_second, limit)."""
-        return self._admin_call("RedriveDeadLetters",
+        return self._admin_call("RedriveDeadLetters", dtq_pb2.RedriveDeadLettersResponse,
                                 new_message(dtq_pb2.RedriveDeadLettersRequest, **filters))
 
     # -- bulk cancels and search --------------------------------------------------------
@@ -208,33 +229,37 @@ class AdminClient(Client):
         (fields of ``TaskFilter``: queue (required), task_type, statuses, metadata,
         min_age_ms, max_age_ms, created_after_ms, created_before_ms). A started task is
         never cancelled; ``limit`` 0 = 100000."""
-        return self._admin_call("CancelTasks", dtq_pb2.CancelTasksRequest(
+        return self._admin_call("CancelTasks", dtq_pb2.CancelTasksResponse,
+                                dtq_pb2.CancelTasksRequest(
             filter=new_message(dtq_pb2.TaskFilter, **filters), dry_run=dry_run,
             limit=limit, reason=reason))
 
     def purge_queue(self, queue: str, *, dry_run: bool = False,
                     reason: str = "") -> dtq_pb2.PurgeQueueResponse:
         """Cancel (or with ``dry_run`` count) every waiting task of ``queue``."""
-        return self._admin_call("PurgeQueue", dtq_pb2.PurgeQueueRequest(
+        return self._admin_call("PurgeQueue", dtq_pb2.PurgeQueueResponse,
+                                dtq_pb2.PurgeQueueRequest(
             queue=queue, dry_run=dry_run, reason=reason))
 
     def search_tasks(self, *, page_size: int = 50, page_token: str = "",
                      **filters: Any) -> dtq_pb2.SearchTasksResponse:
         """One page of SearchTasks (``filters``: fields of ``TaskFilter``); the reply's
         ``next_page_token`` continues it, "" at the end."""
-        return self._admin_call("SearchTasks", dtq_pb2.SearchTasksRequest(
+        return self._admin_call("SearchTasks", dtq_pb2.SearchTasksResponse,
+                                dtq_pb2.SearchTasksRequest(
             filter=new_message(dtq_pb2.TaskFilter, **filters), page_size=page_size,
             page_token=page_token))
 
     # -- workers, recent tasks, audit ------------------------------------------------
     def workers(self) -> list[dtq_pb2.WorkerInfo]:
         """Known workers, sorted by id."""
-        return list(self._admin_call("ListWorkers", dtq_pb2.ListWorkersRequest()).workers)
+        return list(self._admin_call("ListWorkers", dtq_pb2.ListWorkersResponse,
+                                     dtq_pb2.ListWorkersRequest()).workers)
 
     def recent_tasks(self, limit: int = 50, queue: str = "",
                      status: TaskStatus | int = TaskStatus.UNSPECIFIED) -> list[Task]:
         """Most recently created tasks, newest first (payloads omitted), 1..1000."""
-        resp = self._admin_call("ListRecentTasks", new_message(
+        resp = self._admin_call("ListRecentTasks", dtq_pb2.ListRecentTasksResponse, new_message(
             dtq_pb2.ListRecentTasksRequest, limit=limit, queue=queue, status=int(status)))
         return [Task.from_proto(t) for t in resp.tasks]
 
@@ -243,7 +268,8 @@ class AdminClient(Client):
         out: list[dtq_pb2.AuditEntry] = []
         token = ""
         while len(out) < limit:
-            resp = self._admin_call("ListAudit", dtq_pb2.ListAuditRequest(
+            resp = self._admin_call("ListAudit", dtq_pb2.ListAuditResponse,
+                                    dtq_pb2.ListAuditRequest(
                 page_size=min(AUDIT_PAGE, limit - len(out)), page_token=token))
             out.extend(resp.entries)
             token = resp.next_page_token
@@ -261,8 +287,14 @@ class AdminClient(Client):
             types: Only these ``dtq_pb2.EventType`` values (empty = all).
         """
         call = self._events.Subscribe(dtq_pb2.SubscribeRequest(queues=list(queues),
-                                                               types=list(types)))
+                                                               types=_event_types(types)))
         return EventStream(call)
+
+
+
+def _event_types(types: Iterable[int]) -> list[dtq_pb2.EventType]:
+    """``types`` for SubscribeRequest.types (EventType values are ints at run time)."""
+    return cast("list[dtq_pb2.EventType]", list(types))
 
 
 class EventStream:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Self
 
 import grpc
@@ -27,6 +27,7 @@ from dtq_pyworker._requests import (
     enqueue_result,
     template_request,
 )
+from dtq_pyworker.connect import ConnectConfig, connect_config
 from dtq_pyworker.errors import DtqRpcError
 from dtq_pyworker.tasks import CancelResult, Task, TaskStatus, TaskWaitTimeout, outcome_error
 
@@ -51,7 +52,7 @@ def _cancel_result(resp: dtq_pb2.CancelTaskResponse) -> CancelResult:
     return CancelResult(TaskStatus.of(resp.status), resp.cancel_requested, resp.request_id)
 
 
-def _or_missing(get, missing_ok: bool) -> dtq_pb2.Task | None:
+def _or_missing(get: Callable[[], Task], missing_ok: bool) -> Task | None:
     """``get()``, or None for NOT_FOUND when ``missing_ok``."""
     try:
         return get()
@@ -61,11 +62,11 @@ def _or_missing(get, missing_ok: bool) -> dtq_pb2.Task | None:
         raise
 
 
-def _connect(target: str | None, aio: bool, options: list[tuple[str, Any]] | None,
-             **security: Any) -> tuple[Connection, Any, Any]:
-    """(resolved connection, channel, Broker stub) for a client; ``security``: token/TLS.
-    The channel resends read-only calls on UNAVAILABLE (``_channel.RETRIED_METHODS``)."""
-    conn = Connection.resolve(target, **security)
+def _connect(config: ConnectConfig, aio: bool, options: list[tuple[str, Any]] | None
+             ) -> tuple[Connection, Any, Any]:
+    """(resolved connection, channel, Broker stub) for a client. The channel resends
+    read-only calls on UNAVAILABLE (``_channel.RETRIED_METHODS``)."""
+    conn = Connection.of(config)
     channel = conn.channel(aio=aio, options=options, retries=True)
     return conn, channel, conn.stub(channel)
 
@@ -74,16 +75,18 @@ class Client:
     """Blocking producer client.
 
     Args:
-        target: Gateway address; default env ``DTQ_GATEWAY`` or 127.0.0.1:50051.
+        target: The gateway: a :class:`~dtq_pyworker.ConnectConfig` (address, TLS,
+            token), or just its address (``HOST:PORT``); None = ``ConnectConfig()``
+            (env ``DTQ_GATEWAY`` or 127.0.0.1:50051, ``DTQ_TOKEN``, ``DTQ_TLS``,
+            ``DTQ_TLS_CA``).
         timeout_s: Deadline of each call in seconds, retries included.
         channel_options: Extra grpc channel options; ``("grpc.service_config", json)``
             replaces the retry policy (``"{}"``: none), ``("grpc.enable_retries", 0)``
             turns retries off.
-        token: Bearer token; default env ``DTQ_TOKEN`` (none when unset).
-        tls: Use TLS; default env ``DTQ_TLS``, or on when a CA/client cert is given.
-        tls_ca: CA bundle PEM path; default env ``DTQ_TLS_CA``.
-        tls_cert: Client certificate PEM path (mTLS).
-        tls_key: Client private key PEM path (mTLS).
+        token, tls, tls_ca, tls_cert, tls_key: Deprecated (a DeprecationWarning;
+            gone in dtq 0.3): put them in a :class:`~dtq_pyworker.ConnectConfig`
+            (``token``, ``tls=TLSConfig(ca_path, cert_path, key_path)``; ``tls=False``
+            for plaintext). Passed with a ConnectConfig they raise TypeError.
 
     Every method raises :class:`DtqRpcError` when the gateway refuses the call.
     Read-only calls (GetTask, so also :meth:`wait`) are sent again when they fail
@@ -93,14 +96,15 @@ class Client:
     first. Enqueue, EnqueueBatch and CancelTask are sent once.
     """
 
-    def __init__(self, target: str | None = None, *, timeout_s: float = 10.0,
+    def __init__(self, target: str | ConnectConfig | None = None, *, timeout_s: float = 10.0,
                  channel_options: list[tuple[str, Any]] | None = None,
                  token: str | None = None, tls: bool | None = None, tls_ca: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None) -> None:
         self.timeout_s = timeout_s
-        self.connection, self._channel, self._stub = _connect(
-            target, False, channel_options, token=token, tls=tls, tls_ca=tls_ca,
-            tls_cert=tls_cert, tls_key=tls_key)
+        config = connect_config(target, {"token": token, "tls": tls, "tls_ca": tls_ca,
+                                         "tls_cert": tls_cert, "tls_key": tls_key},
+                                type(self).__name__)
+        self.connection, self._channel, self._stub = _connect(config, False, channel_options)
         self.target = self.connection.target
 
     def _call(self, method: str, request: Any) -> Any:
@@ -269,14 +273,15 @@ class AsyncClient:
     Create it inside a running event loop.
     """
 
-    def __init__(self, target: str | None = None, *, timeout_s: float = 10.0,
+    def __init__(self, target: str | ConnectConfig | None = None, *, timeout_s: float = 10.0,
                  channel_options: list[tuple[str, Any]] | None = None,
                  token: str | None = None, tls: bool | None = None, tls_ca: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None) -> None:
         self.timeout_s = timeout_s
-        self.connection, self._channel, self._stub = _connect(
-            target, True, channel_options, token=token, tls=tls, tls_ca=tls_ca,
-            tls_cert=tls_cert, tls_key=tls_key)
+        config = connect_config(target, {"token": token, "tls": tls, "tls_ca": tls_ca,
+                                         "tls_cert": tls_cert, "tls_key": tls_key},
+                                type(self).__name__)
+        self.connection, self._channel, self._stub = _connect(config, True, channel_options)
         self.target = self.connection.target
 
     async def _call(self, method: str, request: Any) -> Any:

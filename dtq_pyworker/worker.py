@@ -25,6 +25,7 @@ from dtq_pyworker._runtime import STOP_DRAIN, Runtime
 from dtq_pyworker._session import MAX_LEASE_BATCH, SessionState
 from dtq_pyworker._version import SDK
 from dtq_pyworker.client import Client
+from dtq_pyworker.connect import ConnectConfig, connect_config, with_target
 from dtq_pyworker.errors import DtqRpcError
 from dtq_pyworker.handle import TaskHandle
 
@@ -80,7 +81,10 @@ class Worker:
     Args:
         queues: Queues to lease from (strict priority across them): 1..32 names of
             ``[A-Za-z0-9_.-]{1,64}``, else ValueError naming ``queues``.
-        target: Gateway address; default env ``DTQ_GATEWAY`` or 127.0.0.1:50051.
+        target: The gateway: a :class:`~dtq_pyworker.ConnectConfig` (address, TLS,
+            token), or just its address (``HOST:PORT``); None = ``ConnectConfig()``
+            (env ``DTQ_GATEWAY`` or 127.0.0.1:50051, ``DTQ_TOKEN``, ``DTQ_TLS``,
+            ``DTQ_TLS_CA``).
         concurrency: Handler slots (sync handlers run in a thread pool this size).
             A handler's ``timeout_ms`` counts from its start (for a sync handler,
             when its thread picks it up). A sync handler still running after its
@@ -121,11 +125,10 @@ class Worker:
         channel_options: Extra grpc channel options (they replace the defaults of
             the same name: keepalive every 10 s with a 5 s timeout, the reconnect
             backoff above).
-        token: Bearer token; default env ``DTQ_TOKEN`` (none when unset).
-        tls: Use TLS; default env ``DTQ_TLS``, or on when a CA/client cert is given.
-        tls_ca: CA bundle PEM path; default env ``DTQ_TLS_CA``.
-        tls_cert: Client certificate PEM path (mTLS).
-        tls_key: Client private key PEM path (mTLS).
+        token, tls, tls_ca, tls_cert, tls_key: Deprecated (a DeprecationWarning;
+            gone in dtq 0.3): put them in a :class:`~dtq_pyworker.ConnectConfig`
+            (``token``, ``tls=TLSConfig(ca_path, cert_path, key_path)``; ``tls=False``
+            for plaintext). Passed with a ConnectConfig they raise TypeError.
 
     Attributes:
         stats: Counters by name (:data:`STAT_NAMES`). Each Ack/Fail item counts by
@@ -141,7 +144,7 @@ class Worker:
             PERMISSION_DENIED, or INVALID_ARGUMENT on Lease); raised after the drain.
     """
 
-    def __init__(self, queues: Iterable[str], target: str | None = None, *,
+    def __init__(self, queues: Iterable[str], target: str | ConnectConfig | None = None, *,
                  concurrency: int = 8, max_in_flight: int | None = None,
                  pool: str = "thread", cancel_grace_s: float = 2.0,
                  worker_id: str | None = None, task_types: Iterable[str] | None = None,
@@ -154,10 +157,15 @@ class Worker:
         self.queues = check_queues(queues)
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
-        self.target = check_target(target or os.environ.get("DTQ_GATEWAY") or DEFAULT_TARGET,
-                                   "target" if target else "DTQ_GATEWAY")
-        self._tls_args = {"token": token, "tls": tls, "tls_ca": tls_ca, "tls_cert": tls_cert,
-                          "tls_key": tls_key}
+        config = connect_config(target, {"token": token, "tls": tls, "tls_ca": tls_ca,
+                                         "tls_cert": tls_cert, "tls_key": tls_key}, "Worker")
+        self.target = check_target(
+            config.target or os.environ.get("DTQ_GATEWAY") or DEFAULT_TARGET,
+            "target" if config.target else "DTQ_GATEWAY")
+        #: How this worker reaches its gateway; ``target`` (which the CLI may set
+        #: later) wins over the address in it.
+        self.connect_config = with_target(config, self.target)
+        self._tls_args = {"config": self.connect_config}
         self.concurrency = concurrency
         if pool not in POOLS:
             raise ValueError(f"pool: {pool!r} is not one of {', '.join(POOLS)}")
@@ -285,7 +293,7 @@ class Worker:
         made on first use and reused (what ``TaskHandle.enqueue`` uses by default)."""
         with self._client_lock:
             if self._client is None:
-                self._client = Client(self.target, **self._tls_args)
+                self._client = Client(with_target(self.connect_config, self.target))
             return self._client
 
     # -- lifecycle ------------------------------------------------------------------

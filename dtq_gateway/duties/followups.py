@@ -30,9 +30,10 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+from dtq_gateway.domain.followup_plan import record_fields, step_task_id
+from dtq_gateway.domain.validation import NewTask, validate_enqueue
 from dtq_gateway.duties.duty import PeriodicDuty
 from dtq_gateway.errors import DtqError
-from dtq_gateway.followup_plan import record_fields, step_task_id
 from dtq_gateway.logconf import RateLimitedLog
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import followups as followup_store
@@ -41,7 +42,6 @@ from dtq_gateway.store.broker import Broker, Enqueued
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.keys import internal_idempotency_digest
 from dtq_gateway.store.task_groups import TaskGroups
-from dtq_gateway.validation import NewTask, validate_enqueue
 from dtq_proto import dtq_pb2
 
 log = logging.getLogger(__name__)

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dtq_gateway import metrics
+from dtq_gateway.domain.schedule_plan import LATE_MS, due_count, plan, policy_of, timetable_of
 from dtq_gateway.duties.duty import PeriodicDuty
 from dtq_gateway.duties.leader import LeaderLock
 from dtq_gateway.errors import InvalidArgument
 from dtq_gateway.logconf import RateLimitedLog
-from dtq_gateway.schedule_plan import LATE_MS, due_count, plan, policy_of, timetable_of
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import schedules
 from dtq_gateway.store.admin import redis_now_ms
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 MAX_BATCHES_PER_TICK = 200
 #: Tasks per enqueue call of the firer.
 ENQUEUE_CHUNK = 1000
-_POLICY_NAMES = {pb.SCHEDULE_CATCH_UP_SKIP: "skip", pb.SCHEDULE_CATCH_UP_LATEST: "latest",
+_POLICY_NAMES: dict[int, str] = {pb.SCHEDULE_CATCH_UP_SKIP: "skip", pb.SCHEDULE_CATCH_UP_LATEST: "latest",
                  pb.SCHEDULE_CATCH_UP_ALL: "all"}
 
 

@@ -224,10 +224,12 @@ class Scheduler:
         for duty in self._duties[1:]:
             duty.wake()
 
-    def start(self) -> None:
-        """Run :meth:`run` as a background task (the gateway's duty interface)."""
-        if self._run_task is None:
+    def start(self) -> asyncio.Task[None]:
+        """Run :meth:`run` as a background task (again, after it ended: a duty that died
+        ends them all); returns it."""
+        if self._run_task is None or self._run_task.done():
             self._run_task = asyncio.create_task(self.run(), name="dtq-scheduler")
+        return self._run_task
 
     async def run(self) -> None:
         """Run the lock keeper and the duties until :meth:`stop` (or cancellation)."""

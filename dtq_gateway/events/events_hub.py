@@ -136,10 +136,11 @@ class EventsHub:
         """Open subscriptions."""
         return len(self.fanout)
 
-    def start(self) -> None:
-        """Start the reader task (returns at once)."""
-        if self._task is None:
+    def start(self) -> asyncio.Task[None]:
+        """Start the reader task (again, after it ended); returns it at once."""
+        if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="dtq-events-hub")
+        return self._task
 
     async def stop(self) -> None:
         """Stop reading and close every subscription (their streams end).

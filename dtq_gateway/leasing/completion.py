@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dtq_gateway import metrics
+from dtq_gateway.domain.validation import MAX_HOSTNAME_BYTES, cut_utf8
 from dtq_gateway.errors import DtqError, PermissionDenied, StaleLease
 from dtq_gateway.leasing import leaseid
 from dtq_gateway.leasing.leaseid import Keyring, Lease, default_keyring, owner_tag
@@ -23,8 +24,6 @@ from dtq_gateway.store.client import Client
 from dtq_gateway.store.completion import ACK_CHUNK, WorkerBeat, WorkerRegistration
 from dtq_gateway.store.durability import ReplicaWait
 from dtq_gateway.store.errors import ReplicasNotAcked
-from dtq_gateway.store.replies import text as _s
-from dtq_gateway.validation import MAX_HOSTNAME_BYTES, cut_utf8
 from dtq_proto import dtq_pb2
 
 __all__ = ["ACK_CHUNK", "Completion", "ItemOutcome", "WorkerRegistration"]
@@ -149,8 +148,9 @@ class Completion:
                                                   s.task_retention_s, self.wait))
         return outcomes
 
-    def _record(self, queued: list[ItemOutcome], replies: list) -> None:
-        """Fill each outcome from its script reply; ``on_done`` for finished leases."""
+    def _record(self, queued: list[ItemOutcome],
+                replies: list[store.LeaseOutcome | Exception]) -> None:
+        """Fill each outcome from its script's; ``on_done`` for finished leases."""
         unconfirmed: ReplicasNotAcked | None = None
         for oc, reply in zip(queued, replies):
             if isinstance(reply, ReplicasNotAcked):
@@ -160,22 +160,19 @@ class Completion:
                 reply = reply.reply
             if isinstance(reply, Exception):
                 raise reply
-            kind = _s(reply[0])
-            oc.kind = kind
-            if kind == "dup":  # a repeat of the call that finished the lease: its status now
+            oc.kind = reply.kind
+            if reply.kind == "dup":  # a repeat of the call that finished the lease
                 oc.duplicate = True
-                oc.status = _s(reply[1])
+                oc.status = reply.status
                 continue
-            if kind == "stale":
-                oc.status = _s(reply[1])
+            if reply.kind == "stale":
+                oc.status = reply.status
                 oc.error = StaleLease(f"lease is no longer current (task {oc.lease.task_id} "
                                       f"is {oc.status})")
                 continue
-            oc.status = _KIND_STATUS[kind]
-            oc.started_at_ms = int(reply[2] if kind != "ok" else reply[1])
-            oc.finished_at_ms = int(reply[3]) if kind == "ok" else 0
-            if len(reply) > 4 and kind in ("ok", "dead", "cancelled"):
-                oc.follow = _s(reply[4])
+            oc.status = _KIND_STATUS[reply.kind]
+            oc.started_at_ms, oc.finished_at_ms = reply.started_at_ms, reply.finished_at_ms
+            oc.follow = reply.follow
             self.on_done(oc.lease.worker_id, oc.lease.queue, oc)
             if oc.follow:
                 self.on_follow(oc)
@@ -221,14 +218,14 @@ class Completion:
             checked.append(lid)
         if len(req.progress) > considered:
             metrics.PROGRESS_DROPPED.labels(reason="unlisted").inc(len(req.progress) - considered)
-        states = await store.heartbeat(self.redis, beat, leases, self.settings.lease_grace_ms)
-        if states is None:
+        reply = await store.heartbeat(self.redis, beat, leases, self.settings.lease_grace_ms)
+        if reply.denied:
             # bound to another identity: the lease scripts behind it in the pipeline
             # were not queued for it (their lease ids name another owner and were
             # reported lost above), so nothing changed
             raise _denied(req.worker_id)
         cancelled = []
-        for lid, state in zip(checked, states):
+        for lid, state in zip(checked, reply.states):
             if state in ("lost", "overdue"):
                 lost.append(lid)
             elif state == "cancelled":

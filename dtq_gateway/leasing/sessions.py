@@ -2,22 +2,28 @@
 
 A :class:`Session` is one open Lease stream: its worker, queues, credit and the
 queue of LeasedTask messages its stream yields. A :class:`ReadAhead` is the
-``lease_read`` of an idle session riding in an enqueue's Redis round trip.
+``lease_take`` (read and activation) of an idle session riding in an enqueue's Redis
+round trip. Neither knows the dispatcher: a ReadAhead gets the two callables it needs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from dtq_gateway.store.leasing import ReadGroup, queue_check_and_read, session_layout
+from dtq_gateway.store.lease_replies import LeaseRead
+from dtq_gateway.store.leasing import (
+    Call,
+    SlotRead,
+    decode_check_and_take,
+    queue_check_and_take,
+    session_layout,
+)
 
-if TYPE_CHECKING:
-    from dtq_gateway.leasing.dispatch import Dispatcher
-
-__all__ = ["WINDOW_MIN", "WINDOW_UNSAID", "ReadAhead", "ReadGroup", "Session"]
+__all__ = ["WINDOW_MIN", "WINDOW_UNSAID", "ReadAhead", "Session", "SlotRead"]
 
 #: Smallest unread window of a Lease stream that said its concurrency, and the window
 #: of one that did not (see Session.window).
@@ -44,12 +50,12 @@ class Session:
     session_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     full: bool = False
-    #: the last read found the worker's heartbeat too old (see lease_read.lua)
+    #: the last read found the worker's heartbeat too old (see worker_check.lua)
     stalled: bool = False
     closed: bool = False
     #: set when the stream ends because the worker said it is draining (ends with OK)
     worker_draining: bool = False
-    #: a lease_read for this session rides in an enqueue's round trip (see ReadAhead)
+    #: a lease_take for this session rides in an enqueue's round trip (see ReadAhead)
     reading: bool = False
     #: write pacing: when the stream last took a task from ``out`` (or ``out`` last went
     #: from empty to non-empty), monotonic s; and whether a read was skipped because the
@@ -76,20 +82,20 @@ class Session:
     receipt_at: float = 0.0
     #: a read was skipped because the unread window was full: read again on a receipt
     window_held: bool = False
-    #: the stream stopped reading (no receipt for Dispatcher.stall_after_s): its unread
+    #: the stream stopped reading (no receipt for StreamHealth.stall_after_s): its unread
     #: leases were released and its Lease call is being ended (UNAVAILABLE)
     not_reading: bool = False
     #: the Lease handler's task (cancelled to end a stream that stopped reading)
     handler: asyncio.Task | None = None
     #: read the queues slot by slot (Redis Cluster: a script's keys share one slot);
-    #: False (standalone or Sentinel Redis) reads every queue in one lease_read call
+    #: False (standalone or Sentinel Redis) reads every queue in one lease_take call
     read_by_slot: bool = True
-    #: band streams, band-major p9 first, the queues by hash slot (each slot group
-    #: is one lease_read call; a single-queue session, or any session when
-    #: ``read_by_slot`` is False, has one group), and the queue and band of each stream
+    #: band streams, band-major p9 first, the queues by hash slot (each slot read
+    #: is one lease_take call; a single-queue session, or any session when
+    #: ``read_by_slot`` is False, has one), and the queue and band of each stream
     #: (store.leasing.session_layout)
     streams: list[str] = field(init=False)
-    groups: list[ReadGroup] = field(init=False)
+    slot_reads: list[SlotRead] = field(init=False)
     where: dict[str, tuple[str, int]] = field(init=False)
 
     @property
@@ -118,7 +124,7 @@ class Session:
         return max(0, self.window - len(self.unread) - self.out.qsize())
 
     def read_cap(self, most: int) -> int:
-        """Most entries one lease_read may take for this session (``most`` = the
+        """Most entries one lease_take may take for this session (``most`` = the
         dispatcher's per-read bound), at most the room left in its unread window
         (at least 1: a session with no room is not read at all)."""
         cap = min(most, self.concurrency) if self.concurrency > 0 else most
@@ -152,44 +158,55 @@ class Session:
 
     def __post_init__(self) -> None:
         layout = session_layout(self.queues, self.read_by_slot)
-        self.streams, self.groups, self.where = layout.streams, layout.groups, layout.where
+        self.streams, self.slot_reads, self.where = (layout.streams, layout.slot_reads,
+                                                     layout.where)
+
+
+#: ``deliver(session, queue, read)`` of a :class:`ReadAhead`: the read's outcome, or
+#: the error of its calls, or None when the pipeline carrying them failed.
+Deliver = Callable[["Session", str, "LeaseRead | BaseException | None"], None]
 
 
 class ReadAhead:
-    """A ``worker_check`` + ``lease_read`` for one idle session of one read group,
+    """A ``worker_check`` + ``lease_take`` for one idle session of one slot read,
     pipelined behind a unary enqueue.
 
     A task enqueued through this gateway for a queue with an idle Lease session is
-    read for that session in the enqueue's own round trip (the read runs after the
-    enqueue in Redis), so reaching the worker costs one Redis round trip less: the
-    dispatcher only activates. Made by :meth:`Dispatcher.read_ahead`; the caller adds
-    the two calls to its pipeline with :meth:`queue`, then calls exactly one of
-    :meth:`deliver` (with the two replies, or the exceptions the calls returned) or
-    :meth:`cancel` (the pipeline failed).
+    read and activated for that session in the enqueue's own round trip (the calls run
+    after the enqueue in Redis), so reaching the worker costs no round trip of its own:
+    the dispatcher only builds the LeasedTasks. Made by :meth:`Dispatcher.read_ahead`;
+    the caller adds the two calls to its pipeline with :meth:`queue_calls`, then calls
+    exactly one of :meth:`deliver` (with the two replies, or the exceptions the calls
+    returned) or :meth:`cancel` (the pipeline failed).
+
+    Args:
+        session: the session read for (its only slot read).
+        queue: the queue the enqueue wrote to.
+        calls: ``calls(session)`` -> (worker_check call, lease_take call).
+        deliver: see :data:`Deliver`.
     """
 
-    __slots__ = ("dispatcher", "queue", "session")
+    __slots__ = ("_calls", "_deliver", "queue", "session")
 
-    def __init__(self, dispatcher: Dispatcher, session: Session, queue: str) -> None:
-        self.dispatcher, self.session, self.queue = dispatcher, session, queue
+    def __init__(self, session: Session, queue: str,
+                 calls: Callable[[Session], tuple[Call, Call]], deliver: Deliver) -> None:
+        self.session, self.queue = session, queue
+        self._calls, self._deliver = calls, deliver
 
     def queue_calls(self, pipe: Any) -> int:
-        """Add worker_check and lease_read to ``pipe``; returns how many calls (2)."""
-        return queue_check_and_read(pipe, self.dispatcher._check_call(self.session),
-                                    self.dispatcher._read_call(self.session,
-                                                               self.session.groups[0]))
+        """Add worker_check and lease_take to ``pipe`` (the enqueue's
+        ``store.scripts.ScriptPipeline``); returns how many calls (2)."""
+        return queue_check_and_take(pipe, *self._calls(self.session))
 
     def deliver(self, replies: list[Any]) -> None:
-        """Hand the two replies (check, read) to the dispatcher loop (which activates)."""
-        check, read = replies
-        reply: Any = check if isinstance(check, BaseException) else read
-        if not isinstance(reply, BaseException):
-            reply = self.dispatcher._merge(self.session, int(check),
-                                           [(self.session.groups[0], read)])
-        self.dispatcher._reads.append((self, reply))
-        self.dispatcher._wake.set()
+        """Hand the two replies (check, take), decoded, to the dispatcher."""
+        read: LeaseRead | BaseException
+        try:
+            read = decode_check_and_take(self.session.slot_reads[0], replies)
+        except Exception as exc:  # noqa: BLE001 - a call's error: the round retries
+            read = exc
+        self._deliver(self.session, self.queue, read)
 
     def cancel(self) -> None:
         """The pipeline failed: the task is left to the dispatcher's normal round."""
-        self.session.reading = False
-        self.dispatcher.notify(self.queue)
+        self._deliver(self.session, self.queue, None)

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from dtq_gateway import metrics, task_filters
+from dtq_gateway.domain.validation import MAX_REASON_BYTES, cut_utf8
 from dtq_gateway.errors import InvalidArgument, NotFound, Unavailable
 from dtq_gateway.queue_rates import RATES
 from dtq_gateway.rpc.auth import actor_of
@@ -31,12 +32,11 @@ from dtq_gateway.store import (
     schedules,
     search,
 )
-from dtq_gateway.store.admin import CallInfo, as_int, page_size
+from dtq_gateway.store.admin_common import CallInfo, as_int, page_size
 from dtq_gateway.store.audit import append_audit, request_id_of
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.task_record import NAME_BY_STATUS, task_from_hash
-from dtq_gateway.validation import MAX_REASON_BYTES, cut_utf8
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
 

@@ -351,6 +351,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                     err, principal = judge(request)
                     if err is not None:
                         await context.abort_with_status(rpc_status.to_status(status_of(err)))
+                    assert principal is not None  # judge names one whenever err is None
                     async for item in _with_principal(principal)(behavior)(request, context):
                         yield item
 
@@ -360,6 +361,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 err, principal = judge(request)
                 if err is not None:
                     await context.abort_with_status(rpc_status.to_status(status_of(err)))
+                assert principal is not None  # judge names one whenever err is None
                 return await _with_principal(principal)(behavior)(request, context)
 
             return run

@@ -11,9 +11,20 @@ import asyncio
 import logging
 
 from dtq_gateway import tracing
+from dtq_gateway.domain.followup_plan import callback_task_id, plan_chain, plan_group
+from dtq_gateway.domain.validation import (
+    MAX_REASON_BYTES,
+    check_hostname,
+    check_queue,
+    check_task_id,
+    check_task_types,
+    check_worker_id,
+    check_worker_strings,
+    cut_utf8,
+    validate_enqueue,
+)
 from dtq_gateway.duties.followups import FollowUps
 from dtq_gateway.errors import DtqError, InvalidArgument, Unavailable
-from dtq_gateway.followup_plan import callback_task_id, plan_chain, plan_group
 from dtq_gateway.leasing.completion import Completion, ItemOutcome, WorkerRegistration
 from dtq_gateway.leasing.dispatch import Dispatcher
 from dtq_gateway.leasing.leaseid import owner_tag
@@ -25,17 +36,6 @@ from dtq_gateway.store.broker import Broker, Enqueued
 from dtq_gateway.store.client import is_cluster
 from dtq_gateway.store.groups import queue_limit
 from dtq_gateway.store.task_record import STATUS_BY_NAME, task_from_hash
-from dtq_gateway.validation import (
-    MAX_REASON_BYTES,
-    check_hostname,
-    check_queue,
-    check_task_id,
-    check_task_types,
-    check_worker_id,
-    check_worker_strings,
-    cut_utf8,
-    validate_enqueue,
-)
 from dtq_proto import dtq_pb2, dtq_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ MAX_LABEL_KEY_BYTES = 64
 MAX_LABEL_VALUE_BYTES = 256
 
 
-def status_enum(status: str) -> int:
+def status_enum(status: str) -> dtq_pb2.TaskStatus:
     """TaskStatus value of a stored status string (UNSPECIFIED when unknown)."""
     return STATUS_BY_NAME.get(status, dtq_pb2.TASK_STATUS_UNSPECIFIED)
 
@@ -88,50 +88,46 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
             raise InvalidArgument(f"{field}: chains and groups are not served here", field=field)
         return self.followups
 
+    @grpc_errors.mapped_errors
     async def Enqueue(self, request, context):
         trace = tracing.call_trace(context)
         with tracing.span("dtq.gateway.enqueue", request.traceparent or trace[0],
                           request.tracestate if request.traceparent else trace[1],
                           attributes={"dtq.queue": request.queue,
                                       "dtq.task_type": request.task_type}):
-            try:
-                self.admit()
-                task = validate_enqueue(request, self.settings, trace=trace)
-                task, chain_ids = plan_chain(request, task, self.settings)
-                if chain_ids:
-                    await self._followups("chain").register_queue(task.queue)
-                (out,) = await self.broker.enqueue_many([task])
-                if isinstance(out, Exception):
-                    raise out
-            except Exception as exc:  # noqa: BLE001 - mapped to a status in one place
-                await grpc_errors.abort(context, exc)
+            self.admit()
+            task = validate_enqueue(request, self.settings, trace=trace)
+            task, chain_ids = plan_chain(request, task, self.settings)
+            if chain_ids:
+                await self._followups("chain").register_queue(task.queue)
+            (out,) = await self.broker.enqueue_many([task])
+            if isinstance(out, Exception):
+                raise out
         if out.deduplicated:
             chain_ids = []  # the earlier task's chain (if any) is the one that runs
         return dtq_pb2.EnqueueResponse(task_id=out.task_id, deduplicated=out.deduplicated,
                                        status=status_enum(out.status),
                                        chain_task_ids=chain_ids, debounced=out.debounced)
 
+    @grpc_errors.mapped_errors
     async def EnqueueBatch(self, request, context):
         trace = tracing.call_trace(context)
         group_id = ""
         with tracing.span("dtq.gateway.enqueue_batch", *trace,
                           attributes={"dtq.items": len(request.items)}):
-            try:
-                self.admit()
-                if not 1 <= len(request.items) <= MAX_BATCH:
-                    raise InvalidArgument(f"items: 1..{MAX_BATCH} items required",
-                                          field="items")
-                results, valid, where, chains = self._validate_batch(request, trace)
-                if request.HasField("group_callback"):
-                    group_id, valid = plan_group(request.group_callback, valid, self.settings)
-                    outs = await self._followups("group_callback").create_group(
-                        group_id, request.group_callback, valid)
-                else:
-                    for q in {t.queue for t in valid if t.extra_json}:  # chain heads
-                        await self._followups("items").register_queue(q)
-                    outs = await self.broker.enqueue_many(valid) if valid else []
-            except Exception as exc:  # noqa: BLE001
-                await grpc_errors.abort(context, exc)
+            self.admit()
+            if not 1 <= len(request.items) <= MAX_BATCH:
+                raise InvalidArgument(f"items: 1..{MAX_BATCH} items required",
+                                      field="items")
+            results, valid, where, chains = self._validate_batch(request, trace)
+            if request.HasField("group_callback"):
+                group_id, valid = plan_group(request.group_callback, valid, self.settings)
+                outs = await self._followups("group_callback").create_group(
+                    group_id, request.group_callback, valid)
+            else:
+                for q in {t.queue for t in valid if t.extra_json}:  # chain heads
+                    await self._followups("items").register_queue(q)
+                outs = await self.broker.enqueue_many(valid) if valid else []
         for i, out in zip(where, outs):
             if isinstance(out, Enqueued):
                 results[i] = dtq_pb2.EnqueueBatchResult(
@@ -212,7 +208,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
             if not session.not_reading:
                 raise
             # the dispatcher ended this stream: it stopped reading (Dispatcher._stall)
-            asyncio.current_task().uncancel()
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]  # in a task
         finally:
             await self._close_session(session, request.hostname, identity)
         if session.not_reading:
@@ -267,62 +263,55 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
         log.info("lease session closed", extra={"worker_id": session.worker_id,
                                                  "session_id": session.session_id})
 
+    @grpc_errors.mapped_errors
     async def Heartbeat(self, request, context):
-        try:
-            check_worker_id(request.worker_id)
-            check_hostname(request.hostname)
-            if len(request.lease_ids) > 10000:
-                raise InvalidArgument("lease_ids: at most 10000", field="lease_ids")
-            if len(request.progress) > 10000:
-                raise InvalidArgument("progress: at most 10000", field="progress")
-            lost, cancelled = await self.completion.heartbeat(
-                request, caller=self.identity_of(context))
-            self.dispatcher.received(request.worker_id, request.lease_ids)
-            if request.draining:
-                self.dispatcher.end_worker(request.worker_id)
-            else:
-                self.dispatcher.worker_alive(request.worker_id)
-        except Exception as exc:  # noqa: BLE001
-            await grpc_errors.abort(context, exc)
+        check_worker_id(request.worker_id)
+        check_hostname(request.hostname)
+        if len(request.lease_ids) > 10000:
+            raise InvalidArgument("lease_ids: at most 10000", field="lease_ids")
+        if len(request.progress) > 10000:
+            raise InvalidArgument("progress: at most 10000", field="progress")
+        lost, cancelled = await self.completion.heartbeat(
+            request, caller=self.identity_of(context))
+        self.dispatcher.received(request.worker_id, request.lease_ids)
+        if request.draining:
+            self.dispatcher.end_worker(request.worker_id)
+        else:
+            self.dispatcher.worker_alive(request.worker_id)
         return dtq_pb2.HeartbeatResponse(
             lost_lease_ids=lost, cancelled_lease_ids=cancelled,
             heartbeat_interval_ms=self.settings.heartbeat_interval_ms)
 
     async def _complete(self, items, op, context):
-        try:
-            if not 1 <= len(items) <= MAX_BATCH:
-                raise InvalidArgument(f"items: 1..{MAX_BATCH} items required", field="items")
-            outcomes = await op(items, caller=self.identity_of(context))
-        except Exception as exc:  # noqa: BLE001
-            await grpc_errors.abort(context, exc)
+        if not 1 <= len(items) <= MAX_BATCH:
+            raise InvalidArgument(f"items: 1..{MAX_BATCH} items required", field="items")
+        outcomes = await op(items, caller=self.identity_of(context))
         if len(outcomes) == 1 and outcomes[0].error is not None:
             await grpc_errors.abort(context, outcomes[0].error)
         return [_lease_result(oc) for oc in outcomes]
 
+    @grpc_errors.mapped_errors
     async def Ack(self, request, context):
         results = await self._complete(request.items, self.completion.ack, context)
         return dtq_pb2.AckResponse(results=results)
 
+    @grpc_errors.mapped_errors
     async def Fail(self, request, context):
         results = await self._complete(request.items, self.completion.fail, context)
         return dtq_pb2.FailResponse(results=results)
 
+    @grpc_errors.mapped_errors
     async def GetTask(self, request, context):
-        try:
-            check_task_id(request.task_id)
-            fields, result = await self.broker.get(request.task_id)
-        except Exception as exc:  # noqa: BLE001
-            await grpc_errors.abort(context, exc)
+        check_task_id(request.task_id)
+        fields, result = await self.broker.get(request.task_id)
         return dtq_pb2.GetTaskResponse(task=task_from_hash(fields, result))
 
+    @grpc_errors.mapped_errors
     async def CancelTask(self, request, context):
-        try:
-            check_task_id(request.task_id)
-            request_id = self.request_id_of(context)
-            kind = await self.broker.cancel(request.task_id, self.actor_of(context), request_id,
-                                            cut_utf8(request.reason, MAX_REASON_BYTES))
-        except Exception as exc:  # noqa: BLE001
-            await grpc_errors.abort(context, exc)
+        check_task_id(request.task_id)
+        request_id = self.request_id_of(context)
+        kind = await self.broker.cancel(request.task_id, self.actor_of(context), request_id,
+                                        cut_utf8(request.reason, MAX_REASON_BYTES))
         requested = kind == "requested"
         return dtq_pb2.CancelTaskResponse(
             status=dtq_pb2.TASK_STATUS_ACTIVE if requested else dtq_pb2.TASK_STATUS_CANCELLED,

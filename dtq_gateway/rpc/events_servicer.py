@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -78,7 +79,7 @@ EVENT_TYPES = frozenset(type_name(v) for v in dtq_pb2.EventType.values()
                         if v != dtq_pb2.EVENT_TYPE_UNSPECIFIED)
 
 
-def hub_options() -> dict[str, object]:
+def hub_options() -> dict[str, Any]:
     """Keyword arguments that make an :class:`EventsHub` encode for this servicer."""
     return {"encode": encode_event, "event_types": EVENT_TYPES}
 

@@ -112,7 +112,14 @@ class Operations:
         """
         self.listen()
         self.hub.start()
-        self._gauge_task = asyncio.create_task(self.gauges.run(), name="dtq-metrics-refresh")
+        self.start_gauges()
+
+    def start_gauges(self) -> asyncio.Task[None]:
+        """Start the queue-gauge refresher (again, after its task ended); returns it."""
+        if self._gauge_task is None or self._gauge_task.done():
+            self._gauge_task = asyncio.create_task(self.gauges.run(),
+                                                   name="dtq-metrics-refresh")
+        return self._gauge_task
 
     @property
     def metrics_port(self) -> int:
@@ -122,6 +129,12 @@ class Operations:
     async def stop(self) -> None:
         """Stop the hub (Subscribe streams end with UNAVAILABLE), the refresher and
         the metrics endpoint."""
+        await self.stop_background()
+        await self.close_listener()
+
+    async def stop_background(self) -> None:
+        """Stop the hub (Subscribe streams end with UNAVAILABLE) and the refresher
+        (waits up to 5 s for its tick, then cancels it)."""
         await self.hub.stop()
         self.gauges.stop()
         if self._gauge_task is not None:
@@ -129,6 +142,9 @@ class Operations:
             for task in pending:
                 task.cancel()
             self._gauge_task = None
+
+    async def close_listener(self) -> None:
+        """Stop the metrics endpoint (nothing when it was not started)."""
         if self._http is not None:
             server, _thread = self._http
             with contextlib.suppress(Exception):

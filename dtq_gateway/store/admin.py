@@ -1,98 +1,44 @@
-"""Admin domain logic: queue statistics and pause/resume.
+"""Admin domain logic: the queue list, pause/resume (queue statistics: queue_stats.py).
 
-Dead-letter operations live in :mod:`dtq_gateway.store.admin_dlq`. Everything here reads
+Dead-letter operations live in :mod:`dtq_gateway.store.admin_dlq`, the helpers every
+admin module shares (Redis TIME, reply integers, page tokens, :class:`CallInfo`) in
+:mod:`dtq_gateway.store.admin_common`, which imports no admin module. Everything here reads
 "now" from Redis TIME (one clock for every replica, see docs/design.md) and returns
 plain dataclasses; ``admin_servicer`` converts them to protobuf.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from redis.asyncio import Redis
-from redis.exceptions import ResponseError
-
-from dtq_gateway.errors import InvalidArgument, NotFound
+from dtq_gateway.errors import NotFound
 from dtq_gateway.store import keys
+from dtq_gateway.store.admin_common import (  # noqa: F401 (re-exported: callers use admin.*)
+    CallInfo,
+    as_int,
+    entry_ms,
+    redis_now_ms,
+    validate_queue,
+    validate_queue_page_token,
+)
 from dtq_gateway.store.admin_scripts import PAUSE_QUEUE, QUEUE_SUMMARIES
-from dtq_gateway.store.admin_waiting import TypeWaiting, queue_counters, waiting_by_type
 from dtq_gateway.store.audit import append_audit
+from dtq_gateway.store.client import Client
+from dtq_gateway.store.queue_stats import (  # noqa: F401 (re-exported: callers use admin.*)
+    BandInfo,
+    ConsumerInfo,
+    QueueStats,
+    band_infos,
+    band_infos_many,
+    queue_known,
+    queue_stats,
+    queued_ms,
+    scheduled_count,
+)
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import call_chunks
 
-ENTRY_ID_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}\Z")
-#: Most members of dtq:retry:schedule examined to count one queue's scheduled tasks.
-SCHEDULE_SCAN_MAX = 10000
 _CHUNK = 500
-
-
-@dataclass(frozen=True, slots=True)
-class CallInfo:
-    """Who asked (audit actor) and the request id of the call."""
-
-    actor: str
-    request_id: str
-
-
-@dataclass(slots=True)
-class BandInfo:
-    """One band stream: depth, pending, and the first not-yet-delivered entry."""
-
-    band: int
-    depth: int = 0
-    pending: int = 0
-    exists: bool = False
-    oldest_undelivered_ms: int = 0  # epoch ms the oldest undelivered task began to wait; 0 = none
-
-
-@dataclass(slots=True)
-class ConsumerInfo:
-    """A consumer aggregated across the bands of one queue."""
-
-    name: str
-    pending: int = 0
-    idle_ms: int = 0
-
-
-@dataclass(slots=True)
-class QueueStats:
-    """Statistics of one queue (GetQueueStats)."""
-
-    queue: str
-    bands: list[BandInfo]
-    scheduled: int = 0
-    oldest_task_age_ms: int = 0
-    paused: bool = False
-    dead_letter_depth: int = 0
-    consumers: list[ConsumerInfo] = field(default_factory=list)
-    #: dtq:queue:{<q>}:counters (succeeded, retried, dead_lettered, cancelled)
-    counters: dict[str, int] = field(default_factory=dict)
-    waiting_types: list[TypeWaiting] = field(default_factory=list)
-    waiting_complete: bool = True
-    now_ms: int = 0
-
-    @property
-    def failed(self) -> int:
-        """Failed attempts: retried + dead-lettered."""
-        return self.counters.get("retried", 0) + self.counters.get("dead_lettered", 0)
-
-    @property
-    def stuck_task_types(self) -> list[str]:
-        """Types of waiting tasks no live worker of the queue takes, sorted."""
-        return sorted(t.task_type for t in self.waiting_types if not t.taken)
-
-    @property
-    def depth(self) -> int:
-        """Sum of band depths (entries)."""
-        return sum(b.depth for b in self.bands)
-
-    @property
-    def pending(self) -> int:
-        """Sum of band pending counts (entries)."""
-        return sum(b.pending for b in self.bands)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,87 +51,13 @@ class QueueSummary:
     paused: bool
 
 
-#: Largest value of a uint64 field (as_int clamps to it).
-UINT64_MAX = (1 << 64) - 1
-
-
-def as_int(value: Any) -> int:
-    """Redis reply value as int (0 when empty or malformed), clamped to 0..2^64-1
-    where larger (a stored counter can never break the reply's uint64 fields).
-    Integers are parsed exactly (a float round trip turns 2^64-1 into 2^64)."""
-    raw = text(value) or "0"
-    try:
-        number = int(raw)
-    except ValueError:
-        try:
-            number = int(float(raw))
-        except (ValueError, OverflowError):
-            return 0
-    return min(number, UINT64_MAX)
-
-
-def entry_ms(entry_id: str) -> int:
-    """Epoch ms part of a stream entry id (Redis TIME at XADD)."""
-    return int(entry_id.split("-", 1)[0])
-
-
-def validate_queue(name: str, field_name: str = "queue") -> str:
-    """Check a queue name against ``keys.QUEUE_RE``.
-
-    Raises:
-        InvalidArgument: names ``field_name``.
-    """
-    if not keys.QUEUE_RE.match(name or ""):
-        raise InvalidArgument(f"{field_name}: queue name must match [A-Za-z0-9_.-]{{1,64}}",
-                              field=field_name)
-    return name
-
-
-def validate_page_token(token: str, field_name: str = "page_token") -> str:
-    """A page token is a stream entry id ("" = first page): ``<ms>-<seq>``, both at most
-    2^64-1, and not ``0-0`` (nothing lies before it).
-
-    Raises:
-        InvalidArgument: names ``field_name``.
-    """
-    if token:
-        ms, _, seq = token.partition("-")
-        if not ENTRY_ID_RE.match(token) or int(ms) > UINT64_MAX or int(seq) > UINT64_MAX \
-                or token == "0-0" or (int(ms) == 0 and int(seq) == 0):
-            raise InvalidArgument(f"{field_name}: malformed page token (a stream entry id "
-                                  "from next_page_token)", field=field_name)
-    return token
-
-
-def page_size(value: int, field_name: str, default: int, maximum: int) -> int:
-    """Apply the "0 = default, 1..maximum" rule of the listing requests."""
-    if value == 0:
-        return default
-    if value > maximum:
-        raise InvalidArgument(f"{field_name}: at most {maximum}", field=field_name)
-    return value
-
-
-async def redis_now_ms(redis: Redis) -> int:
-    """Now in epoch ms from Redis TIME."""
-    sec, usec = await redis.time()
-    return int(sec) * 1000 + int(usec) // 1000
-
-
-def validate_queue_page_token(token: str, field_name: str = "page_token") -> str:
-    """A ListQueues page token is the last queue name of the previous page ("" = first)."""
-    if token and not keys.QUEUE_RE.match(token):
-        raise InvalidArgument(f"{field_name}: malformed page token", field=field_name)
-    return token
-
-
-async def busy_queues(redis: Redis) -> list[str]:
+async def busy_queues(redis: Client) -> list[str]:
     """Members of ``dtq:queues:busy`` (queues whose streams may hold entries), sorted."""
     found = {text(m) async for m in redis.sscan_iter(keys.BUSY_QUEUES, count=1000)}
     return sorted(q for q in found if keys.QUEUE_RE.match(q))
 
 
-async def unregistered(redis: Redis, queues: list[str]) -> list[str]:
+async def unregistered(redis: Client, queues: list[str]) -> list[str]:
     """The names among ``queues`` that the queue registry ``dtq:queues`` does not hold
     (deleted, or never created), in order: one ZMSCORE per 500 names."""
     missing: list[str] = []
@@ -196,7 +68,7 @@ async def unregistered(redis: Redis, queues: list[str]) -> list[str]:
     return missing
 
 
-async def queue_depths(redis: Redis, queues: list[str]) -> dict[str, int]:
+async def queue_depths(redis: Client, queues: list[str]) -> dict[str, int]:
     """Sum of the band XLENs of each queue (10 XLEN per queue, pipelined in chunks)."""
     depths: dict[str, int] = {}
     for start in range(0, len(queues), _CHUNK // 10):
@@ -211,7 +83,7 @@ async def queue_depths(redis: Redis, queues: list[str]) -> dict[str, int]:
     return depths
 
 
-async def outcome_counts_many(redis: Redis, queues: list[str]) -> list[tuple[int, int, int]]:
+async def outcome_counts_many(redis: Client, queues: list[str]) -> list[tuple[int, int, int]]:
     """(succeeded, retried, dead_lettered) of each queue's outcome counters
     (``dtq:queue:{<q>}:counters``; absent = 0), in the order of ``queues``: one HMGET
     per queue, one pipeline."""
@@ -222,82 +94,7 @@ async def outcome_counts_many(redis: Redis, queues: list[str]) -> list[tuple[int
     return [(as_int(ok), as_int(retried), as_int(dead)) for ok, retried, dead in rows]
 
 
-def _group_of(groups: Any) -> dict[str, Any] | None:
-    if isinstance(groups, Exception):
-        return None
-    for g in groups or ():
-        if text(g.get("name")) == keys.GROUP:
-            return g
-    return None
-
-
-async def band_infos(redis: Redis, queue: str) -> list[BandInfo]:
-    """Depth, pending and oldest undelivered task of each band, p9 first.
-
-    The undelivered entries are those after the group's last-delivered-id; a band
-    without the consumer group counts every entry as undelivered. Of them the first
-    and the last one are read (XRANGE / XREVRANGE COUNT 1): an entry put back unleased
-    (its type wanted by no session that read it) goes to the tail and keeps its
-    ``queued_at``, so a task no worker takes shows its real age.
-    """
-    return (await band_infos_many(redis, [queue]))[queue]
-
-
-async def band_infos_many(redis: Redis, queues: list[str]) -> dict[str, list[BandInfo]]:
-    """:func:`band_infos` of several queues: two pipelines per chunk of queues."""
-    out: dict[str, list[BandInfo]] = {}
-    step = _CHUNK // 20
-    for i in range(0, len(queues), step):
-        out.update(await _band_infos_chunk(redis, queues[i:i + step]))
-    return out
-
-
-async def _band_infos_chunk(redis: Redis, queues: list[str]) -> dict[str, list[BandInfo]]:
-    async with redis.pipeline(transaction=False) as pipe:
-        for queue in queues:
-            for s in keys.queue_streams_desc(queue):
-                pipe.xlen(s)
-                pipe.xinfo_groups(s)
-        replies = await pipe.execute(raise_on_error=False)
-    out: dict[str, list[BandInfo]] = {}
-    starts: list[tuple[str, BandInfo, str]] = []
-    for q_index, queue in enumerate(queues):
-        bands = out[queue] = []
-        for i, band in enumerate(keys.BANDS_DESC):
-            depth, groups = replies[20 * q_index + 2 * i], replies[20 * q_index + 2 * i + 1]
-            info = BandInfo(band=band, depth=depth if isinstance(depth, int) else 0,
-                            exists=not isinstance(groups, ResponseError))
-            group = _group_of(groups)
-            if group is not None:
-                info.pending = int(group.get("pending") or 0)
-            if info.depth > 0:
-                last = text(group.get("last-delivered-id")) if group else ""
-                starts.append((queue, info, last))
-            bands.append(info)
-    if starts:
-        async with redis.pipeline(transaction=False) as pipe:
-            for queue, info, last in starts:
-                stream = keys.stream(queue, info.band)
-                pipe.xrange(stream, min=f"({last}" if last else "-", max="+", count=1)
-                pipe.xrevrange(stream, max="+", min=f"({last}" if last else "-", count=1)
-            ends = await pipe.execute(raise_on_error=False)
-        for i, (_, info, _) in enumerate(starts):
-            found = [queued_ms(e[0]) for e in ends[2 * i:2 * i + 2]
-                     if e and not isinstance(e, Exception)]
-            info.oldest_undelivered_ms = min(found) if found else 0
-    return out
-
-
-def queued_ms(entry: Any) -> int:
-    """Epoch ms a band stream entry's task began to wait: its ``queued_at`` field (an
-    entry put back unleased, because the session that read it does not take its type,
-    keeps the first one), else the time in its id."""
-    entry_id, fields = entry
-    raw = fields.get(b"queued_at") or fields.get("queued_at") if fields else None
-    return int(text(raw)) if raw else entry_ms(text(entry_id))
-
-
-async def list_queues(redis: Redis, size: int = 100, token: str = ""
+async def list_queues(redis: Client, size: int = 100, token: str = ""
                       ) -> tuple[list[QueueSummary], str]:
     """One page of the queue registry ``dtq:queues``, sorted by name.
 
@@ -332,83 +129,7 @@ async def list_queues(redis: Redis, size: int = 100, token: str = ""
     return out, (names[-1] if more and names else "")
 
 
-async def _consumers(redis: Redis, queue: str, bands: Iterable[BandInfo]) -> list[ConsumerInfo]:
-    """XINFO CONSUMERS of every band, aggregated by consumer name."""
-    with_group = [b for b in bands if b.exists]
-    async with redis.pipeline(transaction=False) as pipe:
-        for b in with_group:
-            pipe.xinfo_consumers(keys.stream(queue, b.band), keys.GROUP)
-        replies = await pipe.execute(raise_on_error=False)
-    merged: dict[str, ConsumerInfo] = {}
-    for reply in replies:
-        if isinstance(reply, Exception):
-            continue  # band without the group
-        for c in reply:
-            name = text(c.get("name"))
-            idle = int(c.get("idle") or 0)
-            info = merged.get(name)
-            if info is None:
-                merged[name] = ConsumerInfo(name=name, pending=int(c.get("pending") or 0),
-                                            idle_ms=idle)
-            else:
-                info.pending += int(c.get("pending") or 0)
-                info.idle_ms = min(info.idle_ms, idle)
-    return [merged[n] for n in sorted(merged)]
-
-
-async def scheduled_count(redis: Redis, queue: str, scan_max: int = SCHEDULE_SCAN_MAX) -> int:
-    """Scheduled tasks of ``queue`` (ZCARD of its schedule; ``scan_max`` is unused, kept
-    for callers)."""
-    return int(await redis.zcard(keys.schedule(queue)))
-
-
-async def queue_stats(redis: Redis, queue: str, heartbeat_interval_ms: int = 10_000
-                      ) -> QueueStats:
-    """Statistics of one queue.
-
-    Args:
-        heartbeat_interval_ms: the gateway's heartbeat interval; a worker is live
-            while its last heartbeat is younger than 3 of them.
-
-    Raises:
-        InvalidArgument: bad queue name.
-        NotFound: the queue has no band stream and is not in the registry.
-    """
-    from dtq_gateway.store.admin_dlq import dead_letter_depth  # admin_dlq imports this module
-
-    validate_queue(queue)
-    bands = await band_infos(redis, queue)
-    if not any(b.exists for b in bands) and not await queue_known(redis, queue):
-        raise NotFound(f"queue {queue!r} has no streams", reason="QUEUE_NOT_FOUND")
-    now = await redis_now_ms(redis)
-    waiting, complete = await waiting_by_type(redis, queue, now, heartbeat_interval_ms)
-    oldest = [b.oldest_undelivered_ms for b in bands if b.oldest_undelivered_ms]
-    age = max(0, now - min(oldest)) if oldest else 0
-    if waiting:  # the scan saw every entry it read, wherever it sits in its band
-        age = max(age, max(t.oldest_age_ms for t in waiting))
-    return QueueStats(
-        queue=queue, bands=bands, scheduled=await scheduled_count(redis, queue),
-        oldest_task_age_ms=age,
-        paused=bool(await redis.exists(keys.paused(queue))),
-        dead_letter_depth=(await dead_letter_depth(redis, [queue])).get(queue, 0),
-        consumers=await _consumers(redis, queue, bands),
-        counters=await queue_counters(redis, queue), waiting_types=waiting,
-        waiting_complete=complete, now_ms=now)
-
-
-async def queue_known(redis: Redis, queue: str) -> bool:
-    """True when ``queue`` is in the queue registry (a task was enqueued to it or a
-    worker leased from it), has a band stream, or has a pause flag (paused with
-    ``create``). Single-key commands only, pipelined."""
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.zscore(keys.QUEUES, queue)
-        for key in (keys.paused(queue), *keys.queue_streams_desc(queue)):
-            pipe.exists(key)
-        score, *found = await pipe.execute()
-    return score is not None or any(found)
-
-
-async def set_paused(redis: Redis, queue: str, paused: bool, call: CallInfo, reason: str = "",
+async def set_paused(redis: Client, queue: str, paused: bool, call: CallInfo, reason: str = "",
                      *, audit_maxlen: int = 10000, create: bool = False) -> bool:
     """Pause or resume a queue (flag, CONFIGURATION_CHANGED event, audit entry).
 

@@ -20,16 +20,13 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from redis.asyncio import Redis
-
 from dtq_gateway.errors import DtqError, InvalidArgument, NotFound, WrongState
 from dtq_gateway.store import keys
-from dtq_gateway.store.admin import (
+from dtq_gateway.store.admin_common import (
     CallInfo,
     as_int,
     entry_ms,
     redis_now_ms,
-    text,
     validate_page_token,
     validate_queue,
 )
@@ -39,8 +36,10 @@ from dtq_gateway.store.admin_scripts import (
     REQUEUE_DEAD_LETTER,
 )
 from dtq_gateway.store.audit import append_audit
+from dtq_gateway.store.client import Client
 from dtq_gateway.store.indexes import mark_busy
-from dtq_gateway.store.scripts import execute
+from dtq_gateway.store.replies import text
+from dtq_gateway.store.scripts import ScriptPipeline, execute
 from dtq_gateway.store.task_record import normalize
 
 log = logging.getLogger(__name__)
@@ -111,7 +110,7 @@ class DlqSettings:
     idem_ttl_s: int = 86400
 
 
-async def dead_letter_queues(redis: Redis) -> list[str]:
+async def dead_letter_queues(redis: Client) -> list[str]:
     """Queues that may have dead letters (members of ``dtq:queues:dead-letter``)."""
     return sorted(q for q in (text(m) for m in await redis.smembers(keys.DEAD_LETTER_QUEUES))
                   if keys.QUEUE_RE.match(q))
@@ -141,7 +140,7 @@ def _bound(after: str, after_queue: str, queue: str, reverse: bool) -> str:
     return ("=" if inclusive else "") + after
 
 
-async def scan(redis: Redis, reverse: bool, after: str = "", count: int = SCAN_PAGE,
+async def scan(redis: Client, reverse: bool, after: str = "", count: int = SCAN_PAGE,
                queues: list[str] | None = None, after_queue: str = "") -> list[DlqRow]:
     """One page of payload-free rows over the queues' dead-letter streams, newest first
     when ``reverse``, merged by (entry id, queue).
@@ -154,7 +153,7 @@ async def scan(redis: Redis, reverse: bool, after: str = "", count: int = SCAN_P
     queues = await dead_letter_queues(redis) if queues is None else queues
     if not queues:
         return []
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     for q in queues:
         DLQ_SCAN.queue(pipe, [keys.dead_letter(q)], DLQ_SCAN.argv(
             "rev" if reverse else "fwd", _bound(after, after_queue, q, reverse), count))
@@ -170,7 +169,7 @@ async def scan(redis: Redis, reverse: bool, after: str = "", count: int = SCAN_P
     return rows[:count]
 
 
-async def dead_letter_depth(redis: Redis, queues: list[str] | None = None) -> dict[str, int]:
+async def dead_letter_depth(redis: Client, queues: list[str] | None = None) -> dict[str, int]:
     """Dead-letter entries per queue (one XLEN per queue of the index, or of ``queues``)."""
     queues = await dead_letter_queues(redis) if queues is None else queues
     async with redis.pipeline(transaction=False) as pipe:
@@ -180,7 +179,7 @@ async def dead_letter_depth(redis: Redis, queues: list[str] | None = None) -> di
     return {q: int(n) for q, n in zip(queues, lengths) if int(n)}
 
 
-async def _entries(redis: Redis, rows: list[DlqRow]) -> list[DeadLetterEntry]:
+async def _entries(redis: Client, rows: list[DlqRow]) -> list[DeadLetterEntry]:
     async with redis.pipeline(transaction=False) as pipe:
         for row in rows:
             pipe.xrange(keys.dead_letter(row.queue), min=row.entry_id, max=row.entry_id)
@@ -188,7 +187,7 @@ async def _entries(redis: Redis, rows: list[DlqRow]) -> list[DeadLetterEntry]:
     return [DeadLetterEntry(text(r[0][0]), normalize(r[0][1])) for r in replies if r]
 
 
-async def list_dead_letters(redis: Redis, size: int, token: str = "",
+async def list_dead_letters(redis: Client, size: int, token: str = "",
                             queue: str = "") -> tuple[list[DeadLetterEntry], str]:
     """One page of dead letters, newest first: of one queue, or merged over every queue.
 
@@ -234,7 +233,7 @@ def _check_task_id(task_id: str) -> None:
                               "slot tag, as Enqueue returns it)", field="task_id")
 
 
-async def requeue(redis: Redis, task_id: str, call: CallInfo, cfg: DlqSettings, *,
+async def requeue(redis: Client, task_id: str, call: CallInfo, cfg: DlqSettings, *,
                   action: str = "requeue_dead_letter", detail: str = "") -> int:
     """Put a dead-lettered task back in its band with a fresh attempt budget.
 
@@ -267,7 +266,7 @@ async def requeue(redis: Redis, task_id: str, call: CallInfo, cfg: DlqSettings, 
     return int(reply[1])
 
 
-async def discard(redis: Redis, task_id: str, call: CallInfo, cfg: DlqSettings) -> int:
+async def discard(redis: Client, task_id: str, call: CallInfo, cfg: DlqSettings) -> int:
     """Remove a task's dead-letter entry; the hash stays dead_lettered, discarded=1.
 
     Returns:
@@ -287,7 +286,7 @@ async def discard(redis: Redis, task_id: str, call: CallInfo, cfg: DlqSettings) 
     return int(reply[1])
 
 
-async def purge(redis: Redis, call: CallInfo, cfg: DlqSettings) -> int:
+async def purge(redis: Client, call: CallInfo, cfg: DlqSettings) -> int:
     """Remove every dead-letter entry (XTRIM MAXLEN = 0 of each queue's stream, one
     pipeline), then append one audit entry. Returns entries removed."""
     queues = await dead_letter_queues(redis)
@@ -302,7 +301,7 @@ async def purge(redis: Redis, call: CallInfo, cfg: DlqSettings) -> int:
     return purged
 
 
-async def select(redis: Redis, flt: RedriveFilter, limit: int) -> list[DlqRow]:
+async def select(redis: Client, flt: RedriveFilter, limit: int) -> list[DlqRow]:
     """Dead letters matching ``flt``, oldest first, at most ``limit``, one per task."""
     now = await redis_now_ms(redis)
     out: list[DlqRow] = []
@@ -323,7 +322,7 @@ async def select(redis: Redis, flt: RedriveFilter, limit: int) -> list[DlqRow]:
     return out
 
 
-async def redrive(redis: Redis, flt: RedriveFilter, call: CallInfo, cfg: DlqSettings, *,
+async def redrive(redis: Client, flt: RedriveFilter, call: CallInfo, cfg: DlqSettings, *,
                   dry_run: bool, max_per_second: int, limit: int) -> RedriveResult:
     """Requeue (or with ``dry_run`` only count) the dead letters matching ``flt``.
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-
-from redis.asyncio import Redis
+from typing import Any
 
 from dtq_gateway.store import keys
-from dtq_gateway.store.admin import as_int, redis_now_ms, validate_page_token
+from dtq_gateway.store.admin_common import as_int, redis_now_ms, validate_page_token
 from dtq_gateway.store.admin_scripts import TASK_SUMMARIES
+from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import call_each
 from dtq_gateway.store.task_record import normalize
@@ -80,7 +80,7 @@ def _names(raw: bytes | None) -> tuple[str, ...]:
     return tuple(n for n in text(raw).split(",") if n)
 
 
-async def list_workers(redis: Redis, heartbeat_interval_ms: int) -> list[WorkerRecord]:
+async def list_workers(redis: Client, heartbeat_interval_ms: int) -> list[WorkerRecord]:
     """Known workers (``dtq:workers`` members whose hash still exists), by id.
 
     ``alive`` = last heartbeat younger than 3 heartbeat intervals. ``status`` is
@@ -100,13 +100,27 @@ async def list_workers(redis: Redis, heartbeat_interval_ms: int) -> list[WorkerR
             for tag in tags:
                 pipe.exists(keys.gateway(tag))
             live_tags = {t for t, n in zip(tags, await pipe.execute()) if n}
+    return worker_records(ids, hashes, now, heartbeat_interval_ms, live_tags)
+
+
+def worker_records(ids: list[str], hashes: list[Any], now_ms: int, heartbeat_interval_ms: int,
+                   live_tags: set[str] | frozenset[str] = frozenset()) -> list[WorkerRecord]:
+    """The WorkerRecords of worker ``ids`` from their hashes (HGETALL replies, in the
+    order of ``ids``; an empty one, an expired record, is left out).
+
+    Args:
+        now_ms: Redis TIME in epoch ms, against which heartbeat ages are taken.
+        heartbeat_interval_ms: alive = last heartbeat younger than 3 of them.
+        live_tags: tags of live gateway replicas (``leasing`` is True for a worker
+            with a Lease stream open on one of them).
+    """
     out = []
     for worker_id, raw in zip(ids, hashes):
         if not raw:
             continue  # record expired (3 heartbeat intervals); the set is best effort
         f = normalize(raw)
         last = _ms_field(f, "last_heartbeat", "last_heartbeat_at_ms")
-        age = max(0, now - last) if last else now
+        age = max(0, now_ms - last) if last else now_ms
         alive = age < 3 * heartbeat_interval_ms
         stored = text(f.get("status"))
         status = stored if stored in ("stopped", "draining") else ("alive" if alive else "stale")
@@ -126,8 +140,7 @@ async def list_workers(redis: Redis, heartbeat_interval_ms: int) -> list[WorkerR
     return out
 
 
-
-async def worker_session_fields(redis: Redis, worker_ids: list[str]
+async def worker_session_fields(redis: Client, worker_ids: list[str]
                                 ) -> list[tuple[bytes | None, bytes | None]]:
     """The raw ``queues`` and ``labels`` fields of each worker record (None where absent),
     in the order of ``worker_ids``: one HMGET per worker, one pipeline."""
@@ -137,7 +150,7 @@ async def worker_session_fields(redis: Redis, worker_ids: list[str]
         rows = await pipe.execute()
     return [(queues, labels) for queues, labels in rows]
 
-async def task_summaries(redis: Redis, task_ids: list[str]) -> list[dict[str, bytes]]:
+async def task_summaries(redis: Client, task_ids: list[str]) -> list[dict[str, bytes]]:
     """Task hashes without payloads, in order ({} for expired records)."""
     if not task_ids:
         return []
@@ -157,7 +170,7 @@ async def task_summaries(redis: Redis, task_ids: list[str]) -> list[dict[str, by
     return [normalize(dict(zip(row[0::2], row[1::2]))) for row in rows]
 
 
-async def list_recent_tasks(redis: Redis, limit: int, queue: str = "",
+async def list_recent_tasks(redis: Client, limit: int, queue: str = "",
                             status: str = "") -> list[dict[str, bytes]]:
     """Newest tasks of ``dtq:tasks:recent`` (payload omitted), filtered.
 
@@ -184,7 +197,7 @@ async def list_recent_tasks(redis: Redis, limit: int, queue: str = "",
     return out
 
 
-async def list_audit(redis: Redis, size: int, token: str = "") -> tuple[list[AuditItem], str]:
+async def list_audit(redis: Client, size: int, token: str = "") -> tuple[list[AuditItem], str]:
     """One page of the audit stream, newest first.
 
     Returns:
@@ -193,9 +206,10 @@ async def list_audit(redis: Redis, size: int, token: str = "") -> tuple[list[Aud
     validate_page_token(token)
     rows = await redis.xrevrange(keys.AUDIT, max=f"({token}" if token else "+", min="-",
                                  count=size + 1)
+    rows = rows or []
     items = []
     for entry_id, raw in rows[:size]:
-        f = normalize(raw)
+        f = normalize(raw or {})
         items.append(AuditItem(
             entry_id=text(entry_id), actor=text(f.get("actor")), action=text(f.get("action")),
             task_id=text(f.get("task_id")), ts_ms=as_int(f.get("ts")),

@@ -9,11 +9,12 @@ Lease session named the queue takes it. The outcome counters are the hash
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from redis.asyncio import Redis
+from typing import Any
 
 from dtq_gateway.store import keys
+from dtq_gateway.store.admin_lists import WorkerRecord, list_workers
 from dtq_gateway.store.admin_scripts import QUEUE_WAITING
+from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
 
 #: Most waiting entries (all bands together, p9 first) GetQueueStats reads to count
@@ -41,17 +42,26 @@ def _int(value: object) -> int:
         return 0
 
 
-async def queue_counters(redis: Redis, queue: str) -> dict[str, int]:
+async def queue_counters(redis: Client, queue: str) -> dict[str, int]:
     """The queue's outcome counters (``dtq:queue:{<q>}:counters``; absent fields are 0;
     the history sampler's baselines ``h_*`` are left out)."""
-    raw = await redis.hgetall(keys.queue_counters(queue))
+    return counters_of(await redis.hgetall(keys.queue_counters(queue)))
+
+
+def counters_of(raw: Any) -> dict[str, int]:
+    """:func:`queue_counters` of an HGETALL reply of the counters hash."""
     out = dict.fromkeys(COUNTER_FIELDS, 0)
     out.update({k: _int(v) for k, v in ((text(k), v) for k, v in raw.items())
                 if k in out})
     return out
 
 
-async def waiting_by_type(redis: Redis, queue: str, now_ms: int, heartbeat_interval_ms: int,
+def waiting_call(queue: str, scan_max: int = WAITING_SCAN_MAX) -> tuple[list[str], list[Any]]:
+    """(KEYS, ARGV) of the ``queue_waiting.lua`` call :func:`waiting_by_type` makes."""
+    return keys.queue_streams_desc(queue), QUEUE_WAITING.argv(keys.GROUP, scan_max)
+
+
+async def waiting_by_type(redis: Client, queue: str, now_ms: int, heartbeat_interval_ms: int,
                           scan_max: int = WAITING_SCAN_MAX) -> tuple[list[TypeWaiting], bool]:
     """Waiting tasks of ``queue`` by type, most waiting first, and whether every waiting
     entry was read (at most ``scan_max`` entries in all, p9 first, by
@@ -60,14 +70,16 @@ async def waiting_by_type(redis: Redis, queue: str, now_ms: int, heartbeat_inter
     A type is ``taken`` when a live worker whose latest Lease session named this
     queue takes it (an empty task type filter takes every type).
     """
-    from dtq_gateway.store.admin_lists import list_workers  # admin_lists imports this module
+    reply = await QUEUE_WAITING(redis, *waiting_call(queue, scan_max))
+    workers = await list_workers(redis, heartbeat_interval_ms) if reply[2:] else []
+    return waiting_types(reply, queue, now_ms, workers)
 
-    reply = await QUEUE_WAITING(redis, keys.queue_streams_desc(queue),
-                                QUEUE_WAITING.argv(keys.GROUP, scan_max))
+
+def waiting_types(reply: Any, queue: str, now_ms: int, workers: list[WorkerRecord]
+                  ) -> tuple[list[TypeWaiting], bool]:
+    """:func:`waiting_by_type` of a ``queue_waiting.lua`` reply and the known workers."""
     rows = reply[2:]
-    if not rows:
-        return [], bool(int(reply[1]))
-    takers = [w for w in await list_workers(redis, heartbeat_interval_ms)
+    takers = [w for w in workers
               if w.alive and w.status != "stopped" and queue in w.queues]
     takes_all = any(not w.task_types for w in takers)
     taken = {t for w in takers for t in w.task_types}

@@ -16,10 +16,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import Redis
-
 from dtq_gateway.store import keys
 from dtq_gateway.store.admin_scripts import AUDIT_APPEND
+from dtq_gateway.store.client import Client
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +62,7 @@ def log_audit(actor: str, action: str, task_id: str, request_id: str, detail: st
         "request_id": request_id, "detail": detail, "ts_ms": ts_ms})
 
 
-async def append_audit(redis: Redis, actor: str, action: str, task_id: str, request_id: str,
+async def append_audit(redis: Client, actor: str, action: str, task_id: str, request_id: str,
                        detail: str = "", *, maxlen: int = 10000) -> AuditRecord:
     """XADD one audit entry (MAXLEN ~ ``maxlen``) and log it.
 

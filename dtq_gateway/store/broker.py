@@ -10,22 +10,21 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-from redis.asyncio import Redis
+from typing import Any, cast
 
 from dtq_gateway import observe
+from dtq_gateway.domain.validation import NewTask
 from dtq_gateway.errors import DtqError, NotFound, QueueFull, WrongState
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import keys
 from dtq_gateway.store.audit import append_audit
+from dtq_gateway.store.client import Client
 from dtq_gateway.store.durability import ReplicaWait
 from dtq_gateway.store.errors import ReplicasNotAcked
 from dtq_gateway.store.groups import Groups, queue_limit
 from dtq_gateway.store.indexes import write_indexes_logged as write_indexes
-from dtq_gateway.store.replies import text as _s
-from dtq_gateway.store.scripts import Script, call_each, execute
-from dtq_gateway.validation import NewTask
+from dtq_gateway.store.replies import text as as_text
+from dtq_gateway.store.scripts import Script, ScriptPipeline, call_each, execute
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +52,73 @@ class Enqueued:
     debounced: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class EnqueueItem:
+    """One task's item of enqueue.lua's reply (the script's header gives the shapes).
+
+    Attributes:
+        kind: ``ok`` (stored), ``dup`` (its idempotency key names an earlier task),
+            ``full`` (the queue is at DTQ_MAX_QUEUE_DEPTH), ``debounced`` (absorbed into
+            the burst's task) or ``debounce_retry`` (the debounce record names another
+            task than the caller believed: call again believing ``task_id``).
+        task_id: the stored task (ok), the earlier task (dup), the burst's task
+            (debounced), the record's task (debounce_retry); "" for full.
+        status: the task's status (ok, debounced; dup: the earlier one's), else "".
+    """
+
+    kind: str
+    task_id: str = ""
+    status: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueReply:
+    """One enqueue.lua call's reply, decoded (:func:`enqueue_reply`).
+
+    Attributes:
+        items: one per task of the call, in order.
+        became_busy: the call set the queue's busy marker (add it to dtq:queues:busy).
+        recent: created task ids and times for the recent-tasks index, as
+            (ms, id, ms, id, ...) strings.
+    """
+
+    items: tuple[EnqueueItem, ...]
+    became_busy: bool = False
+    recent: tuple[str, ...] = ()
+
+
+def enqueue_reply(raw: list[Any]) -> EnqueueReply:
+    """Decode enqueue.lua's reply: its items, then the last ``{'meta', now_ms,
+    became_busy, recent}`` item."""
+    became_busy, recent = False, cast(tuple[str, ...], ())
+    if raw and as_text(raw[-1][0]) == "meta":
+        meta = raw[-1]
+        raw = raw[:-1]
+        became_busy, recent = bool(int(meta[2])), tuple(as_text(v) for v in meta[3])
+    items = tuple(EnqueueItem(as_text(r[0])) if as_text(r[0]) == "full" else
+                  EnqueueItem(as_text(r[0]), as_text(r[1]), as_text(r[2]) if len(r) > 2 else "")
+                  for r in raw)
+    return EnqueueReply(items, became_busy, recent)
+
+
+@dataclass(frozen=True, slots=True)
+class CancelReply:
+    """cancel.lua's reply: ``kind`` ``cancelled``, ``requested`` (active: flagged),
+    ``terminal`` (``status`` says which) or ``missing``."""
+
+    kind: str
+    status: str = ""
+
+    @classmethod
+    def of(cls, raw: list[Any]) -> CancelReply:
+        """Decode cancel.lua's reply (``{kind}`` or ``{'terminal', status}``)."""
+        return cls(as_text(raw[0]), as_text(raw[1]) if len(raw) > 1 else "")
+
+
 class Broker:
     """Enqueue, read and cancel tasks. ``on_queued(queue)`` is called after a task is queued."""
 
-    def __init__(self, redis: Redis, settings: Settings, groups: Groups,
+    def __init__(self, redis: Client, settings: Settings, groups: Groups,
                  on_queued: Callable[[str], None] = lambda q: None,
                  read_ahead: Callable[[str, str], Any] | None = None) -> None:
         self.redis = redis
@@ -157,9 +219,10 @@ class Broker:
                 for i in part:
                     slots[i] = chunk
                 continue
-            self._collect_meta(chunk, tasks[part[0]].queue, recent, busy)
-            for i, reply in zip(part, chunk):
-                slots[i] = await self._outcome(tasks[i], reply, recent, busy)
+            decoded = enqueue_reply(chunk)
+            self._collect_meta(decoded, tasks[part[0]].queue, recent, busy)
+            for i, item in zip(part, decoded.items):
+                slots[i] = await self._outcome(tasks[i], item, recent, busy)
         await write_indexes(self.redis, recent, busy, self.settings.recent_max)
         out: list[Enqueued | Exception] = [o for o in slots if o is not None]
         fresh = [o.queue for o in out
@@ -171,12 +234,12 @@ class Broker:
         return out
 
     async def _enqueue_read_ahead(self, task: NewTask, ahead: Any) -> Enqueued | DtqError:
-        """Enqueue one task with a lease_read for an idle session in the same round trip.
+        """Enqueue one task with a lease_take for an idle session in the same round trip.
 
         The dispatcher activates what the read returned (and wakes other sessions
         itself when the read came back empty), so ``on_queued`` is not called here.
         """
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = ScriptPipeline(self.redis)
         ENQUEUE.queue(pipe, *self._enqueue_call([task]))
         ahead.queue_calls(pipe)
         try:
@@ -195,42 +258,40 @@ class Broker:
         ahead.deliver(read)
         recent: list = []
         busy: list[str] = []
-        self._collect_meta(replies, task.queue, recent, busy)
-        out = await self._outcome(task, replies[0], recent, busy)
+        decoded = enqueue_reply(replies)
+        self._collect_meta(decoded, task.queue, recent, busy)
+        out = await self._outcome(task, decoded.items[0], recent, busy)
         await write_indexes(self.redis, recent, busy, self.settings.recent_max)
         if isinstance(out, Enqueued) and not (out.deduplicated or out.debounced):
             observe.enqueued(task.queue, 1)
-            if _s(replies[0][0]) != "ok" and out.status == "queued":
+            if decoded.items[0].kind != "ok" and out.status == "queued":
                 self.on_queued(task.queue)  # queued by a take-over after the read ran
         if unconfirmed is not None:
             raise unconfirmed
         return out
 
     @staticmethod
-    def _collect_meta(chunk: list, queue: str, recent: list, busy: list[str]) -> None:
-        """Take enqueue.lua's last reply item ({'meta', now, became_busy, recent}) off
-        ``chunk`` into the index writes still to do."""
-        if chunk and _s(chunk[-1][0]) == "meta":
-            meta = chunk.pop()
-            if int(meta[2]):
-                busy.append(queue)
-            recent += [_s(v) for v in meta[3]]
+    def _collect_meta(reply: EnqueueReply, queue: str, recent: list, busy: list[str]) -> None:
+        """Add what one enqueue.lua call asks of the indexes to the writes still to do."""
+        if reply.became_busy:
+            busy.append(queue)
+        recent += reply.recent
 
-    async def _outcome(self, task: NewTask, reply: list, recent: list,
+    async def _outcome(self, task: NewTask, item: EnqueueItem, recent: list,
                        busy: list[str]) -> Enqueued | DtqError:
-        kind = _s(reply[0])
+        kind = item.kind
         if task.debounce_spec and kind in ("ok", "debounced", "debounce_retry"):
-            self._remember_debounce(task, task.task_id if kind == "ok" else _s(reply[1]))
+            self._remember_debounce(task, task.task_id if kind == "ok" else item.task_id)
         if kind == "ok":
-            return Enqueued(task.task_id, _s(reply[2]), queue=task.queue)
+            return Enqueued(task.task_id, item.status, queue=task.queue)
         if kind == "debounced":
-            return Enqueued(_s(reply[1]), _s(reply[2]), queue=task.queue, debounced=True)
+            return Enqueued(item.task_id, item.status, queue=task.queue, debounced=True)
         if kind == "debounce_retry":
-            return await self._debounce_again(task, _s(reply[1]), recent, busy)
+            return await self._debounce_again(task, item.task_id, recent, busy)
         if kind == "full":
             return QueueFull(f"queue {task.queue!r} is at its depth limit "
                              f"({self.settings.max_queue_depth})", retry_after_ms=1000)
-        earlier = _s(reply[1])
+        earlier = item.task_id
         status = await self.redis.hget(keys.task(earlier), "status")
         if status is None:
             # The record points at a task that no longer exists (expired or lost in a
@@ -240,9 +301,10 @@ class Broker:
                 self._enqueue_call([task], takeover=earlier)], self.wait)
             if isinstance(chunk, Exception):
                 raise chunk
-            self._collect_meta(chunk, task.queue, recent, busy)
-            return await self._outcome(task, chunk[0], recent, busy)
-        return Enqueued(earlier, _s(status), deduplicated=True, queue=task.queue)
+            decoded = enqueue_reply(chunk)
+            self._collect_meta(decoded, task.queue, recent, busy)
+            return await self._outcome(task, decoded.items[0], recent, busy)
+        return Enqueued(earlier, as_text(status), deduplicated=True, queue=task.queue)
 
     def _remember_debounce(self, task: NewTask, task_id: str) -> None:
         seen = self._debounce_seen
@@ -262,11 +324,12 @@ class Broker:
                 self._enqueue_call([task], believed=believed)], self.wait)
             if isinstance(chunk, Exception):
                 raise chunk
-            self._collect_meta(chunk, task.queue, recent, busy)
-            reply = chunk[0]
-            if _s(reply[0]) != "debounce_retry":
-                return await self._outcome(task, reply, recent, busy)
-            believed = _s(reply[1])
+            decoded = enqueue_reply(chunk)
+            self._collect_meta(decoded, task.queue, recent, busy)
+            item = decoded.items[0]
+            if item.kind != "debounce_retry":
+                return await self._outcome(task, item, recent, busy)
+            believed = item.task_id
         raise RuntimeError(f"debounce record of queue {task.queue!r} kept moving")
 
     async def get(self, task_id: str) -> tuple[dict[bytes, bytes], bytes | None]:
@@ -292,7 +355,7 @@ class Broker:
         """
         rec = await self.redis.hmget(keys.task(task_id), "queue", "idem_digest", "priority")
         has_idem = bool(rec[0] and rec[1])
-        queue, band = _s(rec[0] or b""), _s(rec[2] or b"")
+        queue, band = as_text(rec[0] or b""), as_text(rec[2] or b"")
         valid = keys.QUEUE_RE.match(queue) and len(band) == 1 and band.isdigit()
         tkey = keys.task(task_id)
         # every key of the queue's slot; without a readable record the task key stands in
@@ -300,21 +363,22 @@ class Broker:
         keys_ = [tkey, keys.cancelled(queue) if valid else tkey,
                  keys.schedule(queue) if valid else tkey,
                  keys.finished(queue) if valid else tkey,
-                 keys.idempotency(queue, _s(rec[1])) if has_idem and valid else tkey,
+                 keys.idempotency(queue, as_text(rec[1])) if has_idem and valid else tkey,
                  keys.stream(queue, int(band)) if valid else tkey]
-        reply = await CANCEL(self.redis, keys_, Script.argv(
+        raw = await CANCEL(self.redis, keys_, Script.argv(
             task_id, actor, request_id, reason[:1024], self.settings.audit_maxlen,
             self.settings.task_retention_s, "1" if has_idem and valid else "0", keys.GROUP,
             self.settings.keep_finished_for(queue)))
-        kind = _s(reply[0])
+        reply = CancelReply.of(raw)
+        kind = reply.kind
         if kind == "missing":
             raise NotFound(f"task {task_id} not found", field="task_id")
         if kind == "terminal":
-            raise WrongState(f"task {task_id} is already {_s(reply[1])}", reason="TASK_TERMINAL")
+            raise WrongState(f"task {task_id} is already {reply.status}", reason="TASK_TERMINAL")
         await append_audit(self.redis, actor, "cancel_task", task_id, request_id,
                            reason[:1024], maxlen=self.settings.audit_maxlen)
         log.info("task cancel", extra={"task_id": task_id, "actor": actor,
                                        "request_id": request_id, "outcome": kind})
         if kind == "cancelled" and rec[0]:  # queued or scheduled: it ends here
-            observe.outcome(_s(rec[0]), "cancelled", 0, 0)
+            observe.outcome(as_text(rec[0]), "cancelled", 0, 0)
         return kind

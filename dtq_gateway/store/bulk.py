@@ -16,11 +16,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from redis.asyncio import Redis
-
 from dtq_gateway.store import keys
-from dtq_gateway.store.admin import CallInfo, redis_now_ms
+from dtq_gateway.store.admin_common import CallInfo, redis_now_ms
 from dtq_gateway.store.audit import append_audit
+from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.scripts import Script
 
@@ -29,6 +28,33 @@ CANCEL_MATCHING = Script("cancel_matching", helpers=("_finished",))
 STEP = 100
 #: Most task ids a bulk cancel lists in its reply.
 LIST_MAX = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class CancelStep:
+    """One cancel_matching.lua call's reply, decoded (:meth:`of`).
+
+    Attributes:
+        cursor: where the next step of the same target reads from.
+        read: entries the step read (fewer than asked = the target is exhausted).
+        matched: entries that matched the filter.
+        cancelled: tasks cancelled outright.
+        requested: active tasks flagged cancel_requested.
+        task_ids: the matched tasks' ids.
+    """
+
+    cursor: str
+    read: int
+    matched: int
+    cancelled: int
+    requested: int
+    task_ids: tuple[str, ...]
+
+    @classmethod
+    def of(cls, reply: list) -> CancelStep:
+        """Decode ``{next cursor, read, matched, cancelled, requested, ids...}``."""
+        return cls(text(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]),
+                   int(reply[4]), tuple(text(i) for i in reply[5:]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +105,7 @@ class BulkResult:
     task_ids: list[str] = field(default_factory=list)
 
 
-async def cancel_matching(redis: Redis, flt: TaskFilter, *, dry_run: bool, limit: int,
+async def cancel_matching(redis: Client, flt: TaskFilter, *, dry_run: bool, limit: int,
                           task_retention_s: int, keep_finished: int = 0,
                           actor: str = "") -> BulkResult:
     """Cancel (or with ``dry_run`` count) up to ``limit`` waiting tasks of ``flt.queue``
@@ -102,27 +128,26 @@ async def cancel_matching(redis: Redis, flt: TaskFilter, *, dry_run: bool, limit
         cursor = ""
         while out.matched < limit:
             step = min(STEP, limit - out.matched) if not dry_run else STEP
-            reply = await CANCEL_MATCHING(redis, [
+            reply = CancelStep.of(await CANCEL_MATCHING(redis, [
                 key, keys.cancelled(q), keys.expiring(q), keys.finished(q),
                 keys.queue_counters(q)], Script.argv(
                 q, kind, cursor, step, "1" if dry_run else "0", flt.task_type, meta,
                 after, before, task_retention_s, keep_finished, keys.GROUP, actor,
-                in_bands))
-            cursor = text(reply[0])
-            read, matched, cancelled = int(reply[1]), int(reply[2]), int(reply[3])
-            out.requested += int(reply[4])
-            ids = [text(i) for i in reply[5:]]
+                in_bands)))
+            cursor, read, matched = reply.cursor, reply.read, reply.matched
+            out.requested += reply.requested
+            ids = list(reply.task_ids)
             if dry_run and out.matched + matched > limit:
                 matched, ids = limit - out.matched, ids[:limit - out.matched]
             out.matched += matched
-            out.cancelled += cancelled
+            out.cancelled += reply.cancelled
             out.task_ids += ids[:max(0, LIST_MAX - len(out.task_ids))]
             if read < step:
                 break
     return out
 
 
-async def bulk_cancel(redis: Redis, flt: TaskFilter, call: CallInfo, *, action: str,
+async def bulk_cancel(redis: Client, flt: TaskFilter, call: CallInfo, *, action: str,
                       dry_run: bool, limit: int, reason: str, task_retention_s: int,
                       keep_finished: int, audit_maxlen: int) -> BulkResult:
     """:func:`cancel_matching`, then one audit entry (``action``: cancel_tasks or

@@ -24,7 +24,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import unquote, urlsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -122,7 +122,8 @@ def make_client(mode: str, url: str, *, max_connections: int = 16,
     Raises:
         ValueError: unknown mode, a malformed URL, or sentinel mode without a master.
     """
-    common = {"socket_timeout": SOCKET_TIMEOUT_S, "socket_connect_timeout": CONNECT_TIMEOUT_S}
+    common: dict[str, Any] = {"socket_timeout": SOCKET_TIMEOUT_S,
+                              "socket_connect_timeout": CONNECT_TIMEOUT_S}
     if mode == "standalone":
         # A connection idle for over a second is PINGed before use, so after a Redis
         # restart stale pooled connections are replaced instead of failing the next
@@ -161,7 +162,7 @@ class _BoundedPipeline(ClusterPipeline):
 
     async def execute(self, raise_on_error: bool = True,
                       allow_redirections: bool = True) -> list[Any]:
-        async with self.cluster_client.call_slot():
+        async with cast(BoundedRedisCluster, self.cluster_client).call_slot():
             return await super().execute(raise_on_error, allow_redirections)
 
 
@@ -209,7 +210,8 @@ class BoundedRedisCluster(RedisCluster):
                  shard_hint: Any | None = None) -> ClusterPipeline:
         if shard_hint:
             return super().pipeline(transaction, shard_hint)  # raises, as redis-py does
-        return _BoundedPipeline(self, transaction)
+        # redis-py's stubs leave ClusterPipeline abstract; it is complete at run time
+        return _BoundedPipeline(self, transaction)  # type: ignore[abstract]
 
 
 def is_cluster(client: Any) -> bool:

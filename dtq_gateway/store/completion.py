@@ -13,15 +13,21 @@ import json
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from dtq_gateway.store import keys
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.durability import ReplicaWait
 from dtq_gateway.store.errors import ReplicasNotAcked
 from dtq_gateway.store.indexes import queue_set_add
-from dtq_gateway.store.replies import text as _s
-from dtq_gateway.store.scripts import Script, call_chunks, call_each, execute
+from dtq_gateway.store.replies import text as as_text
+from dtq_gateway.store.scripts import (
+    Script,
+    ScriptPipeline,
+    call_chunks,
+    call_each,
+    execute,
+)
 
 ACK = Script("ack", helpers=("_finished",), allow_oom=True)
 FAIL = Script("fail", allow_oom=True)
@@ -29,6 +35,78 @@ HEARTBEAT = Script("heartbeat", allow_oom=True)
 WORKER_BEAT = Script("worker_beat", allow_oom=True)
 #: Most leases per ack.lua call: bounds how long one script holds Redis.
 ACK_CHUNK = 100
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseOutcome:
+    """What ack.lua or fail.lua did with one lease (:func:`lease_outcome`).
+
+    Attributes:
+        kind: ``ok`` (acked), ``retry``, ``dead``, ``released`` or ``cancelled``
+            (failed: what became of the task), ``dup`` (a repeat of the call that
+            finished the lease: nothing changed) or ``stale`` (the lease is not the
+            task's current one: nothing changed).
+        status: the task's status the script named (fail.lua's kinds, ``dup``,
+            ``stale``; ``missing`` when the record is gone); "" for ``ok``.
+        started_at_ms: when the attempt started (Redis TIME, ms); 0 for dup / stale.
+        finished_at_ms: when the ack finished the task (ms); 0 for any other kind.
+        follow: follow-up work owed, terminal outcomes only (``ok``, ``dead``,
+            ``cancelled``): 'c' a chain step, 'g' a group member ended, 'cg' both, ''.
+        unparked: the reply's optional sixth item: tasks of the lease's concurrency key
+            went back to their band (False when the script sends no such item).
+    """
+
+    kind: str
+    status: str = ""
+    started_at_ms: int = 0
+    finished_at_ms: int = 0
+    follow: str = ""
+    unparked: bool = False
+
+
+def lease_outcome(reply: Sequence[Any]) -> LeaseOutcome:
+    """Decode one ack.lua / fail.lua reply (their headers give the shapes):
+    ``{'ok', started_at_ms, created_at_ms, finished_at_ms, follow}``,
+    ``{kind, status, started_at_ms, due_at_ms, group}`` or ``{'dup'|'stale', status}``."""
+    kind = as_text(reply[0])
+    if kind in ("dup", "stale"):
+        return LeaseOutcome(kind, as_text(reply[1]))
+    follow = as_text(reply[4]) if len(reply) > 4 and kind in ("ok", "dead", "cancelled") else ""
+    unparked = len(reply) > 5 and int(reply[5] or 0) > 0
+    if kind == "ok":
+        return LeaseOutcome(kind, "", int(reply[1]), int(reply[3]), follow, unparked)
+    return LeaseOutcome(kind, as_text(reply[1]), int(reply[2]), 0, follow, unparked)
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatReply:
+    """What one heartbeat did (:func:`heartbeat`).
+
+    Attributes:
+        denied: the worker record is bound to another identity: nothing changed.
+        states: heartbeat.lua's state per lease, in order: ``ok`` (extended), ``lost``
+            (not the current lease, or the reaper claimed the entry), ``overdue`` (past
+            started + timeout + grace: no longer extended), ``cancelled`` (extended;
+            a cancel was requested); empty when denied.
+    """
+
+    denied: bool
+    states: tuple[str, ...] = ()
+
+
+def _outcomes(replies: Sequence[Any]) -> list[LeaseOutcome | Exception]:
+    """Each reply decoded; an error stays in its place (a :class:`ReplicasNotAcked`
+    carrying the decoded outcome of what the primary applied)."""
+    out: list[LeaseOutcome | Exception] = []
+    for reply in replies:
+        if isinstance(reply, ReplicasNotAcked):
+            out.append(ReplicasNotAcked(reply.wanted, reply.got, reply.timeout_ms,
+                                        lease_outcome(cast(Sequence[Any], reply.reply))))
+        elif isinstance(reply, Exception):
+            out.append(reply)
+        else:
+            out.append(lease_outcome(reply))
+    return out
 
 
 class LeaseRef(Protocol):
@@ -115,7 +193,7 @@ async def worker_beat(redis: Client, beat: WorkerBeat) -> bool:
     Raises:
         The call's Redis error.
     """
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     _queue_beat(pipe, beat)
     (reply,) = await execute(redis, pipe)
     if isinstance(reply, Exception):
@@ -125,7 +203,7 @@ async def worker_beat(redis: Client, beat: WorkerBeat) -> bool:
 
 async def heartbeat(redis: Client, beat: WorkerBeat,
                     leases: Sequence[tuple[LeaseRef, str, str]], lease_grace_ms: int
-                    ) -> list[str] | None:
+                    ) -> HeartbeatReply:
     """The worker record's refresh and one heartbeat.lua call per lease, one pipeline.
 
     Args:
@@ -134,14 +212,14 @@ async def heartbeat(redis: Client, beat: WorkerBeat,
         lease_grace_ms: the extension past the worker's next heartbeat.
 
     Returns:
-        heartbeat.lua's state per lease (``ok``, ``lost``, ``overdue``, ``cancelled``),
-        or None when the worker record is bound to another identity (the refresh
-        changed nothing; the caller only sends leases issued to the caller).
+        heartbeat.lua's state per lease, or ``denied`` when the worker record is bound
+        to another identity (the refresh changed nothing; the caller only sends leases
+        issued to the caller).
 
     Raises:
         The first failed call's Redis error.
     """
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     _queue_beat(pipe, beat)
     for le, percent, message in leases:
         HEARTBEAT.queue(pipe, [keys.stream(le.queue, le.band), keys.task(le.task_id)],
@@ -151,19 +229,18 @@ async def heartbeat(redis: Client, beat: WorkerBeat,
     if isinstance(replies[0], Exception):  # the worker record was not refreshed
         raise replies[0]
     if replies[0] == b"denied":
-        return None
-    states = []
+        return HeartbeatReply(denied=True)
     for reply in replies[1:]:
         if isinstance(reply, Exception):
             raise reply
-        states.append(_s(reply))
-    return states
+    return HeartbeatReply(False, tuple(as_text(reply) for reply in replies[1:]))
 
 
 async def ack(redis: Client, parts: Sequence[Sequence[tuple[LeaseRef, bytes]]],
               result_max_bytes: int, result_retention_s: int, task_retention_s: int,
               wait: ReplicaWait | None = None,
-              keep_finished: Callable[[str], int] | None = None) -> list[list]:
+              keep_finished: Callable[[str], int] | None = None
+              ) -> list[LeaseOutcome | Exception]:
     """ack.lua, one call per part: (lease, result) pairs of one queue (one hash slot),
     at most :data:`ACK_CHUNK` each; one EVALSHA for one part, one pipeline beyond.
 
@@ -179,7 +256,8 @@ async def ack(redis: Client, parts: Sequence[Sequence[tuple[LeaseRef, bytes]]],
     carrying that lease's ack.lua reply (the primary applied it).
 
     Returns:
-        ack.lua's reply per lease, in the order of the parts.
+        ack.lua's outcome per lease, in the order of the parts (a ReplicasNotAcked
+        carrying it where replicas did not confirm).
 
     Raises:
         The first failed call's Redis error (other than ReplicasNotAcked).
@@ -201,22 +279,22 @@ async def ack(redis: Client, parts: Sequence[Sequence[tuple[LeaseRef, bytes]]],
             keys_.append(keys.finished(part[0][0].queue))
         calls.append((keys_, args))
     if wait is None:
-        return await call_chunks(redis, ACK, calls)
+        return _outcomes(await call_chunks(redis, ACK, calls))
     items: list = []
     for reply in await call_each(redis, ACK, calls, wait):
         if isinstance(reply, ReplicasNotAcked):
             items += [ReplicasNotAcked(reply.wanted, reply.got, reply.timeout_ms, one)
-                      for one in reply.reply]
+                      for one in cast(list[Any], reply.reply)]
         elif isinstance(reply, Exception):
             raise reply
         else:
             items += reply
-    return items
+    return _outcomes(items)
 
 
 async def fail(redis: Client, items: Sequence[tuple[LeaseRef, str, bool, int, str, str]],
                dlq_maxlen: int, task_retention_s: int,
-               wait: ReplicaWait | None = None) -> list:
+               wait: ReplicaWait | None = None) -> list[LeaseOutcome | Exception]:
     """fail.lua once per item, all in one pipeline (one round trip).
 
     The pipeline first adds the items' queues to the dead-letter index (it spans queues:
@@ -234,11 +312,11 @@ async def fail(redis: Client, items: Sequence[tuple[LeaseRef, str, bool, int, st
             fewer replicas confirmed gets :class:`ReplicasNotAcked` carrying its reply.
 
     Returns:
-        fail.lua's reply per item, in order, a failed call's error in its place.
+        fail.lua's outcome per item, in order, a failed call's error in its place.
     """
     if not items:
         return []
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     queue_set_add(pipe, keys.DEAD_LETTER_QUEUES, {it[0].queue for it in items})
     for le, mode, retryable, retry_after_ms, message, error_class in items:
         FAIL.queue(pipe, [keys.stream(le.queue, le.band), keys.task(le.task_id),
@@ -249,4 +327,4 @@ async def fail(redis: Client, items: Sequence[tuple[LeaseRef, str, bool, int, st
                        "1" if retryable else "0", retry_after_ms, random.random(), message,
                        error_class, dlq_maxlen, task_retention_s,
                        "1" if le.idem_digest else "0", le.tag))
-    return (await execute(redis, pipe, wait))[1:]
+    return _outcomes((await execute(redis, pipe, wait))[1:])

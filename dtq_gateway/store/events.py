@@ -55,7 +55,8 @@ class ChannelReader:
     async def drop_connection(self) -> None:
         """Disconnect the socket under a blocked :meth:`listen` (a half-open TCP
         connection never errors by itself): the read then fails or reconnects."""
-        await self._pubsub.connection.disconnect()
+        if self._pubsub.connection is not None:  # None before the first subscribe
+            await self._pubsub.connection.disconnect()
 
     async def close(self) -> None:
         """Unsubscribe and give the connection back."""

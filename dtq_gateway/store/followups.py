@@ -10,6 +10,7 @@ are raised as redis-py raises them (see :mod:`dtq_gateway.store.errors`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from dtq_gateway.store import keys
 from dtq_gateway.store.client import Client
@@ -56,7 +57,9 @@ async def chain_link(redis: Client, task_id: str) -> ChainLink:
     is gone)."""
     f = await redis.hmget(keys.task(task_id), "status", "chain_next", "chain_id",
                           "chain_step", "next_task_id", "metadata")
-    return ChainLink(text(f[0]), f[1] or b"", text(f[2]), text(f[3]), text(f[4]), f[5] or b"")
+    # the client never decodes replies: hash values arrive as bytes
+    return ChainLink(text(f[0]), cast(bytes, f[1] or b""), text(f[2]), text(f[3]), text(f[4]),
+                     cast(bytes, f[5] or b""))
 
 
 async def task_exists(redis: Client, task_id: str) -> bool:
@@ -66,7 +69,7 @@ async def task_exists(redis: Client, task_id: str) -> bool:
 
 async def task_result(redis: Client, task_id: str) -> bytes:
     """``task_id``'s stored result (GET; b"" when there is none)."""
-    return await redis.get(keys.result(task_id)) or b""
+    return cast(bytes, await redis.get(keys.result(task_id)) or b"")
 
 
 async def mark_continued(redis: Client, queue: str, task_id: str, next_id: str,

@@ -16,13 +16,12 @@ from __future__ import annotations
 import logging
 import time
 
-from redis.asyncio import Redis
 from redis.exceptions import OutOfMemoryError, ResponseError
 
 from dtq_gateway import metrics
 from dtq_gateway.errors import QueueLimit
 from dtq_gateway.store import keys
-from dtq_gateway.store.client import scan_keys
+from dtq_gateway.store.client import Client, scan_keys
 from dtq_gateway.store.replies import text
 
 log = logging.getLogger(__name__)
@@ -42,7 +41,7 @@ class Groups:
         self._last_recreate_log = 0.0
         self.max_queues = max_queues
 
-    async def ensure(self, redis: Redis, queues: list[str] | set[str]) -> None:
+    async def ensure(self, redis: Client, queues: list[str] | set[str]) -> None:
         """Create the groups of every queue not yet known to have them (BUSYGROUP ignored)
         and add those queues to the registry, in one pipeline.
 
@@ -54,7 +53,7 @@ class Groups:
         if refused:
             raise queue_limit(min(refused), self.max_queues)
 
-    async def ensure_some(self, redis: Redis, queues: list[str] | set[str]) -> set[str]:
+    async def ensure_some(self, redis: Client, queues: list[str] | set[str]) -> set[str]:
         """:meth:`ensure` for the queues that fit under ``max_queues``; returns the new
         names refused (the registry is full), counted in dtq_limit_refusals_total.
 
@@ -112,7 +111,7 @@ class Groups:
         self.discard(queues)
 
 
-async def _all_present(redis: Redis, queues: list[str]) -> bool:
+async def _all_present(redis: Client, queues: list[str]) -> bool:
     """True when every band stream of ``queues`` has the group ``workers`` and every
     queue is in the registry: read-only (XINFO GROUPS, ZMSCORE; one pipeline), for a
     full Redis, which refuses XGROUP CREATE even where the group exists, so that a
@@ -135,7 +134,7 @@ def queue_limit(queue: str, max_queues: int, field: str = "queue") -> QueueLimit
                       f"DTQ_MAX_QUEUES={max_queues} queues", field=field)
 
 
-async def backfill_registry(redis: Redis) -> bool:
+async def backfill_registry(redis: Client) -> bool:
     """Build ``dtq:queues`` and ``dtq:queues:busy`` from the band streams, once.
 
     Data written by a gateway that predates the registry and the busy set has streams
@@ -168,22 +167,22 @@ async def backfill_registry(redis: Redis) -> bool:
         busy.update(q for (_, q), n in zip(chunk, lengths) if n)
     names = sorted({q for _, q in streams})
     for start in range(0, len(names), _CHUNK):
-        chunk = names[start:start + _CHUNK]
+        names_chunk = names[start:start + _CHUNK]
         async with redis.pipeline(transaction=False) as pipe:
-            for q in chunk:
+            for q in names_chunk:
                 pipe.zcard(keys.schedule(q))
             scheduled = await pipe.execute()
-        busy.update(q for q, n in zip(chunk, scheduled) if n)
-        await redis.zadd(keys.QUEUES, dict.fromkeys(chunk, 0))
+        busy.update(q for q, n in zip(names_chunk, scheduled) if n)
+        await redis.zadd(keys.QUEUES, dict.fromkeys(names_chunk, 0))
     busy_names = sorted(busy)
     for start in range(0, len(busy_names), _CHUNK):
-        chunk = busy_names[start:start + _CHUNK]
+        busy_chunk = busy_names[start:start + _CHUNK]
         # the queue's marker first, then the set (the order of every busy bookkeeping)
         async with redis.pipeline(transaction=False) as pipe:
-            for q in chunk:
+            for q in busy_chunk:
                 pipe.set(keys.busy_marker(q), "1")
             await pipe.execute()
-        await redis.sadd(keys.BUSY_QUEUES, *chunk)
+        await redis.sadd(keys.BUSY_QUEUES, *busy_chunk)
     await redis.set(keys.QUEUES_BACKFILLED, "1")
     log.info("queue registry backfilled", extra={"queues": len(names), "busy": len(busy)})
     return True

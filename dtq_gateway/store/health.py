@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import cast
 
+from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import OutOfMemoryError
 
 from dtq_gateway.store import keys, scripts
@@ -58,10 +60,10 @@ async def drop_idle_connections(redis: Client) -> None:
     (calls are never re-sent, see ``client.make_client``); closed, it reconnects on use.
     """
     if is_cluster(redis):
-        for node in redis.get_nodes():
+        for node in cast(RedisCluster, redis).get_nodes():
             await node.disconnect_free_connections()
     else:
-        await redis.connection_pool.disconnect(inuse_connections=False)
+        await cast(Redis, redis).connection_pool.disconnect(inuse_connections=False)
 
 
 async def read_memory(redis: Client) -> Memory:

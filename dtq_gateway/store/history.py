@@ -31,10 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dtq_gateway.store import keys
-from dtq_gateway.store.admin import as_int, band_infos_many
+from dtq_gateway.store.admin import band_infos_many
+from dtq_gateway.store.admin_common import as_int
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
-from dtq_gateway.store.scripts import Script, execute
+from dtq_gateway.store.scripts import Script, ScriptPipeline, execute
 
 #: Most task records read per sample (the newest of the tasks created since the last one).
 SAMPLE_MAX = 1000
@@ -116,15 +117,16 @@ async def take_sample(redis: Client, queues: list[str], since_ms: int, now_ms: i
     names = names[:MAX_QUEUES]
     counters: list[Any] = []
     if names:
-        pipe = redis.pipeline(transaction=False)
+        pipe = ScriptPipeline(redis)
         for q in names:
             HISTORY_COUNTERS.queue(pipe, [keys.queue_counters(q)], Script.argv())
         counters = await execute(redis, pipe)
     bands = await band_infos_many(redis, names) if names else {}
     samples: dict[str, dict[str, Any]] = {}
-    overall = {"t": now_ms, "dt": now_ms - since_ms, "enqueued": int(total), "succeeded": 0,
-               "failed": 0, "dead_lettered": 0, "depth": 0, "backlog_age_ms": 0,
-               "wait_ms": percentiles(accs[""].waits), "run_ms": percentiles(accs[""].runs)}
+    overall: dict[str, Any] = {
+        "t": now_ms, "dt": now_ms - since_ms, "enqueued": int(total), "succeeded": 0,
+        "failed": 0, "dead_lettered": 0, "depth": 0, "backlog_age_ms": 0,
+        "wait_ms": percentiles(accs[""].waits), "run_ms": percentiles(accs[""].runs)}
     for q, row in zip(names, counters):
         d = [0, 0, 0] if isinstance(row, Exception) else [as_int(x) for x in row]
         qb = bands.get(q, [])

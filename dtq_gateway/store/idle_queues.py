@@ -11,7 +11,7 @@ from __future__ import annotations
 from dtq_gateway.store import keys
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
-from dtq_gateway.store.scripts import Script, execute
+from dtq_gateway.store.scripts import Script, ScriptPipeline, execute
 
 _DELETE_IDLE_QUEUE = Script("delete_idle_queue", allow_oom=True)
 
@@ -62,7 +62,7 @@ async def delete_idle_queues(redis: Client, queues: list[str], idle_ms: float) -
     Returns:
         The queues deleted, in the order of ``queues``.
     """
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     for q in queues:
         _DELETE_IDLE_QUEUE.queue(pipe, [*keys.queue_streams_desc(q), keys.paused(q),
                                        keys.busy_marker(q)],

@@ -30,7 +30,7 @@ from redis.exceptions import RedisError
 from dtq_gateway.logconf import RateLimitedLog
 from dtq_gateway.store import keys
 from dtq_gateway.store.errors import is_redis_outage
-from dtq_gateway.store.scripts import Script, execute
+from dtq_gateway.store.scripts import Script, ScriptPipeline, execute
 
 _log = RateLimitedLog(logging.getLogger(__name__))
 
@@ -80,7 +80,7 @@ def queue_index_writes(pipe: Any, recent: Sequence[Any], busy: Iterable[str],
 async def write_indexes(client: Any, recent: Sequence[Any], busy: Iterable[str],
                         recent_max: int) -> None:
     """Run :func:`queue_index_writes` in one pipeline (one round trip per node)."""
-    pipe = client.pipeline(transaction=False)
+    pipe = ScriptPipeline(client)
     if queue_index_writes(pipe, recent, busy, recent_max):
         for reply in await execute(client, pipe):  # every write runs, then the first error
             if isinstance(reply, Exception):

@@ -1,77 +1,108 @@
-"""Lease dispatching in Redis: worker_check, lease_read, activate, worker_states, and
+"""Lease dispatching in Redis: worker_check, lease_take, activate, worker_states, and
 the deployment's lease-id secret.
 
 The dispatcher (``leasing/dispatch.py``) decides which session reads, with what credit
 and when; this module knows the keys and ARGV of each script (their headers in ``lua/``
-list them) and sends the calls with the pipelining the dispatcher's round trips are
-counted in: a session's worker_check and lease_reads go out as one pipeline
-(:func:`check_and_read`, or :func:`queue_check_and_read` behind an enqueue), an
-activation batch as one pipeline of one activate call per queue (:func:`activate`).
+list them), sends the calls with the pipelining the dispatcher's round trips are
+counted in, and decodes every reply into the typed values of
+:mod:`dtq_gateway.store.lease_replies`. A session's worker_check and lease_takes go out
+as one pipeline (:func:`check_and_take`, or :func:`queue_check_and_take` behind an
+enqueue): one round trip reads and activates. Entries lease_take leaves unactivated
+(queues with task-type rate limits: their tokens are taken between the read and the
+activation) go through :func:`activate`, one call per queue in one pipeline.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from dtq_gateway.store import keys
 from dtq_gateway.store.client import Client
-from dtq_gateway.store.replies import text as _s
-from dtq_gateway.store.scripts import EVENT_ID_PREFIX, Script, call_each, execute
+from dtq_gateway.store.lease_replies import (
+    Activation,
+    LeaseRead,
+    ReadEntry,
+    WorkerState,
+    decode_read,
+)
+from dtq_gateway.store.replies import text as as_text
+from dtq_gateway.store.scripts import (
+    EVENT_ID_PREFIX,
+    Script,
+    ScriptPipeline,
+    call_each,
+    execute,
+)
 
-LEASE_READ = Script("lease_read", helpers=("_bucket",), allow_oom=True)
+LEASE_TAKE = Script("lease_take", helpers=("_bucket", "_lease_read", "_activate"),
+                    allow_oom=True)
 WORKER_CHECK = Script("worker_check")
-ACTIVATE = Script("activate", allow_oom=True)
+ACTIVATE = Script("activate", helpers=("_activate",), allow_oom=True)
 WORKER_STATES = Script("worker_states")
 
 #: KEYS and ARGV of one script call.
 Call = tuple[list[str], list[Any]]
 
 #: Marks a pub/sub message (one per script call, see events_wire.py) of a call this
-#: process made with ``Script.argv_notified`` (activate, ack, fail): the caller already
-#: woke its dispatcher directly.
+#: process made with ``Script.argv_notified`` (lease_take, activate, ack, fail): the
+#: caller already woke its dispatcher directly.
 OWN_EVENT = b'"id_prefix":"' + EVENT_ID_PREFIX.encode()
 
 
-@dataclass(eq=False)
-class ReadGroup:
-    """The queues of a session that share one hash slot, read by one lease_read call.
+@dataclass(frozen=True, eq=False)
+class SlotRead:
+    """The queues of a session that share one hash slot, read by one lease_take call.
 
-    ``keys``: lease_read's KEYS (pause flags, rate-limit hashes, then the band streams
-    band-major); ``index[i]``: the 1-based position in the session's streams of the
-    group's stream i+1.
+    ``streams``: their band streams, band-major (p9 of every queue first), and
+    ``where``: the queue and band of each.
     """
 
     queues: list[str]
-    keys: list[str]
-    index: list[int]
+    streams: list[str]
+    where: list[tuple[str, int]]
 
-    def band(self, band: int) -> ReadGroup:
-        """The group restricted to one band: its pause flags and rate limits, and the
-        band's stream of each queue."""
-        m = len(self.queues)
-        first = (9 - band) * m  # the group's streams of this band, band-major
-        return ReadGroup(self.queues,
-                         self.keys[:2 * m] + self.keys[2 * m + first:2 * m + first + m],
-                         self.index[first:first + m])
+    @classmethod
+    def of(cls, queues: list[str]) -> SlotRead:
+        """Every band of ``queues``."""
+        pairs = [(q, b) for b in keys.BANDS_DESC for q in queues]
+        return cls(queues, [keys.stream(q, b) for q, b in pairs], pairs)
+
+    def band(self, band: int) -> SlotRead:
+        """The same queues restricted to one band."""
+        pairs = [(q, band) for q in self.queues]
+        return SlotRead(self.queues, [keys.stream(q, b) for q, b in pairs], pairs)
+
+    @property
+    def take_keys(self) -> list[str]:
+        """lease_take's KEYS: pause flags, rate-limit hashes, cancelled sets, expiry
+        indexes, band streams."""
+        qs = self.queues
+        return ([keys.paused(q) for q in qs] + [keys.rate_limit(q) for q in qs]
+                + [keys.cancelled(q) for q in qs] + [keys.expiring(q) for q in qs]
+                + self.streams)
+
+    def decode(self, reply: list[Any], peek: bool = False) -> LeaseRead:
+        """This read's lease_take reply as a :class:`LeaseRead`."""
+        return decode_read(reply, self.queues, self.streams, self.where, peek)
 
 
 @dataclass(frozen=True, slots=True)
 class Layout:
     """What a Lease session reads: ``streams`` (band streams, band-major, p9 first),
-    ``groups`` (its queues by hash slot, one lease_read call each; a single-queue
+    ``slot_reads`` (its queues by hash slot, one lease_take call each; a single-queue
     session has one) and ``where`` (queue and band of each of ``streams``)."""
 
     streams: list[str]
-    groups: list[ReadGroup]
-    where: dict[str, tuple[str, int]]
+    slot_reads: list[SlotRead]
+    where: dict[str, tuple[str, int]] = field(default_factory=dict)
 
 
 def session_layout(queues: list[str], by_slot: bool = True) -> Layout:
     """The :class:`Layout` of a session reading ``queues``.
 
-    ``by_slot``: one read group per hash slot, as Redis Cluster requires (a script's
-    keys must share a slot). False puts every queue in one group, so one lease_read
+    ``by_slot``: one slot read per hash slot, as Redis Cluster requires (a script's
+    keys must share a slot). False puts every queue in one slot read, so one lease_take
     reads them all: right on a standalone or Sentinel-managed Redis, which never checks
     slots, and one call instead of a peek per queue and a read per (band, queue) holding
     entries (``bench.scale --queues 24``: docs/performance.md).
@@ -82,14 +113,7 @@ def session_layout(queues: list[str], by_slot: bool = True) -> Layout:
     for q in queues:
         by_slot_queues.setdefault(keys.key_slot(keys.stream(q, 0)) if by_slot else 0,
                                   []).append(q)
-    position = {s: i + 1 for i, s in enumerate(streams)}
-    groups = []
-    for qs in by_slot_queues.values():
-        group_streams = [keys.stream(q, b) for b in keys.BANDS_DESC for q in qs]
-        groups.append(ReadGroup(
-            qs, [keys.paused(q) for q in qs] + [keys.rate_limit(q) for q in qs] + group_streams,
-            [position[s] for s in group_streams]))
-    return Layout(streams, groups, where)
+    return Layout(streams, [SlotRead.of(qs) for qs in by_slot_queues.values()], where)
 
 
 def worker_check_call(worker_id: str, stale_after_ms: int) -> Call:
@@ -98,44 +122,80 @@ def worker_check_call(worker_id: str, stale_after_ms: int) -> Call:
     return [keys.worker(worker_id)], Script.argv(stale_after_ms)
 
 
-def lease_read_call(group: ReadGroup, worker_id: str, max_in_flight: int, most: int) -> Call:
-    """KEYS and ARGV of lease_read.lua for one slot group (``most``: entries this call
-    may read, 0 = peek: count pending, report the non-empty streams)."""
-    return group.keys, Script.argv(keys.GROUP, worker_id, max_in_flight, most,
-                                   len(group.queues), 0)
+@dataclass(frozen=True, slots=True)
+class TakeArgs:
+    """Who a lease_take reads for: the consumer (worker id), its max_in_flight (leases,
+    >= 1), the task types it takes (empty: every type) and the TTL of records of tasks
+    that expire in the call (s)."""
+
+    worker_id: str
+    max_in_flight: int
+    task_types: frozenset[str]
+    task_retention_s: int
 
 
-def queue_check_and_read(pipe: Any, check: Call, read: Call) -> int:
-    """Add a worker_check and a lease_read to ``pipe`` (a pipeline run by
-    ``scripts.execute``); returns how many calls were added (2)."""
+def lease_take_call(read: SlotRead, who: TakeArgs, most: int,
+                    max_in_flight: int | None = None) -> Call:
+    """KEYS and ARGV of lease_take.lua for one slot read (``most``: entries this call
+    may read, 0 = peek: count pending, report the non-empty streams; ``max_in_flight``
+    overrides ``who``'s, for a read of one band after a peek)."""
+    types = sorted(who.task_types)
+    return read.take_keys, Script.argv_notified(
+        keys.GROUP, who.worker_id, who.max_in_flight if max_in_flight is None
+        else max_in_flight, most, len(read.queues), who.task_retention_s, keys.PREFIX,
+        len(types), *types, *read.queues)
+
+
+def queue_check_and_take(pipe: ScriptPipeline, check: Call, take: Call) -> int:
+    """Add a worker_check and a lease_take to ``pipe``; returns how many calls were
+    added (2). Decode their replies with :func:`decode_check_and_take`."""
     WORKER_CHECK.queue(pipe, *check)
-    LEASE_READ.queue(pipe, *read)
+    LEASE_TAKE.queue(pipe, *take)
     return 2
 
 
-async def check_and_read(redis: Client, check: Call, reads: list[Call]) -> tuple[int, list]:
-    """A worker_check and lease_reads of one session in one pipeline (one round trip).
-
-    Returns:
-        (worker state: 0 ok, 1 stalled, 2 draining; one lease_read reply per read).
+def decode_check_and_take(read: SlotRead, replies: list[Any]) -> LeaseRead:
+    """The :class:`LeaseRead` of a :func:`queue_check_and_take` pair of replies.
 
     Raises:
         The first call's Redis error, if any.
     """
-    pipe = redis.pipeline(transaction=False)
+    check, take = replies
+    for r in (check, take):
+        if isinstance(r, BaseException):
+            raise r
+    return read.decode(take).with_state(WorkerState(int(check)))
+
+
+async def check_and_take(redis: Client, check: Call, takes: list[tuple[SlotRead, Call]],
+                         peek: bool = False) -> tuple[WorkerState, list[LeaseRead]]:
+    """A worker_check and lease_takes of one session in one pipeline (one round trip).
+
+    Args:
+        check: :func:`worker_check_call`'s.
+        takes: per slot read, :func:`lease_take_call`'s (all peeks when ``peek``).
+
+    Returns:
+        (the worker's state, one decoded read per take, in order).
+
+    Raises:
+        The first call's Redis error, if any.
+    """
+    pipe = ScriptPipeline(redis)
     WORKER_CHECK.queue(pipe, *check)
-    for read in reads:
-        LEASE_READ.queue(pipe, *read)
+    for _, call in takes:
+        LEASE_TAKE.queue(pipe, *call)
     state, *replies = await execute(redis, pipe)
     for r in (state, *replies):
         if isinstance(r, Exception):
             raise r
-    return int(state), replies
+    return WorkerState(int(state)), [read.decode(reply, peek) for (read, _), reply
+                                     in zip(takes, replies)]
 
 
-async def lease_read(redis: Client, read: Call) -> list:
-    """One lease_read call (one round trip); its reply as lease_read.lua gives it."""
-    return await LEASE_READ(redis, *read)
+async def lease_take(redis: Client, read: SlotRead, call: Call) -> LeaseRead:
+    """One lease_take call (one round trip), decoded."""
+    return read.decode(await LEASE_TAKE(redis, *call))
 
 
 async def workers_heard(redis: Client, asks: list[tuple[str, int]]) -> list[bool]:
@@ -156,16 +216,24 @@ async def workers_heard(redis: Client, asks: list[tuple[str, int]]) -> list[bool
     return [not isinstance(r, Exception) and int(r) == 0 for r in replies]
 
 
+class PendingLease(NamedTuple):
+    """A leased entry pending in its consumer group's PEL: the consumer (worker id)
+    holding it and the ms since its last delivery or heartbeat XCLAIM."""
+
+    consumer: str
+    idle_ms: int
+
+
 async def leases_pending(redis: Client, entries: list[tuple[str, int, str]]
-                         ) -> list[tuple[str, int] | None]:
+                         ) -> list[PendingLease | None]:
     """Where each leased entry stands in its consumer group's PEL, for stream health.
 
     Args:
         entries: (queue, band 0..9, stream entry id) of each lease.
 
     Returns:
-        Per entry, in order: (consumer worker id, idle ms since its last delivery or
-        heartbeat XCLAIM) while it is pending, or None when it is not (acked, failed,
+        Per entry, in order: its :class:`PendingLease` while it is pending, or None
+        when it is not (acked, failed,
         released, or its task is gone). One pipeline: one XPENDING per entry.
     """
     if not entries:
@@ -175,14 +243,15 @@ async def leases_pending(redis: Client, entries: list[tuple[str, int, str]]
             pipe.xpending_range(keys.stream(queue, band), keys.GROUP, min=entry_id,
                                 max=entry_id, count=1)
         replies = await pipe.execute(raise_on_error=False)
-    out: list[tuple[str, int] | None] = []
+    out: list[PendingLease | None] = []
     for reply in replies:
         if isinstance(reply, Exception) or not reply:
             # a missing stream or group (queue deleted) holds no lease either
             out.append(None)
             continue
         first = reply[0]
-        out.append((_s(first["consumer"]), int(first["time_since_delivered"])))
+        out.append(PendingLease(as_text(first["consumer"]),
+                                int(first["time_since_delivered"])))
     return out
 
 
@@ -190,53 +259,48 @@ async def worker_states(redis: Client, worker_ids: list[str]) -> list[str]:
     """The status field of each worker's record ("" when it has none), in order; one
     worker_states call (one round trip, keep ``worker_ids`` to about 1,000)."""
     states = await WORKER_STATES(redis, [keys.worker(w) for w in worker_ids], Script.argv())
-    return [_s(s) for s in states]
+    return [as_text(s) for s in states]
 
 
 async def activate(redis: Client, worker_id: str, task_retention_s: int,
-                   entries: list[tuple[str, str, dict]], modes: list[str]
-                   ) -> tuple[list[list], list[str]]:
-    """activate.lua for entries a lease_read returned: one call per queue (one hash
-    slot each), one pipeline (one EVALSHA when there is one queue).
+                   entries: list[ReadEntry], modes: list[str]) -> list[ReadEntry]:
+    """activate.lua for entries a lease_take left unactivated (or to put entries back):
+    one call per queue (one hash slot each), one pipeline (one EVALSHA for one queue).
 
     Args:
         worker_id: the consumer the entries were read for.
-        task_retention_s: TTL of the records of tasks that end here (expired).
-        entries: (band stream key, entry id, fields by str name with bytes values).
+        task_retention_s: TTL of the records of tasks that end here (expired), s.
+        entries: the entries, as read.
         modes: per entry, ``a`` (activate: lease it) or ``r`` (put it back at the tail
             of its band, still queued, keeping the time it began to wait).
 
     Returns:
-        (activate.lua's reply per entry, in order; the idempotency digest per entry,
-        "" for a task without an idempotency key).
+        The entries, in order, each with its :class:`Activation`.
 
     Raises:
-        The first failed call's Redis error.
+        The first failed call's Redis error; ValueError for a reply of unknown kind.
     """
     calls: dict[str, tuple[list[str], list]] = {}
-    digests: list[str] = []
     where: list[tuple[str, int]] = []
-    for (stream, entry_id, f), mode in zip(entries, modes):
-        task_id, queue = _s(f["task_id"]), _s(f["queue"])
-        digest = entry_idem_digest(f)
-        keys_, args = calls.setdefault(queue, ([keys.cancelled(queue)], []))
-        keys_ += [stream, keys.task(task_id),
-                  keys.idempotency(queue, digest) if digest else keys.task(task_id)]
-        args += [entry_id, task_id, _s(f["attempt"]), mode,
-                 queued_at_ms(entry_id, f) if mode == "r" else ""]
-        digests.append(digest)
-        where.append((queue, len(args) // 5 - 1))
-    # argv_notified: the dispatcher needs none of its own activation events back
+    for e, mode in zip(entries, modes):
+        digest = entry_idem_digest(e.fields)
+        keys_, args = calls.setdefault(e.queue, ([keys.cancelled(e.queue)], []))
+        keys_ += [e.stream, keys.task(e.task_id),
+                  keys.idempotency(e.queue, digest) if digest else keys.task(e.task_id)]
+        args += [e.entry_id, e.task_id, e.attempt, mode,
+                 e.queued_at_ms if mode == "r" else ""]
+        where.append((e.queue, len(args) // 5 - 1))
     names = list(calls)
-    per_queue = await call_each(redis, ACTIVATE, [
-        ([*calls[q][0], keys.expiring(q)], Script.argv_notified(worker_id, task_retention_s, keys.GROUP,
-                                           *calls[q][1])) for q in names])
-    by_queue = {}
-    for q, rep in zip(names, per_queue):
+    # argv_notified: the dispatcher needs none of its own activation events back
+    per_queue = dict(zip(names, await call_each(redis, ACTIVATE, [
+        ([*calls[q][0], keys.expiring(q)],
+         Script.argv_notified(worker_id, task_retention_s, keys.GROUP, *calls[q][1]))
+        for q in names])))
+    for rep in per_queue.values():
         if isinstance(rep, Exception):
             raise rep
-        by_queue[q] = rep
-    return [by_queue[queue][i] for queue, i in where], digests
+    return [e.activated(Activation.decode(per_queue[queue][i]))
+            for e, (queue, i) in zip(entries, where)]
 
 
 def entry_idem_digest(fields: dict) -> str:
@@ -253,13 +317,6 @@ def entry_idem_digest(fields: dict) -> str:
     if not idem:
         return ""
     return get("idem_digest") or keys.idempotency_digest(idem)
-
-
-def queued_at_ms(entry_id: str, fields: dict) -> int:
-    """Epoch ms a band stream entry's task began to wait: its ``queued_at`` field (an
-    entry put back unleased keeps the first one), else the time in its id."""
-    raw = fields.get("queued_at") or fields.get(b"queued_at")
-    return int(raw) if raw else int(entry_id.split("-", 1)[0])
 
 
 async def load_lease_secret(redis: Client, candidate: str) -> bytes | None:

@@ -229,7 +229,7 @@ class PrimaryWatch:
         self.pools = pools
         self.interval_s = interval_s
         self._wake = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._task: asyncio.Task[None] | None = None
 
     @classmethod
     def of(cls, *clients: Any, interval_s: float = 0.5) -> PrimaryWatch | None:
@@ -239,20 +239,32 @@ class PrimaryWatch:
                  if isinstance(pool, FollowingSentinelPool)]
         return cls(list({id(p): p for p in pools}.values()), interval_s) if pools else None
 
-    def start(self) -> None:
-        """Start polling and listening to every sentinel."""
-        self._tasks = [asyncio.create_task(self._poll(), name="dtq-primary-watch")]
-        self._tasks += [asyncio.create_task(self._listen(s), name="dtq-sentinel-events")
-                        for s in self.pools[0].sentinel_manager.sentinels]
+    def start(self) -> asyncio.Task[None]:
+        """Start polling and listening to every sentinel (again, after the task
+        ended); returns the one task that runs them all (:meth:`run`)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self.run(), name="dtq-primary-watch")
+        return self._task
+
+    async def run(self) -> None:
+        """Poll and listen to every sentinel until cancelled; one of them ending ends
+        them all (the gateway's supervisor then restarts the watch)."""
+        tasks = [asyncio.create_task(self._poll(), name="dtq-primary-poll")]
+        tasks += [asyncio.create_task(self._listen(s), name="dtq-sentinel-events")
+                  for s in self.pools[0].sentinel_manager.sentinels]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def stop(self) -> None:
         """Cancel the poll and the subscriptions and wait for them."""
-        for task in self._tasks:
+        task, self._task = self._task, None
+        if task is not None:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks = []
+            await asyncio.wait({task})
 
     async def check_once(self) -> None:
         """Read the primary now; a changed address switches each pool over.

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from dtq_gateway.errors import NotFound, WrongState
 from dtq_gateway.store import keys, ratelimits, reaping
-from dtq_gateway.store.admin import CallInfo, validate_queue
+from dtq_gateway.store.admin_common import CallInfo, validate_queue
 from dtq_gateway.store.audit import append_audit
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.idle_queues import leave_registry

@@ -5,7 +5,7 @@ A limit is a token bucket shared by every gateway, kept in the queue's own hash
 script touches the keys of one queue only. Where the check happens (why a throttled
 task is never lost nor counted as an attempt, docs/rate-limits.md):
 
-* the queue-wide limit is taken inside ``lease_read.lua``: the COUNT of each
+* the queue-wide limit is taken inside ``lease_take.lua``: the COUNT of each
   XREADGROUP is capped at the bucket's whole tokens, so a throttled task is simply not
   read; it stays queued in its stream, in order.
 * a task-type limit is taken by :func:`take_types` after the read and before
@@ -33,14 +33,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import Redis
-
 from dtq_gateway import metrics
 from dtq_gateway.errors import InvalidArgument, RateLimitLimit
 from dtq_gateway.store import keys
-from dtq_gateway.store.admin import redis_now_ms
+from dtq_gateway.store.admin_common import redis_now_ms
+from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
-from dtq_gateway.store.scripts import Script, execute
+from dtq_gateway.store.scripts import Script, ScriptPipeline, execute
 
 RATE_TAKE = Script("rate_take", helpers=("_bucket",))
 RATE_LIMIT_SET = Script("rate_limit_set", helpers=("_bucket",))
@@ -92,7 +91,7 @@ def _member(queue: str, scope: str) -> str:
     return f"{queue} {scope}"
 
 
-async def set_limit(redis: Redis, rl: RateLimit, actor: str, max_limits: int = 0) -> bool:
+async def set_limit(redis: Client, rl: RateLimit, actor: str, max_limits: int = 0) -> bool:
     """Store a validated limit; True when it is new (False: an existing one changed).
 
     The registry and index entries are written first: a crash after them leaves
@@ -124,7 +123,7 @@ async def set_limit(redis: Redis, rl: RateLimit, actor: str, max_limits: int = 0
     return text(outcome) == "created"
 
 
-async def delete_limit(redis: Redis, queue: str, task_type: str, actor: str) -> bool:
+async def delete_limit(redis: Client, queue: str, task_type: str, actor: str) -> bool:
     """Remove one limit; True when there was one.
 
     Raises:
@@ -144,7 +143,7 @@ async def delete_limit(redis: Redis, queue: str, task_type: str, actor: str) -> 
     return text(outcome) == "deleted"
 
 
-async def forget_queue(redis: Redis, queue: str) -> None:
+async def forget_queue(redis: Client, queue: str) -> None:
     """Drop the index members of a deleted queue's limits (DeleteQueue, after the
     queue's limits hash is gone), then re-add those of limits a SetRateLimit wrote
     meanwhile (read back from the hash)."""
@@ -183,7 +182,7 @@ def _check_token(token: str, queue: str) -> str:
     return token
 
 
-async def list_page(redis: Redis, size: int, token: str = "", queue: str = ""
+async def list_page(redis: Client, size: int, token: str = "", queue: str = ""
                     ) -> tuple[list[RateLimit], str]:
     """One page of limits sorted by queue, the queue-wide limit first, then by task
     type: one ZRANGEBYLEX of the index and one HMGET per limit of the page.
@@ -221,7 +220,7 @@ async def list_page(redis: Redis, size: int, token: str = "", queue: str = ""
     return out, (members[size - 1] if len(members) > size else "")
 
 
-async def _ensure_index(redis: Redis) -> None:
+async def _ensure_index(redis: Client) -> None:
     """Build the index once from the limits stored before it existed (the registry's
     queues' hashes); afterwards one GET."""
     if await redis.get(keys.RATE_LIMIT_INDEX_BUILT):
@@ -243,7 +242,7 @@ async def _ensure_index(redis: Redis) -> None:
 
 @dataclass(slots=True)
 class Limits:
-    """The rate-limit part of a lease_read reply, with queue names resolved."""
+    """The rate-limit part of a lease_take reply, with queue names resolved."""
 
     wait_ms: int
     typed: set[str]
@@ -294,7 +293,7 @@ class Waker:
         self._timers.clear()
 
 
-async def take_types(redis: Redis, wanted: list[tuple[str, str]]
+async def take_types(redis: Client, wanted: list[tuple[str, str]]
                      ) -> tuple[list[bool], dict[str, int]]:
     """Take one token per entry of a queue with task-type limits.
 
@@ -308,7 +307,7 @@ async def take_types(redis: Redis, wanted: list[tuple[str, str]]
     per_queue: dict[str, Counter[str]] = {}
     for queue, task_type in wanted:
         per_queue.setdefault(queue, Counter())[task_type] += 1
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     calls = list(per_queue.items())
     for queue, counts in calls:
         args: list = []
@@ -331,13 +330,13 @@ async def take_types(redis: Redis, wanted: list[tuple[str, str]]
     return out, waits
 
 
-async def give_back(redis: Redis, returns: dict[str, Counter[str]]) -> None:
+async def give_back(redis: Client, returns: dict[str, Counter[str]]) -> None:
     """Return tokens taken for entries that were not delivered.
 
     Args:
         returns: per queue, tokens per scope (``"*"`` or a task type) to give back.
     """
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     for queue, counts in returns.items():
         args: list = []
         for scope, n in counts.items():

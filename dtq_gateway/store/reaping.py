@@ -23,7 +23,7 @@ from dtq_gateway.store.client import Client
 from dtq_gateway.store.indexes import queue_set_add, set_add
 from dtq_gateway.store.leasing import entry_idem_digest
 from dtq_gateway.store.replies import text
-from dtq_gateway.store.scripts import Script, execute
+from dtq_gateway.store.scripts import Script, ScriptPipeline, execute
 
 _REAP_QUEUE = Script("reap_queue", allow_oom=True)
 _RECLAIM = Script("reclaim", allow_oom=True)
@@ -78,7 +78,7 @@ async def reap_queues(redis: Client, queues: list[str], cursors: dict[str, dict[
     Returns:
         Per queue, in order, its :class:`Reaped` or the script's error.
     """
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     for q in queues:
         at = cursors.get(q, {})
         _REAP_QUEUE.queue(pipe, [*keys.queue_streams_desc(q), keys.busy_marker(q),
@@ -140,7 +140,7 @@ async def reclaim(redis: Client, claimed: list[Claimed], dlq_maxlen: int,
         Per entry, in order, the script's outcome ("retried", "dead_lettered",
         "absorbed", "requeued", "cancelled", "not_owned") or its error.
     """
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     queue_set_add(pipe, keys.DEAD_LETTER_QUEUES, {queue for queue, _, _ in claimed})
     for queue, stream, (entry_id, flat) in claimed:
         fields = {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
@@ -165,7 +165,7 @@ async def prune_consumers(redis: Client, queues: list[str], idle_ms: int
     Returns:
         Per queue, in order, how many consumers were deleted, or the script's error.
     """
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     for q in queues:
         _PRUNE_CONSUMERS.queue(pipe, keys.queue_streams_desc(q), _PRUNE_CONSUMERS.argv(
             keys.GROUP, idle_ms, keys.REAPER_CONSUMER))

@@ -40,19 +40,18 @@ import logging
 import math
 import uuid
 from dataclasses import replace
-from typing import Any
-
-from redis.asyncio import Redis
+from typing import Any, cast
 
 from dtq_gateway import metrics
+from dtq_gateway.domain.schedule_plan import timetable_of, validate_spec
+from dtq_gateway.domain.validation import MAX_METADATA_ENTRIES, NewTask, validate_enqueue
 from dtq_gateway.errors import AlreadyExists, InvalidArgument, NotFound, ScheduleLimit
-from dtq_gateway.schedule_plan import timetable_of, validate_spec
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import keys
-from dtq_gateway.store.admin import redis_now_ms
+from dtq_gateway.store.admin_common import redis_now_ms
+from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
-from dtq_gateway.store.scripts import Script, execute
-from dtq_gateway.validation import MAX_METADATA_ENTRIES, NewTask, validate_enqueue
+from dtq_gateway.store.scripts import Script, ScriptPipeline, execute
 from dtq_proto import dtq_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -124,7 +123,7 @@ def info_of(fields: dict[bytes, bytes]) -> pb.ScheduleInfo:
                            fires_total=num(b"fires_total"), created_at_ms=num(b"created_at_ms"))
 
 
-async def create(redis: Redis, settings: Settings, spec: pb.Schedule, replace: bool
+async def create(redis: Client, settings: Settings, spec: pb.Schedule, replace: bool
                  ) -> tuple[pb.ScheduleInfo, bool]:
     """Store a schedule; returns (its info, True when new).
 
@@ -156,7 +155,7 @@ async def create(redis: Redis, settings: Settings, spec: pb.Schedule, replace: b
         "last_task_id": "", "fires_total": 0, "paused": "1" if spec.paused else "0"}
     pipe = redis.pipeline(transaction=True)  # one key: DEL + HSET together
     pipe.delete(keys.periodic_schedule(spec.name))
-    pipe.hset(keys.periodic_schedule(spec.name), mapping=fields)
+    pipe.hset(keys.periodic_schedule(spec.name), mapping=cast("dict[Any, Any]", fields))
     await pipe.execute()
     await redis.zadd(keys.SCHEDULES, {spec.name: math.inf if spec.paused else next_ms})
     await redis.zadd(keys.SCHEDULE_NAMES, {spec.name: 0})
@@ -165,15 +164,15 @@ async def create(redis: Redis, settings: Settings, spec: pb.Schedule, replace: b
                     for k, v in fields.items()}), not exists
 
 
-async def get(redis: Redis, name: str) -> pb.ScheduleInfo:
+async def get(redis: Client, name: str) -> pb.ScheduleInfo:
     """One schedule. Raises NotFound / InvalidArgument."""
     fields = await redis.hgetall(keys.periodic_schedule(_check_name(name)))
     if not fields or await redis.zscore(keys.SCHEDULES, name) is None:
         raise NotFound(f"schedule {name!r} not found", field="name")
-    return info_of(fields)
+    return info_of(cast(dict[bytes, bytes], fields))  # the client never decodes replies
 
 
-async def list_page(redis: Redis, size: int, token: str) -> tuple[list[pb.ScheduleInfo], str]:
+async def list_page(redis: Client, size: int, token: str) -> tuple[list[pb.ScheduleInfo], str]:
     """Schedules sorted by name after ``token`` (the last name of the previous page).
 
     One ZRANGEBYLEX of the name index and one HGETALL per schedule of the page: the
@@ -199,7 +198,7 @@ async def list_page(redis: Redis, size: int, token: str) -> tuple[list[pb.Schedu
     return infos, (page[-1] if len(names) > size else "")
 
 
-async def _ensure_names_index(redis: Redis) -> None:
+async def _ensure_names_index(redis: Client) -> None:
     """Build the name index from the registry once (schedules stored before the index
     existed); afterwards one GET per listing."""
     if await redis.get(keys.SCHEDULE_NAMES_BUILT):
@@ -211,7 +210,7 @@ async def _ensure_names_index(redis: Redis) -> None:
     log.info("schedule name index built", extra={"schedules": len(names)})
 
 
-async def set_paused(redis: Redis, name: str, paused: bool) -> pb.ScheduleInfo:
+async def set_paused(redis: Client, name: str, paused: bool) -> pb.ScheduleInfo:
     """Pause, or resume from now on (fires due while paused are skipped).
 
     Raises:
@@ -234,7 +233,7 @@ async def set_paused(redis: Redis, name: str, paused: bool) -> pb.ScheduleInfo:
     return await get(redis, name)
 
 
-async def trigger(redis: Redis, settings: Settings, broker: Any, name: str) -> str:
+async def trigger(redis: Client, settings: Settings, broker: Any, name: str) -> str:
     """Enqueue the schedule's task now (no idempotency key); returns the task id.
 
     Raises:
@@ -252,7 +251,7 @@ async def trigger(redis: Redis, settings: Settings, broker: Any, name: str) -> s
     return str(out.task_id)
 
 
-async def delete(redis: Redis, name: str) -> bool:
+async def delete(redis: Client, name: str) -> bool:
     """Remove a schedule; True when there was one."""
     deleted = await redis.delete(keys.periodic_schedule(_check_name(name)))
     removed = await redis.zrem(keys.SCHEDULES, name)
@@ -261,13 +260,13 @@ async def delete(redis: Redis, name: str) -> bool:
 
 
 # -- the scheduler leader's firer (dtq_gateway.duties.schedule_firer) ------------------
-async def due_names(redis: Redis, now_ms: int, limit: int = DUE_BATCH) -> list[str]:
+async def due_names(redis: Client, now_ms: int, limit: int = DUE_BATCH) -> list[str]:
     """Names of schedules due at ``now_ms`` (epoch ms), at most ``limit``, soonest first."""
     due = await redis.zrangebyscore(keys.SCHEDULES, "-inf", now_ms, start=0, num=limit)
     return [text(name) for name in due]
 
 
-async def load_many(redis: Redis, names: list[str]) -> list[dict[bytes, bytes]]:
+async def load_many(redis: Client, names: list[str]) -> list[dict[bytes, bytes]]:
     """Every field of each schedule of ``names`` (module docstring), in order ({} for
     one without hash): one pipeline."""
     pipe = redis.pipeline(transaction=False)
@@ -276,7 +275,7 @@ async def load_many(redis: Redis, names: list[str]) -> list[dict[bytes, bytes]]:
     return list(await pipe.execute())
 
 
-async def advance_many(redis: Redis, steps: list[tuple[str, str, int, int, str, int]]
+async def advance_many(redis: Client, steps: list[tuple[str, str, int, int, str, int]]
                        ) -> list[bool]:
     """:func:`advance` for many steps, in order, in one pipeline: each step is (name, gen,
     done_ms, fire_ms, task_id, next_ms). Steps of one schedule run in the order given.
@@ -287,7 +286,7 @@ async def advance_many(redis: Redis, steps: list[tuple[str, str, int, int, str, 
     Raises:
         A Redis error of any step.
     """
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     for name, gen, done_ms, fire_ms, task_id, next_ms in steps:
         ADVANCE.queue(pipe, [keys.periodic_schedule(name)],
                       ADVANCE.argv(gen, done_ms, fire_ms, task_id, next_ms))
@@ -299,23 +298,23 @@ async def advance_many(redis: Redis, steps: list[tuple[str, str, int, int, str, 
     return out
 
 
-async def reschedule_many(redis: Redis, next_ms: dict[str, int]) -> None:
+async def reschedule_many(redis: Client, next_ms: dict[str, int]) -> None:
     """:func:`reschedule` for many schedules (name -> next fire, epoch ms) in one ZADD."""
     if next_ms:
         await redis.zadd(keys.SCHEDULES, next_ms, xx=True)
 
 
-async def load(redis: Redis, name: str) -> dict[bytes, bytes]:
+async def load(redis: Client, name: str) -> dict[bytes, bytes]:
     """Every field of schedule ``name`` (module docstring); {} when it has no hash."""
-    return await redis.hgetall(keys.periodic_schedule(name))
+    return cast(dict[bytes, bytes], await redis.hgetall(keys.periodic_schedule(name)))
 
 
-async def park(redis: Redis, name: str) -> None:
+async def park(redis: Client, name: str) -> None:
     """Score a paused schedule +inf in the registry (never due until resumed)."""
     await redis.zadd(keys.SCHEDULES, {name: math.inf}, xx=True)
 
 
-async def advance(redis: Redis, name: str, gen: str, done_ms: int, fire_ms: int,
+async def advance(redis: Client, name: str, gen: str, done_ms: int, fire_ms: int,
                   task_id: str, next_ms: int) -> bool:
     """Record progress on the hash (``schedule_advance.lua``): every fire at or before
     ``done_ms`` is handled, ``fire_ms``/``task_id`` the last fire (0/"" for none),
@@ -326,12 +325,12 @@ async def advance(redis: Redis, name: str, gen: str, done_ms: int, fire_ms: int,
     return text(reply) == "ok"
 
 
-async def reschedule(redis: Redis, name: str, next_ms: int) -> None:
+async def reschedule(redis: Client, name: str, next_ms: int) -> None:
     """Score schedule ``name`` by its next fire (epoch ms) in the registry."""
     await redis.zadd(keys.SCHEDULES, {name: next_ms}, xx=True)
 
 
-async def forget(redis: Redis, name: str) -> None:
+async def forget(redis: Client, name: str) -> None:
     """Drop a registry member whose hash is gone (a delete that died halfway); a
     create racing this re-adds it from its hash."""
     await redis.zrem(keys.SCHEDULES, name)

@@ -1,6 +1,6 @@
 """Loading and calling the Lua scripts in ``dtq_gateway/store/lua``.
 
-Every script file gets ``_lib.lua`` prepended (shared helpers: Redis TIME clock,
+Every script file gets ``_lib.lua`` prepended (shared helpers: Client TIME clock,
 event publishing, attempt records). Scripts are called with EVALSHA; a NOSCRIPT
 reply (after a Redis restart or SCRIPT FLUSH) loads the script and repeats the
 call, which is safe because a NOSCRIPT call executed nothing. Pipelined calls
@@ -34,11 +34,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
 
 from dtq_gateway.store import keys
-from dtq_gateway.store.client import is_cluster
+from dtq_gateway.store.client import Client, is_cluster
 from dtq_gateway.store.durability import ReplicaWait
 from dtq_gateway.store.errors import ReplicasNotAcked
 
@@ -130,7 +129,7 @@ class Script:
             return self.flagged
         return self.source, self.sha
 
-    async def eval_source(self, client: Redis, keys_: Sequence[str],
+    async def eval_source(self, client: Client, keys_: Sequence[str],
                           args: Sequence[Any]) -> Any:
         """EVAL of :meth:`current`'s source; a shebang refused by Redis 6.2 switches
         this process to plain sources (:func:`flags_supported`) and runs the plain one."""
@@ -154,7 +153,7 @@ class Script:
         their events carry EVENT_ID_PREFIX, which the dispatcher skips."""
         return [keys.EVENTS_CHANNEL, event_id_prefix(EVENT_ID_PREFIX), *args]
 
-    async def __call__(self, client: Redis, keys_: Sequence[str], args: Sequence[Any]) -> Any:
+    async def __call__(self, client: Client, keys_: Sequence[str], args: Sequence[Any]) -> Any:
         """Run the script once (EVALSHA; NOSCRIPT → EVAL of the source, which also caches
         it on the node that owns the keys' slot, so this works on every cluster node)."""
         try:
@@ -162,18 +161,58 @@ class Script:
         except NoScriptError:
             return await self.eval_source(client, keys_, args)
 
-    def queue(self, pipe: Any, keys_: Sequence[str], args: Sequence[Any]) -> None:
-        """Add one call to a pipeline; run it with :func:`execute`. Other commands may
-        share the pipeline (their replies come back in place)."""
-        calls = getattr(pipe, "_dtq_calls", None)
-        if calls is None:
-            calls = pipe._dtq_calls = {}
-        calls[len(pipe)] = (self, keys_, args)
-        pipe.execute_command("EVALSHA", self.current()[1], len(keys_), *keys_, *args)
+    def queue(self, pipe: ScriptPipeline, keys_: Sequence[str], args: Sequence[Any]) -> None:
+        """Add one call to a :class:`ScriptPipeline`; run it with its ``execute``. Other
+        commands may share the pipeline (their replies come back in place)."""
+        pipe.add(self, keys_, args)
 
 
-async def execute(client: Redis, pipe: Any, wait: ReplicaWait | None = None) -> list[Any]:
-    """Execute a pipeline of :meth:`Script.queue` calls.
+#: One script call of a pipeline: (script, KEYS, ARGV).
+ScriptCall = tuple[Script, Sequence[str], Sequence[Any]]
+
+
+class ScriptPipeline:
+    """A non-transactional pipeline that remembers which :class:`Script` each call was.
+
+    :func:`execute` needs that to re-run a call answered NOSCRIPT with its source, to
+    route calls per cluster node and to add ``WAIT``. Plain commands (``xpending_range``,
+    ``hset``, ...) go straight to the underlying redis-py pipeline; their replies come
+    back in place.
+
+    Args:
+        client: the Redis or RedisCluster client the pipeline runs on.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.pipe = client.pipeline(transaction=False)
+        #: pipeline position -> the script call at that position
+        self.calls: dict[int, ScriptCall] = {}
+
+    def __len__(self) -> int:
+        return len(self.pipe)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.pipe, name)
+
+    def add(self, script: Script, keys_: Sequence[str], args: Sequence[Any]) -> None:
+        """Queue one EVALSHA of ``script`` (see :meth:`Script.queue`)."""
+        self.calls[len(self.pipe)] = (script, keys_, args)
+        self.pipe.execute_command("EVALSHA", script.current()[1], len(keys_), *keys_, *args)
+
+    def add_source(self, script: Script, keys_: Sequence[str], args: Sequence[Any]) -> None:
+        """Queue one EVAL of ``script``'s source (the NOSCRIPT re-run)."""
+        self.calls[len(self.pipe)] = (script, keys_, args)
+        self.pipe.execute_command("EVAL", script.current()[0], len(keys_), *keys_, *args)
+
+    async def execute(self, wait: ReplicaWait | None = None) -> list[Any]:
+        """Run the pipeline: :func:`execute` on its client."""
+        return await execute(self.client, self, wait)
+
+
+async def execute(client: Client, pipe: ScriptPipeline,
+                  wait: ReplicaWait | None = None) -> list[Any]:
+    """Execute a :class:`ScriptPipeline` of :meth:`Script.queue` calls.
 
     Items answered NOSCRIPT (a Redis restart, SCRIPT FLUSH, a cluster node that never
     ran the script) are re-run with EVAL of the source, which caches the script on that
@@ -185,14 +224,14 @@ async def execute(client: Redis, pipe: Any, wait: ReplicaWait | None = None) -> 
     that succeeded on a node whose WAIT saw fewer than ``wait.replicas`` replicas is
     answered :class:`ReplicasNotAcked` in its place (see :func:`_apply_wait`).
     """
-    calls = getattr(pipe, "_dtq_calls", {})
+    calls = pipe.calls
     if is_cluster(client) and len(calls) == len(pipe) > 1:
         groups = _by_node(client, calls)
         if len(groups) > 1:
             return await _execute_per_node(client, calls, groups, wait)
     waits = _queue_waits(client, pipe, calls, wait)
-    replies = await pipe.execute(raise_on_error=False)
-    if waits:
+    replies = await pipe.pipe.execute(raise_on_error=False)
+    if waits and wait is not None:
         replies = _apply_wait(client, calls, waits, replies, wait)
     for i, r in enumerate(replies):
         if i in calls and (isinstance(r, NoScriptError) or (
@@ -202,17 +241,16 @@ async def execute(client: Redis, pipe: Any, wait: ReplicaWait | None = None) -> 
                 if wait is None:
                     replies[i] = await script.eval_source(client, keys_, args)
                     continue
-                again = client.pipeline(transaction=False)
-                again._dtq_calls = {0: calls[i]}
-                again.execute_command("EVAL", script.current()[0], len(keys_), *keys_, *args)
+                again = ScriptPipeline(client)
+                again.add_source(script, keys_, args)
                 replies[i] = (await execute(client, again, wait))[0]
             except ResponseError as exc:
                 replies[i] = exc
     return replies
 
 
-def _queue_waits(client: Any, pipe: Any, calls: dict[int, tuple[Script, Sequence[str],
-                 Sequence[Any]]], wait: ReplicaWait | None) -> dict[int, Any]:
+def _queue_waits(client: Any, pipe: ScriptPipeline, calls: dict[int, ScriptCall],
+                 wait: ReplicaWait | None) -> dict[int, Any]:
     """Add ``WAIT`` to ``pipe`` once per node its script calls go to (one for a single
     server); returns {pipeline position of the WAIT: that node (None off a cluster)}."""
     if wait is None or not calls:
@@ -229,7 +267,7 @@ def _queue_waits(client: Any, pipe: Any, calls: dict[int, tuple[Script, Sequence
     return waits
 
 
-def _apply_wait(client: Any, calls: dict[int, tuple[Script, Sequence[str], Sequence[Any]]],
+def _apply_wait(client: Any, calls: dict[int, ScriptCall],
                 waits: dict[int, Any], replies: list[Any], wait: ReplicaWait) -> list[Any]:
     """Strip the WAIT replies off ``replies`` and put :class:`ReplicasNotAcked` in place
     of each successful script call not confirmed by ``wait.replicas`` replicas.
@@ -253,7 +291,7 @@ def _apply_wait(client: Any, calls: dict[int, tuple[Script, Sequence[str], Seque
     return out
 
 
-def _by_node(client: Any, calls: dict[int, tuple[Script, Sequence[str], Sequence[Any]]]
+def _by_node(client: Any, calls: dict[int, ScriptCall]
              ) -> dict[str, list[int]]:
     """Pipeline positions by the cluster node that owns each call's slot."""
     groups: dict[str, list[int]] = {}
@@ -263,7 +301,7 @@ def _by_node(client: Any, calls: dict[int, tuple[Script, Sequence[str], Sequence
 
 
 async def _execute_per_node(client: Any,
-                            calls: dict[int, tuple[Script, Sequence[str], Sequence[Any]]],
+                            calls: dict[int, ScriptCall],
                             groups: dict[str, list[int]],
                             wait: ReplicaWait | None = None) -> list[Any]:
     """Script calls on several cluster nodes: one pipeline per node, concurrently.
@@ -274,7 +312,7 @@ async def _execute_per_node(client: Any,
     with a connection error may still have run: its caller must treat it as unknown).
     """
     async def run(positions: list[int]) -> list[Any]:
-        pipe = client.pipeline(transaction=False)
+        pipe = ScriptPipeline(client)
         for i in positions:
             script, keys_, args = calls[i]
             script.queue(pipe, keys_, args)
@@ -290,7 +328,7 @@ async def _execute_per_node(client: Any,
     return replies
 
 
-async def call_each(client: Redis, script: Script,
+async def call_each(client: Client, script: Script,
                     calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
                     wait: ReplicaWait | None = None) -> list[Any]:
     """Run calls of a script; one reply per call, in order, with a failed call's error
@@ -302,13 +340,13 @@ async def call_each(client: Redis, script: Script,
             return [await script(client, *calls[0])]
         except ResponseError as exc:
             return [exc]
-    pipe = client.pipeline(transaction=False)
+    pipe = ScriptPipeline(client)
     for keys_, args in calls:
         script.queue(pipe, keys_, args)
     return await execute(client, pipe, wait)
 
 
-async def call_chunks(client: Redis, script: Script,
+async def call_chunks(client: Client, script: Script,
                       calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
                       wait: ReplicaWait | None = None) -> list[Any]:
     """Run calls of a script that answers one list per call (one item per input) and

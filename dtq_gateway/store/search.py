@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-
-from redis.asyncio import Redis
+from typing import Any, cast
 
 from dtq_gateway.errors import InvalidArgument
 from dtq_gateway.store import keys
 from dtq_gateway.store.admin_lists import task_summaries
+from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
 
 #: Most index entries (and task records) one page reads.
@@ -71,7 +71,7 @@ def parse_token(token: str) -> str:
     return token
 
 
-async def search(redis: Redis, flt: SearchFilter, size: int, token: str = ""
+async def search(redis: Client, flt: SearchFilter, size: int, token: str = ""
                  ) -> tuple[list[dict], str, int]:
     """One page: up to ``size`` matching task records (payload omitted), newest first.
 
@@ -87,11 +87,12 @@ async def search(redis: Redis, flt: SearchFilter, size: int, token: str = ""
         InvalidArgument: a malformed ``token``.
     """
     after = parse_token(token)
+    start: int
     if after:
         rank = await redis.zrevrank(keys.RECENT_TASKS, after)
         if rank is None:
             return [], "", 0
-        start = rank + 1
+        start = cast(int, rank) + 1  # ZREVRANK without WITHSCORE: the rank
     else:
         start = (await redis.zcount(keys.RECENT_TASKS, flt.before_ms, "+inf")
                  if flt.before_ms else 0)
@@ -100,7 +101,7 @@ async def search(redis: Redis, flt: SearchFilter, size: int, token: str = ""
     last = ""
     while examined < EXAMINE_MAX:
         want = min(CHUNK, EXAMINE_MAX - examined)
-        rows = await redis.zrevrange(keys.RECENT_TASKS, start, start + want - 1,
+        rows: list[Any] = await redis.zrevrange(keys.RECENT_TASKS, start, start + want - 1,
                                      withscores=True)
         if flt.after_ms:
             rows = [(m, s) for m, s in rows if int(s) >= flt.after_ms]

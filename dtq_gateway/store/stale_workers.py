@@ -10,7 +10,7 @@ from __future__ import annotations
 from dtq_gateway.store import keys
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
-from dtq_gateway.store.scripts import Script, execute
+from dtq_gateway.store.scripts import Script, ScriptPipeline, execute
 
 _WORKER_SWEEP = Script("worker_sweep", allow_oom=True)
 
@@ -31,7 +31,7 @@ async def sweep_workers(redis: Client, worker_ids: list[str], stale_after_ms: in
         Per worker, in order, the script's outcome ("removed", "stale", "forgotten",
         "ok") or its error.
     """
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)
     for worker_id in worker_ids:
         _WORKER_SWEEP.queue(pipe, [keys.WORKERS, keys.worker(worker_id)],
                             _WORKER_SWEEP.argv(worker_id, stale_after_ms))

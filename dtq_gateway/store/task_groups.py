@@ -7,7 +7,7 @@ member's terminal outcome is recorded by ``group_member.lua`` (single key,
 idempotent, counts ``done``) right after the Ack/Fail that ended it, and by the
 follow-up sweep (followups.py) for every other way a task ends (reaper, expiry,
 cancel) or when a gateway died in between. When ``done`` reaches ``total`` the
-callback is enqueued once: id :func:`~dtq_gateway.followup_plan.callback_task_id`,
+callback is enqueued once: id :func:`~dtq_gateway.domain.followup_plan.callback_task_id`,
 idempotency key ``group:<group id>``.
 """
 
@@ -17,18 +17,17 @@ import base64
 import json
 import logging
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
-from redis.asyncio import Redis
-
-from dtq_gateway.followup_plan import callback_task_id
+from dtq_gateway.domain.followup_plan import callback_task_id
+from dtq_gateway.domain.validation import NewTask, validate_enqueue
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import keys
-from dtq_gateway.store.admin import redis_now_ms
+from dtq_gateway.store.admin_common import redis_now_ms
 from dtq_gateway.store.broker import Broker, Enqueued
-from dtq_gateway.store.replies import text as _s
+from dtq_gateway.store.client import Client
+from dtq_gateway.store.replies import text as as_text
 from dtq_gateway.store.scripts import Script
-from dtq_gateway.validation import NewTask, validate_enqueue
 from dtq_proto import dtq_pb2
 
 log = logging.getLogger(__name__)
@@ -79,7 +78,7 @@ class TaskGroups:
         broker: enqueues the members and the callback.
     """
 
-    def __init__(self, redis: Redis, settings: Settings, broker: Broker) -> None:
+    def __init__(self, redis: Client, settings: Settings, broker: Broker) -> None:
         self.redis = redis
         self.settings = settings
         self.broker = broker
@@ -123,7 +122,7 @@ class TaskGroups:
         was the last."""
         f = await self.redis.hmget(keys.task(task_id), "status", "group_id", "group_queue",
                                    "last_error_class", "last_error")
-        status, group_id, queue = _s(f[0] or b""), _s(f[1] or b""), _s(f[2] or b"")
+        status, group_id, queue = as_text(f[0] or b""), as_text(f[1] or b""), as_text(f[2] or b"")
         if status not in TERMINAL or not keys.TASK_ID_RE.match(group_id) \
                 or not keys.QUEUE_RE.match(queue):
             return
@@ -139,13 +138,14 @@ class TaskGroups:
         return int(done), int(total)
 
     async def _read_group(self, queue: str, group_id: str) -> GroupState | None:
-        h = await self.redis.hgetall(keys.group(queue, group_id))
+        # the client never decodes replies: fields and values arrive as bytes
+        h = cast(dict[bytes, bytes], await self.redis.hgetall(keys.group(queue, group_id)))
         if not h:
             return None
         members = json.loads(h[b"members"]) if b"members" in h else None
-        outcomes = {_s(k)[2:]: json.loads(v) for k, v in h.items() if k.startswith(b"m:")}
+        outcomes = {as_text(k)[2:]: json.loads(v) for k, v in h.items() if k.startswith(b"m:")}
         return GroupState(h.get(b"callback", b""), members, outcomes,
-                          int(h.get(b"created_at_ms", 0)), _s(h.get(b"state", b"")))
+                          int(h.get(b"created_at_ms", 0)), as_text(h.get(b"state", b"")))
 
     async def check_group(self, queue: str, group_id: str, now_ms: int = 0) -> bool:
         """Record every finished member, and enqueue the callback once all finished.
@@ -173,7 +173,7 @@ class TaskGroups:
                 pipe.hmget(keys.task(m), "status", "group_id", "group_queue",
                            "last_error_class", "last_error")
             for m, f in zip(missing, await pipe.execute()):
-                status = _s(f[0] or b"")
+                status = as_text(f[0] or b"")
                 if status in TERMINAL or not f[0]:
                     outcome = _outcome(f) if f[0] else {"status": "unknown"}
                     await self._record_member(queue, group_id, m, outcome)
@@ -208,10 +208,13 @@ class TaskGroups:
         """The callback's JSON payload; results take at most half of
         DTQ_MAX_PAYLOAD_BYTES (none at all without ``with_results``)."""
         budget = self.settings.max_payload_bytes // 2 if with_results else 0
+        assert g.members is not None  # a group's callback is built once its members are known
         members = []
         ok = [m for m in g.members if with_results
               and g.outcomes[m].get("status") == "succeeded"]
-        results = dict(zip(ok, await self.redis.mget([keys.result(m) for m in ok]))) if ok else {}
+        found = cast(list[bytes | None], await self.redis.mget([keys.result(m) for m in ok])
+                     if ok else [])  # the client never decodes replies
+        results = dict(zip(ok, found))
         for m in g.members:
             entry = {"task_id": "" if m.startswith("rejected-") else m, **g.outcomes[m]}
             entry["error"] = str(entry.get("error", ""))[:MAX_ERROR_CHARS]
@@ -236,6 +239,6 @@ class TaskGroups:
 
 def _outcome(f: list) -> dict[str, str]:
     """A member outcome from HMGET status, group_id, group_queue, error class, error."""
-    return {"status": _s(f[0] or b""), "error_class": _s(f[3] or b""),
-            "error": _s(f[4] or b"")[:1024]}
+    return {"status": as_text(f[0] or b""), "error_class": as_text(f[3] or b""),
+            "error": as_text(f[4] or b"")[:1024]}
 

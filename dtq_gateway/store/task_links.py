@@ -11,10 +11,10 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from typing import Any
+from typing import Any, cast
 
 from dtq_gateway.store import keys
-from dtq_gateway.store.admin import as_int
+from dtq_gateway.store.admin_common import as_int
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
 from dtq_proto import dtq_pb2 as pb
@@ -43,7 +43,7 @@ async def chain_steps(redis: Client, first_id: str) -> dict[str, Any]:
         when the chain is longer than MAX_CHAIN_STEPS.
     """
     steps: list[dict[str, Any]] = []
-    task_id, later = first_id, []
+    task_id, later = first_id, cast(list[str], [])
     while task_id and len(steps) < MAX_CHAIN_STEPS:
         f = await redis.hmget(keys.task(task_id), "queue", "task_type", "status",
                               "chain_step", "next_task_id", "chain_next")

@@ -19,7 +19,7 @@ from dtq_proto import dtq_pb2
 log = logging.getLogger(__name__)
 
 #: Hash ``status`` strings → TaskStatus enum values.
-STATUS_BY_NAME: dict[str, int] = {
+STATUS_BY_NAME: dict[str, dtq_pb2.TaskStatus] = {
     "queued": dtq_pb2.TASK_STATUS_QUEUED,
     "scheduled": dtq_pb2.TASK_STATUS_SCHEDULED,
     "active": dtq_pb2.TASK_STATUS_ACTIVE,
@@ -139,7 +139,7 @@ def _follow_ups(task: dtq_pb2.Task, f: Mapping[str, bytes]) -> None:
             task.chain_state = dtq_pb2.CHAIN_STATE_WAITING
 
 
-def normalize(fields: Mapping[bytes | str, bytes | str]) -> dict[str, bytes]:
+def normalize(fields: Mapping[Any, bytes | str]) -> dict[str, bytes]:
     """Hash reply with str keys and bytes values (accepts either encoding)."""
     out: dict[str, bytes] = {}
     for k, v in fields.items():
@@ -147,7 +147,7 @@ def normalize(fields: Mapping[bytes | str, bytes | str]) -> dict[str, bytes]:
     return out
 
 
-def task_from_hash(fields: Mapping[bytes | str, bytes | str], result: bytes | None = None,
+def task_from_hash(fields: Mapping[Any, bytes | str], result: bytes | None = None,
                    *, include_payload: bool = True) -> dtq_pb2.Task:
     """Build a ``dtq.v1.Task`` from an HGETALL reply of ``dtq:task:<id>``.
 

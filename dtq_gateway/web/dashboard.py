@@ -51,7 +51,11 @@ from dtq_gateway.listen import ListenError, reason_of
 from dtq_gateway.rpc.auth import Principal, parse_tokens
 from dtq_gateway.rpc.grpc_errors import to_dtq_error
 from dtq_gateway.store import keys
-from dtq_gateway.store.admin import CallInfo, validate_page_token, validate_queue_page_token
+from dtq_gateway.store.admin_common import (
+    CallInfo,
+    validate_page_token,
+    validate_queue_page_token,
+)
 from dtq_gateway.web import dashboard_api as api
 from dtq_gateway.web import dashboard_pages
 from dtq_gateway.web.dashboard_events import event_stream

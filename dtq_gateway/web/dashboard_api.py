@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtq_gateway import task_filters
+from dtq_gateway.domain.validation import MAX_REASON_BYTES, cut_utf8
 from dtq_gateway.errors import InvalidArgument, NotFound
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import admin, admin_dlq, admin_lists, bulk, keys, search
@@ -26,7 +27,6 @@ from dtq_gateway.store.broker import Broker
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.replies import text
 from dtq_gateway.store.task_record import STATUS_BY_NAME, task_from_hash
-from dtq_gateway.validation import MAX_REASON_BYTES, cut_utf8
 from dtq_gateway.web.dashboard_rates import RateTracker
 from dtq_proto import dtq_pb2 as pb
 
@@ -391,7 +391,7 @@ def task_filter(raw: Any) -> pb.TaskFilter:
     statuses = raw.get("statuses") or []
     if not isinstance(statuses, list):
         raise InvalidArgument("filter.statuses: must be a list", field="filter.statuses")
-    values = []
+    values: list[pb.TaskStatus] = []
     for name in statuses:
         key = str(name).lower()
         if not isinstance(name, str) or key not in STATUS_BY_NAME:

@@ -32,7 +32,7 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
     """
     if (request.content_length or 0) > MAX_BODY_BYTES:  # refused before reading
         raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY_BYTES,
-                                            actual_size=request.content_length)
+                                            actual_size=request.content_length or 0)
     raw = await request.read()
     if not raw:
         return {}

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from dtq_cli import cli
-from dtq_pyworker import AdminClient, PermanentError
+from dtq_pyworker import AdminClient, ConnectConfig, PermanentError
 from tests.support.redis_server import RedisServer
 from tests.support.threaded_gateway import ADMIN_TOKEN, ThreadedGateway
 
@@ -64,7 +64,7 @@ def env() -> Iterator[Env]:
     try:
         gw.run_worker([SERVED], {"ok": _ok, "boom": _boom, "slow": _slow},
                       worker_id="w-cli", concurrency=4)
-        client = AdminClient(gw.target, token=ADMIN_TOKEN)
+        client = AdminClient(ConnectConfig(gw.target, token=ADMIN_TOKEN))
         yield Env(gw, client)
         client.close()
     finally:

@@ -80,3 +80,13 @@ def test_tls_to_a_plaintext_gateway_prints_only_dtqs_error_line(plaintext_target
     lines = chatty.stderr.splitlines()
     assert chatty.returncode == ExitCode.UNAVAILABLE
     assert len(lines) > 1 and lines[-1].startswith("dtq: UNAVAILABLE")
+
+
+@pytest.mark.parametrize("flag", ["--tls-cert", "--tls-key"])
+def test_a_client_certificate_without_its_key_is_a_usage_error(tmp_path, flag):
+    pem = tmp_path / "one.pem"
+    pem.write_text("not read")
+    res = CliRunner().invoke(cli, [flag, str(pem), "queues"],
+                             env={"DTQ_GATEWAY": "127.0.0.1:1", "DTQ_TOKEN": None})
+    assert res.exit_code == ExitCode.USAGE
+    assert "--tls-cert and --tls-key go together" in res.output

@@ -10,7 +10,7 @@ from dataclasses import replace
 import grpc
 import pytest
 
-from dtq_gateway.followup_plan import callback_task_id, step_task_id
+from dtq_gateway.domain.followup_plan import callback_task_id, step_task_id
 from dtq_gateway.leasing.completion import Completion
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc

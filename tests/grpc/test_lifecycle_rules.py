@@ -148,7 +148,7 @@ async def test_credit_freed_by_a_reclaim_reaches_a_busy_dispatcher(broker_stub, 
     the periodic re-check from ever running, and the reclaim freed no credit)."""
     # W1 heartbeats without naming the lease it holds, so stream health would end its
     # stream as not reading (test_stream_health.py); this test is about the reaper
-    gateway.dispatcher.stall_after_s = float("inf")
+    gateway.dispatcher.health.stall_after_s = float("inf")
     w1 = await LeaseStream(broker_stub, "w1", ["q"], max_in_flight=1).open()
     await broker_stub.Enqueue(enq())
     held = await w1.next()

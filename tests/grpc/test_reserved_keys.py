@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from dtq_gateway.followup_plan import callback_task_id, step_task_id
+from dtq_gateway.domain.followup_plan import callback_task_id, step_task_id
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
 from tests.support.leasing import LeaseStream, poll

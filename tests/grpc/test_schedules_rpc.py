@@ -10,7 +10,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from dtq_gateway.schedule_plan import ON_TIME_MS
+from dtq_gateway.domain.schedule_plan import ON_TIME_MS
 from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc

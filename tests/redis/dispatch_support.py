@@ -1,7 +1,7 @@
 """A dispatcher wired for read-ahead on a private Redis, shared by the dispatcher tests.
 
 The dispatcher loop is not running; tests drive one round by hand, and the dispatcher's
-own lease_read round trips are counted through ``Dispatcher._lease``.
+own lease_take round trips are counted through ``Dispatcher.lease_now``.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ class ReadAheadEnv(Env):
         self.broker.on_queued = self.dispatcher.notify
         self.broker.read_ahead = self.dispatcher.read_ahead
         self.own_reads = 0
-        lease = self.dispatcher._lease
+        lease = self.dispatcher.lease_now
 
         async def counted(session):
             self.own_reads += 1
             return await lease(session)
-        self.dispatcher._lease = counted
+        self.dispatcher.lease_now = counted
 
     def session(self, **kw) -> Session:
         s = Session(worker_id=kw.pop("worker_id", "w1"), queues=kw.pop("queues", ["q"]),

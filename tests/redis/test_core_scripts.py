@@ -11,6 +11,7 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
+from dtq_gateway.domain.validation import validate_enqueue
 from dtq_gateway.events.events_wire import decode
 from dtq_gateway.leasing.completion import Completion
 from dtq_gateway.leasing.dispatch import Dispatcher
@@ -20,10 +21,10 @@ from dtq_gateway.store.broker import CHUNK, Broker
 from dtq_gateway.store.completion import ACK_CHUNK, FAIL
 from dtq_gateway.store.groups import Groups
 from dtq_gateway.store.scripts import Script
-from dtq_gateway.validation import validate_enqueue
 from dtq_proto import dtq_pb2 as pb
 from tests.conftest import gateway_settings
 from tests.support.leasing import resign
+from tests.support.seed import read_by_hand, snapshot_queue
 
 
 class Env:
@@ -40,7 +41,7 @@ class Env:
             await self.completion.fail([pb.FailItem(lease_id=i, mode=pb.FAIL_MODE_RELEASE)
                                         for i in ids])
         self.dispatcher = Dispatcher(self.redis, self.settings, self.groups, release)
-        self.dispatcher.stale_after_ms = 0  # no worker records here; see the stale test
+        self.dispatcher.reader.stale_after_ms = 0  # no worker records here; see the stale test
 
     async def enqueue(self, **kw) -> str:
         req = pb.EnqueueRequest(queue=kw.pop("queue", "q"), task_type=kw.pop("task_type", "t"),
@@ -53,7 +54,7 @@ class Env:
         # BATCH_MAX) and the stream's unread window does not bind
         session = Session(worker_id=worker, queues=list(queues), max_in_flight=max_in_flight,
                           concurrency=max_in_flight)
-        await self.dispatcher._lease(session)
+        await self.dispatcher.lease_now(session)
         out = []
         while not session.out.empty():
             out.append(session.out.get_nowait())
@@ -241,20 +242,18 @@ async def test_activate_run_twice_keeps_the_entry_in_the_pel(env):
     tid = await env.enqueue()
     session = Session(worker_id="w1", queues=["q"], max_in_flight=10)
     stream = keys.stream("q", 5)
-    ((_, entries),) = await env.redis.xreadgroup(keys.GROUP, "w1", {stream: ">"})
-    index = session.streams.index(stream) + 1
-    flat = [x for kv in entries[0][1].items() for x in kv]
-    read = [(index, entries[0][0], flat)]
-    assert await env.dispatcher._activate(session, session.streams, read) == 1
+    read = await read_by_hand(env.redis, "w1", "q", 5)
+    assert await env.dispatcher.activator.deliver(session, read) == 1
     first = session.out.get_nowait()
-    assert await env.dispatcher._activate(session, session.streams, read) == 1
+    assert await env.dispatcher.activator.deliver(session, read) == 1
     again = session.out.get_nowait()
     assert (again.task_id, again.attempt) == (first.task_id, first.attempt) == (tid, 1)
     other = Session(worker_id="w2", queues=["q"], max_in_flight=10)
-    assert await env.dispatcher._activate(other, other.streams, read) == 0
+    assert await env.dispatcher.activator.deliver(other, read) == 0
     assert await env.status(tid) == "active"
+    snap = await snapshot_queue(env.redis, "q")
+    assert snap.tasks == {tid: "active"} and [c for _, c in snap.pel[5]] == ["w1"]
     assert await env.redis.xlen(stream) == 1
-    assert (await env.redis.xpending(stream, keys.GROUP))["pending"] == 1
 
 
 async def test_activate_expires_a_task_past_its_deadline(env):
@@ -276,17 +275,14 @@ async def test_cancel_of_an_unread_queued_task_deletes_its_entry_at_once(env):
 
 
 async def test_cancel_of_an_entry_already_read_is_acked_away_at_activation(env):
-    """An entry that a lease_read took just before the cancel (not yet activated) stays
-    for activate.lua, which acks it away and clears the cancelled set."""
+    """An entry read just before the cancel and not yet activated (the two-step path)
+    stays for activate.lua, which acks it away and clears the cancelled set."""
     tid = await env.enqueue()
     session = Session(worker_id="w1", queues=["q"], max_in_flight=10)
-    ((_, entries),) = await env.redis.xreadgroup(keys.GROUP, "w1", {keys.stream("q", 5): ">"})
+    read = await read_by_hand(env.redis, "w1", "q", 5)
     assert await env.broker.cancel(tid, "tester", "req-1", "why") == "cancelled"
     assert await env.redis.sismember(keys.cancelled("q"), tid)
-    index = session.streams.index(keys.stream("q", 5)) + 1
-    flat = [x for kv in entries[0][1].items() for x in kv]
-    assert await env.dispatcher._activate(session, session.streams,
-                                          [(index, entries[0][0], flat)]) == 0
+    assert await env.dispatcher.activator.deliver(session, read) == 0
     assert not await env.redis.sismember(keys.cancelled("q"), tid)
     assert await env.redis.xlen(keys.stream("q", 5)) == 0
     assert await env.status(tid) == "cancelled"
@@ -305,7 +301,7 @@ async def test_task_type_filter_puts_other_types_back(env):
     b = await env.enqueue(task_type="b")
     session = Session(worker_id="w1", queues=["q"], max_in_flight=10,
                       task_types=frozenset({"b"}))
-    await env.dispatcher._lease(session)
+    await env.dispatcher.lease_now(session)
     got = [session.out.get_nowait().task_id for _ in range(session.out.qsize())]
     assert got == [b]
     assert await env.redis.xlen(keys.stream("q", 5)) == 2  # "a" re-added at the tail
@@ -367,7 +363,7 @@ async def test_lease_recreates_groups_of_a_bare_stream(env):
 
 async def test_worker_without_recent_heartbeat_gets_no_lease(env):
     await env.enqueue()
-    env.dispatcher.stale_after_ms = 1000
+    env.dispatcher.reader.stale_after_ms = 1000
     await env.completion.worker_event("w1", "host", "started")
     await env.redis.hset(keys.worker("w1"), "last_heartbeat", 1)  # long ago
     assert await env.lease() == []
@@ -460,3 +456,38 @@ async def test_one_events_message_per_script_call(env):
     assert {e["type"] for e in events} == {"TASK_QUEUED"}
     assert len({e["event_id"] for e in events}) == CHUNK + 20
     assert len({e["ts"] for e in batches[0]}) == 1
+
+
+async def test_a_stalled_worker_session_peeks_and_leaves_tasks_untouched(env):
+    """Once a check said the worker is stalled, its session's reads take nothing (no
+    activation and release per tick); the first read after its heartbeat takes."""
+    tid = await env.enqueue()
+    env.dispatcher.reader.stale_after_ms = 1000
+    await env.completion.worker_event("w1", "host", "started")
+    await env.redis.hset(keys.worker("w1"), "last_heartbeat", 1)  # long ago
+    session = Session(worker_id="w1", queues=["q"], max_in_flight=10, stalled=True)
+    assert await env.dispatcher.lease_now(session) == (0, False, 0, False)
+    assert session.stalled and session.out.empty()
+    record = await env.redis.hgetall(keys.task(tid))
+    assert (record[b"status"], record[b"started_at_ms"]) == (b"queued", b"0")
+    assert not any(k.startswith(b"att:") for k in record)  # no attempt recorded
+    snap = await snapshot_queue(env.redis, "q")
+    assert snap.pel == {} and snap.tasks == {tid: "queued"}
+    await env.completion.heartbeat(pb.HeartbeatRequest(worker_id="w1"))
+    assert (await env.dispatcher.lease_now(session))[0] == 1
+    assert not session.stalled and session.out.get_nowait().task_id == tid
+
+
+async def test_a_read_that_comes_back_with_a_stalled_check_hands_its_leases_back(env):
+    """lease_take ran in the same round trip as the check that says the worker is
+    stalled: what it leased is released, back in its band, no attempt spent."""
+    tid = await env.enqueue()
+    env.dispatcher.reader.stale_after_ms = 1000
+    await env.completion.worker_event("w1", "host", "started")
+    await env.redis.hset(keys.worker("w1"), "last_heartbeat", 1)  # long ago
+    session = Session(worker_id="w1", queues=["q"], max_in_flight=10)
+    assert (await env.dispatcher.lease_now(session))[0] == 0
+    assert session.stalled and session.out.empty()
+    snap = await snapshot_queue(env.redis, "q")
+    assert snap.tasks == {tid: "queued"} and snap.pel == {} and len(snap.streams[5]) == 1
+    assert await env.redis.hget(keys.task(tid), "attempt") == b"1"

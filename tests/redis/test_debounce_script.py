@@ -7,10 +7,10 @@ import json
 
 import redis.asyncio as aioredis
 
+from dtq_gateway.domain.validation import validate_enqueue
 from dtq_gateway.store import keys
 from dtq_gateway.store.broker import Broker
 from dtq_gateway.store.groups import Groups
-from dtq_gateway.validation import validate_enqueue
 from dtq_proto import dtq_pb2 as pb
 from tests.conftest import gateway_settings
 

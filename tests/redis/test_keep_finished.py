@@ -16,7 +16,7 @@ from tests.redis.test_core_scripts import Env
 
 async def _run(env: Env, n: int, batch: int = 500, queue: str = "q") -> list[str]:
     """Enqueue, lease and ack ``n`` tasks of ``queue`` in batches; returns their ids."""
-    from dtq_gateway.validation import validate_enqueue
+    from dtq_gateway.domain.validation import validate_enqueue
 
     ids: list[str] = []
     for start in range(0, n, batch):

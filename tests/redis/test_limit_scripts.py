@@ -1,8 +1,8 @@
 """The rate-limit and schedule scripts against a private Redis, table-driven.
 
-rate_limit_set.lua / rate_take.lua (token buckets in the queue's hash), the
-queue-wide cap inside lease_read.lua, and schedule_advance.lua (compare-and-set
-progress of a schedule).
+rate_limit_set.lua / rate_take.lua (token buckets in the queue's hash) and
+schedule_advance.lua (compare-and-set progress of a schedule). The queue-wide cap
+inside lease_take.lua is tested in test_lease_take.py.
 """
 
 from __future__ import annotations
@@ -10,9 +10,7 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
-from dtq_gateway.leasing.sessions import Session
 from dtq_gateway.store import keys
-from dtq_gateway.store.leasing import LEASE_READ
 from dtq_gateway.store.ratelimits import RATE_LIMIT_SET, RATE_TAKE
 from dtq_gateway.store.schedules import ADVANCE
 from tests.redis.sched_support import r
@@ -56,25 +54,6 @@ async def test_no_limit_grants_everything_and_refunds_are_capped(r: Redis) -> No
     assert (await take(r, "*", 2))[0][0] == 2
     assert await take(r, "*", -5) == [[0, 0]]
     assert float(await r.hget(KEY, "tok|*")) == pytest.approx(2.0, abs=0.01)
-
-
-async def test_lease_read_takes_at_most_the_tokens(r: Redis) -> None:
-    await set_cfg(r, "*", "3 60000 3")
-    for _ in range(5):
-        await r.xadd(keys.stream("q", 5), {"task_id": "x", "attempt": 1})
-    for band in range(10):
-        await r.xgroup_create(keys.stream("q", band), keys.GROUP, id="0", mkstream=True)
-    await r.hset(keys.worker("w"), "last_heartbeat", 0)
-    session = Session(worker_id="w", queues=["q"], max_in_flight=10)
-    reply = await LEASE_READ(r, session.groups[0].keys, LEASE_READ.argv(
-        keys.GROUP, "w", 10, 256, 1, 0))
-    wait_ms, typed, limited, throttled = reply[4]
-    assert len(reply[5:]) == 3
-    assert (list(limited), list(throttled), list(typed)) == ([1], [1], [])
-    assert 0 < int(wait_ms) <= 20_000
-    again = await LEASE_READ(r, session.groups[0].keys, LEASE_READ.argv(
-        keys.GROUP, "w", 10, 256, 1, 0))
-    assert len(again[5:]) == 0 and list(again[4][3]) == [1]
 
 
 @pytest.mark.parametrize("state, expected", [

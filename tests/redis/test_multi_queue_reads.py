@@ -1,4 +1,4 @@
-"""A Lease session over several queues, read in one lease_read call (standalone Redis)
+"""A Lease session over several queues, read in one lease_take call (standalone Redis)
 or slot by slot (the Redis Cluster path, which a standalone Redis runs as well).
 
 Both ways must give the same leases: strict p9 -> p0 across the queues and never more
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from dtq_gateway.leasing import dispatch
+from dtq_gateway.leasing import reader
 from dtq_gateway.leasing.sessions import Session
 from dtq_gateway.store import keys
 from tests.redis.test_core_scripts import Env
@@ -27,15 +27,15 @@ async def env(redis_url):
 
 @pytest.fixture
 def counted_reads(monkeypatch) -> list[int]:
-    """Counts the lease_read calls the dispatcher sends on their own (the slot-by-slot
-    reads after the first pipeline); check_and_read's pipeline is not counted."""
+    """Counts the lease_take calls the dispatcher sends on their own (the slot-by-slot
+    reads after the first pipeline); check_and_take's pipeline is not counted."""
     calls: list[int] = []
-    original = dispatch.store.lease_read
+    original = reader.store.lease_take
 
-    async def counting(redis, read):
+    async def counting(redis, read, call):
         calls.append(1)
-        return await original(redis, read)
-    monkeypatch.setattr(dispatch.store, "lease_read", counting)
+        return await original(redis, read, call)
+    monkeypatch.setattr(reader.store, "lease_take", counting)
     return calls
 
 
@@ -43,12 +43,12 @@ def test_queues_of_the_test_span_several_slots() -> None:
     assert len({keys.key_slot(keys.stream(q, 0)) for q in QUEUES}) == len(QUEUES)
 
 
-def test_standalone_layout_is_one_group_cluster_layout_one_per_slot() -> None:
+def test_standalone_layout_is_one_slot_read_cluster_layout_one_per_slot() -> None:
     one = Session(worker_id="w", queues=QUEUES, max_in_flight=1, read_by_slot=False)
     per_slot = Session(worker_id="w", queues=QUEUES, max_in_flight=1)
-    assert [g.queues for g in one.groups] == [QUEUES]
-    assert sorted(q for g in per_slot.groups for q in g.queues) == sorted(QUEUES)
-    assert len(per_slot.groups) == len(QUEUES)
+    assert [g.queues for g in one.slot_reads] == [QUEUES]
+    assert sorted(q for g in per_slot.slot_reads for q in g.queues) == sorted(QUEUES)
+    assert len(per_slot.slot_reads) == len(QUEUES)
     assert one.streams == per_slot.streams  # the session's stream order is the same
 
 
@@ -60,7 +60,7 @@ async def test_strict_priority_and_max_in_flight_across_queues(env, counted_read
     ids = {await env.enqueue(queue=q, priority=p): (q, p) for q, p in plan}
     session = Session(worker_id="w1", queues=QUEUES, max_in_flight=5,
                       read_by_slot=read_by_slot)
-    await env.dispatcher._lease(session)
+    await env.dispatcher.lease_now(session)
     got = []
     while not session.out.empty():
         got.append(session.out.get_nowait())
@@ -73,5 +73,5 @@ async def test_strict_priority_and_max_in_flight_across_queues(env, counted_read
 
     # at max_in_flight nothing more is read, whichever way
     again = Session(worker_id="w1", queues=QUEUES, max_in_flight=5, read_by_slot=read_by_slot)
-    await env.dispatcher._lease(again)
+    await env.dispatcher.lease_now(again)
     assert again.out.empty()

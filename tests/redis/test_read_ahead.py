@@ -1,7 +1,7 @@
-"""Read-ahead: a unary enqueue carries a lease_read for an idle session in its round trip.
+"""Read-ahead: a unary enqueue carries a lease_take for an idle session in its round trip.
 
 The dispatcher loop is not running here; each test drives one round by hand, and
-counts the dispatcher's own lease_read round trips through ``Dispatcher._lease``.
+counts the dispatcher's own lease_take round trips through ``Dispatcher.lease_now``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ async def test_enqueue_reads_for_an_idle_session_in_the_same_round_trip(dispatch
     tid = await dispatch_env.enqueue()
     assert s.reading and len(dispatch_env.dispatcher._reads) == 1
     assert not dispatch_env.dispatcher._dirty_queues  # no wake-up for a second read
-    await dispatch_env.dispatcher._round(tick=False)
+    await dispatch_env.dispatcher.run_round(tick=False)
     assert [t.task_id for t in drained(s)] == [tid]
     assert dispatch_env.own_reads == 0 and not s.reading
     assert await dispatch_env.status(tid) == "active"
@@ -27,7 +27,7 @@ async def test_sessions_take_turns(dispatch_env):
     a, b = dispatch_env.session(worker_id="wa"), dispatch_env.session(worker_id="wb")
     first = await dispatch_env.enqueue()
     second = await dispatch_env.enqueue()  # `a` still has its read in flight
-    await dispatch_env.dispatcher._round(tick=False)
+    await dispatch_env.dispatcher.run_round(tick=False)
     assert [t.task_id for t in drained(a)] == [first]
     assert [t.task_id for t in drained(b)] == [second]
     assert dispatch_env.own_reads == 0
@@ -36,7 +36,7 @@ async def test_sessions_take_turns(dispatch_env):
 async def test_a_session_filtering_for_the_task_type_reads_ahead(dispatch_env):
     s = dispatch_env.session(task_types=frozenset({"t", "u"}))
     tid = await dispatch_env.enqueue(task_type="t")
-    await dispatch_env.dispatcher._round(tick=False)
+    await dispatch_env.dispatcher.run_round(tick=False)
     assert [t.task_id for t in drained(s)] == [tid] and dispatch_env.own_reads == 0
 
 
@@ -61,11 +61,11 @@ async def test_empty_read_ahead_wakes_a_normal_round(dispatch_env):
     s = dispatch_env.session()
     await dispatch_env.redis.set(keys.paused("q"), "1")
     tid = await dispatch_env.enqueue()
-    await dispatch_env.dispatcher._round(tick=False)
+    await dispatch_env.dispatcher.run_round(tick=False)
     assert drained(s) == [] and dispatch_env.own_reads == 1  # the round looked again itself
     await dispatch_env.redis.delete(keys.paused("q"))
     dispatch_env.dispatcher.notify("q")
-    await dispatch_env.dispatcher._round(tick=False)
+    await dispatch_env.dispatcher.run_round(tick=False)
     assert [t.task_id for t in drained(s)] == [tid]
 
 
@@ -90,5 +90,5 @@ async def test_a_failed_activation_strands_no_session(dispatch_env):
         raise ConnectionError("redis went away")
     dispatch_env.dispatcher._after_read = broken
     with pytest.raises(ConnectionError):
-        await dispatch_env.dispatcher._round(tick=False)
+        await dispatch_env.dispatcher.run_round(tick=False)
     assert not a.reading and not b.reading

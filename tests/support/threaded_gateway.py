@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from dtq_pyworker import Worker
+from dtq_pyworker import ConnectConfig, Worker
 
 ADMIN_TOKEN = "admin-token-0001"
 PRODUCER_TOKEN = "producer-token-0001"
@@ -69,9 +69,8 @@ class ThreadedGateway:
                    **kwargs: Any) -> Worker:
         """Run a Python Worker with ``handlers`` on the gateway's loop until :meth:`stop`."""
         kwargs.setdefault("drain_grace_s", 2)
-        if self.auth:
-            kwargs.setdefault("token", WORKER_TOKEN)
-        worker = Worker(queues, self.target, **kwargs)
+        token = kwargs.pop("token", WORKER_TOKEN if self.auth else None)
+        worker = Worker(queues, ConnectConfig(self.target, token=token), **kwargs)
         for task_type, fn in handlers.items():
             worker.register(task_type, fn)
         future = asyncio.run_coroutine_threadsafe(

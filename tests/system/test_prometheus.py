@@ -71,7 +71,8 @@ def _get(url: str) -> dict:
 
 async def _load(gw, channel) -> None:
     """Work that makes every labelled series exist: tasks enqueued, leased, acked and
-    dead-lettered, a queue left with a backlog, one Subscribe refused by its bound."""
+    dead-lettered, a queue left with a backlog, one Subscribe refused by its bound, one
+    background task restarted by the gateway's supervisor."""
     from dtq_proto import dtq_pb2 as pb
     from dtq_proto import dtq_pb2_grpc
 
@@ -93,6 +94,12 @@ async def _load(gw, channel) -> None:
     with pytest.raises(Exception):  # noqa: B017 - RESOURCE_EXHAUSTED over the bound
         await asyncio.wait_for(second.read(), 10)
     first.cancel()
+    ended = gw.supervisor.task("metrics-refresh")
+    ended.cancel()
+    deadline = asyncio.get_running_loop().time() + 10
+    while gw.supervisor.task("metrics-refresh") is ended:  # restarted after its backoff
+        assert asyncio.get_running_loop().time() < deadline, "no restart"
+        await asyncio.sleep(0.05)
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from dtq_gateway.domain.validation import MAX_SDK_BYTES, check_worker_strings
 from dtq_gateway.errors import InvalidArgument
 from dtq_gateway.rpc.broker_servicer import (
     MAX_LABEL_KEY_BYTES,
@@ -22,7 +23,6 @@ from dtq_gateway.rpc.broker_servicer import (
     MAX_LABELS,
     check_labels,
 )
-from dtq_gateway.validation import MAX_SDK_BYTES, check_worker_strings
 from dtq_proto import dtq_pb2 as pb
 
 DOCS = Path(__file__).parents[2] / "docs"

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
+from dtq_gateway.domain.followup_plan import MAX_CHAIN_STEPS, plan_chain, plan_group, step_task_id
+from dtq_gateway.domain.validation import validate_enqueue
 from dtq_gateway.errors import InvalidArgument
-from dtq_gateway.followup_plan import MAX_CHAIN_STEPS, plan_chain, plan_group, step_task_id
 from dtq_gateway.leasing.completion import _progress
 from dtq_gateway.settings import load
 from dtq_gateway.store import keys
-from dtq_gateway.validation import validate_enqueue
 from dtq_proto import dtq_pb2 as pb
 
 SETTINGS = load([], environ={})

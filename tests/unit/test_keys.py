@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from dtq_gateway.domain import names
 from dtq_gateway.store import keys
 
 
@@ -44,7 +45,7 @@ def test_key_slot_agrees_with_redis_py():
 
 
 def test_every_slot_has_a_short_tag():
-    tags = keys._slot_tags()
+    tags = names._slot_tags()
     assert len(tags) == 16384 and max(map(len, tags)) <= 4
     assert all(keys.key_slot("{" + t + "}") == slot for slot, t in enumerate(tags))
 

@@ -177,3 +177,19 @@ async def test_the_failover_leader_still_naming_the_old_primary_loses_the_tie() 
     leader, other = _state(6380, 2, "master,failover_in_progress"), _state(6381, 2)
     for order in ((leader, other), (other, leader)):
         assert await read_primary(_manager(*order), "dtq") == (("10.0.0.1", 6381), False)
+
+
+async def test_the_watch_runs_as_one_task_that_ends_with_any_part_and_can_start_again() -> None:
+    """The gateway's supervisor watches one task: a listener that fails (here a sentinel
+    without pub/sub) ends the poll too, and start() after that starts a new task."""
+    manager = _manager(_state(6380, 1))
+    watch = PrimaryWatch([FollowingSentinelPool("dtq", manager)], interval_s=0.05)
+    first = watch.start()
+    await asyncio.wait({first}, timeout=5)
+    assert first.done() and isinstance(first.exception(), AttributeError)
+    assert not [t for t in asyncio.all_tasks()
+                if t.get_name() in ("dtq-primary-poll", "dtq-sentinel-events") and not t.done()]
+    second = watch.start()
+    assert second is not first
+    await watch.stop()
+    assert second.done()

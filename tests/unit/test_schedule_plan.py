@@ -7,8 +7,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from dtq_gateway.errors import InvalidArgument
-from dtq_gateway.schedule_plan import (
+from dtq_gateway.domain.schedule_plan import (
     ALL,
     LATEST,
     ON_TIME_MS,
@@ -18,6 +17,7 @@ from dtq_gateway.schedule_plan import (
     plan,
     validate_spec,
 )
+from dtq_gateway.errors import InvalidArgument
 from dtq_proto import dtq_pb2 as pb
 
 H = 3_600_000
@@ -94,7 +94,12 @@ def test_bad_specs_name_their_field(spec: pb.Schedule, field: str) -> None:
 def test_due_count_counts_the_fires_between_done_and_now() -> None:
     """due_count is what plan() chooses from: computed for intervals, counted (with a
     cap) for cron, so the firer can count the missed fires the policy drops."""
-    from dtq_gateway.schedule_plan import MAX_MISSED_COUNTED, MAX_ON_TIME, Timetable, due_count
+    from dtq_gateway.domain.schedule_plan import (
+        MAX_MISSED_COUNTED,
+        MAX_ON_TIME,
+        Timetable,
+        due_count,
+    )
 
     every_s = Timetable(interval_ms=1000, anchor_ms=10_000)
     assert due_count(every_s, 10_000, 15_000) == 5  # 11..15 s: the anchor is handled

@@ -46,7 +46,7 @@ def _stall_after(**env: str) -> float:
     async def release(ids):
         return None
 
-    return Dispatcher(None, settings, None, release).stall_after_s
+    return Dispatcher(None, settings, None, release).health.stall_after_s
 
 
 def test_stall_after_is_heartbeat_intervals_at_most_half_the_visibility_timeout():

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from dtq_gateway.domain.validation import cut_utf8, validate_enqueue
 from dtq_gateway.errors import InvalidArgument, TooLarge
 from dtq_gateway.settings import load
 from dtq_gateway.store import keys
-from dtq_gateway.validation import cut_utf8, validate_enqueue
 from dtq_proto import dtq_pb2 as pb
 
 SETTINGS = load([], environ={"DTQ_MAX_PAYLOAD_BYTES": "100"})

@@ -1,7 +1,7 @@
 -- cancel: cancel a queued or scheduled task, or flag an active one. Every key is of the
 -- task's queue (one hash slot); the caller appends the audit entry right after.
 -- A queued task's entry is deleted at once when no read has taken it yet, so depth,
--- the depth gate and the backlog age count live tasks only; an entry a lease_read
+-- the depth gate and the backlog age count live tasks only; an entry a lease read
 -- already took (the moment before its activation) is left to activate.lua, which
 -- acks it away and drops the id from the cancelled set.
 -- KEYS[1] task hash  [2] the queue's cancelled set  [3] the queue's schedule zset

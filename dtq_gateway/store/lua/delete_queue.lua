@@ -3,7 +3,7 @@
 -- checks and the deletes run in this one script, so no enqueue, lease or schedule move
 -- can slip in between. Unlike the idle sweep it does not wait for an idle time (a
 -- queue drained a second ago may go) nor for its consumers to be idle (a worker that
--- listens on an empty queue touches none of its keys, see lease_read.lua: it keeps
+-- listens on an empty queue touches none of its keys, see lease_take.lua: it keeps
 -- listening and gets the name's next task), it ignores the busy marker and reads the
 -- real contents instead, a paused queue is deleted too (the operator asked), and it
 -- deletes every key of the queue's slot that has a fixed name, not only the streams.

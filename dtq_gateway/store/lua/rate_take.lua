@@ -1,6 +1,6 @@
 -- rate_take.lua: take (or give back) tokens of a queue's rate-limit buckets.
 -- The dispatcher calls it for the entries of a queue with task-type limits that a
--- lease_read returned (one take per type, before activation; entries beyond the grant
+-- lease_take left unactivated (one take per type, before activation; entries beyond the grant
 -- are put back at the tail of their stream, still queued, no attempt spent), and to
 -- give back tokens taken for entries it did not deliver (absorbed, cancelled, wrong
 -- type for the session).

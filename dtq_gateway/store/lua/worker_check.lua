@@ -1,4 +1,4 @@
--- worker_check: may this worker get new leases? Read with every lease_read of its
+-- worker_check: may this worker get new leases? Read with every lease_take of its
 -- sessions (same pipeline): the worker's record is in the {workers} hash slot, the
 -- queues' streams each in their own, so the check is its own script.
 -- KEYS[1] the worker's record dtq:worker:{workers}:<id>

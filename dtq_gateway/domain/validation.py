@@ -11,11 +11,14 @@ import json
 import re
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from dtq_gateway.domain import names
 from dtq_gateway.errors import InvalidArgument, TooLarge
-from dtq_gateway.settings import Settings
-from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2
+
+if TYPE_CHECKING:  # annotations only: the settings loader is wiring, above this leaf
+    from dtq_gateway.settings import Settings
 
 JSON_TYPES = ("application/json", "")
 MAX_METADATA_ENTRIES = 64
@@ -62,14 +65,14 @@ class NewTask:
     #: and group membership, set by followups.py.
     extra_json: str = ""
     #: Debounce ("" = none): ``<first|last>:<window ms>:<max delay ms>`` for enqueue.lua,
-    #: and the SHA-256 hex of the debounce key (the record's name, keys.debounce).
+    #: and the SHA-256 hex of the debounce key (the record's name, names.debounce).
     debounce_spec: str = ""
     debounce_digest: str = ""
 
 
 def check_queue(queue: str, field: str = "queue") -> str:
     """Return ``queue`` if it matches ``[A-Za-z0-9_.-]{1,64}``, else raise InvalidArgument."""
-    if not keys.QUEUE_RE.match(queue):
+    if not names.QUEUE_RE.match(queue):
         raise InvalidArgument(f"{field}: queue name must match [A-Za-z0-9_.-]{{1,64}}",
                               field=field)
     return queue
@@ -77,7 +80,7 @@ def check_queue(queue: str, field: str = "queue") -> str:
 
 def check_worker_id(worker_id: str, field: str = "worker_id") -> str:
     """Return ``worker_id`` if it matches ``[A-Za-z0-9_.:@-]{1,128}``."""
-    if not keys.WORKER_ID_RE.match(worker_id):
+    if not names.WORKER_ID_RE.match(worker_id):
         raise InvalidArgument(f"{field}: must match [A-Za-z0-9_.:@-]{{1,128}}", field=field)
     return worker_id
 
@@ -94,7 +97,7 @@ def check_task_types(task_types, field: str = "task_types") -> None:
     if len(task_types) > MAX_TASK_TYPES:
         raise InvalidArgument(f"{field}: at most {MAX_TASK_TYPES} task types", field=field)
     for t in task_types:
-        if not keys.TASK_TYPE_RE.match(t):
+        if not names.TASK_TYPE_RE.match(t):
             raise InvalidArgument(f"{field}: each must match [A-Za-z0-9_.:/-]{{1,128}}",
                                   field=field)
 
@@ -124,8 +127,8 @@ def check_hostname(hostname: str, field: str = "hostname") -> str:
 
 def check_task_id(task_id: str, field: str = "task_id") -> str:
     """Return ``task_id`` if it has the form of an id the gateway makes (32 lowercase hex
-    characters, then ``-`` and a 1-4 character slot tag; see keys.TASK_ID_RE)."""
-    if not keys.TASK_ID_RE.match(task_id):
+    characters, then ``-`` and a 1-4 character slot tag; see names.TASK_ID_RE)."""
+    if not names.TASK_ID_RE.match(task_id):
         raise InvalidArgument(f"{field}: not a task id (32 lowercase hex characters and "
                               f"a slot tag, as Enqueue returns it)", field=field)
     return task_id
@@ -192,7 +195,8 @@ def check_json(payload: bytes, field: str) -> None:
         raise InvalidArgument(f"{field}: JSON nested too deeply (at most about 1,000 levels "
                               "of arrays and objects)", field=field) from None
     except ValueError as exc:
-        where = f" at line {exc.lineno} column {exc.colno}" if hasattr(exc, "lineno") else ""
+        where = (f" at line {exc.lineno} column {exc.colno}"
+                 if isinstance(exc, json.JSONDecodeError) else "")
         raise InvalidArgument(f"{field}: not valid JSON{where} (RFC 8259: UTF-8, no NaN or "
                               "Infinity) for a JSON content_type", field=field) from None
 
@@ -319,7 +323,7 @@ def _debounce(req: dtq_pb2.EnqueueRequest, prefix: str) -> tuple[str, str]:
             if getattr(req, other):
                 raise InvalidArgument(f"{field}: KEEP_LAST is exclusive with {other}",
                                       field=field)
-    return f"{mode}:{d.window_ms}:{d.max_delay_ms}", keys.idempotency_digest(d.key)
+    return f"{mode}:{d.window_ms}:{d.max_delay_ms}", names.idempotency_digest(d.key)
 
 
 def validate_enqueue(req: dtq_pb2.EnqueueRequest, settings: Settings,
@@ -341,7 +345,7 @@ def validate_enqueue(req: dtq_pb2.EnqueueRequest, settings: Settings,
         TooLarge: the payload exceeds DTQ_MAX_PAYLOAD_BYTES.
     """
     check_queue(req.queue, prefix + "queue")
-    if not keys.TASK_TYPE_RE.match(req.task_type):
+    if not names.TASK_TYPE_RE.match(req.task_type):
         raise InvalidArgument(f"{prefix}task_type: must match [A-Za-z0-9_.:/-]{{1,128}}",
                               field=prefix + "task_type")
     content_type = _payload(req, settings, prefix)
@@ -366,10 +370,10 @@ def validate_enqueue(req: dtq_pb2.EnqueueRequest, settings: Settings,
     idem = req.idempotency_key
     debounce_spec, debounce_digest = _debounce(req, prefix)
     return NewTask(
-        task_id=keys.new_task_id(req.queue), queue=req.queue, task_type=req.task_type,
+        task_id=names.new_task_id(req.queue), queue=req.queue, task_type=req.task_type,
         payload=req.payload, content_type=content_type, priority=priority,
         max_attempts=max_attempts, timeout_ms=timeout_ms, idem_key=idem,
-        idem_digest=keys.idempotency_digest(idem) if idem else "",
+        idem_digest=names.idempotency_digest(idem) if idem else "",
         metadata_json=_metadata(req, prefix, trace), backoff_base_ms=base, backoff_cap_ms=cap,
         delay_ms=req.delay_ms, not_before_ms=req.not_before_ms,
         expires_at_ms=req.expires_at_ms, ttl_ms=req.ttl_ms,

@@ -28,8 +28,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
+from dtq_gateway.domain import names
 from dtq_gateway.errors import InvalidArgument
-from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2 as pb
 
 #: A fire at most this late is on time whatever the policy (ms).
@@ -116,7 +116,8 @@ def plan(table: Timetable, policy: Policy, done_ms: int, now_ms: int) -> list[in
     missed: list[int] = []
     horizon = now_ms - (ON_TIME_MS if policy.catch_up == SKIP else
                         max(policy.max_age_ms, ON_TIME_MS))
-    want_missed = {SKIP: 0, LATEST: 1, ALL: policy.max_fires}.get(policy.catch_up, 0)
+    missed_by_policy: dict[int, int] = {SKIP: 0, LATEST: 1, ALL: policy.max_fires}
+    want_missed = missed_by_policy.get(policy.catch_up, 0)
     for fire in table.before(now_ms):
         if fire <= done_ms or fire < horizon:
             break
@@ -172,7 +173,7 @@ def validate_spec(spec: pb.Schedule, prefix: str = "schedule.") -> None:
     def bad(field: str, why: str) -> InvalidArgument:
         return InvalidArgument(f"{prefix}{field}: {why}", field=prefix + field)
 
-    if not keys.SCHEDULE_RE.match(spec.name):
+    if not names.SCHEDULE_RE.match(spec.name):
         raise bad("name", "must match [A-Za-z0-9_.-]{1,64}")
     if bool(spec.cron) == bool(spec.interval_ms):
         raise bad("cron", "exactly one of cron and interval_ms is required")

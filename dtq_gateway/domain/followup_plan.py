@@ -13,12 +13,15 @@ import hashlib
 import json
 import uuid
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
+from dtq_gateway.domain import names
+from dtq_gateway.domain.validation import NewTask, validate_enqueue
 from dtq_gateway.errors import InvalidArgument
-from dtq_gateway.settings import Settings
-from dtq_gateway.store import keys
-from dtq_gateway.validation import NewTask, validate_enqueue
 from dtq_proto import dtq_pb2
+
+if TYPE_CHECKING:  # annotations only: the settings loader is wiring, above this leaf
+    from dtq_gateway.settings import Settings
 
 #: Most steps after the first task of a chain.
 MAX_CHAIN_STEPS = 32
@@ -27,20 +30,20 @@ MAX_CHAIN_STEPS = 32
 def step_task_id(previous_task_id: str, queue: str) -> str:
     """The task id of the chain step after ``previous_task_id``, which goes to ``queue``:
     32 hex characters derived from the previous id, ``-``, the queue's slot tag
-    (keys.slot_tag, so the step's record lives in its queue's hash slot).
+    (names.slot_tag, so the step's record lives in its queue's hash slot).
 
     Derived, so every attempt to create the step (the Ack's gateway, the sweep) names
     the same task, and producers know every step's id at enqueue time.
     """
     digest = hashlib.sha256(f"dtq-chain:{previous_task_id}".encode()).hexdigest()[:32]
-    return f"{digest}-{keys.slot_tag(queue)}"
+    return f"{digest}-{names.slot_tag(queue)}"
 
 
 def callback_task_id(group_id: str, queue: str) -> str:
     """The task id of a group's callback, which goes to ``queue``: 32 hex characters
-    derived from the group id, ``-``, the queue's slot tag (keys.slot_tag)."""
+    derived from the group id, ``-``, the queue's slot tag (names.slot_tag)."""
     digest = hashlib.sha256(f"dtq-group:{group_id}".encode()).hexdigest()[:32]
-    return f"{digest}-{keys.slot_tag(queue)}"
+    return f"{digest}-{names.slot_tag(queue)}"
 
 
 def record_fields(*pairs: str) -> str:

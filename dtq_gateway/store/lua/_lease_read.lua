@@ -1,0 +1,108 @@
+-- _lease_read.lua: the read half of lease_take.lua (prepended by
+-- scripts.py after _bucket.lua). Reads new entries for one consumer, strictly p9 -> p0
+-- across the queues of the call, never exceeding the consumer's max_in_flight counted
+-- from the PEL, honouring pause flags and each queue's queue-wide rate limit.
+-- The caller's KEYS hold, for m queues: pause flags at KEYS[q], rate-limit hashes at
+-- KEYS[m + q], and the band streams (band-major: p9 of every queue, then p8, ...) from
+-- KEYS[S + 1] on; see lease_take.lua for the reply.
+
+-- Read entries. Returns reply ({pending, missing, 0, live count, limits, entries...}),
+-- then the queue-wide buckets read (q -> {tokens, limit, period_ms}), the queues held
+-- back by them (q -> true), the queues with task-type limits (q -> true) and the Redis
+-- TIME read (0 = none). A peek (max_count 0) returns reply with the live list as item 6.
+local function read_entries(group, consumer, max_in_flight, max_count, m, S)
+  local n_streams = #KEYS - S
+  local missing, pending, live = {}, 0, {}
+  -- XLEN counts queued and pending entries alike (entries are deleted when their lease
+  -- ends), so an empty stream needs no further call; at rest most bands are empty.
+  for i = 1, n_streams do
+    if redis.call('XLEN', KEYS[S + i]) > 0 then
+      live[#live + 1] = i
+      -- summary form: O(consumers holding entries), not O(entries held)
+      local r = redis.pcall('XPENDING', KEYS[S + i], group)
+      if type(r) == 'table' and r.err then
+        missing[#missing + 1] = i
+      elseif r[4] then
+        for _, c in ipairs(r[4]) do
+          if c[1] == consumer then pending = pending + tonumber(c[2]) end
+        end
+      end
+    end
+  end
+  local limits = {0, {}, {}, {}}
+  local reply = {pending, missing, 0, #live, limits}
+  local allow, throttled, typed, now = {}, {}, {}, 0
+  if max_count == 0 then
+    reply[6] = live
+    return reply, allow, throttled, typed, now
+  end
+  local credit = math.min(max_in_flight - pending, max_count)
+  if credit <= 0 then return reply, allow, throttled, typed, now end
+
+  local paused = {}
+  for q = 1, m do paused[q] = redis.call('EXISTS', KEYS[q]) == 1 end
+  local skip = {}
+  for _, i in ipairs(missing) do skip[i] = true end
+
+  -- rate limits of the queues that have live streams (one EXISTS per such queue)
+  local live_q = {}
+  for _, i in ipairs(live) do live_q[((i - 1) % m) + 1] = true end
+  for q = 1, m do
+    if live_q[q] and not paused[q] and redis.call('EXISTS', KEYS[m + q]) == 1 then
+      if now == 0 then now = now_ms() end
+      limits[3][#limits[3] + 1] = q
+      local tok, limit, period = bucket_level(KEYS[m + q], '*', now)
+      if tok then allow[q] = {tok, limit, period} end
+      if redis.call('HEXISTS', KEYS[m + q], 'types') == 1 then
+        limits[2][#limits[2] + 1] = q
+        typed[q] = true
+      end
+    end
+  end
+
+  for _, i in ipairs(live) do
+    local q = ((i - 1) % m) + 1
+    if not paused[q] and not skip[i] then
+      local count, a = credit, allow[q]
+      if a then count = math.min(count, math.floor(a[1])) end
+      if count <= 0 then
+        throttled[q] = true
+      else
+        local r = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
+          'STREAMS', KEYS[S + i], '>')
+        if type(r) == 'table' and r.err then
+          reply[2][#reply[2] + 1] = i
+        elseif r then
+          for _, e in ipairs(r[1][2]) do
+            reply[#reply + 1] = {i, e[1], e[2]}
+            credit = credit - 1
+          end
+          if a then
+            a[1] = a[1] - #r[1][2]
+            -- tokens ran out while this stream had more: held back until a refill
+            if count < credit + #r[1][2] and #r[1][2] == count then throttled[q] = true end
+          end
+        end
+        if credit <= 0 then break end
+      end
+    end
+  end
+  return reply, allow, throttled, typed, now
+end
+
+-- Store the queue-wide buckets read_entries took tokens from and report the throttled
+-- queues in limits (reply[5]): their 1-based indexes and the ms until the first has a
+-- whole token again (a bucket that holds one already, after tokens were given back,
+-- counts as 1 ms).
+local function store_limits(reply, allow, throttled, now, m)
+  local limits = reply[5]
+  for q, a in pairs(allow) do
+    bucket_store(KEYS[m + q], '*', a[1], now)
+    if throttled[q] then
+      limits[4][#limits[4] + 1] = q
+      local w = 1
+      if a[1] < 1 then w = bucket_wait_ms(a[1] - math.floor(a[1]), a[2], a[3]) end
+      if limits[1] == 0 or w < limits[1] then limits[1] = w end
+    end
+  end
+end
