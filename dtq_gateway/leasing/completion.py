@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from dtq_gateway import metrics
 from dtq_gateway.domain.validation import MAX_HOSTNAME_BYTES, cut_utf8
@@ -157,9 +158,10 @@ class Completion:
                 # applied on the primary but not confirmed by enough replicas: keep the
                 # local state in step with the primary, then answer the error
                 unconfirmed = unconfirmed or reply
-                reply = reply.reply
+                reply = cast(store.LeaseOutcome, reply.reply)
             if isinstance(reply, Exception):
                 raise reply
+            assert oc.lease is not None  # queued items always carry their decoded lease
             oc.kind = reply.kind
             if reply.kind == "dup":  # a repeat of the call that finished the lease
                 oc.duplicate = True

@@ -117,10 +117,10 @@ async def take_sample(redis: Client, queues: list[str], since_ms: int, now_ms: i
     names = names[:MAX_QUEUES]
     counters: list[Any] = []
     if names:
-        pipe = ScriptPipeline(redis)
+        calls = ScriptPipeline(redis)
         for q in names:
-            HISTORY_COUNTERS.queue(pipe, [keys.queue_counters(q)], Script.argv())
-        counters = await execute(redis, pipe)
+            HISTORY_COUNTERS.queue(calls, [keys.queue_counters(q)], Script.argv())
+        counters = await execute(redis, calls)
     bands = await band_infos_many(redis, names) if names else {}
     samples: dict[str, dict[str, Any]] = {}
     overall: dict[str, Any] = {

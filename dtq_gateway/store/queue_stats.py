@@ -30,7 +30,7 @@ from dtq_gateway.store.admin_waiting import (
 )
 from dtq_gateway.store.client import Client, is_cluster
 from dtq_gateway.store.replies import text
-from dtq_gateway.store.scripts import execute
+from dtq_gateway.store.scripts import ScriptPipeline, execute
 
 #: Most members of dtq:retry:schedule examined to count one queue's scheduled tasks.
 SCHEDULE_SCAN_MAX = 10000
@@ -245,7 +245,7 @@ async def _first_round(redis: Client, queue: str) -> tuple[list[Any], dict[str, 
     """One pipeline: XLEN, XINFO GROUPS and XINFO CONSUMERS of each band, then the
     replies named by :data:`_SINGLES`. Returns (per-band replies, named replies)."""
     streams = keys.queue_streams_desc(queue)
-    pipe = redis.pipeline(transaction=False)
+    pipe = ScriptPipeline(redis)  # a script call rides in it (QUEUE_WAITING)
     for s in streams:
         pipe.xlen(s)
         pipe.xinfo_groups(s)
