@@ -98,25 +98,38 @@ async def execute(handler: Handler, ex: Execution, executor: Executor) -> Outcom
     except (ValueError, UnicodeDecodeError) as exc:
         return Outcome(fail=fail_item(task.lease_id, "PayloadDecodeError", str(exc), False))
     try:
-        async with asyncio.timeout(None) as scope:  # armed when the handler starts
-            arm = arm_on_start(scope, task.timeout_ms)
-            value = await _invoke(handler, payload, ex, executor, arm)
-            if isinstance(value, Outcome):  # run in a child process: already mapped
-                return value
-    except TimeoutError as exc:
-        if not scope.expired():  # the handler raised TimeoutError itself
-            return exception_outcome(task.lease_id, exc)
-        ex.ctx.cancelled.set()
-        return Outcome(fail=fail_item(task.lease_id, "Timeout",
-                                      f"handler exceeded timeout_ms={task.timeout_ms}", True))
+        value = await _limited(handler, payload, ex, executor)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - every handler error becomes a Fail item
         return exception_outcome(task.lease_id, exc)
+    if isinstance(value, Outcome):  # timed out, or run in a child process: mapped
+        return value
     try:
         return Outcome(ack_result=encode_result(value))
     except (TypeError, ValueError) as exc:
         return Outcome(fail=fail_item(task.lease_id, "ResultEncodeError", str(exc), False))
+
+
+async def _limited(handler: Handler, payload: Any, ex: Execution, executor: Executor) -> Any:
+    """The handler's return value, or the Timeout Outcome once ``timeout_ms`` passed
+    (``ctx.cancelled`` set); a TimeoutError the handler raised itself propagates."""
+    timeout_ms = ex.task.timeout_ms
+    try:
+        if handler.is_async and not hasattr(executor, "run_handler"):
+            # on the loop, the handler starts now: its limit is armed here, with no
+            # start callback (the common case of cheap async handlers, kept short)
+            async with asyncio.timeout(timeout_ms / 1000.0 if timeout_ms else None) as scope:
+                return await handler.fn(payload, ex.ctx)
+        async with asyncio.timeout(None) as scope:  # armed when the handler starts
+            arm = arm_on_start(scope, timeout_ms)
+            return await _invoke(handler, payload, ex, executor, arm)
+    except TimeoutError:
+        if not scope.expired():
+            raise
+        ex.ctx.cancelled.set()
+        return Outcome(fail=fail_item(ex.task.lease_id, "Timeout",
+                                      f"handler exceeded timeout_ms={timeout_ms}", True))
 
 
 def arm_on_start(scope: asyncio.Timeout, timeout_ms: int) -> Callable[[float], None]:

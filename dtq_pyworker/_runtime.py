@@ -83,28 +83,38 @@ class Runtime(BatchRuntime):
     # -- intake -------------------------------------------------------------------
     def add(self, task: dtq_pb2.LeasedTask) -> None:
         """Take a leased task: buffer it and start it when a slot is free."""
-        if task.lease_id in self.held:
-            log.warning("duplicate lease ignored", extra={"lease_id": task.lease_id})
-            return
-        ctx = TaskContext(
-            task_id=task.task_id, queue=task.queue, task_type=task.task_type,
-            attempt=task.attempt, max_attempts=task.max_attempts, metadata=dict(task.metadata),
-            timeout_ms=task.timeout_ms, worker_id=self.worker_id, lease_id=task.lease_id,
-            priority=task.priority, content_type=task.content_type, payload_bytes=task.payload,
-            traceparent=task.traceparent, tracestate=task.tracestate,
-            _on_progress=self._progress_reported)
+        self.add_many((task,))
+
+    def add_many(self, tasks: Iterable[dtq_pb2.LeasedTask]) -> None:
+        """Take leased tasks in delivery order (one Lease stream message): buffer each,
+        then start as many as there are free slots, in one pass."""
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
-        ex = self.held[task.lease_id] = Execution(task=task, ctx=ctx)
-        handler = self.handlers.get(task.task_type)
-        if isinstance(handler, BatchHandler) and not self.draining:
-            self._gather(ex, handler)
-        else:
-            self.buffer.append(task.lease_id)
+        for task in tasks:
+            self._hold(task)
         if self.draining:  # arrived in transit after the drain began: never runs
             self.release_buffered()
             return
         self.pump()
+
+    def _hold(self, task: dtq_pb2.LeasedTask) -> None:
+        lease_id = task.lease_id
+        if lease_id in self.held:
+            log.warning("duplicate lease ignored", extra={"lease_id": lease_id})
+            return
+        ctx = TaskContext(
+            task_id=task.task_id, queue=task.queue, task_type=task.task_type,
+            attempt=task.attempt, max_attempts=task.max_attempts, metadata=dict(task.metadata),
+            timeout_ms=task.timeout_ms, worker_id=self.worker_id, lease_id=lease_id,
+            priority=task.priority, content_type=task.content_type, payload_bytes=task.payload,
+            traceparent=task.traceparent, tracestate=task.tracestate,
+            _on_progress=self._progress_reported)
+        ex = self.held[lease_id] = Execution(task=task, ctx=ctx)
+        handler = self.handlers.get(task.task_type)
+        if isinstance(handler, BatchHandler) and not self.draining:
+            self._gather(ex, handler)
+        else:
+            self.buffer.append(lease_id)
 
     def _progress_reported(self) -> None:
         """Wake the heartbeat loop; called by TaskContext.progress from the loop or from
@@ -130,7 +140,8 @@ class Runtime(BatchRuntime):
     def stuck_threads(self) -> int:
         """Sync handlers no longer waited for (timed out, cancelled, lost) whose
         thread has not returned yet."""
-        self._orphans = {ex for ex in self._orphans if ex.in_thread}
+        if self._orphans:  # (pump asks after every task: no new set while none)
+            self._orphans = {ex for ex in self._orphans if ex.in_thread}
         return len(self._orphans)
 
     def pump(self) -> None:
@@ -145,8 +156,8 @@ class Runtime(BatchRuntime):
             ex = self.held.get(lease_id)
             if ex is None:
                 continue
-            ex.handle = asyncio.get_running_loop().create_task(
-                self._run(ex), name=f"dtq-task-{ex.task.task_id}")
+            loop = self._loop or asyncio.get_running_loop()
+            ex.handle = loop.create_task(self._run(ex), name=f"dtq-task-{ex.task.task_id}")
             ex.handle.add_done_callback(functools.partial(self._after_task, ex))
             self.running[lease_id] = ex.handle
 
@@ -240,10 +251,7 @@ class Runtime(BatchRuntime):
                     lease_id, "UnknownTaskType",
                     f"no handler for task type {ex.task.task_type!r}", False))
             else:
-                with _tracing.handler_span(ex.task) as span:
-                    outcome = await execute(handler, ex, self.executor)
-                    _tracing.set_outcome(span, outcome.fail is None,
-                                         outcome.fail.error_class if outcome.fail else "")
+                outcome = await self._execute(handler, ex)
             if ex.stop_reason is not None:  # the handler swallowed our cancellation
                 outcome = stop_outcome(lease_id, ex.stop_reason)
         except asyncio.CancelledError:
@@ -259,6 +267,17 @@ class Runtime(BatchRuntime):
         if outcome is not None:  # None only for a stop reason that is not ours
             self._report(ex, outcome)
         self.pump()
+
+    async def _execute(self, handler: Handler, ex: Execution) -> Outcome:
+        """Run the handler, in a CONSUMER span when tracing is on (without it, no span
+        context manager is entered: a no-op handler's cost stays small)."""
+        if not _tracing.enabled():
+            return await execute(handler, ex, self.executor)
+        with _tracing.handler_span(ex.task) as span:
+            outcome = await execute(handler, ex, self.executor)
+            _tracing.set_outcome(span, outcome.fail is None,
+                                 outcome.fail.error_class if outcome.fail else "")
+        return outcome
 
     def _after_task(self, ex: Execution, _task: asyncio.Task[None]) -> None:
         self._after(ex)

@@ -1,11 +1,19 @@
-"""The Lease stream consumer (with reconnect) and the heartbeat loop of a Worker."""
+"""The Lease stream consumer (with reconnect) and the heartbeat loop of a Worker.
+
+The loops know their worker only through a :class:`SessionState`: its identity, the
+LeaseRequest, the runtime holding its leases, three callbacks, and the facts the loops
+learn and the worker reads back (SessionInfo, heartbeat interval, draining, stream
+open). They never import the Worker, so the worker module depends on this one and not
+the other way round.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import grpc
 
@@ -13,16 +21,14 @@ from dtq_proto import dtq_pb2
 from dtq_pyworker._backoff import Backoff
 from dtq_pyworker._channel import RECONNECT_INITIAL_S
 from dtq_pyworker._runtime import STOP_CANCELLED, STOP_LOST, Runtime
-from dtq_pyworker._version import SDK
 from dtq_pyworker.errors import DtqRpcError
-
-if TYPE_CHECKING:
-    from dtq_pyworker.worker import Worker
 
 log = logging.getLogger(__name__)
 
 MAX_HEARTBEAT_IDS = 10_000
 MAX_RETRY_INFO_S = 30.0
+#: Most tasks one Lease stream message may carry (LeaseRequest.max_batch, 0..256).
+MAX_LEASE_BATCH = 256
 #: A progress report goes out on an early heartbeat this long after the previous one
 #: (s): at most one extra heartbeat per second however often handlers report.
 PROGRESS_DELAY_S = 1.0
@@ -33,17 +39,55 @@ AUTH_ERRORS = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMIS
 FATAL_LEASE_ERRORS = AUTH_ERRORS | {grpc.StatusCode.INVALID_ARGUMENT}
 
 
-def lease_request(worker: Worker) -> dtq_pb2.LeaseRequest:
-    """The LeaseRequest a worker opens its sessions with."""
-    task_types = worker.task_types if worker.task_types is not None else sorted(worker.handlers)
-    return dtq_pb2.LeaseRequest(
-        worker_id=worker.worker_id, queues=worker.queues, task_types=task_types,
-        max_in_flight=worker.max_in_flight, hostname=worker.hostname, labels=worker.labels,
-        concurrency=worker.lease_concurrency(), sdk=SDK)
+@dataclass(eq=False)
+class SessionState:
+    """What the Lease and heartbeat loops share with their worker.
+
+    Attributes:
+        request: The LeaseRequest every session opens with.
+        runtime: The worker's held leases (tasks go in, lease ids come out).
+        target: Gateway address (for logs).
+        hostname: Sent in heartbeats.
+        concurrency: Handler slots, sent in heartbeats.
+        reconnect_max_s: Cap of the Lease reconnect backoff, in s.
+        counters: Returns the cumulative counters a heartbeat carries.
+        count: ``count(name)`` bumps a worker counter (``reconnects``).
+        stop_fatally: Called with the error when the gateway refused the worker for
+            good (it drains, then raises it).
+        session: SessionInfo of the latest session (None before the first).
+        heartbeat_interval_ms: Latest interval from SessionInfo or a heartbeat
+            answer, in ms (0 = none yet: 5000 is used).
+        draining: Set by the worker when it drains: sent in every heartbeat; the
+            Lease loop then stops reconnecting.
+        stream_open: True while a Lease call is open (or waits for its connection).
+    """
+
+    request: dtq_pb2.LeaseRequest
+    runtime: Runtime
+    target: str
+    hostname: str
+    concurrency: int
+    reconnect_max_s: float
+    counters: Callable[[], dtq_pb2.WorkerCounters]
+    count: Callable[[str], None]
+    stop_fatally: Callable[[DtqRpcError], None]
+    session: dtq_pb2.SessionInfo | None = None
+    heartbeat_interval_ms: int = 0
+    draining: bool = False
+    stream_open: bool = False
+
+    @property
+    def worker_id(self) -> str:
+        """The worker id of the LeaseRequest (and of every heartbeat)."""
+        return self.request.worker_id
+
+    @property
+    def interval_ms(self) -> int:
+        """The heartbeat interval in force, in ms (5000 until a gateway said one)."""
+        return self.heartbeat_interval_ms or 5000
 
 
-async def lease_loop(worker: Worker, stub, runtime: Runtime,
-                     session_ready: asyncio.Event) -> None:
+async def lease_loop(state: SessionState, stub, session_ready: asyncio.Event) -> None:
     """Consume Lease streams forever, reconnecting with jittered backoff.
 
     Handlers already running keep running across reconnects; their leases stay
@@ -55,59 +99,61 @@ async def lease_loop(worker: Worker, stub, runtime: Runtime,
     The call waits for the channel to be ready (``wait_for_ready``) instead of
     failing at once while the channel backs off after a failed connect: the stream
     then opens as soon as the channel reconnects, at most about
-    ``worker.reconnect_max_s`` after the gateway serves again, not one more worker
+    ``state.reconnect_max_s`` after the gateway serves again, not one more worker
     backoff step later.
     """
-    backoff = Backoff(RECONNECT_INITIAL_S, worker.reconnect_max_s)
-    request = lease_request(worker)
+    backoff = Backoff(RECONNECT_INITIAL_S, state.reconnect_max_s)
     failures = 0  # consecutive sessions that ended without delivering SessionInfo
-    while not worker._draining:
-        call = stub.Lease(request, wait_for_ready=True)
-        worker._lease_stream_open = True
+    while not state.draining:
+        call = stub.Lease(state.request, wait_for_ready=True)
+        state.stream_open = True
         opened, floor_s = False, 0.0
         # a call waiting for the connection fails nothing, so say that it waits
-        waiting = asyncio.get_running_loop().call_later(WAIT_WARN_S, _warn_waiting, worker)
+        waiting = asyncio.get_running_loop().call_later(WAIT_WARN_S, _warn_waiting, state)
         try:
             async for response in call:
-                if response.HasField("session"):
+                kind = response.WhichOneof("kind")
+                if kind == "batch":  # the common case first: one message, many tasks
+                    state.runtime.add_many(response.batch.tasks)
+                elif kind == "task":
+                    state.runtime.add(response.task)
+                elif kind == "session":
                     waiting.cancel()
-                    _on_session(worker, response.session)
+                    _on_session(state, response.session)
                     session_ready.set()
                     backoff.reset()
                     opened, failures = True, 0
-                elif response.HasField("task"):
-                    runtime.add(response.task)
-            if worker._draining:
+            if state.draining:
                 log.info("lease stream ended after the draining heartbeat")
                 return
             log.info("lease stream ended by the gateway; reconnecting")
         except grpc.aio.AioRpcError as exc:
-            floor_s = _on_stream_error(worker, DtqRpcError.from_rpc_error(exc), failures)
+            floor_s = _on_stream_error(state, DtqRpcError.from_rpc_error(exc), failures)
             if floor_s is None:
                 return
         except Exception:
             log.exception("lease stream handling failed; reconnecting")
         finally:
             waiting.cancel()
-            worker._lease_stream_open = False
+            state.stream_open = False
             call.cancel()
         failures = 1 if opened else failures + 1
-        worker._count("reconnects")
+        state.count("reconnects")
         await asyncio.sleep(max(floor_s, backoff.next()))  # RetryInfo is a lower bound
 
 
-def _warn_waiting(worker: Worker) -> None:
+def _warn_waiting(state: SessionState) -> None:
     log.warning("gateway %s not reachable yet; the Lease call waits for the connection",
-                worker.target, extra={"waited_s": WAIT_WARN_S})
+                state.target, extra={"waited_s": WAIT_WARN_S})
 
 
-def _on_stream_error(worker: Worker, err: DtqRpcError, failures: int) -> float | None:
+def _on_stream_error(state: SessionState, err: DtqRpcError, failures: int) -> float | None:
     """Handle a failed Lease stream: None = stop leasing, else the least delay (s)
     before reconnecting (the gateway's RetryInfo, capped)."""
     if err.code in FATAL_LEASE_ERRORS:
-        worker._stop_fatally(err)
+        state.stop_fatally(err)
         return None
-    if worker._draining:
+    if state.draining:
         log.info("lease stream failed while draining: %s", err)
         return None
     _log_stream_error(err, failures)
@@ -126,22 +172,23 @@ def _log_stream_error(err: DtqRpcError, failures: int) -> None:
              extra={"consecutive_failures": failures + 1})
 
 
-def _on_session(worker: Worker, session: dtq_pb2.SessionInfo) -> None:
-    worker.session = session
+def _on_session(state: SessionState, session: dtq_pb2.SessionInfo) -> None:
+    state.session = session
     if session.heartbeat_interval_ms:
-        worker._heartbeat_interval_ms = session.heartbeat_interval_ms
+        state.heartbeat_interval_ms = session.heartbeat_interval_ms
     log.info("lease session open", extra={
         "session_id": session.session_id, "gateway_id": session.gateway_id,
         "heartbeat_interval_ms": session.heartbeat_interval_ms,
         "visibility_timeout_ms": session.visibility_timeout_ms,
-        "max_in_flight": session.max_in_flight})
-    if session.max_in_flight and session.max_in_flight < worker.max_in_flight:
+        "max_in_flight": session.max_in_flight, "max_batch": session.max_batch})
+    asked = state.request.max_in_flight
+    if session.max_in_flight and session.max_in_flight < asked:
         log.info("gateway granted a lower max_in_flight",
-                 extra={"requested": worker.max_in_flight, "granted": session.max_in_flight})
+                 extra={"requested": asked, "granted": session.max_in_flight})
 
 
-async def heartbeat_loop(worker: Worker, stub, runtime: Runtime,
-                         session_ready: asyncio.Event, stop: asyncio.Event) -> None:
+async def heartbeat_loop(state: SessionState, stub, session_ready: asyncio.Event,
+                         stop: asyncio.Event) -> None:
     """Send a Heartbeat every interval listing every held lease, until ``stop``.
 
     The first heartbeat goes out one interval after the first session opened;
@@ -155,10 +202,10 @@ async def heartbeat_loop(worker: Worker, stub, runtime: Runtime,
     loop = asyncio.get_running_loop()
     last_at = last_progress_at = loop.time()
     while True:
-        interval_ms = worker._heartbeat_interval_ms or 5000
+        interval_ms = state.interval_ms
         # after a failed heartbeat, try again sooner: the leases are running out
         wait_ms = interval_ms / 3 if failures else interval_ms
-        beat = await _beat_due(stop, runtime.progress_pending, last_at, last_progress_at,
+        beat = await _beat_due(stop, state.runtime.progress_pending, last_at, last_progress_at,
                                wait_ms / 1000.0)
         if beat is None:
             return
@@ -166,22 +213,22 @@ async def heartbeat_loop(worker: Worker, stub, runtime: Runtime,
             last_progress_at = loop.time()
             # a report lost with a failed call is superseded by the handler's next one
             with contextlib.suppress(grpc.aio.AioRpcError):
-                await _heartbeat_once(worker, stub, runtime, interval_ms, progress_only=True)
+                await _heartbeat_once(state, stub, progress_only=True)
             continue
         last_at = last_progress_at = loop.time()
         try:
-            response = await _heartbeat_once(worker, stub, runtime, interval_ms)
+            response = await _heartbeat_once(state, stub)
         except grpc.aio.AioRpcError as exc:
             err = DtqRpcError.from_rpc_error(exc)
             if err.code in AUTH_ERRORS:
-                worker._stop_fatally(err)
+                state.stop_fatally(err)
             level = logging.WARNING if failures % 10 == 0 else logging.DEBUG
             failures += 1
             log.log(level, "heartbeat failed: %s", err, extra={"consecutive_failures": failures})
             continue
         failures = 0
         if response.heartbeat_interval_ms:
-            worker._heartbeat_interval_ms = response.heartbeat_interval_ms
+            state.heartbeat_interval_ms = response.heartbeat_interval_ms
 
 
 async def _beat_due(stop: asyncio.Event, progress: asyncio.Event, last_at: float,
@@ -217,21 +264,28 @@ async def _beat_due(stop: asyncio.Event, progress: asyncio.Event, last_at: float
     return None
 
 
-async def drain_heartbeat(worker: Worker, stub, runtime: Runtime) -> None:
+async def drain_heartbeat(state: SessionState, stub) -> None:
     """Send the first draining heartbeat at once (the loop repeats it every interval).
 
     From it on the gateway delivers nothing new to this worker and ends its Lease
     streams with OK after every lease already sent. Failures are only logged: the
     heartbeat loop retries, and the bounded stream wait keeps the drain finite.
     """
-    interval_ms = worker._heartbeat_interval_ms or 5000
     try:
-        await _heartbeat_once(worker, stub, runtime, interval_ms)
+        await _heartbeat_once(state, stub)
     except grpc.aio.AioRpcError as exc:
         log.warning("draining heartbeat failed: %s", DtqRpcError.from_rpc_error(exc))
 
 
-async def send_final_progress(worker: Worker, stub,
+def _request(state: SessionState, lease_ids: list[str],
+             progress: list[dtq_pb2.TaskProgress]) -> dtq_pb2.HeartbeatRequest:
+    return dtq_pb2.HeartbeatRequest(
+        worker_id=state.worker_id, lease_ids=lease_ids, counters=state.counters(),
+        active_tasks=state.runtime.busy_slots(), concurrency=state.concurrency,
+        hostname=state.hostname, draining=state.draining, progress=progress)
+
+
+async def send_final_progress(state: SessionState, stub,
                               reports: list[dtq_pb2.TaskProgress]) -> None:
     """Send handlers' last progress reports on a Heartbeat listing just their leases,
     ahead of those leases' Ack or Fail (the reporter awaits it), so a report made right
@@ -241,17 +295,11 @@ async def send_final_progress(worker: Worker, stub,
         grpc.aio.AioRpcError: the call failed (the reporter logs it and sends the
             results anyway).
     """
-    interval_ms = worker._heartbeat_interval_ms or 5000
-    runtime = worker._runtime
-    request = dtq_pb2.HeartbeatRequest(
-        worker_id=worker.worker_id, lease_ids=[r.lease_id for r in reports],
-        counters=worker.counters(), concurrency=worker.concurrency,
-        active_tasks=runtime.busy_slots() if runtime is not None else 0,
-        hostname=worker.hostname, draining=worker._draining, progress=reports)
-    await stub.Heartbeat(request, timeout=max(1.0, interval_ms / 1000.0))
+    request = _request(state, [r.lease_id for r in reports], reports)
+    await stub.Heartbeat(request, timeout=max(1.0, state.interval_ms / 1000.0))
 
 
-async def _heartbeat_once(worker: Worker, stub, runtime: Runtime, interval_ms: int,
+async def _heartbeat_once(state: SessionState, stub,
                           progress_only: bool = False) -> dtq_pb2.HeartbeatResponse:
     """One Heartbeat: every held lease (or, with ``progress_only``, just the leases
     with an unsent progress report), the counters and the progress reports; stops
@@ -260,6 +308,7 @@ async def _heartbeat_once(worker: Worker, stub, runtime: Runtime, interval_ms: i
     Results already queued in the reporter are not dropped for a lost lease: they are
     sent and counted by the gateway's answer (a duplicate success when an earlier send
     was applied but its reply lost, STALE_LEASE when the lease really ended)."""
+    runtime = state.runtime
     progress = runtime.progress_reports()
     if progress_only:
         if not progress:
@@ -267,11 +316,8 @@ async def _heartbeat_once(worker: Worker, stub, runtime: Runtime, interval_ms: i
         ids = [p.lease_id for p in progress]
     else:
         ids = runtime.all_lease_ids()[:MAX_HEARTBEAT_IDS]
-    request = dtq_pb2.HeartbeatRequest(
-        worker_id=worker.worker_id, lease_ids=ids, counters=worker.counters(),
-        active_tasks=runtime.busy_slots(), concurrency=worker.concurrency,
-        hostname=worker.hostname, draining=worker._draining, progress=progress)
-    response = await stub.Heartbeat(request, timeout=max(1.0, interval_ms / 1000.0))
+    request = _request(state, ids, progress)
+    response = await stub.Heartbeat(request, timeout=max(1.0, state.interval_ms / 1000.0))
     lost = runtime.stop(response.lost_lease_ids, STOP_LOST)
     # A result the reporter still holds stays queued: its lease may be lost only
     # because an earlier send was applied and its reply never came (then the resend is

@@ -22,6 +22,8 @@ from dtq_pyworker._execute import Handler
 from dtq_pyworker._procpool import ProcessPool
 from dtq_pyworker._reporter import ResultReporter
 from dtq_pyworker._runtime import STOP_DRAIN, Runtime
+from dtq_pyworker._session import MAX_LEASE_BATCH, SessionState
+from dtq_pyworker._version import SDK
 from dtq_pyworker.client import Client
 from dtq_pyworker.connect import ConnectConfig, connect_config, with_target
 from dtq_pyworker.errors import DtqRpcError
@@ -90,6 +92,8 @@ class Worker:
             its thread returns: no new task starts there, a warning is logged and
             heartbeats count the slot in ``active_tasks``.
         max_in_flight: Leases held at once (running + buffered); default 2 * concurrency.
+            Also the most tasks per Lease stream message the worker asks for
+            (batched delivery, ``LeaseRequest.max_batch``, at most 256).
             A batch handler takes one slot of ``concurrency`` but holds up to
             ``max_size`` leases: for a batch to fill, ``max_in_flight`` must be at
             least ``max_size`` (plus what other handlers hold); with less, batches
@@ -186,7 +190,8 @@ class Worker:
         self.hostname = socket.gethostname()
         self.handlers: dict[str, Handler | BatchHandler] = {}
         self.stats: dict[str, int] = {name: 0 for name in STAT_NAMES}
-        self.session: dtq_pb2.SessionInfo | None = None
+        #: the Lease and heartbeat loops' state of the current (or last) run
+        self._state: SessionState | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._force: asyncio.Event | None = None
@@ -194,9 +199,6 @@ class Worker:
         self._runtime: Runtime | None = None
         self._executor: ThreadPoolExecutor | ProcessPool | None = None
         self._fatal: DtqRpcError | None = None
-        self._heartbeat_interval_ms = 0
-        self._draining = False  # sent in every heartbeat once the drain began
-        self._lease_stream_open = False
         self._client: Client | None = None
         self._client_lock = threading.Lock()
 
@@ -323,7 +325,6 @@ class Worker:
         if self._stop_requested:
             self._stop.set()
         self._fatal = None
-        self._draining = False
         conn = Connection.resolve(self.target, **self._tls_args)
         installed = self._install_signals() if install_signal_handlers else []
         channel = conn.channel(aio=True, options=self.channel_options,
@@ -357,6 +358,26 @@ class Worker:
         hold twice as many unread leases, so a batch can fill between two heartbeats."""
         return self.concurrency + sum(h.max_size - 1 for h in self.handlers.values()
                                       if isinstance(h, BatchHandler))
+
+    def lease_max_batch(self) -> int:
+        """Most tasks per Lease stream message this worker asks for
+        (LeaseRequest.max_batch): ``max_in_flight``, at most 256. A batch never holds
+        more than the credit, so the gateway writes whatever one read activated as one
+        message and the worker takes it in one step."""
+        return min(MAX_LEASE_BATCH, self.max_in_flight)
+
+    def _lease_request(self) -> dtq_pb2.LeaseRequest:
+        """The LeaseRequest this worker opens its sessions with."""
+        task_types = self.task_types if self.task_types is not None else sorted(self.handlers)
+        return dtq_pb2.LeaseRequest(
+            worker_id=self.worker_id, queues=self.queues, task_types=task_types,
+            max_in_flight=self.max_in_flight, hostname=self.hostname, labels=self.labels,
+            concurrency=self.lease_concurrency(), sdk=SDK, max_batch=self.lease_max_batch())
+
+    @property
+    def session(self) -> dtq_pb2.SessionInfo | None:
+        """SessionInfo of the latest Lease session (None before the first)."""
+        return self._state.session if self._state is not None else None
 
     def _check_batches(self) -> None:
         """Refuse batch handlers under the process pool (``pool`` may be set after they
@@ -428,23 +449,27 @@ class Worker:
                                   rpc_timeout_s=self.rpc_timeout_s,
                                   flush_early=self._flush_early, idle=self._idle,
                                   send_progress=lambda reports: _session.send_final_progress(
-                                      self, stub, reports))
+                                      state, stub, reports))
         runtime = Runtime(self.handlers, self.concurrency, self._executor, reporter,
                           self.worker_id, self._count)
         self._runtime = runtime
+        state = self._state = SessionState(
+            request=self._lease_request(), runtime=runtime, target=self.target,
+            hostname=self.hostname, concurrency=self.concurrency,
+            reconnect_max_s=self.reconnect_max_s, counters=self.counters, count=self._count,
+            stop_fatally=self._stop_fatally)
         reporter.start()
         session_ready = asyncio.Event()
-        lease_task = asyncio.create_task(_session.lease_loop(self, stub, runtime, session_ready),
+        lease_task = asyncio.create_task(_session.lease_loop(state, stub, session_ready),
                                          name="dtq-lease")
         hb_stop = asyncio.Event()
         hb_task = asyncio.create_task(
-            _session.heartbeat_loop(self, stub, runtime, session_ready, hb_stop),
-            name="dtq-heartbeat")
+            _session.heartbeat_loop(state, stub, session_ready, hb_stop), name="dtq-heartbeat")
         try:
             await self._stop.wait()
             log.info("draining", extra={"worker_id": self.worker_id})
             deadline = self._loop.time() + self.drain_grace_s
-            await self._end_stream(stub, runtime, lease_task)
+            await self._end_stream(stub, state, lease_task)
             await self._drain(runtime, deadline)
             await reporter.close(timeout_s=max(5.0, self.rpc_timeout_s))
         finally:
@@ -470,7 +495,8 @@ class Worker:
         runtime = self._runtime
         return runtime is None or not (runtime.running or runtime.held)
 
-    async def _end_stream(self, stub: Any, runtime: Runtime, lease_task: asyncio.Task) -> None:
+    async def _end_stream(self, stub: Any, state: SessionState,
+                          lease_task: asyncio.Task) -> None:
         """Tell the gateway this worker drains and read the Lease stream to its end.
 
         Buffered leases are released at once, and so is every task still arriving:
@@ -478,17 +504,18 @@ class Worker:
         with OK after every lease already sent; the wait is bounded (max(2 s, two
         heartbeat intervals)) for gateways that never end it.
         """
-        self._draining = True
+        state.draining = True
+        runtime = state.runtime
         runtime.draining = True
         released = runtime.release_buffered()
         if released:
             log.info("released buffered tasks", extra={"count": released})
-        if not self._lease_stream_open or self._fatal is not None:
+        if not state.stream_open or self._fatal is not None:
             await _cancel(lease_task)  # no stream open (reconnect backoff): nothing in transit
             return
-        beat = asyncio.create_task(_session.drain_heartbeat(self, stub, runtime),
+        beat = asyncio.create_task(_session.drain_heartbeat(state, stub),
                                    name="dtq-drain-heartbeat")
-        bound_s = max(DRAIN_STREAM_MIN_S, 2 * self._heartbeat_interval_ms / 1000.0)
+        bound_s = max(DRAIN_STREAM_MIN_S, 2 * state.heartbeat_interval_ms / 1000.0)
         force = asyncio.ensure_future(self._force.wait())
         try:
             await asyncio.wait([lease_task, force], timeout=bound_s,

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-
-import grpc
 
 from dtq_gateway import tracing
 from dtq_gateway.domain.followup_plan import callback_task_id, plan_chain, plan_group
@@ -33,6 +30,7 @@ from dtq_gateway.leasing.dispatch import Dispatcher
 from dtq_gateway.leasing.leaseid import owner_tag
 from dtq_gateway.leasing.sessions import Session
 from dtq_gateway.rpc import grpc_errors
+from dtq_gateway.rpc.lease_stream import check_max_batch, send, write_tasks
 from dtq_gateway.settings import Settings
 from dtq_gateway.store.broker import Broker, Enqueued
 from dtq_gateway.store.client import is_cluster
@@ -48,24 +46,6 @@ MAX_QUEUES = 32
 MAX_LABELS = 32
 MAX_LABEL_KEY_BYTES = 64
 MAX_LABEL_VALUE_BYTES = 256
-
-
-async def _send(context: grpc.aio.ServicerContext, message: dtq_pb2.LeaseResponse) -> bool:
-    """Write one message on the Lease stream; False when the worker went away.
-
-    A write racing the client's cancellation fails inside grpc (ExecuteBatchError);
-    written with ``context.write`` rather than yielded, that failure ends the call
-    quietly here instead of being logged by grpc at ERROR as a servicer error.
-    """
-    try:
-        await context.write(message)
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        if context.cancelled() or context.done():
-            return False
-        raise
-    return True
 
 
 def status_enum(status: str) -> dtq_pb2.TaskStatus:
@@ -207,18 +187,8 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
 
     async def Lease(self, request, context) -> None:
         try:
-            if self.draining.is_set():
-                raise Unavailable("gateway is draining", reason="DRAINING")
             identity = self.identity_of(context)
-            session = self._session(request, identity)
-            refused = await self.broker.groups.ensure_some(self.broker.redis, session.queues)
-            if refused:
-                raise queue_limit(min(refused), self.broker.groups.max_queues,
-                                  field="queues")
-            await self.completion.worker_event(session.worker_id, request.hostname, "started",
-                                               request.concurrency, caller=identity,
-                registration=WorkerRegistration(check_labels(request.labels), session.queues,
-                                                sorted(session.task_types)))
+            session, max_batch = await self._open_session(request, identity)
         except Exception as exc:  # noqa: BLE001
             await grpc_errors.abort(context, exc)
         # registered before SessionInfo goes out: a client that has its SessionInfo is
@@ -229,37 +199,18 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
                                                  "session_id": session.session_id,
                                                  "queues": session.queues})
         try:
-            s = self.settings
-            if not await _send(context, dtq_pb2.LeaseResponse(session=dtq_pb2.SessionInfo(
-                    session_id=session.session_id, heartbeat_interval_ms=s.heartbeat_interval_ms,
-                    visibility_timeout_ms=s.visibility_timeout_ms,
-                    max_in_flight=session.max_in_flight, gateway_id=s.gateway_id,
-                    result_max_bytes=s.result_max_bytes, lease_grace_ms=s.lease_grace_ms))):
+            if not await send(context, self._session_info(session, max_batch)):
                 return
-            while True:
-                task = await session.out.get()
-                if task is None:
-                    break
-                self.dispatcher.buffered(session, -len(task.payload))
-                # unread until a receipt names it (or a later lease): stream health
-                session.handed(task.lease_id, time.monotonic())
-                if not await _send(context, dtq_pb2.LeaseResponse(task=task)):
-                    return  # the worker went away: its leases expire and are reclaimed
-                self.dispatcher.stream_progress(session)  # that write completed
+            if not await write_tasks(context, session, self.dispatcher, max_batch,
+                                     self.settings.max_payload_bytes):
+                return  # the worker went away: its leases expire and are reclaimed
         except asyncio.CancelledError:
             if not session.not_reading:
                 raise
             # the dispatcher ended this stream: it stopped reading (Dispatcher._stall)
             asyncio.current_task().uncancel()  # type: ignore[union-attr]  # in a task
         finally:
-            await self.dispatcher.unregister(session)
-            try:
-                await self.completion.worker_event(session.worker_id, request.hostname,
-                                                   "stopped", caller=identity)
-            except Exception as exc:  # noqa: BLE001 - best effort on a closing stream
-                log.debug("could not record worker stop", extra={"error": repr(exc)})
-            log.info("lease session closed", extra={"worker_id": session.worker_id,
-                                                     "session_id": session.session_id})
+            await self._close_session(session, request.hostname, identity)
         if session.not_reading:
             await grpc_errors.abort(context, Unavailable(
                 "lease stream is not reading: its unread tasks were handed back; reconnect",
@@ -267,6 +218,50 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
         if not session.worker_draining:
             await grpc_errors.abort(context, Unavailable("gateway is draining; reconnect",
                                                          reason="DRAINING"))
+
+    async def _open_session(self, request: dtq_pb2.LeaseRequest, identity: str
+                            ) -> tuple[Session, int]:
+        """Validate a LeaseRequest, make sure its queues exist and record the worker as
+        started: (the session, the granted max_batch: 0 = one task per message).
+
+        Raises:
+            Unavailable: The gateway is draining (reason ``DRAINING``).
+            InvalidArgument: A field of the request, named.
+            DtqError: The queue limit, or Redis.
+        """
+        if self.draining.is_set():
+            raise Unavailable("gateway is draining", reason="DRAINING")
+        session = self._session(request, identity)
+        max_batch = check_max_batch(request.max_batch)
+        refused = await self.broker.groups.ensure_some(self.broker.redis, session.queues)
+        if refused:
+            raise queue_limit(min(refused), self.broker.groups.max_queues, field="queues")
+        await self.completion.worker_event(session.worker_id, request.hostname, "started",
+                                           request.concurrency, caller=identity,
+            registration=WorkerRegistration(check_labels(request.labels), session.queues,
+                                            sorted(session.task_types)))
+        return session, max_batch
+
+    def _session_info(self, session: Session, max_batch: int) -> dtq_pb2.LeaseResponse:
+        """The first message of a Lease stream."""
+        s = self.settings
+        return dtq_pb2.LeaseResponse(session=dtq_pb2.SessionInfo(
+            session_id=session.session_id, heartbeat_interval_ms=s.heartbeat_interval_ms,
+            visibility_timeout_ms=s.visibility_timeout_ms,
+            max_in_flight=session.max_in_flight, gateway_id=s.gateway_id,
+            result_max_bytes=s.result_max_bytes, lease_grace_ms=s.lease_grace_ms,
+            max_batch=max_batch))
+
+    async def _close_session(self, session: Session, hostname: str, identity: str) -> None:
+        """Unregister a Lease session and record the worker's stop (best effort)."""
+        await self.dispatcher.unregister(session)
+        try:
+            await self.completion.worker_event(session.worker_id, hostname, "stopped",
+                                               caller=identity)
+        except Exception as exc:  # noqa: BLE001 - best effort on a closing stream
+            log.debug("could not record worker stop", extra={"error": repr(exc)})
+        log.info("lease session closed", extra={"worker_id": session.worker_id,
+                                                 "session_id": session.session_id})
 
     @grpc_errors.mapped_errors
     async def Heartbeat(self, request, context):

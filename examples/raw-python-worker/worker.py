@@ -1,7 +1,8 @@
 """A minimal dtq worker on raw generated stubs (no dtq_pyworker), after docs/protocol.md.
 
 Threads, blocking gRPC, one Ack/Fail per task (batching is a SHOULD, not a
-MUST). Implements the conformance task types conf.echo, conf.sleep, conf.fail.
+MUST). It does not set LeaseRequest.max_batch, so it gets one LeasedTask per stream
+message: the conformance suite's "old" worker beside the batching ones. Implements the conformance task types conf.echo, conf.sleep, conf.fail.
 
 Environment: DTQ_GATEWAY, DTQ_QUEUES (or DTQ_QUEUE), DTQ_WORKER_ID,
 DTQ_CONCURRENCY, DTQ_MAX_IN_FLIGHT, DTQ_DRAIN_GRACE_MS, DTQ_TOKEN.

@@ -15,11 +15,15 @@ from dtq_proto import dtq_pb2
 
 
 class LeaseStream:
-    """An open Lease call: ``session`` is the first message, ``next()`` the next task."""
+    """An open Lease call: ``session`` is the first message, ``next()`` the next task.
+
+    ``messages`` lists, per stream message after SessionInfo, how it carried its tasks:
+    ``("task", 1)`` or ``("batch", n)`` (``max_batch`` > 1 asks for batches)."""
 
     def __init__(self, stub, worker_id: str, queues: list[str], max_in_flight: int = 10,
                  task_types: list[str] | None = None, heartbeat: bool = True,
-                 concurrency: int = 0, labels: dict[str, str] | None = None) -> None:
+                 concurrency: int = 0, labels: dict[str, str] | None = None,
+                 max_batch: int = 0) -> None:
         self.stub = stub
         self.worker_id = worker_id
         self.heartbeat = heartbeat
@@ -27,9 +31,10 @@ class LeaseStream:
         self.call = stub.Lease(dtq_pb2.LeaseRequest(
             worker_id=worker_id, queues=queues, max_in_flight=max_in_flight,
             task_types=task_types or [], hostname="test", concurrency=concurrency,
-            labels=labels or {}))
+            labels=labels or {}, max_batch=max_batch))
         self.session: dtq_pb2.SessionInfo | None = None
         self.tasks: asyncio.Queue = asyncio.Queue()
+        self.messages: list[tuple[str, int]] = []
         self._reader: asyncio.Task | None = None
 
     async def open(self) -> LeaseStream:
@@ -42,7 +47,13 @@ class LeaseStream:
         async def read() -> None:
             try:
                 async for msg in it:
-                    self.tasks.put_nowait(msg.task)
+                    if msg.HasField("batch"):
+                        self.messages.append(("batch", len(msg.batch.tasks)))
+                        for task in msg.batch.tasks:
+                            self.tasks.put_nowait(task)
+                    else:
+                        self.messages.append(("task", 1))
+                        self.tasks.put_nowait(msg.task)
                 self.tasks.put_nowait(None)  # the stream ended with OK
             except grpc.aio.AioRpcError as exc:
                 self.tasks.put_nowait(exc)

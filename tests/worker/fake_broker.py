@@ -82,6 +82,11 @@ class FakeBroker(dtq_pb2_grpc.BrokerServicer):
         #: Tasks "in transit" when a draining heartbeat arrives: written to the stream
         #: before it ends, whatever the credit (as a gateway that had sent them already).
         self.in_transit: deque[dtq_pb2.LeasedTask] = deque()
+        #: Honour LeaseRequest.max_batch > 1 (LeasedTaskBatch messages of the tasks
+        #: ready, within the credit); False: an older gateway, one task per message.
+        self.batch_delivery = True
+        #: Tasks per stream message sent, in order (a LeaseResponse.task counts as 1).
+        self.message_sizes: list[int] = []
         self._ids = itertools.count(1)
 
     # -- test helpers ---------------------------------------------------------------
@@ -148,10 +153,12 @@ class FakeBroker(dtq_pb2_grpc.BrokerServicer):
         if self.grant_max_in_flight:
             granted = min(granted, self.grant_max_in_flight)
         epoch = self._abort_epoch
+        max_batch = request.max_batch if request.max_batch > 1 and self.batch_delivery else 0
         yield dtq_pb2.LeaseResponse(session=dtq_pb2.SessionInfo(
             session_id=uuid.uuid4().hex, heartbeat_interval_ms=self.heartbeat_interval_ms,
             visibility_timeout_ms=self.heartbeat_interval_ms * 6, max_in_flight=granted,
-            gateway_id="fake", result_max_bytes=1 << 20, lease_grace_ms=1000))
+            gateway_id="fake", result_max_bytes=1 << 20, lease_grace_ms=1000,
+            max_batch=max_batch))
         self.open_streams += 1
         await self.notify()
         try:
@@ -164,12 +171,18 @@ class FakeBroker(dtq_pb2_grpc.BrokerServicer):
                         await context.abort(grpc.StatusCode.UNAVAILABLE, "gateway draining")
                     if request.worker_id in self.draining_workers:
                         break
-                    task = self.to_lease.popleft()
-                    self.outstanding.add(task.lease_id)
+                    tasks = []
+                    while self.to_lease and len(self.outstanding) < granted and (
+                            len(tasks) < max(1, max_batch)):
+                        task = self.to_lease.popleft()
+                        self.outstanding.add(task.lease_id)
+                        tasks.append(task)
                     self.max_outstanding = max(self.max_outstanding, len(self.outstanding))
-                    self.delivered.append(task)
+                    self.delivered.extend(tasks)
+                    self.message_sizes.append(len(tasks))
                     self.cond.notify_all()
-                yield dtq_pb2.LeaseResponse(task=task)
+                yield (dtq_pb2.LeaseResponse(batch=dtq_pb2.LeasedTaskBatch(tasks=tasks))
+                       if max_batch else dtq_pb2.LeaseResponse(task=tasks[0]))
             while self.in_transit:  # the worker drains: what was sent, then OK
                 task = self.in_transit.popleft()
                 self.outstanding.add(task.lease_id)

@@ -285,14 +285,12 @@ async def test_a_batch_still_running_when_the_drain_grace_ends_is_handed_back(ga
 
 
 def test_the_lease_request_counts_a_batch_as_max_size_tasks():
-    from dtq_pyworker._session import lease_request
-
     worker = Worker(["batch"], "127.0.0.1:1", concurrency=3)
     worker.task("one")(lambda payload, ctx: None)
-    assert lease_request(worker).concurrency == 3
+    assert worker._lease_request().concurrency == 3
     worker.batch_task("many", max_size=50)(lambda payloads, ctxs: None)
     worker.batch_task("few", max_size=5)(lambda payloads, ctxs: None)
-    assert lease_request(worker).concurrency == 3 + 49 + 4
+    assert worker._lease_request().concurrency == 3 + 49 + 4
 
 
 def _doc_example() -> str:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from dtq_pyworker import Worker
 from tests.worker.helpers import make_worker, poll_until, running, wait_event
 
 
@@ -133,3 +136,29 @@ async def test_results_retried_while_gateway_unavailable(fake):
         await fake.wait_for(lambda: lease in fake.acked())
     assert fake.unavailable_results == 0
     assert worker.stats["processed"] == 1
+
+
+@pytest.mark.parametrize("batch_delivery", [True, False], ids=["batches", "old-gateway"])
+async def test_tasks_arriving_in_batches_run_and_report_one_by_one(fake, batch_delivery):
+    fake.batch_delivery = batch_delivery  # False: a gateway that ignores max_batch
+    leases = [await fake.push("t") for _ in range(12)]  # waiting before the stream opens
+    worker = make_worker(fake, concurrency=4, max_in_flight=8)
+    worker.register("t", lambda payload, ctx: ctx.lease_id)
+    async with running(worker):
+        await fake.wait_for(lambda: set(leases) <= set(fake.acked()))
+    assert fake.lease_requests[0].max_batch == 8
+    # every task of a message ran with its own context and was acked with its result
+    assert fake.acked() == {lease: f'"{lease}"'.encode() for lease in leases}
+    assert sum(fake.message_sizes) == 12 and fake.max_outstanding <= 8
+    if batch_delivery:
+        assert max(fake.message_sizes) > 1 and all(n <= 8 for n in fake.message_sizes)
+    else:
+        assert fake.message_sizes == [1] * 12
+    assert worker.stats["processed"] == 12
+
+
+@pytest.mark.parametrize("max_in_flight, max_batch", [(1, 1), (8, 8), (256, 256),
+                                                      (1000, 256)])
+def test_the_worker_asks_for_batches_as_large_as_its_credit(max_in_flight, max_batch):
+    worker = Worker(["q"], "127.0.0.1:1", max_in_flight=max_in_flight)
+    assert worker.lease_max_batch() == max_batch

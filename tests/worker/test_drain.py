@@ -100,7 +100,8 @@ async def test_drain_with_the_gateway_releases_without_spending_attempts(gateway
         await poll_until(lambda: worker._runtime is not None
                          and len(worker._runtime.held) == 4, timeout_s=10)
         worker.stop()
-        await poll_until(lambda: worker._lease_stream_open is False, timeout_s=5)
+        await poll_until(lambda: worker._state is not None and not worker._state.stream_open,
+                         timeout_s=5)
         late = (await client.enqueue("drain", "t", {"late": True})).task_id  # after the drain
         release.set()
         await asyncio.wait_for(task, 15)

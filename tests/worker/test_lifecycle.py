@@ -49,7 +49,7 @@ async def test_reconnect_when_gateway_is_down_at_start():
     task = asyncio.create_task(worker.run_async(install_signal_handlers=False))
     try:
         # the Lease call waits for the connection (wait_for_ready) instead of failing
-        await poll_until(lambda: worker._lease_stream_open)
+        await poll_until(lambda: worker._state is not None and worker._state.stream_open)
         port = int(target.rsplit(":", 1)[1])
         server, _ = await start_server(broker, port)
         lease = await broker.push("t")

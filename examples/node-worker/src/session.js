@@ -1,7 +1,12 @@
 'use strict';
 /**
- * The Lease stream: open it, hand SessionInfo and LeasedTask messages to the
- * worker, and reconnect with jittered exponential backoff when it ends.
+ * The Lease stream: open it, hand SessionInfo and the leased tasks to the worker,
+ * and reconnect with jittered exponential backoff when it ends.
+ *
+ * Batched delivery (docs/protocol.md 3.2): the request asks for up to MAX_BATCH
+ * tasks per stream message (max_batch = max_in_flight, at most 256); a gateway that
+ * grants it sends LeasedTaskBatch messages, one that does not (or an older one) sends
+ * one LeasedTask per message. Both reach the worker as onTasks(tasks), in order.
  *
  * Reconnect rules (docs/protocol.md): a transient status (UNAVAILABLE,
  * CANCELLED, DEADLINE_EXCEEDED, INTERNAL, ... or a clean end while the worker
@@ -12,10 +17,13 @@ const log = require('./log');
 const { Backoff, sleep } = require('./backoff');
 const { FATAL, codeName } = require('./codes');
 
+/** Most tasks per Lease stream message (LeaseRequest.max_batch, 0..256). */
+const MAX_BATCH = 256;
+
 class LeaseSession {
   /**
    * @param {object} deps {config, broker, metadata}
-   * @param {object} callbacks {onSession(info), onTask(task), onFatal(err)}
+   * @param {object} callbacks {onSession(info), onTasks(tasks), onFatal(err)}
    */
   constructor({ config, broker, metadata }, callbacks) {
     this.config = config;
@@ -42,6 +50,7 @@ class LeaseSession {
       labels: { language: 'node', node_version: process.version },
       concurrency: c.leaseConcurrency || c.concurrency, // a batch counts its maxSize tasks
       sdk: 'dtq-node-worker/0.1.0',
+      max_batch: Math.min(MAX_BATCH, c.maxInFlight), // a batch never exceeds the credit
     };
   }
 
@@ -94,11 +103,13 @@ class LeaseSession {
         session_id: msg.session.session_id, gateway_id: msg.session.gateway_id,
         heartbeat_interval_ms: msg.session.heartbeat_interval_ms,
         visibility_timeout_ms: msg.session.visibility_timeout_ms,
-        max_in_flight: msg.session.max_in_flight,
+        max_in_flight: msg.session.max_in_flight, max_batch: msg.session.max_batch,
       });
       this.callbacks.onSession(msg.session);
+    } else if (msg.kind === 'batch') {
+      this.callbacks.onTasks(msg.batch.tasks);
     } else if (msg.kind === 'task') {
-      this.callbacks.onTask(msg.task);
+      this.callbacks.onTasks([msg.task]);
     }
   }
 
@@ -126,4 +137,4 @@ class LeaseSession {
   }
 }
 
-module.exports = { LeaseSession };
+module.exports = { LeaseSession, MAX_BATCH };

@@ -71,7 +71,7 @@ class Worker {
     const sessionConfig = { ...config, leaseConcurrency: leaseConcurrency(config.concurrency, handlers) };
     this.session = new LeaseSession({ config: sessionConfig, broker, metadata }, {
       onSession: (info) => this.onSession(info),
-      onTask: (task) => this.onTask(task),
+      onTasks: (tasks) => this.onTasks(tasks),
       onFatal: (err) => this.fatal(err),
     });
     this.done = new Promise((resolve) => { this.resolveDone = resolve; });
@@ -95,17 +95,20 @@ class Worker {
     if (!this.heartbeatBusy) this.armHeartbeat(this.heartbeatMs);
   }
 
-  onTask(task) {
-    const lease = { task, id: task.lease_id, phase: 'buffered', controller: null };
-    this.held.set(lease.id, lease);
-    if (this.state === 'running') {
+  /** Hold the tasks of one stream message (in order), then start what free slots allow. */
+  onTasks(tasks) {
+    for (const task of tasks) {
+      const lease = { task, id: task.lease_id, phase: 'buffered', controller: null };
+      this.held.set(lease.id, lease);
+      if (this.state !== 'running') {
+        this.release(lease, 'worker draining'); // in transit when the drain began: never runs
+        continue;
+      }
       const handler = this.handlers[task.task_type];
       if (isBatch(handler)) this.batcher.add(lease, handler);
       else this.buffer.push(lease);
-      this.pump();
-      return;
     }
-    this.release(lease, 'worker draining'); // in transit when the drain began: never runs
+    this.pump();
   }
 
   /** Start closed batches (each in one slot), then buffered tasks, while slots are free. */

@@ -24,10 +24,19 @@ async function fakeBroker(script) {
         call.emit('error', { code: script.leaseError, details: 'scripted' });
         return;
       }
+      seen.request = call.request;
+      // script.batch: honour max_batch (LeasedTaskBatch messages); else one task per message
+      const maxBatch = script.batch && call.request.max_batch > 1 ? call.request.max_batch : 0;
       call.write({ session: { session_id: 's', heartbeat_interval_ms: script.heartbeatMs || 50,
-        visibility_timeout_ms: 1000,
+        visibility_timeout_ms: 1000, max_batch: maxBatch,
         max_in_flight: 4, gateway_id: 'fake', result_max_bytes: 8192, lease_grace_ms: 0 } });
-      for (const task of script.tasks || []) call.write({ task });
+      const tasks = script.tasks || [];
+      seen.messages = [];
+      for (let i = 0; i < tasks.length; i += Math.max(1, maxBatch)) {
+        const chunk = tasks.slice(i, i + Math.max(1, maxBatch));
+        seen.messages.push(chunk.length);
+        call.write(maxBatch ? { batch: { tasks: chunk } } : { task: chunk[0] });
+      }
       open.add(call);
       call.on('cancelled', () => open.delete(call));
     },

@@ -168,3 +168,31 @@ test('drain: a gateway that ignores draining is waited for at most the bound', a
   assert.ok(fake.seen.draining.includes(true));
   fake.close();
 });
+
+test('tasks of a batch message each run and are reported on their own', async () => {
+  const tasks = Array.from({ length: 7 }, (_, i) => task(i + 1, 'conf.echo', { n: i + 1 }));
+  tasks[4] = task(5, 'conf.fail', { retryable: false, message: 'no' });
+  const fake = await fakeBroker({ batch: true, tasks });
+  const { worker, done } = startWorker(fake.port, { DTQ_CONCURRENCY: '2', DTQ_MAX_IN_FLIGHT: '3' });
+  await until(() => fake.seen.acks.length === 6 && fake.seen.fails.length === 1);
+  assert.equal(fake.seen.request.max_batch, 3); // as many as the credit
+  assert.deepEqual(fake.seen.messages, [3, 3, 1]);
+  assert.deepEqual(fake.seen.acks.map((a) => [a.lease_id, a.result.toString()]).sort(),
+    [1, 2, 3, 4, 6, 7].map((n) => [`lease-${n}`, `{"n":${n}}`]).sort());
+  assert.deepEqual(fake.seen.fails.map((f) => [f.lease_id, f.error_message]), [['lease-5', 'no']]);
+  worker.stop();
+  assert.equal(await done, 0);
+  fake.close();
+});
+
+test('a gateway that ignores max_batch still delivers one task per message', async () => {
+  const tasks = [1, 2, 3].map((n) => task(n, 'conf.echo', { n }));
+  const fake = await fakeBroker({ tasks }); // no script.batch: the original protocol
+  const { worker, done } = startWorker(fake.port, { DTQ_MAX_IN_FLIGHT: '300' });
+  await until(() => fake.seen.acks.length === 3);
+  assert.equal(fake.seen.request.max_batch, 256); // asked for, capped at 256
+  assert.deepEqual(fake.seen.messages, [1, 1, 1]);
+  worker.stop();
+  assert.equal(await done, 0);
+  fake.close();
+});
