@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,7 +67,7 @@ class GroupResult:
 
     group_id: str
     callback_task_id: str
-    results: list
+    results: list[EnqueueResult | DtqRpcError]
 
 
 def check_ints(message_type: Any, fields: Mapping[str, Any], prefix: str = "") -> None:
@@ -112,7 +112,7 @@ def enqueue_request(queue: str, task_type: str, payload: Any = None, *,
                     ttl_ms: int | None = None,
                     retry_policy: Mapping[str, int] | dtq_pb2.RetryPolicy | None = None,
                     metadata: Mapping[str, str] | None = None,
-                    chain: list | None = None, traceparent: str | None = None,
+                    chain: Sequence[Mapping[str, Any] | dtq_pb2.EnqueueRequest] | None = None, traceparent: str | None = None,
                     tracestate: str | None = None,
                     debounce: Mapping[str, Any] | dtq_pb2.Debounce | None = None,
                     concurrency_key: str | None = None,
@@ -184,10 +184,13 @@ def debounce_message(debounce: Mapping[str, Any] | dtq_pb2.Debounce) -> dtq_pb2.
     mode = fields.pop("mode", None)
     if mode not in DEBOUNCE_MODES:
         raise ValueError(f"debounce.mode: one of {sorted(DEBOUNCE_MODES)} (got {mode!r})")
-    return new_message(dtq_pb2.Debounce, "debounce.", mode=DEBOUNCE_MODES[mode], **fields)
+    message: dtq_pb2.Debounce = new_message(dtq_pb2.Debounce, "debounce.",
+                                            mode=DEBOUNCE_MODES[mode], **fields)
+    return message
 
 
-def template_request(step) -> dtq_pb2.EnqueueRequest:
+def template_request(step: Mapping[str, Any] | dtq_pb2.EnqueueRequest
+                     ) -> dtq_pb2.EnqueueRequest:
     """A chain step or group callback from a dict of :func:`enqueue_request` arguments
     (or a ready EnqueueRequest): no payload means the gateway fills it in."""
     if isinstance(step, dtq_pb2.EnqueueRequest):
@@ -197,24 +200,25 @@ def template_request(step) -> dtq_pb2.EnqueueRequest:
                            _step=True, **item)
 
 
-def batch_request(items) -> dtq_pb2.EnqueueBatchRequest:
+def batch_request(items: Iterable[Mapping[str, Any] | dtq_pb2.EnqueueRequest]
+                  ) -> dtq_pb2.EnqueueBatchRequest:
     """Build an EnqueueBatchRequest from dicts of :func:`enqueue_request` arguments
     (or ready EnqueueRequest messages)."""
-    reqs = []
+    reqs: list[dtq_pb2.EnqueueRequest] = []
     for item in items:
         if isinstance(item, dtq_pb2.EnqueueRequest):
             reqs.append(item)
             continue
-        item = dict(item)
-        unknown = set(item) - {"queue", "task_type", "payload", "chain", *_ENQUEUE_OPTIONS}
+        fields = dict(item)
+        unknown = set(fields) - {"queue", "task_type", "payload", "chain", *_ENQUEUE_OPTIONS}
         if unknown:
             raise TypeError(f"unknown enqueue options: {sorted(unknown)}")
-        reqs.append(enqueue_request(item.pop("queue"), item.pop("task_type"),
-                                    item.pop("payload", None), **item))
+        reqs.append(enqueue_request(fields.pop("queue"), fields.pop("task_type"),
+                                    fields.pop("payload", None), **fields))
     return dtq_pb2.EnqueueBatchRequest(items=reqs)
 
 
-def enqueue_result(resp) -> EnqueueResult:
+def enqueue_result(resp: dtq_pb2.EnqueueResponse) -> EnqueueResult:
     """EnqueueResult from an EnqueueResponse."""
     return EnqueueResult(resp.task_id, resp.deduplicated, TaskStatus.of(resp.status),
                          tuple(resp.chain_task_ids), resp.debounced)
