@@ -25,6 +25,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import grpc
 
@@ -35,6 +36,9 @@ from dtq_pyworker.errors import DtqRpcError
 log = logging.getLogger(__name__)
 
 Item = dtq_pb2.AckItem | dtq_pb2.FailItem
+#: One kind of item (an Ack batch or a Fail batch keeps its own kind).
+_I = TypeVar("_I", dtq_pb2.AckItem, dtq_pb2.FailItem)
+_T = TypeVar("_T")
 #: Called once per item with (item, LeaseResult or None, error or None).
 DoneCallback = Callable[[Item, "dtq_pb2.LeaseResult | None", "DtqRpcError | None"], None]
 
@@ -68,7 +72,7 @@ class ResultReporter:
             results go out anyway (a report is best effort, a result is not).
     """
 
-    def __init__(self, stub, *, flush_ms: float = 5.0, max_items: int = 256,
+    def __init__(self, stub: Any, *, flush_ms: float = 5.0, max_items: int = 256,
                  on_done: DoneCallback | None = None, rpc_timeout_s: float = 10.0,
                  flush_early: Callable[[int], bool] | None = None,
                  idle: Callable[[], bool] | None = None, idle_flush_ms: float = 1.0,
@@ -92,7 +96,7 @@ class ResultReporter:
         self._flush_now = asyncio.Event()
         self._closing = False
         self._backoff = Backoff(0.1, 5.0)
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
@@ -148,7 +152,7 @@ class ResultReporter:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    def _push(self, queue: deque, item: Item) -> None:
+    def _push(self, queue: deque[_I], item: _I) -> None:
         queue.append(item)
         self._has_items.set()
         queued = len(self._acks) + len(self._fails)
@@ -202,7 +206,7 @@ class ResultReporter:
         else:
             self._backoff.reset()
 
-    async def _send_reports(self, acks: list[Item], fails: list[Item]) -> None:
+    async def _send_reports(self, acks: Sequence[Item], fails: Sequence[Item]) -> None:
         """Send the round's final progress reports (if any) ahead of its results."""
         reports = [r for r in (self._progress.pop(i.lease_id, None) for i in (*acks, *fails))
                    if r is not None]
@@ -214,7 +218,8 @@ class ResultReporter:
             log.warning("final progress reports not sent: %s", exc,
                         extra={"items": len(reports)})
 
-    async def _send(self, method, request_cls, items: list[Item]) -> list[Item]:
+    async def _send(self, method: Callable[..., Awaitable[Any]],
+                    request_cls: Callable[..., object], items: list[_I]) -> list[_I]:
         """Send one batch; return the items to retry (empty when done)."""
         if not items:
             return []
@@ -234,11 +239,13 @@ class ResultReporter:
                     self._finish(item, None, err)
             return []
         for item, result in zip(items, response.results):
-            err = DtqRpcError.from_item_error(result.error) if result.HasField("error") else None
-            self._finish(item, result, err)
+            item_err = (DtqRpcError.from_item_error(result.error) if result.HasField("error")
+                        else None)
+            self._finish(item, result, item_err)
         return []
 
-    def _finish(self, item: Item, result, err: DtqRpcError | None) -> None:
+    def _finish(self, item: Item, result: dtq_pb2.LeaseResult | None,
+                err: DtqRpcError | None) -> None:
         if err is not None:
             if err.reason == "STALE_LEASE":
                 log.info("lease no longer current, result dropped",
@@ -252,8 +259,8 @@ class ResultReporter:
                 log.exception("result callback failed")
 
 
-def _take(queue: deque, n: int) -> list:
-    out = []
+def _take(queue: deque[_T], n: int) -> list[_T]:
+    out: list[_T] = []
     while queue and len(out) < n:
         out.append(queue.popleft())
     return out
