@@ -70,7 +70,7 @@ class Execution:
 
     task: dtq_pb2.LeasedTask
     ctx: TaskContext
-    handle: asyncio.Task | None = None
+    handle: asyncio.Task[None] | None = None
     stop_reason: str | None = None
     in_thread: bool = field(default=False)
     on_thread_exit: Callable[[], None] | None = None
@@ -210,7 +210,7 @@ def release_item(lease_id: str) -> dtq_pb2.FailItem:
 
 
 def fail_item(lease_id: str, error_class: str, message: str, retryable: bool,
-              mode: int = dtq_pb2.FAIL_MODE_FAILURE) -> dtq_pb2.FailItem:
+              mode: dtq_pb2.FailMode = dtq_pb2.FAIL_MODE_FAILURE) -> dtq_pb2.FailItem:
     """Build a FailItem with the message and class cut to the proto's limits."""
     return dtq_pb2.FailItem(
         lease_id=lease_id, error_message=_cut(message, MAX_ERROR_MESSAGE_BYTES),
