@@ -14,6 +14,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -87,7 +88,7 @@ class SessionState:
         return self.heartbeat_interval_ms or 5000
 
 
-async def lease_loop(state: SessionState, stub, session_ready: asyncio.Event) -> None:
+async def lease_loop(state: SessionState, stub: Any, session_ready: asyncio.Event) -> None:
     """Consume Lease streams forever, reconnecting with jittered backoff.
 
     Handlers already running keep running across reconnects; their leases stay
@@ -128,9 +129,10 @@ async def lease_loop(state: SessionState, stub, session_ready: asyncio.Event) ->
                 return
             log.info("lease stream ended by the gateway; reconnecting")
         except grpc.aio.AioRpcError as exc:
-            floor_s = _on_stream_error(state, DtqRpcError.from_rpc_error(exc), failures)
-            if floor_s is None:
+            least_delay_s = _on_stream_error(state, DtqRpcError.from_rpc_error(exc), failures)
+            if least_delay_s is None:
                 return
+            floor_s = least_delay_s
         except Exception:
             log.exception("lease stream handling failed; reconnecting")
         finally:
@@ -187,7 +189,7 @@ def _on_session(state: SessionState, session: dtq_pb2.SessionInfo) -> None:
                  extra={"requested": asked, "granted": session.max_in_flight})
 
 
-async def heartbeat_loop(state: SessionState, stub, session_ready: asyncio.Event,
+async def heartbeat_loop(state: SessionState, stub: Any, session_ready: asyncio.Event,
                          stop: asyncio.Event) -> None:
     """Send a Heartbeat every interval listing every held lease, until ``stop``.
 
@@ -264,7 +266,7 @@ async def _beat_due(stop: asyncio.Event, progress: asyncio.Event, last_at: float
     return None
 
 
-async def drain_heartbeat(state: SessionState, stub) -> None:
+async def drain_heartbeat(state: SessionState, stub: Any) -> None:
     """Send the first draining heartbeat at once (the loop repeats it every interval).
 
     From it on the gateway delivers nothing new to this worker and ends its Lease
@@ -285,7 +287,7 @@ def _request(state: SessionState, lease_ids: list[str],
         hostname=state.hostname, draining=state.draining, progress=progress)
 
 
-async def send_final_progress(state: SessionState, stub,
+async def send_final_progress(state: SessionState, stub: Any,
                               reports: list[dtq_pb2.TaskProgress]) -> None:
     """Send handlers' last progress reports on a Heartbeat listing just their leases,
     ahead of those leases' Ack or Fail (the reporter awaits it), so a report made right
@@ -299,7 +301,7 @@ async def send_final_progress(state: SessionState, stub,
     await stub.Heartbeat(request, timeout=max(1.0, state.interval_ms / 1000.0))
 
 
-async def _heartbeat_once(state: SessionState, stub,
+async def _heartbeat_once(state: SessionState, stub: Any,
                           progress_only: bool = False) -> dtq_pb2.HeartbeatResponse:
     """One Heartbeat: every held lease (or, with ``progress_only``, just the leases
     with an unsent progress report), the counters and the progress reports; stops
@@ -317,7 +319,8 @@ async def _heartbeat_once(state: SessionState, stub,
     else:
         ids = runtime.all_lease_ids()[:MAX_HEARTBEAT_IDS]
     request = _request(state, ids, progress)
-    response = await stub.Heartbeat(request, timeout=max(1.0, state.interval_ms / 1000.0))
+    response: dtq_pb2.HeartbeatResponse = await stub.Heartbeat(
+        request, timeout=max(1.0, state.interval_ms / 1000.0))
     lost = runtime.stop(response.lost_lease_ids, STOP_LOST)
     # A result the reporter still holds stays queued: its lease may be lost only
     # because an earlier send was applied and its reply never came (then the resend is
