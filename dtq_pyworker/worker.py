@@ -11,8 +11,8 @@ import signal
 import socket
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Any, cast
 
 from dtq_proto import dtq_pb2
 from dtq_pyworker import _session
@@ -204,7 +204,7 @@ class Worker:
 
     # -- registry -------------------------------------------------------------------
     def task(self, task_type: str, *, queue: str | None = None
-             ) -> Callable[[Callable], TaskHandle]:
+             ) -> Callable[[Callable[..., Any]], TaskHandle]:
         """Decorator registering ``fn(payload, ctx)`` for ``task_type``.
 
         ``async def`` handlers run on the event loop; plain functions run in the
@@ -220,12 +220,12 @@ class Worker:
             and ``handle.enqueue(payload, client=..., **options)`` enqueues a task
             of this type.
         """
-        def register(fn: Callable) -> TaskHandle:
+        def register(fn: Callable[..., Any]) -> TaskHandle:
             self.register(task_type, fn)
             return TaskHandle(fn, task_type, queue or self.queues[0], self.client)
         return register
 
-    def register(self, task_type: str, fn: Callable) -> None:
+    def register(self, task_type: str, fn: Callable[..., Any]) -> None:
         """Register ``fn`` as the handler of ``task_type`` (replacing any earlier one)."""
         if not task_type:
             raise ValueError("task_type must not be empty")
@@ -234,7 +234,7 @@ class Worker:
         self.handlers[task_type] = Handler.wrap(fn)
 
     def batch_task(self, task_type: str, *, max_size: int = 100, max_wait_ms: float = 50,
-                   queue: str | None = None) -> Callable[[Callable], TaskHandle]:
+                   queue: str | None = None) -> Callable[[Callable[..., Any]], TaskHandle]:
         """Decorator registering a batch handler ``fn(payloads, ctxs)`` for ``task_type``.
 
         Leased tasks of the type gather until ``max_size`` are held or ``max_wait_ms``
@@ -268,12 +268,12 @@ class Worker:
                 range, an empty ``task_type``, or ``pool="process"`` (batch handlers
                 run in this process only).
         """
-        def register(fn: Callable) -> TaskHandle:
+        def register(fn: Callable[..., Any]) -> TaskHandle:
             self.register_batch(task_type, fn, max_size=max_size, max_wait_ms=max_wait_ms)
             return TaskHandle(fn, task_type, queue or self.queues[0], self.client)
         return register
 
-    def register_batch(self, task_type: str, fn: Callable, *, max_size: int = 100,
+    def register_batch(self, task_type: str, fn: Callable[..., Any], *, max_size: int = 100,
                        max_wait_ms: float = 50) -> None:
         """Register ``fn`` as the batch handler of ``task_type`` (see :meth:`batch_task`).
 
@@ -318,22 +318,26 @@ class Worker:
         if self.pool not in POOLS:  # the attribute may be set after __init__ (the CLI)
             raise ValueError(f"pool: {self.pool!r} is not one of {', '.join(POOLS)}")
         self._check_batches()
-        processes = (ProcessPool(self.concurrency, self.handlers, self.cancel_grace_s)
+        # _check_batches refused batch handlers under the process pool: all are Handler
+        processes = (ProcessPool(self.concurrency, {t: h for t, h in self.handlers.items()
+                                                    if isinstance(h, Handler)},
+                                 self.cancel_grace_s)
                      if self.pool == "process" else None)  # ValueError before any I/O
         self._loop = asyncio.get_running_loop()
         self._stop, self._force = asyncio.Event(), asyncio.Event()
         if self._stop_requested:
             self._stop.set()
         self._fatal = None
-        conn = Connection.resolve(self.target, **self._tls_args)
+        conn = Connection.resolve(self.target, config=self._tls_args["config"])
         installed = self._install_signals() if install_signal_handlers else []
         channel = conn.channel(aio=True, options=self.channel_options,
                                reconnect_max_s=self.reconnect_max_s)
+        threads: ThreadPoolExecutor | None = None
         if processes is not None:
             self._executor = processes
         else:
-            self._executor = ThreadPoolExecutor(self.concurrency,
-                                                thread_name_prefix="dtq-handler")
+            self._executor = threads = ThreadPoolExecutor(self.concurrency,
+                                                          thread_name_prefix="dtq-handler")
         try:
             if processes is not None:
                 await processes.start()
@@ -345,8 +349,8 @@ class Worker:
                 self._loop.remove_signal_handler(sig)
             if processes is not None:
                 await processes.close()
-            else:
-                self._executor.shutdown(wait=False, cancel_futures=True)
+            elif threads is not None:
+                threads.shutdown(wait=False, cancel_futures=True)
             self._stop_requested = False
             await channel.close()
             log.info("worker stopped", extra={"worker_id": self.worker_id, "stats": self.stats})
@@ -432,25 +436,41 @@ class Worker:
             self._force.set()
         self._stop.set()
 
+    def _running(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Event, asyncio.Event]:
+        """The loop, stop event and force event of the current run (run_async sets them
+        before anything that calls this)."""
+        loop, stop, force = self._loop, self._stop, self._force
+        assert loop is not None and stop is not None and force is not None, "not running"
+        return loop, stop, force
+
+    def _handler_executor(self) -> Executor:
+        """The run's handler pool as Runtime takes it: a ThreadPoolExecutor, or a
+        ProcessPool, which is no Executor (execute() tells it by its ``run_handler``
+        method and never hands it to ``run_in_executor``)."""
+        assert self._executor is not None, "run_async sets the executor first"
+        return cast(Executor, self._executor)
+
     def _install_signals(self) -> list[int]:
-        installed = []
+        installed: list[int] = []
         if threading.current_thread() is not threading.main_thread():
             return installed
+        loop, _, _ = self._running()
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
-                self._loop.add_signal_handler(sig, self.stop)
+                loop.add_signal_handler(sig, self.stop)
                 installed.append(sig)
             except (NotImplementedError, RuntimeError, ValueError):
                 pass
         return installed
 
     async def _serve(self, stub: Any) -> None:
+        loop, stop, _ = self._running()
         reporter = ResultReporter(stub, flush_ms=self.ack_flush_ms, on_done=self._on_result,
                                   rpc_timeout_s=self.rpc_timeout_s,
                                   flush_early=self._flush_early, idle=self._idle,
                                   send_progress=lambda reports: _session.send_final_progress(
                                       state, stub, reports))
-        runtime = Runtime(self.handlers, self.concurrency, self._executor, reporter,
+        runtime = Runtime(self.handlers, self.concurrency, self._handler_executor(), reporter,
                           self.worker_id, self._count)
         self._runtime = runtime
         state = self._state = SessionState(
@@ -466,9 +486,9 @@ class Worker:
         hb_task = asyncio.create_task(
             _session.heartbeat_loop(state, stub, session_ready, hb_stop), name="dtq-heartbeat")
         try:
-            await self._stop.wait()
+            await stop.wait()
             log.info("draining", extra={"worker_id": self.worker_id})
-            deadline = self._loop.time() + self.drain_grace_s
+            deadline = loop.time() + self.drain_grace_s
             await self._end_stream(stub, state, lease_task)
             await self._drain(runtime, deadline)
             await reporter.close(timeout_s=max(5.0, self.rpc_timeout_s))
@@ -496,7 +516,7 @@ class Worker:
         return runtime is None or not (runtime.running or runtime.held)
 
     async def _end_stream(self, stub: Any, state: SessionState,
-                          lease_task: asyncio.Task) -> None:
+                          lease_task: asyncio.Task[None]) -> None:
         """Tell the gateway this worker drains and read the Lease stream to its end.
 
         Buffered leases are released at once, and so is every task still arriving:
@@ -516,7 +536,8 @@ class Worker:
         beat = asyncio.create_task(_session.drain_heartbeat(state, stub),
                                    name="dtq-drain-heartbeat")
         bound_s = max(DRAIN_STREAM_MIN_S, 2 * state.heartbeat_interval_ms / 1000.0)
-        force = asyncio.ensure_future(self._force.wait())
+        _, _, force_event = self._running()
+        force = asyncio.ensure_future(force_event.wait())
         try:
             await asyncio.wait([lease_task, force], timeout=bound_s,
                                return_when=asyncio.FIRST_COMPLETED)
@@ -532,10 +553,11 @@ class Worker:
         """Let running handlers finish until ``deadline`` (loop time, s), then stop
         and release the rest."""
         runtime.release_buffered()  # nothing is buffered by now; kept as a safety net
-        force = asyncio.ensure_future(self._force.wait())
+        loop, _, force_event = self._running()
+        force = asyncio.ensure_future(force_event.wait())
         try:
             while runtime.running and not force.done():
-                remaining = deadline - self._loop.time()
+                remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
                 await asyncio.wait([*runtime.running.values(), force], timeout=remaining,
@@ -554,7 +576,8 @@ class Worker:
     def _count(self, name: str, n: int = 1) -> None:
         self.stats[name] = self.stats.get(name, 0) + n
 
-    def _on_result(self, item, result, err) -> None:
+    def _on_result(self, item: dtq_pb2.AckItem | dtq_pb2.FailItem,
+                   result: dtq_pb2.LeaseResult | None, err: DtqRpcError | None) -> None:
         """Count one answered Ack/Fail item by the gateway's answer: STALE_LEASE is
         ``stale``, another error ``refused``; an applied or duplicate item by its kind."""
         if err is not None:
@@ -586,7 +609,7 @@ def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
-async def _cancel(task: asyncio.Task) -> None:
+async def _cancel(task: asyncio.Task[None]) -> None:
     if not task.done():
         task.cancel()
     await asyncio.gather(task, return_exceptions=True)
