@@ -75,16 +75,26 @@ local function read_entries(group, consumer, max_in_flight, max_count, m, S)
   local credit = math.min(max_in_flight - pending, max_count)
   if credit <= 0 then return reply, allow, throttled, typed, now end
 
-  local paused = {}
-  for q = 1, m do paused[q] = redis.call('EXISTS', KEYS[q]) == 1 end
+  -- pause flag and rate limit of each queue with live streams (the others are not
+  -- read): one EXISTS of both keys, which answers 0 for most queues
+  local paused, limited = {}, {}
+  for _, i in ipairs(live) do
+    local q = ((i - 1) % m) + 1
+    if paused[q] == nil then
+      local n = redis.call('EXISTS', KEYS[q], KEYS[m + q])
+      paused[q], limited[q] = n == 2, n == 2
+      if n == 1 then
+        paused[q] = redis.call('EXISTS', KEYS[q]) == 1
+        limited[q] = not paused[q]
+      end
+    end
+  end
   local skip = {}
   for _, i in ipairs(missing) do skip[i] = true end
 
-  -- rate limits of the queues that have live streams (one EXISTS per such queue)
-  local live_q = {}
-  for _, i in ipairs(live) do live_q[((i - 1) % m) + 1] = true end
+  -- rate limits of the queues that have live streams
   for q = 1, m do
-    if live_q[q] and not paused[q] and redis.call('EXISTS', KEYS[m + q]) == 1 then
+    if limited[q] and not paused[q] then
       if now == 0 then now = now_ms() end
       limits[3][#limits[3] + 1] = q
       local tok, limit, period = bucket_level(KEYS[m + q], '*', now)
