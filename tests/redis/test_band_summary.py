@@ -69,3 +69,14 @@ async def test_a_set_without_the_trusted_member_is_probed_in_full(env) -> None:
     await env.redis.sadd(keys.queue_bands("q"), "1")  # e.g. created by note_band alone
     assert [e.task_id for e in (await take(env)).entries] == [tid]
     assert await members(env) == {b"*", b"6"}
+
+
+async def test_a_read_of_a_summarised_queue_probes_only_its_bands(env) -> None:
+    """The cost the summary buys: one SMEMBERS and one XLEN per named band, not ten XLEN."""
+    await seed_queue(env.broker, env.settings, priority=4)
+    await take(env)  # rebuilds the summary: {*, 4}
+    await env.redis.config_resetstat()
+    await take(env)
+    stats = await env.redis.info("commandstats")
+    calls = {k.removeprefix("cmdstat_"): v["calls"] for k, v in stats.items()}
+    assert (calls.get("smembers"), calls.get("xlen")) == (1, 1), calls
