@@ -18,7 +18,7 @@ from dtq_gateway.errors import DtqError, NotFound, QueueFull, WrongState
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import keys
 from dtq_gateway.store.audit import append_audit
-from dtq_gateway.store.client import Client
+from dtq_gateway.store.client import Client, is_cluster
 from dtq_gateway.store.durability import ReplicaWait
 from dtq_gateway.store.errors import ReplicasNotAcked
 from dtq_gateway.store.groups import Groups, queue_limit
@@ -134,6 +134,9 @@ class Broker:
         #: (queue, debounce digest) -> the task id its record named last time (a hint:
         #: enqueue.lua checks it and answers debounce_retry when it is stale)
         self._debounce_seen: OrderedDict[tuple[str, str], str] = OrderedDict()
+        #: a cluster client: the recent-tasks index is in another slot than the queue's
+        #: keys, so it is written after the enqueue call (standalone: by the call)
+        self._cluster = is_cluster(redis)
 
     def _enqueue_call(self, tasks: list[NewTask], takeover: str = "",
                       believed: str = "") -> tuple[list[str], list]:
@@ -168,6 +171,8 @@ class Broker:
                      t.labels_json)
             if deb:
                 args.append(f"{t.debounce_spec}:{hint}" if t.debounce_spec else "")
+        if not self._cluster:  # the script writes the recent-tasks index itself
+            keys_.append(keys.RECENT_TASKS)
         return keys_, args
 
     async def enqueue_many(self, tasks: list[NewTask]) -> list[Enqueued | Exception]:

@@ -235,6 +235,13 @@ def history(queue: str) -> str:
     return f"{PREFIX}history:{{{queue}}}"
 
 
+def queue_bands(queue: str) -> str:
+    """Band summary of a queue: ``dtq:queue:{<queue>}:bands``, a set of the band digits
+    whose streams may hold entries plus ``*`` once lease_take rebuilt it; 1 s TTL.
+    Written by the Lua scripts only (``bands_key`` in _lib.lua builds the same name)."""
+    return f"{PREFIX}queue:{{{queue}}}:bands"
+
+
 def paused(queue: str) -> str:
     """Pause flag of a queue: ``dtq:queue:{<queue>}:paused``."""
     return f"{PREFIX}queue:{{{queue}}}:paused"

@@ -15,9 +15,10 @@ from dtq_proto import dtq_pb2 as pb
 from tests.conftest import gateway_settings
 
 #: What one plain enqueue of a queue already known runs, as INFO commandstats counts
-#: them (the script's own commands, then the recent-tasks index write).
-PLAIN_ENQUEUE = {"evalsha": 1, "time": 1, "xadd": 1, "hset": 1, "set": 1, "publish": 1,
-                 "zadd": 1, "zremrangebyrank": 1}
+#: them (the script's own commands: the band summary's SADD, and on a standalone Redis
+#: the recent-tasks index write).
+PLAIN_ENQUEUE = {"evalsha": 1, "time": 1, "xadd": 1, "sadd": 1, "hset": 1, "set": 1,
+                 "publish": 1, "zadd": 1, "zremrangebyrank": 1}
 
 
 async def _commands(redis_url: str, req: pb.EnqueueRequest) -> dict[str, int]:
@@ -39,14 +40,15 @@ async def test_enqueue_without_debounce_runs_the_same_commands(redis_url):
 
 
 def test_enqueue_without_debounce_sends_the_same_arguments(redis_url):
-    """3 queue keys + 3 per task, ARGV 7 + 21 per task, ARGV[4] = 0: the layout of
-    enqueue.lua's header before debounce (plus the concurrency key and the required
-    labels, ARGV[a+20] and [a+21])."""
+    """3 queue keys + 3 per task (+ the recent-tasks index last, standalone Redis),
+    ARGV 7 + 21 per task, ARGV[4] = 0: the layout of enqueue.lua's header before
+    debounce (plus the concurrency key and the required labels, ARGV[a+20] and [a+21])."""
     settings = gateway_settings(redis_url)
     broker = Broker(aioredis.Redis.from_url(redis_url), settings, Groups())
     task = validate_enqueue(pb.EnqueueRequest(queue="q", task_type="t"), settings)
     keys_, args = broker._enqueue_call([task, task])
-    assert (len(keys_), len(args), args[3]) == (3 + 2 * 3, 7 + 2 * 21, 0)
+    assert (len(keys_), len(args), args[3]) == (3 + 2 * 3 + 1, 7 + 2 * 21, 0)
+    assert keys_[-1] == keys.RECENT_TASKS
 
 
 async def test_debounce_record_lives_in_the_queue_slot_with_its_ttl(redis_url):

@@ -65,6 +65,7 @@ FAMILY_EXAMPLES = {
     "lease-secret": keys.LEASE_SECRET,
     "workers": keys.WORKERS,
     "paused": keys.paused("q-1"),
+    "bands": keys.queue_bands("q-1"),
     "cancelled": keys.cancelled("q-1"),
     "expiring": keys.expiring("q-1"),
     "busy-marker": keys.busy_marker("q-1"),

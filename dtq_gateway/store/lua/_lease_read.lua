@@ -6,6 +6,46 @@
 -- KEYS[m + q], and the band streams (band-major: p9 of every queue, then p8, ...) from
 -- KEYS[S + 1] on; see lease_take.lua for the reply.
 
+-- The 1-based indexes (ascending) of the streams KEYS[S + 1 ..] that hold entries.
+-- XLEN counts queued and pending entries alike (entries are deleted when their lease
+-- ends), so an empty stream needs no further call. Only the bands in a queue's trusted
+-- summary (bands_key, _lib.lua) are probed, and a band found empty leaves it; a queue
+-- without one has all its streams probed and, when the call names its ten bands, the
+-- summary rebuilt. At rest most bands are empty: one SMEMBERS per queue.
+local function live_streams(S, n_streams, m)
+  local sets, found, live = {}, {}, {}
+  for q = 1, math.min(m, n_streams) do
+    local key = bands_key(KEYS[S + q])
+    local set = {}
+    for _, b in ipairs(key and redis.call('SMEMBERS', key) or {}) do set[b] = true end
+    if set['*'] then sets[q] = set end
+    found[q] = {}
+  end
+  for i = 1, n_streams do
+    local q, band = ((i - 1) % m) + 1, string.sub(KEYS[S + i], -1)
+    local set = sets[q]
+    if not set or set[band] then
+      if redis.call('XLEN', KEYS[S + i]) > 0 then
+        live[#live + 1] = i
+        found[q][#found[q] + 1] = band
+      elseif set then
+        redis.call('SREM', bands_key(KEYS[S + i]), band)
+      end
+    end
+  end
+  if n_streams == 10 * m then
+    for q = 1, m do
+      local key = bands_key(KEYS[S + q])
+      if key and not sets[q] then
+        redis.call('DEL', key)
+        redis.call('SADD', key, '*', unpack(found[q]))
+        redis.call('PEXPIRE', key, BANDS_TTL_MS)
+      end
+    end
+  end
+  return live
+end
+
 -- Read entries. Returns reply ({pending, missing, 0, live count, limits, entries...}),
 -- then the queue-wide buckets read (q -> {tokens, limit, period_ms}), the queues held
 -- back by them (q -> true), the queues with task-type limits (q -> true) and the Redis
@@ -15,20 +55,16 @@
 -- served in turn: docs/fairness.md); bands stay strictly p9 -> p0.
 local function read_entries(group, consumer, max_in_flight, max_count, m, S, turn)
   local n_streams = #KEYS - S
-  local missing, pending, live = {}, 0, {}
-  -- XLEN counts queued and pending entries alike (entries are deleted when their lease
-  -- ends), so an empty stream needs no further call; at rest most bands are empty.
-  for i = 1, n_streams do
-    if redis.call('XLEN', KEYS[S + i]) > 0 then
-      live[#live + 1] = i
-      -- summary form: O(consumers holding entries), not O(entries held)
-      local r = redis.pcall('XPENDING', KEYS[S + i], group)
-      if type(r) == 'table' and r.err then
-        missing[#missing + 1] = i
-      elseif r[4] then
-        for _, c in ipairs(r[4]) do
-          if c[1] == consumer then pending = pending + tonumber(c[2]) end
-        end
+  local missing, pending = {}, 0
+  local live = live_streams(S, n_streams, m)
+  for _, i in ipairs(live) do
+    -- summary form: O(consumers holding entries), not O(entries held)
+    local r = redis.pcall('XPENDING', KEYS[S + i], group)
+    if type(r) == 'table' and r.err then
+      missing[#missing + 1] = i
+    elseif r[4] then
+      for _, c in ipairs(r[4]) do
+        if c[1] == consumer then pending = pending + tonumber(c[2]) end
       end
     end
   end
@@ -42,8 +78,20 @@ local function read_entries(group, consumer, max_in_flight, max_count, m, S, tur
   local credit = math.min(max_in_flight - pending, max_count)
   if credit <= 0 then return reply, allow, throttled, typed, now end
 
-  local paused = {}
-  for q = 1, m do paused[q] = redis.call('EXISTS', KEYS[q]) == 1 end
+  -- pause flag and rate limit of each queue with live streams (the others are not
+  -- read): one EXISTS of both keys, which answers 0 for most queues
+  local paused, limited = {}, {}
+  for _, i in ipairs(live) do
+    local q = ((i - 1) % m) + 1
+    if paused[q] == nil then
+      local n = redis.call('EXISTS', KEYS[q], KEYS[m + q])
+      paused[q], limited[q] = n == 2, n == 2
+      if n == 1 then
+        paused[q] = redis.call('EXISTS', KEYS[q]) == 1
+        limited[q] = not paused[q]
+      end
+    end
+  end
   local skip = {}
   for _, i in ipairs(missing) do skip[i] = true end
   turn = (turn or 0) % m
@@ -55,11 +103,9 @@ local function read_entries(group, consumer, max_in_flight, max_count, m, S, tur
     end)
   end
 
-  -- rate limits of the queues that have live streams (one EXISTS per such queue)
-  local live_q = {}
-  for _, i in ipairs(live) do live_q[((i - 1) % m) + 1] = true end
+  -- rate limits of the queues that have live streams
   for q = 1, m do
-    if live_q[q] and not paused[q] and redis.call('EXISTS', KEYS[m + q]) == 1 then
+    if limited[q] and not paused[q] then
       if now == 0 then now = now_ms() end
       limits[3][#limits[3] + 1] = q
       local tok, limit, period = bucket_level(KEYS[m + q], '*', now)

@@ -70,6 +70,28 @@ end
 -- that they agree).
 local CONSUMER_GROUP = 'workers'
 
+-- Band summary of a queue, dtq:queue:{<queue>}:bands (docs/redis-layout.md): a set of
+-- the band digits whose streams may hold entries, plus the member '*' once a lease read
+-- probed all ten bands and rebuilt it (only then is it trusted; it lives BANDS_TTL_MS,
+-- so every queue is probed in full at least that often). The set's key for a band
+-- stream key <prefix>stream:{<queue>}:p<n>, or nil for another key.
+local BANDS_TTL_MS = 1000
+local function bands_key(stream_key)
+  local prefix, tag = string.match(stream_key, '^(.-)stream:(%b{}):p%d$')
+  if not prefix then return nil end
+  return prefix .. 'queue:' .. tag .. ':bands'
+end
+
+-- Add the band of `stream_key` to its queue's summary (one SADD); a set this creates
+-- gets the TTL too, so it never outlives its queue.
+local function note_band(stream_key)
+  local key = bands_key(stream_key)
+  if key and redis.call('SADD', key, string.sub(stream_key, -1)) == 1
+      and redis.call('PTTL', key) == -1 then
+    redis.call('PEXPIRE', key, BANDS_TTL_MS)
+  end
+end
+
 -- XADD `fields` (a flat name, value list) to the band stream `stream_key`; returns the
 -- entry id. NOMKSTREAM: a band stream that does not exist (its queue was deleted, maybe
 -- by another replica whose deletion this gateway's group cache has not seen) is created
@@ -81,6 +103,7 @@ local function xadd_band(stream_key, fields)
     redis.call('XGROUP', 'CREATE', stream_key, CONSUMER_GROUP, '0', 'MKSTREAM')
     id = redis.call('XADD', stream_key, '*', unpack(fields))
   end
+  note_band(stream_key)
   return id
 end
 

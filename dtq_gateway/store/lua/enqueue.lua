@@ -5,7 +5,9 @@
 -- chunk; per task it runs XADD (or ZADD to the schedule) and one HSET, plus GET/SET of
 -- the idempotency record when the task has a key. The record gets no TTL here: a live
 -- task never expires (see retire() in _lib.lua). The recent-tasks index and the busy
--- set span queues: the caller writes them after this call (single-key commands).
+-- set span queues: the caller writes them after this call (single-key commands), except
+-- on a standalone Redis, where the caller names the recent-tasks index as the last KEY
+-- and this call writes it (ZADD, trim to ARGV[6]): one round trip per Enqueue, not two.
 -- KEYS[1]  the queue's schedule zset  dtq:retry:{<queue>}:schedule
 -- KEYS[2]  the queue's busy marker    dtq:queue:{<queue>}:busy
 -- KEYS[3]  the queue's expiry index  dtq:expiring:{<queue>} (queued tasks with an expiry)
@@ -18,6 +20,7 @@
 --   KEYS[k+4] (debouncing calls only) the task hash the caller believes the debounce
 --             record points at (the new task's own hash when it knows none)
 --   then the queue's ten band streams (depth gate; only with a depth limit)
+-- KEYS[3 + n*s + 1] (optional; standalone Redis only) the recent-tasks index dtq:tasks:recent
 -- ARGV[3] n tasks  [4] 1 = the call debounces (one more KEY and ARGV per task), else 0
 -- [5] idempotency TTL s  [6] recent max entries  [7] max queue depth (0 = none)
 -- then per task i, 21 values (22 when the call debounces) from a = 7 + (i-1)*21 (or 22):
@@ -217,5 +220,11 @@ for i = 1, n do
 end
 local became_busy = 0
 if busy and redis.call('SET', busy_key, '1', 'NX') then became_busy = 1 end
+local index_key = KEYS[3 + n * stride + 1]
+if index_key and #recent > 0 then
+  redis.call('ZADD', index_key, unpack(recent))  -- {ms, id, ...}: score, member pairs
+  redis.call('ZREMRANGEBYRANK', index_key, 0, -(recent_max + 1))
+  recent = {}  -- written: nothing left for the caller
+end
 replies[n + 1] = {'meta', now, became_busy, recent}
 return replies
