@@ -57,7 +57,8 @@ class Settings:
         "below the 5 s Redis socket timeout)."))
     listen: str = field(default="127.0.0.1:50051", metadata=_meta("gRPC listen address host:port."))
     gateway_processes: int = field(default=1, metadata=_meta(
-        "Gateway processes sharing DTQ_LISTEN (also --processes): 1 = this process serves; "
+        "Gateway processes sharing DTQ_LISTEN (also --processes; 0..256): 1 = this process "
+        "serves; "
         "N > 1 = a supervisor starts N gateway processes on the one address (SO_REUSEPORT), "
         "restarts one that dies and drains all on SIGTERM; 0 = one per CPU core. Process i "
         "is <DTQ_GATEWAY_ID>-i, serves metrics on DTQ_METRICS_PORT + i, and only process 0 "
@@ -270,6 +271,9 @@ _POSITIVE = {
     "grpc_max_concurrent_streams", "grpc_max_pending_calls", "lease_buffer_max_bytes",
     "followup_sweep_interval_s", "history_interval_s", "history_points",
 }
+#: Most gateway processes one supervisor runs (DTQ_GATEWAY_PROCESSES): each is a full
+#: replica with its own Redis pool, so far more than the host's cores only costs memory.
+MAX_GATEWAY_PROCESSES = 256
 _NON_NEGATIVE = {"gateway_processes", "queue_idle_delete_s", "grpc_max_connection_idle_ms",
                  "metrics_port",
                  "dashboard_port", "max_queue_depth", "keep_finished", "lease_grace_ms",
@@ -338,6 +342,9 @@ def _validate(s: Settings) -> None:
     if not sep or not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
         raise SettingsError(f"DTQ_LISTEN must be host:port with a port 0..65535 "
                             f"(got {s.listen!r})")
+    if s.gateway_processes > MAX_GATEWAY_PROCESSES:
+        raise SettingsError(f"DTQ_GATEWAY_PROCESSES must be at most {MAX_GATEWAY_PROCESSES} "
+                            f"(got {s.gateway_processes}); 0 = one per CPU core")
     if s.gateway_processes != 1 and int(port) == 0:
         raise SettingsError("DTQ_GATEWAY_PROCESSES other than 1 needs a fixed port in "
                             f"DTQ_LISTEN (got {s.listen!r}): port 0 would give each "

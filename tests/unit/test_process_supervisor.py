@@ -32,6 +32,8 @@ def test_processes_flag_env_and_default() -> None:
     (["--processes", "-1"], "DTQ_GATEWAY_PROCESSES must be >= 0"),
     (["--processes", "2", "--listen", "127.0.0.1:0"], "needs a fixed port in DTQ_LISTEN"),
     (["--processes", "many"], "--gateway-processes: expected a number"),
+    (["--processes", "100000", "--metrics-port", "0"], "DTQ_GATEWAY_PROCESSES must be at most 256"),
+    (["--processes", "257", "--metrics-port", "0"], "DTQ_GATEWAY_PROCESSES must be at most 256"),
 ])
 def test_bad_process_settings_name_the_variable(argv: list[str], needle: str) -> None:
     with pytest.raises(SettingsError, match=needle):
