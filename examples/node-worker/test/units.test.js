@@ -37,6 +37,16 @@ test('config: bad values fail with the variable named', () => {
   assert.throws(() => loadConfig({ DTQ_QUEUE: 'q', DTQ_WORKER_ID: 'a|b' }), /DTQ_WORKER_ID/);
 });
 
+test('config: DTQ_TLS is on for 1, true, yes and on (any case) or with DTQ_TLS_CA', () => {
+  for (const v of ['1', 'true', 'YES', ' on ']) {
+    assert.equal(loadConfig({ DTQ_QUEUE: 'q', DTQ_TLS: v }).tls, true, v);
+  }
+  for (const v of ['', '0', 'false', 'off']) {
+    assert.equal(loadConfig({ DTQ_QUEUE: 'q', DTQ_TLS: v }).tls, false, v);
+  }
+  assert.equal(loadConfig({ DTQ_QUEUE: 'q', DTQ_TLS_CA: '/etc/dtq/ca.pem' }).tls, true);
+});
+
 test('backoff: grows to the cap, stays within [d/2, d], resets', () => {
   const b = new Backoff(100, 1000, () => 0.999999);
   const delays = Array.from({ length: 6 }, () => b.next());
