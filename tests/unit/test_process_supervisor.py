@@ -45,6 +45,12 @@ def test_zero_processes_means_one_per_core() -> None:
     assert supervisor.process_count(settings) == (os.cpu_count() or 1)
 
 
+def test_one_per_core_is_capped_like_an_explicit_count(monkeypatch) -> None:
+    monkeypatch.setattr(supervisor.os, "cpu_count", lambda: 1000)
+    settings = load(["--processes", "0", "--metrics-port", "0"], environ={})
+    assert supervisor.process_count(settings) == 256
+
+
 def test_each_process_gets_its_id_metrics_port_and_only_the_first_the_dashboard() -> None:
     argv = ["--processes", "3", "--metrics-port", "9500", "--dashboard-port", "8080",
             "--gateway-id", "gw"]
