@@ -70,6 +70,9 @@ async def lease_loop(worker: Worker, stub, runtime: Runtime,
         try:
             async for response in call:
                 if response.HasField("session"):
+                    # a drain waits for the stream's end only once SessionInfo came: a
+                    # call still waiting for its gateway carries no lease
+                    worker._lease_session_open = True
                     waiting.cancel()
                     _on_session(worker, response.session)
                     session_ready.set()
@@ -89,7 +92,7 @@ async def lease_loop(worker: Worker, stub, runtime: Runtime,
             log.exception("lease stream handling failed; reconnecting")
         finally:
             waiting.cancel()
-            worker._lease_stream_open = False
+            worker._lease_stream_open = worker._lease_session_open = False
             call.cancel()
         failures = 1 if opened else failures + 1
         worker._count("reconnects")

@@ -195,7 +195,8 @@ class Worker:
         self._fatal: DtqRpcError | None = None
         self._heartbeat_interval_ms = 0
         self._draining = False  # sent in every heartbeat once the drain began
-        self._lease_stream_open = False
+        self._lease_stream_open = False  # a Lease call exists (it may wait for the gateway)
+        self._lease_session_open = False  # ... and its SessionInfo came: leases may follow
         self._client: Client | None = None
         self._client_lock = threading.Lock()
 
@@ -482,8 +483,10 @@ class Worker:
         released = runtime.release_buffered()
         if released:
             log.info("released buffered tasks", extra={"count": released})
-        if not self._lease_stream_open or self._fatal is not None:
-            await _cancel(lease_task)  # no stream open (reconnect backoff): nothing in transit
+        if not self._lease_session_open or self._fatal is not None:
+            # no session (reconnect backoff, or a call still waiting for its gateway):
+            # nothing in transit, no stream end to wait for
+            await _cancel(lease_task)
             return
         beat = asyncio.create_task(_session.drain_heartbeat(self, stub, runtime),
                                    name="dtq-drain-heartbeat")
