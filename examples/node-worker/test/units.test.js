@@ -163,3 +163,18 @@ test('ctx.progress clamps, cuts the message to 256 bytes and hands the report ov
   assert.throws(() => ctx.progress('x'), TypeError);
   assert.equal(ctx.traceparent, task.traceparent);
 });
+
+test('session: finish() does not wait for a call that never got its SessionInfo', async () => {
+  const { EventEmitter } = require('node:events');
+  const { LeaseSession } = require('../src/session');
+  const call = Object.assign(new EventEmitter(), { cancel() {} }); // waits for its gateway
+  const md = { setOptions() {} };
+  const session = new LeaseSession(
+    { config: loadConfig({ DTQ_QUEUE: 'q' }), broker: { Lease: () => call }, metadata: () => md },
+    { onSession() {}, onTask() {}, onFatal() {} });
+  session.once();
+  assert.equal(await session.finish(60000), true); // at once, not after the 60 s bound
+  session.onMessage({ kind: 'session', session: {} });
+  assert.equal(await session.finish(10), false); // a live stream is waited for (bounded)
+  session.close();
+});
