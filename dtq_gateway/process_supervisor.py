@@ -38,7 +38,7 @@ import time
 from collections.abc import Sequence
 
 from dtq_gateway.listen import ListenError, check_free
-from dtq_gateway.settings import Settings
+from dtq_gateway.settings import MAX_GATEWAY_PROCESSES, Settings
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +55,8 @@ BAD_SETTINGS = 2
 
 
 def process_count(settings: Settings) -> int:
-    """DTQ_GATEWAY_PROCESSES resolved: 0 means one per CPU core (at least 1)."""
-    return settings.gateway_processes or max(1, os.cpu_count() or 1)
+    """DTQ_GATEWAY_PROCESSES resolved: 0 means one per CPU core (1..MAX_GATEWAY_PROCESSES)."""
+    return settings.gateway_processes or min(max(1, os.cpu_count() or 1), MAX_GATEWAY_PROCESSES)
 
 
 def child_args(argv: Sequence[str], settings: Settings, index: int,

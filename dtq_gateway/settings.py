@@ -57,7 +57,8 @@ class Settings:
         "below the 5 s Redis socket timeout)."))
     listen: str = field(default="127.0.0.1:50051", metadata=_meta("gRPC listen address host:port."))
     gateway_processes: int = field(default=1, metadata=_meta(
-        "Gateway processes sharing DTQ_LISTEN (also --processes): 1 = this process serves; "
+        "Gateway processes sharing DTQ_LISTEN (also --processes; 0..256): 1 = this process "
+        "serves; "
         "N > 1 = a supervisor starts N gateway processes on the one address (SO_REUSEPORT), "
         "restarts one that dies and drains all on SIGTERM; 0 = one per CPU core. Process i "
         "is <DTQ_GATEWAY_ID>-i, serves metrics on DTQ_METRICS_PORT + i, and only process 0 "
@@ -207,7 +208,9 @@ class Settings:
         "Data directory of the embedded redis-server (AOF on). One gateway per directory: "
         "a second one on it is refused (run it with DTQ_REDIS_URL=unix://<dir>/redis.sock "
         "to share the first one's Redis)."))
-    tls_cert: str = field(default="", metadata=_meta("Server certificate PEM path (enables TLS)."))
+    tls_cert: str = field(default="", metadata=_meta(
+        "Server certificate PEM path (enables TLS). With DTQ_TLS_KEY it must load as a "
+        "matching certificate and unencrypted key, else the start fails (exit 2)."))
     tls_key: str = field(default="", metadata=_meta("Server private key PEM path.", secret=True))
     tls_client_ca: str = field(default="", metadata=_meta(
         "CA bundle PEM path; when set, clients must present a certificate (mTLS)."))
@@ -270,6 +273,9 @@ _POSITIVE = {
     "grpc_max_concurrent_streams", "grpc_max_pending_calls", "lease_buffer_max_bytes",
     "followup_sweep_interval_s", "history_interval_s", "history_points",
 }
+#: Most gateway processes one supervisor runs (DTQ_GATEWAY_PROCESSES): each is a full
+#: replica with its own Redis pool, so far more than the host's cores only costs memory.
+MAX_GATEWAY_PROCESSES = 256
 _NON_NEGATIVE = {"gateway_processes", "queue_idle_delete_s", "grpc_max_connection_idle_ms",
                  "metrics_port",
                  "dashboard_port", "max_queue_depth", "keep_finished", "lease_grace_ms",
@@ -319,6 +325,31 @@ def parse_keep_finished_queues(text: str) -> dict[str, int]:
     return out
 
 
+def _check_tls_files(s: Settings) -> None:
+    """Refuse TLS files that are missing or that grpc could not use: a certificate and
+    key that do not load as a matching PEM pair, or a client CA with no certificate.
+    Checked here, grpc would only say "Failed to bind" (and --processes would restart
+    its processes forever)."""
+    import ssl
+
+    for path_field in ("tls_cert", "tls_key", "tls_client_ca"):
+        path = getattr(s, path_field)
+        if path and not os.path.isfile(path):
+            raise SettingsError(f"{env_name(path_field)}: no such file {path!r}")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        if s.tls_cert:  # an encrypted key fails on the empty password, never prompts
+            ctx.load_cert_chain(s.tls_cert, s.tls_key, password=lambda: b"")
+    except (ssl.SSLError, OSError) as exc:
+        raise SettingsError(f"DTQ_TLS_CERT and DTQ_TLS_KEY are not a usable PEM "
+                            f"certificate and unencrypted private key that match: {exc}") from None
+    try:
+        if s.tls_client_ca:
+            ctx.load_verify_locations(cafile=s.tls_client_ca)
+    except (ssl.SSLError, OSError) as exc:
+        raise SettingsError(f"DTQ_TLS_CLIENT_CA is not a PEM CA bundle: {exc}") from None
+
+
 def _validate(s: Settings) -> None:
     parse_keep_finished_queues(s.keep_finished_queues)
     for name in _POSITIVE:
@@ -338,6 +369,9 @@ def _validate(s: Settings) -> None:
     if not sep or not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
         raise SettingsError(f"DTQ_LISTEN must be host:port with a port 0..65535 "
                             f"(got {s.listen!r})")
+    if s.gateway_processes > MAX_GATEWAY_PROCESSES:
+        raise SettingsError(f"DTQ_GATEWAY_PROCESSES must be at most {MAX_GATEWAY_PROCESSES} "
+                            f"(got {s.gateway_processes}); 0 = one per CPU core")
     if s.gateway_processes != 1 and int(port) == 0:
         raise SettingsError("DTQ_GATEWAY_PROCESSES other than 1 needs a fixed port in "
                             f"DTQ_LISTEN (got {s.listen!r}): port 0 would give each "
@@ -375,10 +409,7 @@ def _validate(s: Settings) -> None:
         raise SettingsError("DTQ_TLS_CERT and DTQ_TLS_KEY must be set together")
     if s.tls_client_ca and not s.tls_cert:
         raise SettingsError("DTQ_TLS_CLIENT_CA needs DTQ_TLS_CERT and DTQ_TLS_KEY")
-    for path_field in ("tls_cert", "tls_key", "tls_client_ca"):
-        path = getattr(s, path_field)
-        if path and not os.path.isfile(path):
-            raise SettingsError(f"{env_name(path_field)}: no such file {path!r}")
+    _check_tls_files(s)
     if s.log_format not in ("json", "text"):
         raise SettingsError(f"DTQ_LOG_FORMAT must be json or text (got {s.log_format!r})")
     if s.lease_secret:

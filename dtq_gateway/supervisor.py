@@ -146,6 +146,9 @@ class Supervisor:
             raise ValueError(f"background task {name!r} is already supervised")
         child = _Child(name, start, restart)
         task = self._launch(child)
+        # the series exists at 0 from now on: increase() in the restart alert then sees
+        # the first restart too (a counter series born at 1 shows no increase)
+        BACKGROUND_TASK_RESTARTS.labels(task=name)
         self._children[name] = child
         return task
 

@@ -61,6 +61,7 @@ class SessionState:
         draining: Set by the worker when it drains: sent in every heartbeat; the
             Lease loop then stops reconnecting.
         stream_open: True while a Lease call is open (or waits for its connection).
+        session_open: True once that call's SessionInfo came (leases may follow).
     """
 
     request: dtq_pb2.LeaseRequest
@@ -76,6 +77,7 @@ class SessionState:
     heartbeat_interval_ms: int = 0
     draining: bool = False
     stream_open: bool = False
+    session_open: bool = False
 
     @property
     def worker_id(self) -> str:
@@ -119,6 +121,9 @@ async def lease_loop(state: SessionState, stub: Any, session_ready: asyncio.Even
                 elif kind == "task":
                     state.runtime.add(response.task)
                 elif kind == "session":
+                    # a drain waits for the stream's end only once SessionInfo came: a
+                    # call still waiting for its gateway carries no lease
+                    state.session_open = True
                     waiting.cancel()
                     _on_session(state, response.session)
                     session_ready.set()
@@ -137,7 +142,7 @@ async def lease_loop(state: SessionState, stub: Any, session_ready: asyncio.Even
             log.exception("lease stream handling failed; reconnecting")
         finally:
             waiting.cancel()
-            state.stream_open = False
+            state.stream_open = state.session_open = False
             call.cancel()
         failures = 1 if opened else failures + 1
         state.count("reconnects")

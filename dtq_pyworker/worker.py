@@ -530,8 +530,10 @@ class Worker:
         released = runtime.release_buffered()
         if released:
             log.info("released buffered tasks", extra={"count": released})
-        if not state.stream_open or self._fatal is not None:
-            await _cancel(lease_task)  # no stream open (reconnect backoff): nothing in transit
+        if not state.session_open or self._fatal is not None:
+            # no session (reconnect backoff, or a call still waiting for its gateway):
+            # nothing in transit, no stream end to wait for
+            await _cancel(lease_task)
             return
         beat = asyncio.create_task(_session.drain_heartbeat(state, stub),
                                    name="dtq-drain-heartbeat")

@@ -11,14 +11,16 @@ import (
 // ConfigFromEnv reads the environment conventions of the reference workers:
 // DTQ_GATEWAY (host:port), DTQ_QUEUES (comma-separated; DTQ_QUEUE for one),
 // DTQ_WORKER_ID, DTQ_CONCURRENCY, DTQ_MAX_IN_FLIGHT, DTQ_MAX_BATCH (0..256),
-// DTQ_DRAIN_GRACE_MS, DTQ_TOKEN, DTQ_TLS=1 with DTQ_TLS_CA (CA bundle path).
-// Unset variables leave the WorkerConfig defaults.
+// DTQ_DRAIN_GRACE_MS, DTQ_TOKEN, DTQ_TLS (1, true, yes or on, any case: TLS with the
+// system roots) and DTQ_TLS_CA (CA bundle path; setting it turns TLS on), as the Python
+// and Node workers read them. Unset variables leave the WorkerConfig defaults.
 //
 // Errors: a number variable that is not a non-negative integer.
 func ConfigFromEnv() (WorkerConfig, error) {
 	cfg := WorkerConfig{Conn: ConnConfig{Target: os.Getenv("DTQ_GATEWAY"),
-		Token: os.Getenv("DTQ_TOKEN"), TLS: os.Getenv("DTQ_TLS") == "1",
-		CAFile: os.Getenv("DTQ_TLS_CA")}, WorkerID: os.Getenv("DTQ_WORKER_ID")}
+		Token: os.Getenv("DTQ_TOKEN"), CAFile: strings.TrimSpace(os.Getenv("DTQ_TLS_CA"))},
+		WorkerID: os.Getenv("DTQ_WORKER_ID")}
+	cfg.Conn.TLS = envTrue(os.Getenv("DTQ_TLS")) || cfg.Conn.CAFile != ""
 	queues := os.Getenv("DTQ_QUEUES")
 	if queues == "" {
 		queues = os.Getenv("DTQ_QUEUE")
@@ -45,4 +47,14 @@ func ConfigFromEnv() (WorkerConfig, error) {
 	}
 	cfg.DrainGrace = time.Duration(graceMs) * time.Millisecond
 	return cfg, nil
+}
+
+// envTrue reports whether a boolean environment value is on: 1, true, yes or on, in any
+// case, blanks around ignored (the reference workers' convention).
+func envTrue(raw string) bool {
+	switch strings.ToLower(strings.TrimSpace(raw)) {
+	case "1", "true", "yes", "on":
+		return true
+	}
+	return false
 }

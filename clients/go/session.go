@@ -81,6 +81,7 @@ func (w *Worker) session(ctx context.Context, retry *int) error {
 	if err != nil {
 		return err
 	}
+	defer atomic.StoreInt32(&w.open, 0)
 	for {
 		msg, err := stream.Recv()
 		if err == io.EOF {
@@ -92,6 +93,7 @@ func (w *Worker) session(ctx context.Context, retry *int) error {
 		switch kind := msg.Kind.(type) {
 		case *dtqpb.LeaseResponse_Session:
 			*retry = -1 // the loop's increment makes it 0
+			atomic.StoreInt32(&w.open, 1)
 			if ms := kind.Session.HeartbeatIntervalMs; ms > 0 {
 				atomic.StoreInt64(&w.hbMs, int64(ms))
 			}

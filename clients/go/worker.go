@@ -73,6 +73,7 @@ type Worker struct {
 	ready  chan *lease
 	rep    *reporter
 	hbMs   int64         // heartbeat interval in ms (atomic)
+	open   int32         // 1 while a Lease stream has its SessionInfo and has not ended (atomic)
 	drain  chan struct{} // closed when the drain begins
 	fatal  error         // set once when the gateway refuses the worker
 	cancel context.CancelFunc
@@ -194,7 +195,9 @@ func (w *Worker) drainSteps(streamDone chan struct{}, stopStream context.CancelF
 	grace := time.AfterFunc(w.cfg.DrainGrace, func() { w.stopAll(reasonDrain) })
 	defer grace.Stop()
 	w.releaseBuffered()
-	if w.fatalErr() == nil {
+	// no open stream (the gateway was never reached, or its stream just ended): there
+	// is no stream end to wait for, so the drain does not sit out 2 heartbeat intervals
+	if w.fatalErr() == nil && atomic.LoadInt32(&w.open) == 1 {
 		w.beat(context.Background())
 		wait := 2 * time.Duration(atomic.LoadInt64(&w.hbMs)) * time.Millisecond
 		if wait < drainStreamMin {

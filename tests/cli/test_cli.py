@@ -446,6 +446,33 @@ def test_tail_exits_0_on_ctrl_c_or_sigterm(env, sig):
             proc.wait(5)
 
 
+def test_tail_ends_with_exit_8_when_its_gateway_drains():
+    """docs/cli.md: a gateway that drains (stops) ends ``dtq tail`` with exit 8."""
+    from tests.support.redis_server import RedisServer
+    from tests.support.threaded_gateway import ThreadedGateway
+
+    server = RedisServer(appendonly=False).start()
+    gw = ThreadedGateway(server.url).start()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dtq_cli", "--gateway", gw.target, "tail"],
+        env={k: v for k, v in os.environ.items() if not k.startswith("DTQ_")},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    running = True
+    try:
+        assert "Ctrl-C" in proc.stderr.readline()  # subscribed
+        gw.stop()
+        running = False
+        assert proc.wait(15) == ExitCode.UNAVAILABLE
+        assert "UNAVAILABLE" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        if running:
+            gw.stop()
+        server.cleanup()
+
+
 def test_schedules_limits_and_pause_create(env):
     """Schedules and rate limits are driven from the CLI; pausing a queue that has no task
     yet needs --create (else exit 3, not found)."""

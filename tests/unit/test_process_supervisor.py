@@ -32,6 +32,8 @@ def test_processes_flag_env_and_default() -> None:
     (["--processes", "-1"], "DTQ_GATEWAY_PROCESSES must be >= 0"),
     (["--processes", "2", "--listen", "127.0.0.1:0"], "needs a fixed port in DTQ_LISTEN"),
     (["--processes", "many"], "--gateway-processes: expected a number"),
+    (["--processes", "100000", "--metrics-port", "0"], "DTQ_GATEWAY_PROCESSES must be at most 256"),
+    (["--processes", "257", "--metrics-port", "0"], "DTQ_GATEWAY_PROCESSES must be at most 256"),
 ])
 def test_bad_process_settings_name_the_variable(argv: list[str], needle: str) -> None:
     with pytest.raises(SettingsError, match=needle):
@@ -41,6 +43,12 @@ def test_bad_process_settings_name_the_variable(argv: list[str], needle: str) ->
 def test_zero_processes_means_one_per_core() -> None:
     settings = load(["--processes", "0"], environ={})
     assert supervisor.process_count(settings) == (os.cpu_count() or 1)
+
+
+def test_one_per_core_is_capped_like_an_explicit_count(monkeypatch) -> None:
+    monkeypatch.setattr(supervisor.os, "cpu_count", lambda: 1000)
+    settings = load(["--processes", "0", "--metrics-port", "0"], environ={})
+    assert supervisor.process_count(settings) == 256
 
 
 def test_each_process_gets_its_id_metrics_port_and_only_the_first_the_dashboard() -> None:

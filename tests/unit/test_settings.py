@@ -89,3 +89,37 @@ def test_durable_acks_are_off_by_default_and_take_a_replica_count():
     assert load([]).redis_min_replicas_ack == 0
     s = load(["--redis-min-replicas-ack", "2", "--redis-replica-ack-timeout-ms", "250"])
     assert (s.redis_min_replicas_ack, s.redis_replica_ack_timeout_ms) == (2, 250)
+
+
+def _openssl_pair(tmp_path, name: str):
+    """A self-signed certificate and its unencrypted key (openssl CLI)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+    cert, key = tmp_path / f"{name}.pem", tmp_path / f"{name}.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", f"/CN={name}"],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+def test_tls_files_grpc_cannot_use_are_refused_at_load(tmp_path):
+    """An empty, mismatched or non-PEM TLS file is a settings error naming the variable
+    (exit 2, which also stops a --processes supervisor), not a bind failure later."""
+    cert, key = _openssl_pair(tmp_path, "a")
+    _, other_key = _openssl_pair(tmp_path, "b")
+    empty = tmp_path / "empty.pem"
+    empty.write_text("")
+    ok = load(["--tls-cert", str(cert), "--tls-key", str(key), "--tls-client-ca", str(cert)],
+              environ={})
+    assert ok.tls_cert == str(cert)
+    for argv, needle in [
+        (["--tls-cert", str(empty), "--tls-key", str(key)], "DTQ_TLS_CERT and DTQ_TLS_KEY"),
+        (["--tls-cert", str(cert), "--tls-key", str(other_key)], "DTQ_TLS_CERT and DTQ_TLS_KEY"),
+        (["--tls-cert", str(cert), "--tls-key", str(key), "--tls-client-ca", str(empty)],
+         "DTQ_TLS_CLIENT_CA"),
+    ]:
+        with pytest.raises(SettingsError, match=needle):
+            load(argv, environ={})

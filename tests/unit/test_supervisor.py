@@ -119,3 +119,24 @@ async def test_started_task_finds_the_one_task_a_start_created() -> None:
     made[0].cancel()
     with pytest.raises(RuntimeError, match="started 0 tasks"):
         started_task(lambda: None)
+
+
+async def test_a_watched_task_has_a_zero_restart_series_before_its_first_restart() -> None:
+    """Prometheus' increase() cannot see a counter series that first appears at 1, so
+    the DtqBackgroundTaskRestarts alert would miss each task's first restart unless the
+    series exists, at 0, from the moment the task is watched."""
+    from prometheus_client import REGISTRY
+
+    def restarts() -> float | None:
+        return REGISTRY.get_sample_value("dtq_background_task_restarts_total",
+                                         {"task": "zero-series"})
+
+    sup = Supervisor(base_backoff_s=0.01)
+    child = Child()
+    assert restarts() is None
+    sup.watch("zero-series", child.start)
+    assert restarts() == 0.0
+    sup.task("zero-series").cancel()
+    await wait_until(lambda: restarts() == 1.0)
+    sup.close()
+    child.release.set()

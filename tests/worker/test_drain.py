@@ -123,3 +123,33 @@ async def test_drain_with_the_gateway_releases_without_spending_attempts(gateway
     assert all(t.status == dtq_pb2.TASK_STATUS_SUCCEEDED for t in done)
     assert all(t.attempt == 1 for t in done), [(t.task_id, t.attempt) for t in done]
     assert all([a.outcome for a in t.attempts].count("succeeded") == 1 for t in done)
+
+
+
+async def test_drain_without_a_session_does_not_wait_for_a_stream_end():
+    """A Lease call without SessionInfo (the gateway unreachable, restarting, or not
+    answering yet) carries no lease: a stop does not sit out the bounded wait for a
+    stream end (two heartbeat intervals: 20 s after a real gateway's 10 s SessionInfo)
+    and returns at once."""
+    from tests.worker.fake_broker import FakeBroker, start_server
+
+    class Mute(FakeBroker):
+        async def Lease(self, request, context):  # never answers
+            self.lease_requests.append(request)
+            await self.notify()
+            await asyncio.Event().wait()
+            yield  # pragma: no cover
+
+    broker = Mute()
+    server, broker.target = await start_server(broker)
+    try:
+        worker = make_worker(broker, drain_grace_s=10)
+        _blocking_worker(worker)
+        task = asyncio.create_task(worker.run_async(install_signal_handlers=False))
+        await broker.wait_for(lambda: len(broker.lease_requests) == 1)
+        stop_at = asyncio.get_running_loop().time()
+        worker.stop()
+        await asyncio.wait_for(task, DRAIN_STREAM_MIN_S + 3)
+        assert asyncio.get_running_loop().time() - stop_at < DRAIN_STREAM_MIN_S
+    finally:
+        await server.stop(None)

@@ -91,7 +91,7 @@ function loadConfig(env = process.env) {
     reconnectMaxMs,
     token: (env.DTQ_TOKEN || '').trim(),
     tlsCa: (env.DTQ_TLS_CA || '').trim(),
-    tls: ['1', 'true', 'yes'].includes((env.DTQ_TLS || '').trim().toLowerCase()) || Boolean(env.DTQ_TLS_CA),
+    tls: ['1', 'true', 'yes', 'on'].includes((env.DTQ_TLS || '').trim().toLowerCase()) || Boolean(env.DTQ_TLS_CA),
     protoPath,
     logLevel: (env.DTQ_LOG_LEVEL || 'info').trim().toLowerCase(),
     hostname: os.hostname(),

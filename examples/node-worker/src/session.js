@@ -33,6 +33,7 @@ class LeaseSession {
     this.backoff = new Backoff(config.reconnectBaseMs, config.reconnectMaxMs);
     this.closed = new AbortController();
     this.call = null;
+    this.live = false; // the current call has its SessionInfo: leases may be in transit
     this.sessions = 0;
     this.draining = false;
     this.ended = null; // resolves when the current stream ends
@@ -85,11 +86,13 @@ class LeaseSession {
       md.setOptions({ waitForReady: true });
       const call = this.broker.Lease(this.request(), md);
       this.call = call;
+      this.live = false;
       this.ended = new Promise((r) => call.on('status', () => r(true)));
       call.on('data', (msg) => this.onMessage(msg));
       call.on('error', () => {}); // the 'status' event below carries the same information
       call.on('status', (status) => {
         this.call = null;
+        this.live = false;
         resolve(status);
       });
     });
@@ -97,6 +100,7 @@ class LeaseSession {
 
   onMessage(msg) {
     if (msg.kind === 'session') {
+      this.live = true;
       this.sessions += 1;
       this.backoff.reset();
       log.info('lease session open', {
@@ -122,7 +126,9 @@ class LeaseSession {
    */
   async finish(timeoutMs) {
     this.draining = true;
-    if (!this.call) return true; // between sessions (backoff): nothing in transit
+    // between sessions (backoff), or a call still waiting for its gateway (no
+    // SessionInfo yet): nothing in transit, no stream end to wait for
+    if (!this.call || !this.live) return true;
     let timer;
     const timedOut = new Promise((r) => { timer = setTimeout(() => r(false), timeoutMs); });
     const ended = await Promise.race([this.ended, timedOut]);

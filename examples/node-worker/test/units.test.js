@@ -37,6 +37,16 @@ test('config: bad values fail with the variable named', () => {
   assert.throws(() => loadConfig({ DTQ_QUEUE: 'q', DTQ_WORKER_ID: 'a|b' }), /DTQ_WORKER_ID/);
 });
 
+test('config: DTQ_TLS is on for 1, true, yes and on (any case) or with DTQ_TLS_CA', () => {
+  for (const v of ['1', 'true', 'YES', ' on ']) {
+    assert.equal(loadConfig({ DTQ_QUEUE: 'q', DTQ_TLS: v }).tls, true, v);
+  }
+  for (const v of ['', '0', 'false', 'off']) {
+    assert.equal(loadConfig({ DTQ_QUEUE: 'q', DTQ_TLS: v }).tls, false, v);
+  }
+  assert.equal(loadConfig({ DTQ_QUEUE: 'q', DTQ_TLS_CA: '/etc/dtq/ca.pem' }).tls, true);
+});
+
 test('backoff: grows to the cap, stays within [d/2, d], resets', () => {
   const b = new Backoff(100, 1000, () => 0.999999);
   const delays = Array.from({ length: 6 }, () => b.next());
@@ -152,4 +162,19 @@ test('ctx.progress clamps, cuts the message to 256 bytes and hands the report ov
   assert.deepEqual(reports[1], { percent: 0, message: '' });
   assert.throws(() => ctx.progress('x'), TypeError);
   assert.equal(ctx.traceparent, task.traceparent);
+});
+
+test('session: finish() does not wait for a call that never got its SessionInfo', async () => {
+  const { EventEmitter } = require('node:events');
+  const { LeaseSession } = require('../src/session');
+  const call = Object.assign(new EventEmitter(), { cancel() {} }); // waits for its gateway
+  const md = { setOptions() {} };
+  const session = new LeaseSession(
+    { config: loadConfig({ DTQ_QUEUE: 'q' }), broker: { Lease: () => call }, metadata: () => md },
+    { onSession() {}, onTask() {}, onFatal() {} });
+  session.once();
+  assert.equal(await session.finish(60000), true); // at once, not after the 60 s bound
+  session.onMessage({ kind: 'session', session: {} });
+  assert.equal(await session.finish(10), false); // a live stream is waited for (bounded)
+  session.close();
 });
