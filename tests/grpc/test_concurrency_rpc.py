@@ -95,7 +95,7 @@ async def test_bad_limit_names_the_field(admin, gateway, queue, n, field) -> Non
     assert not await gateway.redis.exists(keys.CONCURRENCY_LIMITED_QUEUES)
 
 
-@pytest.mark.parametrize("ckey", ["k" * 129, "a\nb", "é" * 65])
+@pytest.mark.parametrize("ckey", ["k" * 129, "a\nb", "é" * 65, "a\x7fb", "a\u0085b"])
 async def test_bad_concurrency_key_names_the_field(broker_stub, gateway, ckey) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await broker_stub.Enqueue(pb.EnqueueRequest(queue=Q, task_type="t",
