@@ -109,9 +109,9 @@ async def cancel_matching(redis: Client, flt: TaskFilter, *, dry_run: bool, limi
                           task_retention_s: int, keep_finished: int = 0,
                           actor: str = "") -> BulkResult:
     """Cancel (or with ``dry_run`` count) up to ``limit`` waiting tasks of ``flt.queue``
-    that match ``flt``: queued (and, when asked, active) ones first (band p9 to p0,
-    oldest entry first, then those parked under a concurrency key, key by key), then
-    scheduled ones (soonest due first). Steps of :data:`STEP` entries, each one script
+    that match ``flt``: queued ones parked under a concurrency key first (key by key,
+    oldest first), then queued (and, when asked, active) ones in their bands (p9 to p0,
+    oldest entry first), then scheduled ones (soonest due first). Steps of :data:`STEP` entries, each one script
     call. Returns the counts; appends no audit entry (see :func:`bulk_cancel`)."""
     now = await redis_now_ms(redis)
     after, before = flt.window(now)
@@ -120,11 +120,13 @@ async def cancel_matching(redis: Client, flt: TaskFilter, *, dry_run: bool, limi
     states = flt.statuses or frozenset({"queued", "scheduled"})
     in_bands = ",".join(s for s in ("queued", "active") if s in states)
     targets: list[tuple[str, str]] = []
-    if in_bands:
-        targets += [("stream", k) for k in keys.queue_streams_desc(q)]
-    if "queued" in states:  # tasks parked under a concurrency key (docs/fairness.md)
+    # parked tasks (docs/fairness.md) before the bands: cancelling a band task of a key
+    # moves one of its parked tasks to the tail of its band, after the band's pass
+    if "queued" in states:
         targets += [("parked", keys.concurrency_parked(q, text(k)))
                     for k in sorted(await redis.hkeys(keys.concurrency_waiting(q)))]
+    if in_bands:
+        targets += [("stream", k) for k in keys.queue_streams_desc(q)]
     if "scheduled" in states:
         targets.append(("schedule", keys.schedule(q)))
     out = BulkResult()

@@ -379,3 +379,27 @@ async def test_a_parked_task_expires_on_time(admin, broker_stub, gateway) -> Non
         await ack(broker_stub, running)
     finally:
         stream.close()
+
+
+async def test_purge_reaches_tasks_a_band_cancel_moves_back(admin, broker_stub, gateway) -> None:
+    """PurgeQueue cancels every waiting task of a key, also the parked ones that the
+    cancel of the key's band tasks moves back to the band while the purge runs."""
+    await set_limit(admin, 1)
+    ids = await enqueue(broker_stub, ["k"] * 3)
+    stream = await LeaseStream(broker_stub, "w1", [Q], max_in_flight=3).open()
+    try:
+        (t1,) = await stream.take(1)
+        await poll(lambda: key_stats(admin), lambda s: s == {"k": (1, 2)})
+        await admin.PauseQueue(pb.PauseQueueRequest(queue=Q))
+        await broker_stub.Fail(pb.FailRequest(items=[pb.FailItem(
+            lease_id=t1.lease_id, mode=pb.FAIL_MODE_RELEASE)]))
+        # t1 and one parked task wait in the band, the third one parked
+        await poll(lambda: key_stats(admin), lambda s: s == {"k": (0, 1)})
+        done = await admin.PurgeQueue(pb.PurgeQueueRequest(queue=Q))
+        assert (done.matched, done.cancelled) == (3, 3)
+        got = [(await broker_stub.GetTask(pb.GetTaskRequest(task_id=i))).task.status
+               for i in ids]
+        assert got == [pb.TASK_STATUS_CANCELLED] * 3
+        assert await key_stats(admin) == {}
+    finally:
+        stream.close()
