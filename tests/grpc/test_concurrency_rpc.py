@@ -330,6 +330,7 @@ async def test_delete_queue_removes_its_concurrency_limit(admin, broker_stub, ga
     reply = await admin.DeleteQueue(pb.DeleteQueueRequest(queue=Q))
     assert reply.deleted
     assert not await gateway.redis.exists(keys.concurrency_limit(Q))
+    assert not await gateway.redis.sismember(keys.CONCURRENCY_LIMITED_QUEUES, Q)
     got = await admin.GetConcurrency(pb.GetConcurrencyRequest(queue=Q))
     assert got.max_active_per_key == 0
 
