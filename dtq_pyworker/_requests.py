@@ -27,7 +27,8 @@ _INT_RANGES = {FieldDescriptor.CPPTYPE_INT32: (-(1 << 31), (1 << 31) - 1),
 
 _ENQUEUE_OPTIONS = ("content_type", "priority", "max_attempts", "timeout_ms",
                     "idempotency_key", "delay_ms", "not_before_ms", "expires_at_ms", "ttl_ms",
-                    "retry_policy", "metadata", "traceparent", "tracestate", "debounce")
+                    "retry_policy", "metadata", "traceparent", "tracestate", "debounce",
+                    "concurrency_key", "required_labels")
 
 #: Debounce modes by the names the client takes (``debounce={"mode": ...}``).
 DEBOUNCE_MODES = {"keep_first": dtq_pb2.DEBOUNCE_MODE_KEEP_FIRST,

@@ -4,6 +4,7 @@ concurrency key and the required labels."""
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Mapping
 
 from dtq_gateway.errors import InvalidArgument
@@ -18,7 +19,7 @@ def check_concurrency_key(ckey: str, field: str = "concurrency_key") -> str:
     if len(ckey.encode()) > MAX_CONCURRENCY_KEY_BYTES:
         raise InvalidArgument(f"{field}: at most {MAX_CONCURRENCY_KEY_BYTES} bytes",
                               field=field)
-    if any(ord(c) < 32 or ord(c) == 127 for c in ckey):
+    if any(unicodedata.category(c) == "Cc" for c in ckey):  # C0, DEL and C1
         raise InvalidArgument(f"{field}: must not contain control characters", field=field)
     return ckey
 

@@ -109,46 +109,71 @@ async def cancel_matching(redis: Client, flt: TaskFilter, *, dry_run: bool, limi
                           task_retention_s: int, keep_finished: int = 0,
                           actor: str = "") -> BulkResult:
     """Cancel (or with ``dry_run`` count) up to ``limit`` waiting tasks of ``flt.queue``
-    that match ``flt``: queued (and, when asked, active) ones first (band p9 to p0,
-    oldest entry first, then those parked under a concurrency key, key by key), then
-    scheduled ones (soonest due first). Steps of :data:`STEP` entries, each one script
-    call. Returns the counts; appends no audit entry (see :func:`bulk_cancel`)."""
+    that match ``flt``: queued ones parked under a concurrency key first (key by key,
+    oldest first), then queued (and, when asked, active) ones in their bands (p9 to p0,
+    oldest entry first), then, unless ``dry_run``, the parked ones again (lease reads
+    may park band tasks while the walk runs), then scheduled ones (soonest due first).
+    Steps of :data:`STEP` entries, each one script call. Returns the counts; appends no
+    audit entry (see :func:`bulk_cancel`).
+
+    Parked tasks go first because cancelling a queued band task of a key moves one of
+    the key's parked tasks to the tail of its band, where a band walk that already read
+    the tail would miss it (docs/fairness.md)."""
     now = await redis_now_ms(redis)
     after, before = flt.window(now)
     meta = json.dumps(flt.metadata, separators=(",", ":")) if flt.metadata else "{}"
     q = flt.queue
     states = flt.statuses or frozenset({"queued", "scheduled"})
     in_bands = ",".join(s for s in ("queued", "active") if s in states)
-    targets: list[tuple[str, str]] = []
-    if in_bands:
-        targets += [("stream", k) for k in keys.queue_streams_desc(q)]
-    if "queued" in states:  # tasks parked under a concurrency key (docs/fairness.md)
-        targets += [("parked", keys.concurrency_parked(q, text(k)))
-                    for k in sorted(await redis.hkeys(keys.concurrency_waiting(q)))]
-    if "scheduled" in states:
-        targets.append(("schedule", keys.schedule(q)))
     out = BulkResult()
-    for kind, key in targets:
-        cursor = ""
-        while out.matched < limit:
-            step = min(STEP, limit - out.matched) if not dry_run else STEP
-            reply = CancelStep.of(await CANCEL_MATCHING(redis, [
-                key, keys.cancelled(q), keys.expiring(q), keys.finished(q),
-                keys.queue_counters(q)], Script.argv(
-                q, kind, cursor, step, "1" if dry_run else "0", flt.task_type, meta,
-                after, before, task_retention_s, keep_finished, keys.GROUP, actor,
-                in_bands)))
-            cursor, read, matched = reply.cursor, reply.read, reply.matched
-            out.requested += reply.requested
-            ids = list(reply.task_ids)
-            if dry_run and out.matched + matched > limit:
-                matched, ids = limit - out.matched, ids[:limit - out.matched]
-            out.matched += matched
-            out.cancelled += reply.cancelled
-            out.task_ids += ids[:max(0, LIST_MAX - len(out.task_ids))]
-            if read < step:
-                break
+
+    async def walk(targets: list[tuple[str, str]]) -> None:
+        for kind, key in targets:
+            await _walk_target(redis, out, kind, key, [
+                q, kind, "", 0, "1" if dry_run else "0", flt.task_type, meta, after, before,
+                task_retention_s, keep_finished, keys.GROUP, actor, in_bands],
+                dry_run=dry_run, limit=limit)
+
+    async def parked() -> list[tuple[str, str]]:
+        if "queued" not in states:
+            return []
+        return [("parked", keys.concurrency_parked(q, text(k)))
+                for k in sorted(await redis.hkeys(keys.concurrency_waiting(q)))]
+
+    await walk(await parked())
+    if in_bands:
+        await walk([("stream", k) for k in keys.queue_streams_desc(q)])
+        if not dry_run:
+            await walk(await parked())
+    if "scheduled" in states:
+        await walk([("schedule", keys.schedule(q))])
     return out
+
+
+async def _walk_target(redis: Client, out: BulkResult, kind: str, key: str, argv: list,
+                       *, dry_run: bool, limit: int) -> None:
+    """Step through one target (a band stream, a parked list or the schedule) with
+    cancel_matching.lua, adding to ``out`` until it is exhausted or ``limit`` matched.
+    ``argv``: the script's ARGV from ARGV[3] on; the cursor (ARGV[5]) and the step size
+    (ARGV[6]) are filled in here."""
+    q = argv[0]
+    cursor = ""
+    while out.matched < limit:
+        step = min(STEP, limit - out.matched) if not dry_run else STEP
+        argv[2], argv[3] = cursor, step
+        reply = CancelStep.of(await CANCEL_MATCHING(redis, [
+            key, keys.cancelled(q), keys.expiring(q), keys.finished(q),
+            keys.queue_counters(q)], Script.argv(*argv)))
+        cursor, read, matched = reply.cursor, reply.read, reply.matched
+        out.requested += reply.requested
+        ids = list(reply.task_ids)
+        if dry_run and out.matched + matched > limit:
+            matched, ids = limit - out.matched, ids[:limit - out.matched]
+        out.matched += matched
+        out.cancelled += reply.cancelled
+        out.task_ids += ids[:max(0, LIST_MAX - len(out.task_ids))]
+        if read < step:
+            break
 
 
 async def bulk_cancel(redis: Client, flt: TaskFilter, call: CallInfo, *, action: str,

@@ -60,6 +60,14 @@ def queue_keys(queue: str) -> list[str]:
             keys.concurrency_waiting(queue)]
 
 
+async def _forget_concurrency_limit(redis: Client, queue: str) -> None:
+    """Take a deleted queue out of ``dtq:conc:limits`` (single-key commands, as
+    DeleteConcurrencyLimit does), unless SetConcurrencyLimit wrote a new limit meanwhile."""
+    await redis.srem(keys.CONCURRENCY_LIMITED_QUEUES, queue)
+    if await redis.exists(keys.concurrency_limit(queue)):
+        await redis.sadd(keys.CONCURRENCY_LIMITED_QUEUES, queue)
+
+
 async def delete_queue(redis: Client, queue: str, call: CallInfo, *, dry_run: bool = False,
                        discard_dead_letters: bool = False, reason: str = "",
                        audit_maxlen: int = 10000) -> QueueDeletion:
@@ -106,6 +114,8 @@ async def delete_queue(redis: Client, queue: str, call: CallInfo, *, dry_run: bo
             if await redis.exists(keys.rate_limit(queue)):  # SetRateLimit meanwhile
                 await redis.sadd(keys.RATE_LIMITED_QUEUES, queue)
             await ratelimits.forget_queue(redis, queue)
+        if keys.concurrency_limit(queue) in found:
+            await _forget_concurrency_limit(redis, queue)
     detail = f"dry_run={str(dry_run).lower()} keys={len(found)} dead_letters={dead}"
     if reason:
         detail += f"; {reason}"

@@ -95,7 +95,7 @@ async def test_bad_limit_names_the_field(admin, gateway, queue, n, field) -> Non
     assert not await gateway.redis.exists(keys.CONCURRENCY_LIMITED_QUEUES)
 
 
-@pytest.mark.parametrize("ckey", ["k" * 129, "a\nb", "é" * 65])
+@pytest.mark.parametrize("ckey", ["k" * 129, "a\nb", "é" * 65, "a\x7fb", "a\u0085b"])
 async def test_bad_concurrency_key_names_the_field(broker_stub, gateway, ckey) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await broker_stub.Enqueue(pb.EnqueueRequest(queue=Q, task_type="t",
@@ -330,6 +330,7 @@ async def test_delete_queue_removes_its_concurrency_limit(admin, broker_stub, ga
     reply = await admin.DeleteQueue(pb.DeleteQueueRequest(queue=Q))
     assert reply.deleted
     assert not await gateway.redis.exists(keys.concurrency_limit(Q))
+    assert not await gateway.redis.sismember(keys.CONCURRENCY_LIMITED_QUEUES, Q)
     got = await admin.GetConcurrency(pb.GetConcurrencyRequest(queue=Q))
     assert got.max_active_per_key == 0
 
@@ -377,5 +378,29 @@ async def test_a_parked_task_expires_on_time(admin, broker_stub, gateway) -> Non
         assert await key_stats(admin) == {"k": (1, 0)}
         assert not await gateway.redis.exists(keys.concurrency_parked(Q, "k"))
         await ack(broker_stub, running)
+    finally:
+        stream.close()
+
+
+async def test_purge_reaches_tasks_a_band_cancel_moves_back(admin, broker_stub, gateway) -> None:
+    """PurgeQueue cancels every waiting task of a key, also the parked ones that the
+    cancel of the key's band tasks moves back to the band while the purge runs."""
+    await set_limit(admin, 1)
+    ids = await enqueue(broker_stub, ["k"] * 3)
+    stream = await LeaseStream(broker_stub, "w1", [Q], max_in_flight=3).open()
+    try:
+        (t1,) = await stream.take(1)
+        await poll(lambda: key_stats(admin), lambda s: s == {"k": (1, 2)})
+        await admin.PauseQueue(pb.PauseQueueRequest(queue=Q))
+        await broker_stub.Fail(pb.FailRequest(items=[pb.FailItem(
+            lease_id=t1.lease_id, mode=pb.FAIL_MODE_RELEASE)]))
+        # t1 and one parked task wait in the band, the third one parked
+        await poll(lambda: key_stats(admin), lambda s: s == {"k": (0, 1)})
+        done = await admin.PurgeQueue(pb.PurgeQueueRequest(queue=Q))
+        assert (done.matched, done.cancelled) == (3, 3)
+        got = [(await broker_stub.GetTask(pb.GetTaskRequest(task_id=i))).task.status
+               for i in ids]
+        assert got == [pb.TASK_STATUS_CANCELLED] * 3
+        assert await key_stats(admin) == {}
     finally:
         stream.close()

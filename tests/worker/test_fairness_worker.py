@@ -39,3 +39,14 @@ async def test_worker_runs_labelled_tasks_within_the_key_limit(gateway) -> None:
         done = [await client.wait(task_id, 30) for task_id in ids]
     assert all(t.status is TaskStatus.SUCCEEDED for t in done)
     assert most["k"] == 2  # 8 handler slots, but at most 2 tasks of the key at once
+
+
+async def test_enqueue_batch_takes_concurrency_key_and_required_labels(gateway) -> None:
+    target = f"127.0.0.1:{gateway.port}"
+    async with AsyncClient(target) as client:
+        results = await client.enqueue_batch([
+            {"queue": "fb", "task_type": "render", "payload": {}, "concurrency_key": "k",
+             "required_labels": {"gpu": "a100"}}])
+        task = await client.get_task(results[0].task_id)
+    assert task.raw.concurrency_key == "k"
+    assert dict(task.raw.required_labels) == {"gpu": "a100"}
