@@ -1,0 +1,48 @@
+"""Admin script wrappers decode their replies into typed values (issue 22): the
+decoders, table-driven over each script's documented reply shapes."""
+
+from __future__ import annotations
+
+import pytest
+
+from dtq_gateway.store.admin_dlq import DeadLetterReply, DlqRow
+from dtq_gateway.store.admin_waiting import WaitingReply, WaitingRow
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ([b"OK", b"1700", b"1700-0", 1], DeadLetterReply("OK", 1700, became_busy=True)),
+    ([b"OK", 1700, b"1700-0", b"0"], DeadLetterReply("OK", 1700)),
+    ([b"OK", b"1800"], DeadLetterReply("OK", 1800)),  # discard_dead_letter.lua
+    ([b"NOT_FOUND"], DeadLetterReply("NOT_FOUND")),
+    ([b"NO_ENTRY"], DeadLetterReply("NO_ENTRY")),
+    ([b"MISMATCH"], DeadLetterReply("MISMATCH")),
+    ([b"WRONG_STATE", b"queued"], DeadLetterReply("WRONG_STATE", detail="queued")),
+    ([b"WRONG_STATE", b""], DeadLetterReply("WRONG_STATE")),
+    ([b"KEY_TAKEN", b"t2"], DeadLetterReply("KEY_TAKEN", detail="t2")),
+])
+def test_dead_letter_reply_decodes(raw, expected) -> None:
+    assert DeadLetterReply.of(raw) == expected
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ([], []),
+    ([b"5-0", b"t1", b"q", b"email", b"Boom", b"5", b"3"],
+     [DlqRow("5-0", "t1", "q", "email", "Boom", 5, 3)]),
+    ([b"5-0", b"t1", b"q", b"", b"", b"", b"", b"6-1", b"t2", b"r", b"x", b"E", 6, 1],
+     [DlqRow("5-0", "t1", "q", "", "", 0, 0), DlqRow("6-1", "t2", "r", "x", "E", 6, 1)]),
+])
+def test_dlq_scan_page_decodes(raw, expected) -> None:
+    assert DlqRow.decode_page(raw) == expected
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ([0, 1], WaitingReply(0, True)),
+    ([b"2000", b"0", [b"email", b"3", b"100"]],
+     WaitingReply(2000, False, (WaitingRow("email", 3, 100),))),
+    ([4, 1, [b"gpu", 4, 50, b'{"gpu":"a100"}'], [b"x", 1, 60, b""],
+      [b"y", 1, 70, b"[1]"]],
+     WaitingReply(4, True, (WaitingRow("gpu", 4, 50, {"gpu": "a100"}),
+                            WaitingRow("x", 1, 60), WaitingRow("y", 1, 70)))),
+])
+def test_queue_waiting_reply_decodes(raw, expected) -> None:
+    assert WaitingReply.of(raw) == expected
