@@ -7,6 +7,9 @@ import pytest
 
 from dtq_gateway.store.admin_dlq import DeadLetterReply, DlqRow
 from dtq_gateway.store.admin_waiting import WaitingReply, WaitingRow
+from dtq_gateway.store.audit import AuditRecord
+from dtq_gateway.store.concurrency import ConcurrencySetReply
+from dtq_gateway.store.queue_delete import DeleteQueueReply
 
 
 @pytest.mark.parametrize("raw, expected", [
@@ -46,3 +49,32 @@ def test_dlq_scan_page_decodes(raw, expected) -> None:
 ])
 def test_queue_waiting_reply_decodes(raw, expected) -> None:
     assert WaitingReply.of(raw) == expected
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ([0, 0, 0], ConcurrencySetReply(0, 0, False)),
+    ([3, 1000, 1], ConcurrencySetReply(3, 1000, True)),
+    ([b"5", b"2", b"0"], ConcurrencySetReply(5, 2, False)),
+])
+def test_concurrency_set_reply_decodes(raw, expected) -> None:
+    assert ConcurrencySetReply.of(raw) == expected
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ([b"1700-0", 1700], AuditRecord("1700-0", 1700)),
+    (["1700-1", b"1700"], AuditRecord("1700-1", 1700)),
+])
+def test_audit_append_reply_decodes(raw, expected) -> None:
+    assert AuditRecord.of(raw) == expected
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ([b"not_empty", 4, 1, 2, 0, 0, []], DeleteQueueReply("not_empty", 4, 1, 2, 0, 0, ())),
+    ([b"dead_letters", 0, 0, 0, 0, 7, [b"k1"]],
+     DeleteQueueReply("dead_letters", 0, 0, 0, 0, 7, ("k1",))),
+    ([b"absent", 0, 0, 0, 0, 0, []], DeleteQueueReply("absent", 0, 0, 0, 0, 0, ())),
+    ([b"deleted", b"0", b"0", b"0", b"1", b"2", [b"a", b"b"]],
+     DeleteQueueReply("deleted", 0, 0, 0, 1, 2, ("a", "b"))),
+])
+def test_delete_queue_reply_decodes(raw, expected) -> None:
+    assert DeleteQueueReply.of(raw) == expected
