@@ -10,6 +10,8 @@ from dtq_gateway.store.admin_waiting import WaitingReply, WaitingRow
 from dtq_gateway.store.audit import AuditRecord
 from dtq_gateway.store.concurrency import ConcurrencySetReply
 from dtq_gateway.store.queue_delete import DeleteQueueReply
+from dtq_gateway.store.ratelimits import RateLimitSetReply, TokenGrant
+from dtq_gateway.store.task_groups import GroupProgress
 
 
 @pytest.mark.parametrize("raw, expected", [
@@ -78,3 +80,33 @@ def test_audit_append_reply_decodes(raw, expected) -> None:
 ])
 def test_delete_queue_reply_decodes(raw, expected) -> None:
     assert DeleteQueueReply.of(raw) == expected
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ([b"created", 0], RateLimitSetReply("created", False)),
+    ([b"changed", b"0"], RateLimitSetReply("changed", False)),
+    ([b"deleted", 1], RateLimitSetReply("deleted", True)),
+    ([b"missing", 1], RateLimitSetReply("missing", True)),
+])
+def test_rate_limit_set_reply_decodes(raw, expected) -> None:
+    assert RateLimitSetReply.of(raw) == expected
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ([], []),
+    ([[3, 0]], [TokenGrant(3, 0)]),
+    ([[1, 250], [b"0", b"0"]], [TokenGrant(1, 250), TokenGrant(0, 0)]),
+])
+def test_rate_take_reply_decodes(raw, expected) -> None:
+    assert TokenGrant.decode_all(raw) == expected
+
+
+@pytest.mark.parametrize("raw, expected, finished", [
+    ([1, 3], GroupProgress(1, 3), False),
+    ([3, 3], GroupProgress(3, 3), True),
+    ([b"2", b"0"], GroupProgress(2, 0), False),  # group still being created
+    ([-1, 0], GroupProgress(-1, 0), False),  # group record gone
+])
+def test_group_member_reply_decodes(raw, expected, finished) -> None:
+    assert GroupProgress.of(raw) == expected
+    assert GroupProgress.of(raw).finished is finished
