@@ -9,6 +9,7 @@ from dtq_gateway.store.admin_dlq import DeadLetterReply, DlqRow
 from dtq_gateway.store.admin_waiting import WaitingReply, WaitingRow
 from dtq_gateway.store.audit import AuditRecord
 from dtq_gateway.store.concurrency import ConcurrencySetReply
+from dtq_gateway.store.history import OutcomeDeltas
 from dtq_gateway.store.queue_delete import DeleteQueueReply
 from dtq_gateway.store.ratelimits import RateLimitSetReply, TokenGrant
 from dtq_gateway.store.task_groups import GroupProgress
@@ -110,3 +111,13 @@ def test_rate_take_reply_decodes(raw, expected) -> None:
 def test_group_member_reply_decodes(raw, expected, finished) -> None:
     assert GroupProgress.of(raw) == expected
     assert GroupProgress.of(raw).finished is finished
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ([0, 0, 0], OutcomeDeltas()),
+    ([5, 2, 1], OutcomeDeltas(5, 2, 1)),
+    ([b"7", b"", b"3"], OutcomeDeltas(7, 0, 3)),
+    (ConnectionError("gone"), OutcomeDeltas()),  # a failed call in the pipeline
+])
+def test_history_counters_reply_decodes(raw, expected) -> None:
+    assert OutcomeDeltas.of(raw) == expected
