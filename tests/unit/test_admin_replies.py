@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from dtq_gateway.store.admin import PauseReply, QueueSummary
 from dtq_gateway.store.admin_dlq import DeadLetterReply, DlqRow
 from dtq_gateway.store.admin_waiting import WaitingReply, WaitingRow
 from dtq_gateway.store.audit import AuditRecord
@@ -121,3 +122,20 @@ def test_group_member_reply_decodes(raw, expected, finished) -> None:
 ])
 def test_history_counters_reply_decodes(raw, expected) -> None:
     assert OutcomeDeltas.of(raw) == expected
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ([1, 1700], PauseReply(True, 1700)),
+    ([b"0", b"1700"], PauseReply(False, 1700)),
+])
+def test_pause_queue_reply_decodes(raw, expected) -> None:
+    assert PauseReply.of(raw) == expected
+
+
+@pytest.mark.parametrize("row, expected", [
+    ([0, 0, 0], QueueSummary("q", 0, 0, False)),
+    ([12, 3, 1], QueueSummary("q", 12, 3, True)),
+    ([b"5", b"0", b"0"], QueueSummary("q", 5, 0, False)),
+])
+def test_queue_summaries_item_decodes(row, expected) -> None:
+    assert QueueSummary.of("q", row) == expected
