@@ -13,6 +13,7 @@ from dtq_gateway.store.concurrency import ConcurrencySetReply
 from dtq_gateway.store.history import OutcomeDeltas
 from dtq_gateway.store.queue_delete import DeleteQueueReply
 from dtq_gateway.store.ratelimits import RateLimitSetReply, TokenGrant
+from dtq_gateway.store.schedules import Advance
 from dtq_gateway.store.task_groups import GroupProgress
 
 
@@ -139,3 +140,15 @@ def test_pause_queue_reply_decodes(raw, expected) -> None:
 ])
 def test_queue_summaries_item_decodes(row, expected) -> None:
     assert QueueSummary.of("q", row) == expected
+
+
+@pytest.mark.parametrize("raw, expected", [
+    (b"ok", Advance.OK), (b"gone", Advance.GONE), ("stale", Advance.STALE),
+    (b"paused", Advance.PAUSED)])
+def test_schedule_advance_reply_decodes(raw, expected) -> None:
+    assert Advance.of(raw) is expected
+
+
+def test_an_unknown_schedule_advance_reply_is_an_error() -> None:
+    with pytest.raises(ValueError):
+        Advance.of(b"what")
