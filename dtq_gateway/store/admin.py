@@ -10,6 +10,7 @@ plain dataclasses; ``admin_servicer`` converts them to protobuf.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from dtq_gateway.errors import NotFound
 from dtq_gateway.store import keys
@@ -49,6 +50,27 @@ class QueueSummary:
     depth: int
     pending: int
     paused: bool
+
+    @classmethod
+    def of(cls, name: str, row: list[Any]) -> QueueSummary:
+        """Decode queue_summaries.lua's item of one queue: ``{depth, pending, paused}``."""
+        depth, pending, paused = row
+        return cls(name=name, depth=int(depth), pending=int(pending),
+                   paused=int(paused) == 1)
+
+
+@dataclass(frozen=True, slots=True)
+class PauseReply:
+    """pause_queue.lua's reply: ``changed`` (the flag changed; False: it already had
+    that value) and ``at_ms`` (epoch ms, Redis TIME)."""
+
+    changed: bool
+    at_ms: int
+
+    @classmethod
+    def of(cls, reply: list[Any]) -> PauseReply:
+        """Decode ``{changed (1/0), ts}``."""
+        return cls(bool(int(reply[0])), int(reply[1]))
 
 
 async def busy_queues(redis: Client) -> list[str]:
@@ -123,9 +145,7 @@ async def list_queues(redis: Client, size: int = 100, token: str = ""
         rows = await call_chunks(redis, QUEUE_SUMMARIES, [
             ([*keys.queue_streams_desc(name), keys.paused(name)],
              QUEUE_SUMMARIES.argv(keys.GROUP)) for name in names])
-        out = [QueueSummary(name=name, depth=int(depth), pending=int(pending),
-                            paused=int(paused) == 1)
-               for name, (depth, pending, paused) in zip(names, rows)]
+        out = [QueueSummary.of(name, row) for name, row in zip(names, rows)]
     return out, (names[-1] if more and names else "")
 
 
@@ -153,11 +173,11 @@ async def set_paused(redis: Client, queue: str, paused: bool, call: CallInfo, re
             raise NotFound(f"queue: no queue named {queue!r}{hint}", reason="QUEUE_NOT_FOUND")
         await redis.zadd(keys.QUEUES, {queue: 0})  # ListQueues shows it from now on
     mode = "pause" if paused else "resume"
-    changed, _ = await PAUSE_QUEUE(redis, [keys.paused(queue)], PAUSE_QUEUE.argv(
-        mode, audit_maxlen, call.actor, call.request_id, reason[:1024], queue))
+    reply = PauseReply.of(await PAUSE_QUEUE(redis, [keys.paused(queue)], PAUSE_QUEUE.argv(
+        mode, audit_maxlen, call.actor, call.request_id, reason[:1024], queue)))
     detail = reason[:1024]
-    if not int(changed):
+    if not reply.changed:
         detail = (detail + "; " if detail else "") + "unchanged"
     await append_audit(redis, call.actor, f"{mode}_queue", queue, call.request_id, detail,
                        maxlen=audit_maxlen)
-    return bool(changed)
+    return reply.changed

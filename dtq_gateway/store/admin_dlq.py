@@ -19,6 +19,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from dtq_gateway.errors import DtqError, InvalidArgument, NotFound, WrongState
 from dtq_gateway.store import keys
@@ -62,6 +63,43 @@ class DlqRow:
     error_class: str
     failed_at_ms: int
     attempts_made: int
+
+    @classmethod
+    def decode_page(cls, reply: list[Any]) -> list[DlqRow]:
+        """Decode dlq_scan.lua's flat reply: 7 values per entry (entry id, task id,
+        queue, task type, error class, failed_at_ms, attempts_made)."""
+        vals = [text(v) for v in reply]
+        return [cls(vals[i], vals[i + 1], vals[i + 2], vals[i + 3], vals[i + 4],
+                    as_int(vals[i + 5]), as_int(vals[i + 6]))
+                for i in range(0, len(vals), 7)]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterReply:
+    """requeue_dead_letter.lua's or discard_dead_letter.lua's reply, decoded (:meth:`of`).
+
+    Attributes:
+        status: ``OK``, ``NOT_FOUND``, ``NO_ENTRY``, ``WRONG_STATE``, ``MISMATCH`` or
+            ``KEY_TAKEN``.
+        at_ms: for OK, the time of the change (epoch ms, Redis TIME); else 0.
+        detail: for WRONG_STATE the task's status, for KEY_TAKEN the live task id that
+            holds the idempotency key; else "".
+        became_busy: for a requeue's OK, whether this call set the queue's busy marker.
+    """
+
+    status: str
+    at_ms: int = 0
+    detail: str = ""
+    became_busy: bool = False
+
+    @classmethod
+    def of(cls, reply: list[Any]) -> DeadLetterReply:
+        """Decode ``{'OK', ts[, entry id, became_busy]}`` or ``{status[, detail]}``."""
+        status = text(reply[0])
+        if status == "OK":
+            return cls(status, int(reply[1]),
+                       became_busy=len(reply) > 3 and bool(int(reply[3])))
+        return cls(status, detail=text(reply[1]) if len(reply) > 1 else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,10 +199,7 @@ async def scan(redis: Client, reverse: bool, after: str = "", count: int = SCAN_
     for reply in await execute(redis, pipe):
         if isinstance(reply, Exception):
             raise reply
-        vals = [text(v) for v in reply]
-        rows += [DlqRow(vals[i], vals[i + 1], vals[i + 2], vals[i + 3], vals[i + 4],
-                        as_int(vals[i + 5]), as_int(vals[i + 6]))
-                 for i in range(0, len(vals), 7)]
+        rows += DlqRow.decode_page(reply)
     rows.sort(key=lambda r: _order(r.entry_id, r.queue), reverse=reverse)
     return rows[:count]
 
@@ -208,8 +243,8 @@ async def list_dead_letters(redis: Client, size: int, token: str = "",
     return page, ""
 
 
-def _raise_for(reply: list[object], task_id: str) -> None:
-    status = text(reply[0])
+def _raise_for(reply: DeadLetterReply, task_id: str) -> None:
+    status = reply.status
     if status == "OK":
         return
     if status == "NOT_FOUND":
@@ -218,10 +253,10 @@ def _raise_for(reply: list[object], task_id: str) -> None:
         raise NotFound(f"task {task_id} has no dead-letter entry",
                        reason="DEAD_LETTER_NOT_FOUND")
     if status == "WRONG_STATE":
-        raise WrongState(f"task {task_id} is {text(reply[1])}, not dead_lettered")
+        raise WrongState(f"task {task_id} is {reply.detail}, not dead_lettered")
     if status == "KEY_TAKEN":
         raise WrongState(f"task {task_id} was not requeued: its idempotency key belongs to "
-                         f"live task {text(reply[1])} (at most one live task per key; "
+                         f"live task {reply.detail} (at most one live task per key; "
                          f"cancel that task first or enqueue a new task without the key)",
                          field="task_id", reason="IDEMPOTENCY_KEY_TAKEN")
     raise DtqError(f"requeue of task {task_id}: unexpected script reply {status}")
@@ -255,15 +290,15 @@ async def requeue(redis: Client, task_id: str, call: CallInfo, cfg: DlqSettings,
              keys.busy_marker(queue_s), keys.task(task_id)]
     if text(digest):
         keys_.append(keys.idempotency(queue_s, text(digest)))
-    reply = await REQUEUE_DEAD_LETTER(redis, keys_, REQUEUE_DEAD_LETTER.argv(
+    reply = DeadLetterReply.of(await REQUEUE_DEAD_LETTER(redis, keys_, REQUEUE_DEAD_LETTER.argv(
         cfg.audit_maxlen, call.actor, call.request_id, action, detail, queue_s, text(priority),
-        cfg.task_retention_s, keys.GROUP, cfg.idem_ttl_s))
+        cfg.task_retention_s, keys.GROUP, cfg.idem_ttl_s)))
     _raise_for(reply, task_id)
-    if int(reply[3]):
+    if reply.became_busy:
         await mark_busy(redis, [queue_s])
     await append_audit(redis, call.actor, action, task_id, call.request_id, detail,
                        maxlen=cfg.audit_maxlen)
-    return int(reply[1])
+    return reply.at_ms
 
 
 async def discard(redis: Client, task_id: str, call: CallInfo, cfg: DlqSettings) -> int:
@@ -276,14 +311,14 @@ async def discard(redis: Client, task_id: str, call: CallInfo, cfg: DlqSettings)
     queue = text(await redis.hget(keys.task(task_id), "queue"))
     if not keys.QUEUE_RE.match(queue):
         raise NotFound(f"task {task_id} not found", reason="TASK_NOT_FOUND")
-    reply = await DISCARD_DEAD_LETTER(
+    reply = DeadLetterReply.of(await DISCARD_DEAD_LETTER(
         redis, [keys.task(task_id), keys.dead_letter(queue), keys.task(task_id)],
         DISCARD_DEAD_LETTER.argv(cfg.audit_maxlen, call.actor, call.request_id,
-                                 cfg.task_retention_s))
+                                 cfg.task_retention_s)))
     _raise_for(reply, task_id)
     await append_audit(redis, call.actor, "discard_dead_letter", task_id, call.request_id, "",
                        maxlen=cfg.audit_maxlen)
-    return int(reply[1])
+    return reply.at_ms
 
 
 async def purge(redis: Client, call: CallInfo, cfg: DlqSettings) -> int:

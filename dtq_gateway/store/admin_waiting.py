@@ -49,6 +49,40 @@ def _labels(raw: object) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()}
 
 
+@dataclass(frozen=True, slots=True)
+class WaitingRow:
+    """One task type's (and required labels') waiting entries in a queue_waiting.lua
+    reply: how many, and the oldest wait start (epoch ms)."""
+
+    task_type: str
+    waiting: int
+    since_ms: int
+    required_labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingReply:
+    """queue_waiting.lua's reply, decoded (:meth:`of`).
+
+    Attributes:
+        read: entries the script read (at most its scan bound).
+        complete: every waiting entry was read.
+        rows: per task type and required labels, in the script's order.
+    """
+
+    read: int
+    complete: bool
+    rows: tuple[WaitingRow, ...] = ()
+
+    @classmethod
+    def of(cls, reply: list[Any]) -> WaitingReply:
+        """Decode ``{read, complete, {task_type, waiting, since_ms[, labels JSON]}...}``."""
+        rows = tuple(WaitingRow(text(name), int(n), int(since),
+                                _labels(rest[0] if rest else b""))
+                     for name, n, since, *rest in reply[2:])
+        return cls(int(reply[0]), bool(int(reply[1])), rows)
+
+
 def _int(value: object) -> int:
     try:
         return int(text(value) or 0)
@@ -84,25 +118,26 @@ async def waiting_by_type(redis: Client, queue: str, now_ms: int, heartbeat_inte
     A type is ``taken`` when a live worker whose latest Lease session named this
     queue takes it (an empty task type filter takes every type).
     """
-    reply = await QUEUE_WAITING(redis, *waiting_call(queue, scan_max))
-    workers = await list_workers(redis, heartbeat_interval_ms) if reply[2:] else []
+    reply = WaitingReply.of(await QUEUE_WAITING(redis, *waiting_call(queue, scan_max)))
+    workers = await list_workers(redis, heartbeat_interval_ms) if reply.rows else []
     return waiting_types(reply, queue, now_ms, workers)
 
 
-def waiting_types(reply: Any, queue: str, now_ms: int, workers: list[WorkerRecord]
+def waiting_types(reply: WaitingReply, queue: str, now_ms: int, workers: list[WorkerRecord]
                   ) -> tuple[list[TypeWaiting], bool]:
-    """:func:`waiting_by_type` of a ``queue_waiting.lua`` reply and the known workers."""
-    rows = reply[2:]
+    """:func:`waiting_by_type` of a decoded ``queue_waiting.lua`` reply and the known
+    workers."""
     takers = [w for w in workers
               if w.alive and w.status != "stopped" and queue in w.queues]
     out = []
-    for name, n, since, *rest in rows:
-        task_type, need = text(name), _labels(rest[0] if rest else b"")
+    for row in reply.rows:
+        need = row.required_labels
         out.append(TypeWaiting(
-            task_type=task_type, waiting=int(n), oldest_age_ms=max(0, now_ms - int(since)),
-            taken=any((not w.task_types or task_type in w.task_types)
+            task_type=row.task_type, waiting=row.waiting,
+            oldest_age_ms=max(0, now_ms - row.since_ms),
+            taken=any((not w.task_types or row.task_type in w.task_types)
                       and all(w.labels.get(k) == v for k, v in need.items())
                       for w in takers),
             required_labels=need))
     out.sort(key=lambda t: (-t.waiting, t.task_type))
-    return out, bool(int(reply[1]))
+    return out, reply.complete

@@ -33,6 +33,12 @@ class AuditRecord:
     entry_id: str
     ts_ms: int
 
+    @classmethod
+    def of(cls, reply: list[Any]) -> AuditRecord:
+        """Decode audit_append.lua's ``{entry id, ts (epoch ms)}``."""
+        entry_id = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+        return cls(entry_id=entry_id, ts_ms=int(reply[1]))
+
 
 def request_id_of(context: Any) -> str:
     """Request id of the call: the ``x-request-id`` metadata or a fresh uuid hex.
@@ -78,9 +84,7 @@ async def append_audit(redis: Client, actor: str, action: str, task_id: str, req
     Returns:
         The entry id and its timestamp (epoch ms, Redis TIME).
     """
-    reply = await AUDIT_APPEND(redis, [keys.AUDIT], AUDIT_APPEND.argv(
-        maxlen, actor, action, task_id, request_id, detail))
-    entry_id = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
-    record = AuditRecord(entry_id=entry_id, ts_ms=int(reply[1]))
+    record = AuditRecord.of(await AUDIT_APPEND(redis, [keys.AUDIT], AUDIT_APPEND.argv(
+        maxlen, actor, action, task_id, request_id, detail)))
     log_audit(actor, action, task_id, request_id, detail, record.ts_ms)
     return record

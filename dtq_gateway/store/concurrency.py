@@ -16,6 +16,7 @@ limit is gone.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from dtq_gateway.domain.validation import check_queue
 from dtq_gateway.errors import InvalidArgument
@@ -54,6 +55,26 @@ class QueueConcurrency:
     waiting: int
 
 
+@dataclass(frozen=True, slots=True)
+class ConcurrencySetReply:
+    """concurrency_set.lua's reply, decoded (:meth:`of`).
+
+    Attributes:
+        previous: the queue's per-key limit before the call (0 = none).
+        moved: parked tasks this call moved back to their bands.
+        more: more parked tasks may be free to move (call again).
+    """
+
+    previous: int
+    moved: int
+    more: bool
+
+    @classmethod
+    def of(cls, reply: list[Any]) -> ConcurrencySetReply:
+        """Decode ``{previous limit, tasks moved, 1 = more else 0}``."""
+        return cls(int(reply[0]), int(reply[1]), bool(int(reply[2])))
+
+
 def validate(queue: str, max_active_per_key: int) -> tuple[str, int]:
     """Check a SetConcurrencyLimit request.
 
@@ -75,12 +96,14 @@ async def _apply(redis: Client, queue: str, limit: str) -> int:
     go (``MOVE_BUDGET`` per call). Returns the limit before the change (0 = none)."""
     keys_ = [keys.concurrency_limit(queue), keys.concurrency_active(queue),
              keys.concurrency_waiting(queue)]
-    previous, more = None, 1
+    previous: int | None = None
+    more = True
     while more:
-        reply = await CONCURRENCY_SET(redis, keys_, Script.argv(queue, limit, MOVE_BUDGET))
+        reply = ConcurrencySetReply.of(
+            await CONCURRENCY_SET(redis, keys_, Script.argv(queue, limit, MOVE_BUDGET)))
         if previous is None:
-            previous = int(reply[0])
-        limit, more = "", int(reply[2])  # later calls only move what is still free
+            previous = reply.previous
+        limit, more = "", reply.more  # later calls only move what is still free
     return previous or 0
 
 

@@ -54,6 +54,25 @@ def percentiles(values: list[int]) -> list[int]:
     return [v[min(len(v) - 1, max(0, -(-len(v) * p // 100) - 1))] for p in (50, 95, 99)]
 
 
+@dataclass(frozen=True, slots=True)
+class OutcomeDeltas:
+    """history_counters.lua's reply, decoded (:meth:`of`): outcomes of one queue since
+    its previous history sample (all 0 for a failed call or a queue without counters)."""
+
+    succeeded: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+
+    @classmethod
+    def of(cls, reply: Any) -> OutcomeDeltas:
+        """Decode ``{succeeded, retried, dead_lettered}``; an exception (the call failed
+        in its pipeline) decodes as all 0."""
+        if isinstance(reply, Exception):
+            return cls()
+        succeeded, retried, dead_lettered = (as_int(x) for x in reply)
+        return cls(succeeded, retried, dead_lettered)
+
+
 @dataclass
 class _Acc:
     """What one sample counts for one queue (or all queues)."""
@@ -128,12 +147,13 @@ async def take_sample(redis: Client, queues: list[str], since_ms: int, now_ms: i
         "failed": 0, "dead_lettered": 0, "depth": 0, "backlog_age_ms": 0,
         "wait_ms": percentiles(accs[""].waits), "run_ms": percentiles(accs[""].runs)}
     for q, row in zip(names, counters):
-        d = [0, 0, 0] if isinstance(row, Exception) else [as_int(x) for x in row]
+        d = OutcomeDeltas.of(row)
         qb = bands.get(q, [])
         oldest = [b.oldest_undelivered_ms for b in qb if b.oldest_undelivered_ms]
         acc = accs.get(q, _Acc())
         s = {"t": now_ms, "dt": now_ms - since_ms, "enqueued": round(acc.enqueued * scale),
-             "succeeded": d[0], "failed": d[1] + d[2], "dead_lettered": d[2],
+             "succeeded": d.succeeded, "failed": d.retried + d.dead_lettered,
+             "dead_lettered": d.dead_lettered,
              "depth": sum(b.depth for b in qb),
              "backlog_age_ms": max(0, now_ms - min(oldest)) if oldest else 0,
              "wait_ms": percentiles(acc.waits), "run_ms": percentiles(acc.runs)}

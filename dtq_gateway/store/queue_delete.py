@@ -27,6 +27,7 @@ documented as never shrinking).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from dtq_gateway.errors import NotFound, WrongState
 from dtq_gateway.store import keys, ratelimits, reaping
@@ -68,6 +69,37 @@ async def _forget_concurrency_limit(redis: Client, queue: str) -> None:
         await redis.sadd(keys.CONCURRENCY_LIMITED_QUEUES, queue)
 
 
+@dataclass(frozen=True, slots=True)
+class DeleteQueueReply:
+    """delete_queue.lua's reply, decoded (:meth:`of`).
+
+    Attributes:
+        outcome: ``not_empty``, ``dead_letters``, ``absent``, ``dry_run`` or
+            ``deleted``.
+        depth: entries in the queue's bands; pending: of those, leased (PEL).
+        scheduled: tasks of the queue waiting in the retry / delay schedule.
+        followups: chain steps / group callbacks owed to the queue.
+        dead_letters: entries in the queue's dead-letter stream.
+        existing: the queue's keys that exist (deleted unless a dry run or refusal).
+    """
+
+    outcome: str
+    depth: int
+    pending: int
+    scheduled: int
+    followups: int
+    dead_letters: int
+    existing: tuple[str, ...]
+
+    @classmethod
+    def of(cls, reply: list[Any]) -> DeleteQueueReply:
+        """Decode ``{outcome, depth, pending, scheduled, followups, dead letters,
+        {existing keys}}``."""
+        outcome, depth, pending, scheduled, followups, dead, existing = reply
+        return cls(text(outcome), int(depth), int(pending), int(scheduled), int(followups),
+                   int(dead), tuple(text(k) for k in existing))
+
+
 async def delete_queue(redis: Client, queue: str, call: CallInfo, *, dry_run: bool = False,
                        discard_dead_letters: bool = False, reason: str = "",
                        audit_maxlen: int = 10000) -> QueueDeletion:
@@ -89,23 +121,22 @@ async def delete_queue(redis: Client, queue: str, call: CallInfo, *, dry_run: bo
             Nothing is changed or audited.
     """
     validate_queue(queue)
-    outcome, depth, pending, scheduled, followups, dead, existing = await _DELETE_QUEUE(
-        redis, queue_keys(queue), _DELETE_QUEUE.argv(int(discard_dead_letters), int(dry_run)))
-    outcome = text(outcome)
-    if outcome == "not_empty":
+    reply = DeleteQueueReply.of(await _DELETE_QUEUE(
+        redis, queue_keys(queue), _DELETE_QUEUE.argv(int(discard_dead_letters), int(dry_run))))
+    if reply.outcome == "not_empty":
         raise WrongState(
-            f"queue: {queue!r} is not empty: depth={depth} (leased={pending}), "
-            f"scheduled={scheduled}, followups={followups}; let its tasks finish, or cancel "
-            "them, then delete it", reason="QUEUE_NOT_EMPTY")
-    if outcome == "dead_letters":
+            f"queue: {queue!r} is not empty: depth={reply.depth} (leased={reply.pending}), "
+            f"scheduled={reply.scheduled}, followups={reply.followups}; let its tasks "
+            "finish, or cancel them, then delete it", reason="QUEUE_NOT_EMPTY")
+    if reply.outcome == "dead_letters":
         raise WrongState(
-            f"queue: {queue!r} holds {dead} dead letters; requeue or discard them (dtq dlq), "
-            "or set discard_dead_letters to delete them with the queue",
+            f"queue: {queue!r} holds {reply.dead_letters} dead letters; requeue or discard "
+            "them (dtq dlq), or set discard_dead_letters to delete them with the queue",
             reason="HAS_DEAD_LETTERS")
-    if outcome == "absent" and await redis.zscore(keys.QUEUES, queue) is None:
+    if reply.outcome == "absent" and await redis.zscore(keys.QUEUES, queue) is None:
         raise NotFound(f"queue: no queue named {queue!r}", reason="QUEUE_NOT_FOUND")
-    found = sorted(text(k) for k in existing)
-    dead = int(dead)
+    found = sorted(reply.existing)
+    dead = reply.dead_letters
     if not dry_run:
         await leave_registry(redis, queue)
         await reaping.leave_busy_set(redis, [queue])

@@ -24,6 +24,7 @@ from dtq_gateway.store.admin_lists import worker_records
 from dtq_gateway.store.admin_scripts import QUEUE_WAITING
 from dtq_gateway.store.admin_waiting import (
     TypeWaiting,
+    WaitingReply,
     counters_of,
     waiting_call,
     waiting_types,
@@ -309,8 +310,8 @@ async def queue_stats(redis: Client, queue: str, heartbeat_interval_ms: int = 10
         raise NotFound(f"queue {queue!r} has no streams", reason="QUEUE_NOT_FOUND")
     sec, usec = _ok(one["time"])
     now = int(sec) * 1000 + int(usec) // 1000
-    waiting_reply = _ok(one["waiting"])
-    ids = sorted(text(m) for m in _ok(one["worker_ids"])) if waiting_reply[2:] else []
+    waiting_reply = WaitingReply.of(_ok(one["waiting"]))
+    ids = sorted(text(m) for m in _ok(one["worker_ids"])) if waiting_reply.rows else []
     hashes = await _second_round(redis, starts, ids)
     waiting, complete = waiting_types(
         waiting_reply, queue, now, worker_records(ids, hashes, now, heartbeat_interval_ms))

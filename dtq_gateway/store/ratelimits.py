@@ -64,6 +64,35 @@ class RateLimit:
     tokens: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class RateLimitSetReply:
+    """rate_limit_set.lua's reply: ``outcome`` created, changed, deleted or missing;
+    ``gone`` when the queue's limits hash is gone (no limit left)."""
+
+    outcome: str
+    gone: bool
+
+    @classmethod
+    def of(cls, reply: list[Any]) -> RateLimitSetReply:
+        """Decode ``{outcome, 1 = hash gone else 0}``."""
+        return cls(text(reply[0]), bool(int(reply[1])))
+
+
+@dataclass(frozen=True, slots=True)
+class TokenGrant:
+    """rate_take.lua's answer for one (scope, n) pair: ``granted`` tokens (n for a scope
+    without a limit, 0 for a give-back), ``wait_ms`` until the next token when fewer
+    than n were granted, else 0."""
+
+    granted: int
+    wait_ms: int
+
+    @classmethod
+    def decode_all(cls, reply: list[Any]) -> list[TokenGrant]:
+        """Decode ``{{granted, wait_ms}, ...}``, one per pair in call order."""
+        return [cls(int(granted), int(wait_ms)) for granted, wait_ms in reply]
+
+
 def validate(queue: str, task_type: str, limit: int, period_ms: int, burst: int) -> RateLimit:
     """Apply defaults and ranges (see proto RateLimit).
 
@@ -118,9 +147,11 @@ async def set_limit(redis: Client, rl: RateLimit, actor: str, max_limits: int = 
                 field="rate_limit")
     await redis.sadd(keys.RATE_LIMITED_QUEUES, rl.queue)
     await redis.zadd(keys.RATE_LIMIT_INDEX, {member: 0})
-    outcome, _ = await RATE_LIMIT_SET(redis, [keys.rate_limit(rl.queue)], RATE_LIMIT_SET.argv(
-        rl.task_type or QUEUE_SCOPE, f"{rl.limit} {rl.period_ms} {rl.burst}", rl.queue, actor))
-    return text(outcome) == "created"
+    reply = RateLimitSetReply.of(await RATE_LIMIT_SET(
+        redis, [keys.rate_limit(rl.queue)], RATE_LIMIT_SET.argv(
+            rl.task_type or QUEUE_SCOPE, f"{rl.limit} {rl.period_ms} {rl.burst}", rl.queue,
+            actor)))
+    return reply.outcome == "created"
 
 
 async def delete_limit(redis: Client, queue: str, task_type: str, actor: str) -> bool:
@@ -135,12 +166,13 @@ async def delete_limit(redis: Client, queue: str, task_type: str, actor: str) ->
     if task_type and not keys.TASK_TYPE_RE.match(task_type):
         raise InvalidArgument("task_type: must match [A-Za-z0-9_.:/-]{1,128}",
                               field="task_type")
-    outcome, gone = await RATE_LIMIT_SET(redis, [keys.rate_limit(queue)], RATE_LIMIT_SET.argv(
-        task_type or QUEUE_SCOPE, "", queue, actor))
+    reply = RateLimitSetReply.of(await RATE_LIMIT_SET(
+        redis, [keys.rate_limit(queue)], RATE_LIMIT_SET.argv(task_type or QUEUE_SCOPE, "",
+                                                             queue, actor)))
     await redis.zrem(keys.RATE_LIMIT_INDEX, _member(queue, task_type or QUEUE_SCOPE))
-    if int(gone):
+    if reply.gone:
         await redis.srem(keys.RATE_LIMITED_QUEUES, queue)
-    return text(outcome) == "deleted"
+    return reply.outcome == "deleted"
 
 
 async def forget_queue(redis: Client, queue: str) -> None:
@@ -319,10 +351,10 @@ async def take_types(redis: Client, wanted: list[tuple[str, str]]
     for (queue, counts), reply in zip(calls, await execute(redis, pipe)):
         if isinstance(reply, Exception):
             raise reply
-        for task_type, (granted, wait_ms) in zip(counts, reply):
-            grants[(queue, task_type)] = int(granted)
-            if int(wait_ms):
-                waits[queue] = min(waits.get(queue, int(wait_ms)), int(wait_ms))
+        for task_type, grant in zip(counts, TokenGrant.decode_all(reply)):
+            grants[(queue, task_type)] = grant.granted
+            if grant.wait_ms:
+                waits[queue] = min(waits.get(queue, grant.wait_ms), grant.wait_ms)
     out = []
     for item in wanted:
         out.append(grants[item] > 0)

@@ -36,6 +36,7 @@ handled), ``next_fire_ms``, ``last_fire_ms``, ``last_task_id``, ``fires_total``,
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 import uuid
@@ -63,6 +64,24 @@ UPDATE = Script("schedule_update")
 DUE_BATCH = 500
 #: Names added per ZADD when the name index is built for older data.
 _INDEX_CHUNK = 1000
+
+
+class Advance(enum.Enum):
+    """schedule_advance.lua's reply, decoded (:meth:`of`)."""
+
+    #: the progress was recorded
+    OK = "ok"
+    #: the schedule was deleted meanwhile
+    GONE = "gone"
+    #: the schedule was replaced meanwhile (its gen changed)
+    STALE = "stale"
+    #: the schedule is paused: nothing changed
+    PAUSED = "paused"
+
+    @classmethod
+    def of(cls, reply: Any) -> Advance:
+        """Decode the script's status string. Raises ValueError for an unknown one."""
+        return cls(text(reply))
 
 
 def _check_name(name: str, field: str = "name") -> str:
@@ -294,7 +313,7 @@ async def advance_many(redis: Client, steps: list[tuple[str, str, int, int, str,
     for reply in await execute(redis, pipe):
         if isinstance(reply, Exception):
             raise reply
-        out.append(text(reply) == "ok")
+        out.append(Advance.of(reply) is Advance.OK)
     return out
 
 
@@ -322,7 +341,7 @@ async def advance(redis: Client, name: str, gen: str, done_ms: int, fire_ms: int
     deleted meanwhile. Times are epoch ms."""
     reply = await ADVANCE(redis, [keys.periodic_schedule(name)],
                           ADVANCE.argv(gen, done_ms, fire_ms, task_id, next_ms))
-    return text(reply) == "ok"
+    return Advance.of(reply) is Advance.OK
 
 
 async def reschedule(redis: Client, name: str, next_ms: int) -> None:

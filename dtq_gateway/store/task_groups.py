@@ -59,6 +59,26 @@ def _result_entry(result: bytes | None) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupProgress:
+    """group_member.lua's reply, decoded (:meth:`of`): ``done`` members recorded so
+    far and ``total`` members of the group (0 while it is still being created); ``done``
+    is -1 when the group record is gone."""
+
+    done: int
+    total: int
+
+    @classmethod
+    def of(cls, reply: list[Any]) -> GroupProgress:
+        """Decode ``{done, total}``."""
+        return cls(int(reply[0]), int(reply[1]))
+
+    @property
+    def finished(self) -> bool:
+        """Every member of a created group is recorded."""
+        return bool(self.total) and self.done >= self.total
+
+
+@dataclass(frozen=True, slots=True)
 class GroupState:
     """A group record as read: its members, and the outcomes recorded so far."""
 
@@ -126,16 +146,15 @@ class TaskGroups:
         if status not in TERMINAL or not keys.TASK_ID_RE.match(group_id) \
                 or not keys.QUEUE_RE.match(queue):
             return
-        done, total = await self._record_member(queue, group_id, task_id, _outcome(f))
-        if total and done >= total:
+        progress = await self._record_member(queue, group_id, task_id, _outcome(f))
+        if progress.finished:
             await self.check_group(queue, group_id)
 
     async def _record_member(self, queue: str, group_id: str, task_id: str,
-                             outcome: dict) -> tuple[int, int]:
-        done, total = await GROUP_MEMBER(
+                             outcome: dict) -> GroupProgress:
+        return GroupProgress.of(await GROUP_MEMBER(
             self.redis, [keys.group(queue, group_id)],
-            Script.argv(task_id, json.dumps(outcome, separators=(",", ":"))))
-        return int(done), int(total)
+            Script.argv(task_id, json.dumps(outcome, separators=(",", ":")))))
 
     async def _read_group(self, queue: str, group_id: str) -> GroupState | None:
         # the client never decodes replies: fields and values arrive as bytes

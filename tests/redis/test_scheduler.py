@@ -213,6 +213,9 @@ async def test_leader_moves_due_tasks_and_reclaims_leases(r: Redis, redis_url: s
             pass  # a marker, and one member per queue
         elif key.startswith(keys.HISTORY.encode()):  # history samples: capped, expiring
             assert await r.type(key) == b"list" and await r.ttl(key) > 0, key
+        elif key in (keys.queue_bands("emails").encode(), keys.queue_bands("other").encode()):
+            # the band summary of a queue: a set that expires (docs/redis-layout.md)
+            assert await r.type(key) == b"set" and await r.pttl(key) > 0, key
         else:
             assert await r.type(key) == b"stream", key
 
