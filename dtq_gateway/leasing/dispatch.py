@@ -40,6 +40,11 @@ from dtq_gateway.store.leasing import OWN_EVENT
 #: Reads re-run at once after a task-type rate limit put entries back (per session, until
 #: one delivers something): bounds the rotation through a stream of throttled entries.
 LIMIT_REREADS = 4
+#: Reads re-run at once, besides those, while lease_take's scan bound (256 entries read
+#: per call) ended the last read with credit left and entries put back (per session,
+#: until one delivers something): a session gets past up to 16 × 256 entries it does
+#: not take at once, then at the tick, so a stream of only such entries is no busy loop.
+SCAN_REREADS = 16
 WAKE_EVENTS = frozenset({"TASK_QUEUED", "TASK_RETRIED"})
 #: Events that end a lease of their worker_id (TASK_RETRIED: the reaper took a lost
 #: lease away, which frees that worker's credit too)
@@ -382,22 +387,31 @@ class Dispatcher:
             return 0, credit > 0, 0, live == 0 or credit > 0
         delivered = await self.activator.deliver(session, read)
         if delivered:
-            session.limit_rounds = 0
+            session.limit_rounds = session.scan_rounds = 0
         if session.limit_held:
-            credit = self._reread_after_limit(session, read.pending, delivered)
+            credit = self._reread_after_limit(session, read.pending, delivered, read.cut)
         return delivered, credit > 0, len(entries), False
 
-    def _reread_after_limit(self, session: Session, pending: int, delivered: int) -> int:
-        """Entries of a throttled task type went back to the tail of their stream, so
-        the credit they took is free again and other types may wait behind them: read
-        again at once, at most LIMIT_REREADS times in a row (a stream of only throttled
-        entries must not turn into a busy loop; the limit's timer or the tick reads it
-        later). A read that delivered something resets the count. Returns the credit
+    def _reread_after_limit(self, session: Session, pending: int, delivered: int,
+                            cut: bool = False) -> int:
+        """Entries of a throttled task type (or of a type or required labels the
+        session does not take) went back to the tail of their stream, so the credit
+        they took is free again and other tasks may wait behind them: read again at
+        once, at most LIMIT_REREADS times in a row (a stream of only throttled entries
+        must not turn into a busy loop; the limit's timer or the tick reads it later),
+        plus up to SCAN_REREADS times while lease_take's scan bound ``cut`` the read
+        short. A read that delivered something resets the counts. Returns the credit
         left."""
         credit = session.max_in_flight - pending - delivered
         session.full = credit <= 0
-        if credit > 0 and session.limit_rounds < LIMIT_REREADS:
+        if credit <= 0:
+            return credit
+        if cut and session.scan_rounds < SCAN_REREADS:
+            session.scan_rounds += 1
+        elif session.limit_rounds < LIMIT_REREADS:
             session.limit_rounds += 1
-            self._dirty_workers.add(session.worker_id)
-            self._wake.set()
+        else:
+            return credit
+        self._dirty_workers.add(session.worker_id)
+        self._wake.set()
         return credit

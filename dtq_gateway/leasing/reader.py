@@ -15,11 +15,14 @@ from dtq_gateway.settings import Settings
 from dtq_gateway.store import leasing as store
 from dtq_gateway.store.client import Client
 from dtq_gateway.store.groups import Groups
-from dtq_gateway.store.lease_replies import LeaseRead, WorkerState
+from dtq_gateway.store.lease_replies import ActivationKind, LeaseRead, WorkerState
 from dtq_gateway.store.leasing import Call, SlotRead, TakeArgs
 
 #: Most entries one lease_take returns (bounds script run time).
 BATCH_MAX = 256
+#: Outcomes of a read entry that keep the credit it took: leased, or left for the
+#: two-step path (activate.lua)
+HOLDS_CREDIT = frozenset({ActivationKind.OK, ActivationKind.READ})
 
 
 class SessionReader:
@@ -105,9 +108,10 @@ class SessionReader:
             sub = session.slot_reads[n].band(band)
             got = await store.lease_take(self.redis, sub, self.take_call(
                 session, sub, most=credit, max_in_flight=peeks[n].pending + credit))
-            credit -= len(got.entries)
+            # entries put back (or otherwise not leased) freed their credit
+            credit -= sum(1 for e in got.entries if e.activation.kind in HOLDS_CREDIT)
             reads.append(LeaseRead(0, got.missing_streams, WorkerState.OK, 0, got.limits,
-                                   got.entries))
+                                   got.entries, cut=got.cut))
         return LeaseRead.merge(reads, pending=pending)
 
     async def draining(self, worker_ids: set[str]) -> list[str]:

@@ -71,6 +71,9 @@ class Session:
     #: reads in a row were re-run at once for that (bounded, see Dispatcher._after_read)
     limit_held: int = 0
     limit_rounds: int = 0
+    #: reads in a row re-run at once because lease_take's scan bound cut the last one
+    #: short (bounded by SCAN_REREADS, see Dispatcher._reread_after_limit)
+    scan_rounds: int = 0
     #: stream health (Dispatcher.received, Dispatcher._check_streams): the leases handed
     #: to the stream and not yet confirmed received, in write order: lease id -> (write
     #: sequence number, monotonic s of the hand-over). A lease is confirmed when it, or

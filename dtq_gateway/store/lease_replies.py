@@ -137,6 +137,8 @@ class LeaseRead:
         limits: the rate-limit part (queue names: typed, limited, throttled; wait_ms).
         entries: the entries read, strict p9 -> p0.
         live: a peek's non-empty band stream keys (empty for a read).
+        cut: the call's scan bound (lease_take.lua, SCAN_MAX entries read in all) ended
+            it while it had credit left: more may be readable for the session.
     """
 
     pending: int
@@ -146,6 +148,7 @@ class LeaseRead:
     limits: Limits
     entries: list[ReadEntry] = field(default_factory=list)
     live: list[str] = field(default_factory=list)
+    cut: bool = False
 
     def with_state(self, state: WorkerState) -> LeaseRead:
         return replace(self, worker_state=state)
@@ -154,7 +157,8 @@ class LeaseRead:
     def merge(reads: list[LeaseRead], state: WorkerState = WorkerState.OK,
               pending: int | None = None) -> LeaseRead:
         """One value for a whole session from its slot reads: counts summed (``pending``
-        given: that instead), lists joined, the earliest rate-limit wake-up kept."""
+        given: that instead), lists joined, the earliest rate-limit wake-up kept, cut
+        when any read was."""
         waits = [r.limits.wait_ms for r in reads if r.limits.wait_ms]
         return LeaseRead(
             sum(r.pending for r in reads) if pending is None else pending,
@@ -164,7 +168,8 @@ class LeaseRead:
                    set().union(*(r.limits.typed for r in reads)),
                    set().union(*(r.limits.limited for r in reads)),
                    set().union(*(r.limits.throttled for r in reads))),
-            [e for r in reads for e in r.entries], [s for r in reads for s in r.live])
+            [e for r in reads for e in r.entries], [s for r in reads for s in r.live],
+            any(r.cut for r in reads))
 
 
 def decode_read(reply: list[Any], queues: list[str], streams: list[str],
@@ -182,4 +187,5 @@ def decode_read(reply: list[Any], queues: list[str], streams: list[str],
     return LeaseRead(
         int(reply[0]), [streams[int(i) - 1] for i in reply[1]], WorkerState.OK,
         int(reply[3]), Limits.from_reply(reply[4], queues), entries,
-        [streams[int(i) - 1] for i in reply[5]] if peek and len(reply) > 5 else [])
+        [streams[int(i) - 1] for i in reply[5]] if peek and len(reply) > 5 else [],
+        not peek and int(reply[2]) == 1)

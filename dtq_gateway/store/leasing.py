@@ -145,10 +145,11 @@ class TakeArgs:
 
 
 def lease_take_call(read: SlotRead, who: TakeArgs, most: int,
-                    max_in_flight: int | None = None) -> Call:
+                    max_in_flight: int | None = None, scan_max: int | None = None) -> Call:
     """KEYS and ARGV of lease_take.lua for one slot read (``most``: entries this call
     may read, 0 = peek: count pending, report the non-empty streams; ``max_in_flight``
-    overrides ``who``'s, for a read of one band after a peek)."""
+    overrides ``who``'s, for a read of one band after a peek; ``scan_max``: most
+    entries the call reads in all, >= 1, None = the script's SCAN_MAX, 256)."""
     types = sorted(who.task_types)
     m = len(read.queues)
     turn = next(read.turn) % m if most and m > 1 else 0
@@ -156,7 +157,8 @@ def lease_take_call(read: SlotRead, who: TakeArgs, most: int,
         keys.GROUP, who.worker_id, who.max_in_flight if max_in_flight is None
         else max_in_flight, most, m, who.task_retention_s, keys.PREFIX,
         len(types), *types, *read.queues,
-        json.dumps(dict(who.labels), separators=(",", ":")) if who.labels else "", turn)
+        json.dumps(dict(who.labels), separators=(",", ":")) if who.labels else "", turn,
+        *(() if scan_max is None else (scan_max,)))
 
 
 def queue_check_and_take(pipe: ScriptPipeline, check: Call, take: Call) -> int:

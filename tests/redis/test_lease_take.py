@@ -185,3 +185,60 @@ async def test_an_entry_without_idem_digest_goes_the_two_step_way(env) -> None:
     assert [(e.task_id, e.activation.kind) for e in got.entries] == [(tid, READ)]
     (done,) = await store.activate(env.redis, "w1", 60, got.entries, ["a"])
     assert done.activation.kind is OK and await env.status(tid) == "active"
+
+
+async def take_one(env: Env, types: frozenset[str], scan_max: int | None = None
+                   ) -> LeaseRead:
+    """A lease_take for a session with max_in_flight 1 taking ``types``."""
+    session = Session(worker_id="w1", queues=["q"], max_in_flight=1)
+    read = session.slot_reads[0]
+    who = TakeArgs("w1", 1, types, 60)
+    return await store.lease_take(env.redis, read, store.lease_take_call(
+        read, who, 1, scan_max=scan_max))
+
+
+async def test_one_call_scans_past_unwanted_entries_to_the_wanted_one(env) -> None:
+    """Credit 1 behind 40 entries the session does not take: one call puts all 40 back
+    (in their order, at the tail) and leases the task behind them."""
+    unwanted = await seed_queue(env.broker, env.settings, count=40, task_type="a")
+    (b,) = await seed_queue(env.broker, env.settings, task_type="b")
+    got = await take_one(env, frozenset({"b"}))
+    assert [(e.task_id, e.activation.kind) for e in got.entries] == [
+        (t, ActivationKind.REQUEUED) for t in unwanted] + [(b, OK)]
+    assert not got.cut and all(e.payload == b"" for e in got.entries[:-1])
+    snap = await snapshot_queue(env.redis, "q")
+    assert snap.tasks == {**dict.fromkeys(unwanted, "queued"), b: "active"}
+    stream = await env.redis.xrange(keys.stream("q", 5))  # b's entry first (leased)
+    assert [f[b"task_id"].decode() for _, f in stream] == [b] + unwanted
+
+
+async def test_the_scan_bound_caps_the_entries_one_call_reads(env) -> None:
+    unwanted = await seed_queue(env.broker, env.settings, count=20, task_type="a")
+    (b,) = await seed_queue(env.broker, env.settings, task_type="b")
+    got = await take_one(env, frozenset({"b"}), scan_max=8)
+    assert [(e.task_id, e.activation.kind) for e in got.entries] == [
+        (t, ActivationKind.REQUEUED) for t in unwanted[:8]]
+    assert got.cut and await env.status(b) == "queued"
+    again = await take_one(env, frozenset({"b"}), scan_max=16)
+    assert [e.task_id for e in again.entries] == unwanted[8:20] + [b]
+    assert not again.cut and await env.status(b) == "active"
+
+
+async def test_a_stream_of_only_unwanted_entries_is_read_once_per_call(env) -> None:
+    """The put-back copies are not read again in the same call: 5 reads, not 256."""
+    unwanted = await seed_queue(env.broker, env.settings, count=5, task_type="a")
+    got = await take_one(env, frozenset({"b"}))
+    assert [e.task_id for e in got.entries] == unwanted and not got.cut
+    snap = await snapshot_queue(env.redis, "q")
+    assert set(snap.tasks.values()) == {"queued"} and len(snap.streams[5]) == 5
+
+
+async def test_scanning_past_a_band_of_unwanted_entries_reaches_a_lower_band(env) -> None:
+    """Strict p9 -> p0 within the call: the p9 entries it lacks the labels for are put
+    back first, then the p5 task is leased."""
+    gpu = await seed_queue(env.broker, env.settings, count=3, priority=9,
+                           required_labels={"gpu": "a100"})
+    (plain,) = await seed_queue(env.broker, env.settings, priority=5)
+    got = await take_one(env, frozenset())
+    assert [(e.task_id, e.activation.kind) for e in got.entries] == [
+        (t, ActivationKind.REQUEUED) for t in gpu] + [(plain, OK)]

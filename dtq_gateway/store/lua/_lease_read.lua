@@ -46,14 +46,60 @@ local function live_streams(S, n_streams, m)
   return live
 end
 
+-- One pass over the live streams, p9 -> p0 (in st.live order): XREADGROUP '>' from
+-- each stream not paused, missing or drained, COUNT = the credit left (st.credit), at
+-- most the queue's whole queue-wide tokens and the scan bound left (st.scan_max -
+-- st.scanned). Appends {stream index, entry id, fields} to reply per entry read and
+-- counts it in st.scanned, takes credit and tokens for it, and records the last id
+-- read per stream (st.last). A stream that returns fewer entries than asked holds
+-- nothing more to read for the group in this call (st.skip).
+local function read_pass(st, reply)
+  local m, S = st.m, st.S
+  for _, i in ipairs(st.live) do
+    local q = ((i - 1) % m) + 1
+    if not st.paused[q] and not st.skip[i] then
+      local count, a = math.min(st.credit, st.scan_max - st.scanned), st.allow[q]
+      local by_tokens = a and math.floor(a[1]) < count
+      if by_tokens then count = math.floor(a[1]) end
+      if count <= 0 then
+        st.throttled[q] = true
+      else
+        local r = redis.pcall('XREADGROUP', 'GROUP', st.group, st.consumer, 'COUNT', count,
+          'STREAMS', KEYS[S + i], '>')
+        local got = 0
+        if type(r) == 'table' and r.err then
+          reply[2][#reply[2] + 1] = i
+          st.skip[i] = true
+        elseif r then
+          got = #r[1][2]
+          for _, e in ipairs(r[1][2]) do
+            reply[#reply + 1] = {i, e[1], e[2]}
+            st.last[i] = e[1]
+          end
+          st.credit, st.scanned = st.credit - got, st.scanned + got
+          if a then
+            a[1] = a[1] - got
+            -- tokens ran out while this stream had more: held back until a refill
+            if by_tokens and got == count then st.throttled[q] = true end
+          end
+        end
+        if got < count then st.skip[i] = true end
+      end
+      if st.credit <= 0 or st.scanned >= st.scan_max then break end
+    end
+  end
+end
+
 -- Read entries. Returns reply ({pending, missing, 0, live count, limits, entries...}),
 -- then the queue-wide buckets read (q -> {tokens, limit, period_ms}), the queues held
--- back by them (q -> true), the queues with task-type limits (q -> true) and the Redis
--- TIME read (0 = none). A peek (max_count 0) returns reply with the live list as item 6.
+-- back by them (q -> true), the queues with task-type limits (q -> true), the Redis
+-- TIME read (0 = none) and the read state for more passes (read_pass; nil when nothing
+-- was read: a peek, or no credit). A peek (max_count 0) returns reply with the live
+-- list as item 6. scan_max: most entries read in all passes of the call (>= 1).
 -- turn: 0-based queue each band is read from first, the others after it in call order,
 -- wrapping around (the caller advances it per read, so the queues of one band are
 -- served in turn: docs/fairness.md); bands stay strictly p9 -> p0.
-local function read_entries(group, consumer, max_in_flight, max_count, m, S, turn)
+local function read_entries(group, consumer, max_in_flight, max_count, m, S, turn, scan_max)
   local n_streams = #KEYS - S
   local missing, pending = {}, 0
   local live = live_streams(S, n_streams, m)
@@ -117,34 +163,11 @@ local function read_entries(group, consumer, max_in_flight, max_count, m, S, tur
     end
   end
 
-  for _, i in ipairs(live) do
-    local q = ((i - 1) % m) + 1
-    if not paused[q] and not skip[i] then
-      local count, a = credit, allow[q]
-      if a then count = math.min(count, math.floor(a[1])) end
-      if count <= 0 then
-        throttled[q] = true
-      else
-        local r = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
-          'STREAMS', KEYS[S + i], '>')
-        if type(r) == 'table' and r.err then
-          reply[2][#reply[2] + 1] = i
-        elseif r then
-          for _, e in ipairs(r[1][2]) do
-            reply[#reply + 1] = {i, e[1], e[2]}
-            credit = credit - 1
-          end
-          if a then
-            a[1] = a[1] - #r[1][2]
-            -- tokens ran out while this stream had more: held back until a refill
-            if count < credit + #r[1][2] and #r[1][2] == count then throttled[q] = true end
-          end
-        end
-        if credit <= 0 then break end
-      end
-    end
-  end
-  return reply, allow, throttled, typed, now
+  local st = {group = group, consumer = consumer, live = live, paused = paused,
+    skip = skip, allow = allow, throttled = throttled, m = m, S = S, credit = credit,
+    scanned = 0, scan_max = scan_max, last = {}}
+  read_pass(st, reply)
+  return reply, allow, throttled, typed, now, st
 end
 
 -- Store the queue-wide buckets read_entries took tokens from and report the throttled

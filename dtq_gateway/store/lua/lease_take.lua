@@ -17,8 +17,17 @@
 -- limits (task types the session takes), and entries with an idempotency key but no
 -- idem_digest field (written before that field existed; their digest is a SHA-256 this
 -- script cannot compute).
--- An entry whose task type the session does not take is put back at the tail of its
--- band (mode 'r': still queued, no attempt spent, keeps its queued_at).
+-- An entry whose task type the session does not take, or whose required labels it
+-- lacks, is put back at the tail of its band (mode 'r': still queued, no attempt spent,
+-- keeps its queued_at; its payload is left out of the reply).
+-- Scan on: while a pass put entries back and credit is left (the credit of every entry
+-- not leased is free again), the call reads again (read_pass,
+-- again from p9 down, so strict priority holds), until it has read SCAN_MAX entries in
+-- all (256; ARGV[13+t+m] overrides it). So one call gets past up to SCAN_MAX entries
+-- the session does not take, whatever its credit; a stream whose last entry (as it was
+-- before this call's first put-back into it) was read holds only this call's put-back
+-- copies and is not read again in the call. The bound keeps the script short: each
+-- entry read costs about ten commands.
 -- KEYS[1..m]            pause flags dtq:queue:{<q>}:paused
 -- KEYS[m+1 .. 2m]       rate limits dtq:queue:{<q>}:ratelimit
 -- KEYS[2m+1 .. 3m]      cancelled sets dtq:cancelled:{<q>}
@@ -34,8 +43,10 @@
 --         [11+t+m] the session's labels as a JSON object ('' = none): an entry whose
 --         req_labels (required labels) it does not all contain is put back (mode 'r')
 --         [12+t+m] turn: 0-based queue each band is read from first (read_entries;
---         docs/fairness.md)
--- Reply: {pending_before, {stream indexes without group}, 0,
+--         docs/fairness.md)  [13+t+m] optional: the scan bound (entries read in all,
+--         >= 1; default SCAN_MAX)
+-- Reply: {pending_before, {stream indexes without group}, cut (1: the scan bound
+--         ended the call with credit left, more may be readable; else 0),
 --         number of non-empty band streams (0 = every queue of the call is empty),
 --         {wait_ms, {typed}, {limited}, {throttled}},
 --         {stream index, entry id, {field, value, ...}, outcome}, ...}
@@ -72,11 +83,22 @@ local function labels_ok(req)
   return true
 end
 
-local reply, allow, throttled, typed, now = read_entries(group, consumer,
-  tonumber(ARGV[5]), tonumber(ARGV[6]), m, 4 * m, tonumber(ARGV[12 + t + m]) or 0)
-if tonumber(ARGV[6]) > 0 and #reply > 5 then
-  if now == 0 then now = now_ms() end
-  for k = 6, #reply do
+-- Most entries one call reads in all its passes (ARGV[13+t+m] overrides it): bounds
+-- the script's run time (each entry read costs about ten commands: the read, the
+-- fencing read and its activation or put-back) while letting one call get past up to
+-- this many entries the session does not take.
+local SCAN_MAX = 256
+
+-- Activate reply[k0 ..] (entries just read); returns how many were not leased and
+-- freed their credit (put back, parked, absorbed, cancelled, expired) and how many of
+-- those were put back. Before the first
+-- put-back into a stream, its last entry (tail[i]) is noted: the put-back copies go
+-- after it, so once a pass has read it (st.last), the stream holds only copies of
+-- entries this call put back and is not read again in this call.
+local tail = {}
+local function activate_from(reply, k0, allow, typed, now)
+  local freed, back = 0, 0
+  for k = k0, #reply do
     local entry = reply[k]
     local i, id, raw = entry[1], entry[2], entry[3]
     local q = ((i - 1) % m) + 1
@@ -87,6 +109,10 @@ if tonumber(ARGV[6]) > 0 and #reply > 5 then
     local mode = 'a'
     if (wanted and not wanted[f['task_type'] or '']) or not labels_ok(f['req_labels']) then
       mode = 'r'
+      if not tail[i] then
+        local last = redis.call('XREVRANGE', KEYS[4 * m + i], '+', '-', 'COUNT', 1)
+        tail[i] = last[1] and last[1][1] or id
+      end
     end
     if (mode == 'a' and typed[q]) or (idem ~= '' and digest == '') then
       entry[4] = {'read'}
@@ -103,9 +129,39 @@ if tonumber(ARGV[6]) > 0 and #reply > 5 then
         stream = KEYS[4 * m + i], task_key = task_key, idem_key = idem_key, id = id,
         task_id = task_id, attempt = tonumber(f['attempt']), mode = mode,
         queued_at = queued_at}, consumer, retention, group, now)
-      if entry[4][1] ~= 'ok' and allow[q] then allow[q][1] = allow[q][1] + 1 end
+      if entry[4][1] ~= 'ok' then
+        freed = freed + 1
+        if allow[q] then allow[q][1] = allow[q][1] + 1 end
+      end
+      if entry[4][1] == 'requeued' then
+        back = back + 1
+        -- the session does not take it: its payload is of no use to the caller
+        for j = 1, #raw, 2 do if raw[j] == 'payload' then raw[j + 1] = '' end end
+      end
     end
   end
+  return freed, back
+end
+
+local reply, allow, throttled, typed, now, st = read_entries(group, consumer,
+  tonumber(ARGV[5]), tonumber(ARGV[6]), m, 4 * m, tonumber(ARGV[12 + t + m]) or 0,
+  math.max(1, tonumber(ARGV[13 + t + m]) or SCAN_MAX))
+if st and #reply > 5 then
+  if now == 0 then now = now_ms() end
+  local k0 = 6
+  -- scan on while a pass put entries back, within the scan bound (SCAN_MAX)
+  while k0 <= #reply do
+    local freed, back = activate_from(reply, k0, allow, typed, now)
+    st.credit = st.credit + freed
+    if back == 0 or st.credit <= 0 or st.scanned >= st.scan_max then break end
+    for i, last in pairs(st.last) do
+      if tail[i] == last then st.skip[i] = true end
+    end
+    k0 = #reply + 1
+    read_pass(st, reply)
+  end
+  -- the scan bound cut the call short: more may be readable for this session
+  if st.credit > 0 and st.scanned >= st.scan_max then reply[3] = 1 end
 end
 store_limits(reply, allow, throttled, now, m)
 return reply
