@@ -73,7 +73,7 @@ async def test_metrics_exposition_is_as_documented(redis_url: str) -> None:
     finally:
         await ops.stop()
         await redis.aclose()
-    documented = {"queue", "band", "method", "code", "limit", "reason", "policy", "task"}
+    documented = {"queue", "band", "method", "code", "limit", "reason", "policy", "task", "key"}
     python_labels = {"generation", "implementation", "major", "minor", "patchlevel",
                      "version"}
     names, runtime_series = set(), 0

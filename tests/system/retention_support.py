@@ -45,6 +45,7 @@ _PLACEHOLDERS = {
     "<name>": _body(keys.SCHEDULE_RE),
     "<callback queue>": _body(keys.QUEUE_RE),
     "<group id>": "[0-9a-f]{32}",
+    "<key>": "[^\\x00-\\x1f]+",  # a concurrency key: any text without control characters
 }
 #: ``<id>`` names a worker in the worker row and a task everywhere else.
 _WORKER_ID = _body(keys.WORKER_ID_RE)
@@ -92,6 +93,11 @@ FAMILY_EXAMPLES = {
     "rate-limit-index-built": keys.RATE_LIMIT_INDEX_BUILT,
     "history": keys.HISTORY,
     "queue-history": keys.history("q-1"),
+    "conc-limit": keys.concurrency_limit("q-1"),
+    "conc-active": keys.concurrency_active("q-1"),
+    "conc-waiting": keys.concurrency_waiting("q-1"),
+    "conc-parked": keys.concurrency_parked("q-1", "k"),
+    "conc-limited-queues": keys.CONCURRENCY_LIMITED_QUEUES,
 }
 #: Statuses after which nothing happens to a task on its own.
 TERMINAL = {pb.TASK_STATUS_SUCCEEDED, pb.TASK_STATUS_DEAD_LETTERED,
