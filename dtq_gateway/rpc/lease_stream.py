@@ -5,7 +5,7 @@ A session's ``out`` queue (leasing.sessions.Session) receives every task the dis
 activated for it, then, last, the end marker None. The Lease handler writes them in
 order. A worker that set ``LeaseRequest.max_batch`` > 1 gets, per write, the task the
 handler waited for plus every task already waiting, up to max_batch tasks and at most
-the largest payload of one task in payload bytes, as one LeasedTaskBatch: one gRPC write and one worker wake-up per read of the gateway instead
+the largest payload of one task in encoded task bytes, as one LeasedTaskBatch: one gRPC write and one worker wake-up per read of the gateway instead
 of one per task. A worker that did not set it gets one LeasedTask per message, the
 original protocol (docs/protocol.md 3.2). Flow control stays per task either way: the
 buffered-bytes account, the unread window (``Session.handed``) and the PEL credit all
@@ -70,21 +70,22 @@ def take_ready(out: asyncio.Queue, first: dtq_pb2.LeasedTask, max_batch: int,
     1: ``first`` alone), and whether the end marker (None) was taken: the stream ends
     once they are written (the marker is always the last item of ``out``).
 
-    A task joins only while the batch's payloads stay within ``max_bytes`` (the
-    largest payload one task may carry): a batch then never needs a larger gRPC
-    receive limit than a single task, apart from the tasks' other fields. A task that
-    does not fit stays first in ``out`` for the next message.
+    A task joins only while the batch's encoded tasks (payload, metadata, ids: every
+    field) stay within ``max_bytes`` (the largest payload one task may carry): a batch
+    then never needs a larger gRPC receive limit than a single task, whatever the
+    tasks' metadata. A task that does not fit stays first in ``out`` for the next
+    message; a task larger than ``max_bytes`` goes alone.
     """
-    tasks, size = [first], len(first.payload)
+    tasks, size = [first], first.ByteSize()
     while len(tasks) < max_batch and not out.empty():
         head = _head(out)
-        if head is not None and size + len(head.payload) > max_bytes:
+        if head is not None and size + head.ByteSize() > max_bytes:
             break
         out.get_nowait()
         if head is None:
             return tasks, True
         tasks.append(head)
-        size += len(head.payload)
+        size += head.ByteSize()
     return tasks, False
 
 
@@ -99,8 +100,8 @@ async def write_tasks(context: grpc.aio.ServicerContext, session: Session,
         max_batch: Granted max_batch (:func:`check_max_batch`): 0 writes one
             LeaseResponse.task per message, 2..256 one LeaseResponse.batch of up to
             that many tasks.
-        max_bytes: Most payload bytes of one batch (DTQ_MAX_PAYLOAD_BYTES); a task
-            alone may carry more.
+        max_bytes: Most encoded task bytes of one batch (DTQ_MAX_PAYLOAD_BYTES); a
+            task alone may carry more.
 
     Returns:
         True once the end marker was reached (every task queued before it was

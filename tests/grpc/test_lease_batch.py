@@ -117,9 +117,9 @@ async def test_draining_ends_a_batching_stream_after_every_sent_lease(broker_stu
     lease.close()
 
 
-async def test_a_batch_carries_at_most_max_payload_bytes_of_payload(redis_url):
+async def test_a_batch_carries_at_most_max_payload_bytes_of_tasks(redis_url):
     """A batch never needs a larger receive limit than the largest single task: its
-    payloads together stay within DTQ_MAX_PAYLOAD_BYTES (1000 here)."""
+    encoded tasks together stay within DTQ_MAX_PAYLOAD_BYTES (1000 here)."""
     from dtq_gateway.server import Gateway
     from tests.conftest import gateway_settings
 
@@ -129,13 +129,43 @@ async def test_a_batch_carries_at_most_max_payload_bytes_of_payload(redis_url):
         async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
             stub = dtq_pb2_grpc.BrokerStub(ch)
             await stub.EnqueueBatch(pb.EnqueueBatchRequest(items=[
-                pb.EnqueueRequest(queue="q", task_type="t", payload=b"x" * 400,
+                pb.EnqueueRequest(queue="q", task_type="t", payload=b"x" * 250,
                                   content_type="application/octet-stream")
                 for _ in range(6)]))
             lease = await LeaseStream(stub, "w1", ["q"], max_in_flight=6, max_batch=8).open()
-            await lease.take(6)
+            got = await lease.take(6)
+            assert all(400 < t.ByteSize() <= 500 for t in got)  # 250 B payload + ids, fields
             sizes = [n for _, n in lease.messages]
-            assert sum(sizes) == 6 and max(sizes) == 2, sizes  # 2 x 400 fits, 3 x 400 not
+            assert sum(sizes) == 6 and max(sizes) == 2, sizes  # 2 x <=500 fits, 3 x >400 not
+            lease.close()
+    finally:
+        await gw.stop()
+
+
+async def test_a_batch_of_metadata_heavy_tasks_needs_no_larger_receive_limit(redis_url):
+    """The batch bound counts whole tasks, not payloads alone: tasks of tiny payloads
+    and 8 KiB of metadata each (DTQ_MAX_PAYLOAD_BYTES 4096) reach a worker whose
+    receive limit fits one such task, one per message, instead of a batch of all six
+    that the worker's gRPC refuses (RESOURCE_EXHAUSTED), which would leave them to
+    expire and spend attempts."""
+    from dtq_gateway.server import Gateway
+    from tests.conftest import gateway_settings
+
+    gw = Gateway(gateway_settings(redis_url, max_payload_bytes=4096), redis_url)
+    await gw.start()
+    metadata = {f"k{j}": "v" * 1024 for j in range(8)}
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as producer:
+            await dtq_pb2_grpc.BrokerStub(producer).EnqueueBatch(pb.EnqueueBatchRequest(
+                items=[pb.EnqueueRequest(queue="q", task_type="t", payload=b"{}",
+                                         metadata=metadata) for _ in range(6)]))
+        options = [("grpc.max_receive_message_length", 16 * 1024)]  # one task fits
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}", options=options) as ch:
+            lease = await LeaseStream(dtq_pb2_grpc.BrokerStub(ch), "w1", ["q"],
+                                      max_in_flight=6, max_batch=8, concurrency=6).open()
+            got = await lease.take(6)
+            assert len({t.task_id for t in got}) == 6
+            assert lease.messages == [("batch", 1)] * 6
             lease.close()
     finally:
         await gw.stop()

@@ -88,18 +88,27 @@ def test_take_ready_stops_at_max_batch_and_at_the_end_marker():
     assert [t.lease_id for t in tasks] == ["L7"] and not ended
 
 
-def test_a_batch_holds_at_most_max_bytes_of_payload_unless_it_is_one_task():
+def test_a_batch_holds_at_most_max_bytes_of_encoded_tasks_unless_it_is_one_task():
     out: asyncio.Queue = asyncio.Queue()
-    for i in (4, 3, 2):  # payloads of 4, 3 and 2 bytes
+    for i in (4, 3, 2):  # tasks of 14, 13 and 12 encoded bytes (10 + payload)
         out.put_nowait(task(i))
-    tasks, ended = take_ready(out, task(5), 8, 9)
-    assert [t.lease_id for t in tasks] == ["L5", "L4"] and not ended  # 5 + 4 fits 9
+    assert [task(i).ByteSize() for i in (5, 4, 3, 2, 7)] == [15, 14, 13, 12, 17]
+    tasks, ended = take_ready(out, task(5), 8, 29)
+    assert [t.lease_id for t in tasks] == ["L5", "L4"] and not ended  # 15 + 14 fits 29
     assert out.get_nowait().lease_id == "L3"  # did not fit: still first for the next
-    tasks, _ = take_ready(out, task(20), 8, 9)  # larger alone than the bound: goes alone
+    tasks, _ = take_ready(out, task(20), 8, 29)  # larger alone than the bound: goes alone
     assert [t.lease_id for t in tasks] == ["L20"]
     out.put_nowait(None)
-    tasks, ended = take_ready(out, task(7), 8, 9)  # 7 + 2 fits; the marker has no size
+    tasks, ended = take_ready(out, task(7), 8, 29)  # 17 + 12 fits; the marker has no size
     assert [t.lease_id for t in tasks] == ["L7", "L2"] and ended
+
+
+def test_metadata_counts_towards_the_batch_bound():
+    out: asyncio.Queue = asyncio.Queue()
+    heavy = pb.LeasedTask(lease_id="L2", task_id="T2", metadata={"k": "v" * 100})
+    out.put_nowait(heavy)
+    tasks, _ = take_ready(out, task(1), 8, 100)  # payloads alone (1 byte) would fit
+    assert [t.lease_id for t in tasks] == ["L1"]
 
 
 async def test_without_max_batch_every_task_is_its_own_message():
