@@ -4,7 +4,11 @@ A :class:`WakeLoop` runs ``round(tick)`` whenever its event is set and at least 
 ``tick_s`` (the tick also runs while wake-ups keep the loop busy). A failed round is
 logged (at most every 5 s) and retried after a backoff of 0.05 s doubling to 2 s; a
 Redis outage (unreachable, loading, a cluster slot down or moving) is logged without a
-traceback and retried at once after the backoff.
+traceback and retried at once after the backoff. :meth:`WakeLoop.stop` lets a round in
+progress finish (``STOP_GRACE_S`` at most) before it cancels the loop: a round's Lua
+read may already have leased entries in Redis that only the rest of the round hands to
+the streams, and a round cancelled there would leave them to the visibility timeout,
+spending an attempt of tasks no worker saw.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ log = logging.getLogger(__name__)
 #: Backoff after a failed round (s): first, and most.
 BACKOFF_FIRST_S = 0.05
 BACKOFF_MAX_S = 2.0
+#: Most time (s) :meth:`WakeLoop.stop` waits for a round in progress before cancelling.
+STOP_GRACE_S = 2.0
 
 
 class WakeLoop:
@@ -38,17 +44,25 @@ class WakeLoop:
         #: set to run a round soon
         self.event = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._stopping = False
         self._last_error_log = 0.0
 
     def start(self) -> None:
-        """Start the loop task."""
+        """Start the loop task (again after a :meth:`stop`)."""
+        self._stopping = False
         self._task = asyncio.create_task(self._run(), name=self.name)
 
     async def stop(self) -> None:
-        """Cancel the loop task and wait for it, 2 s at most (a stop must not hang)."""
+        """Stop the loop: no new round starts; a round in progress may finish within
+        ``STOP_GRACE_S``, then the task is cancelled and waited for, 2 s at most (a
+        stop must not hang)."""
         if self._task:
-            self._task.cancel()
-            await asyncio.wait({self._task}, timeout=2.0)
+            self._stopping = True
+            self.event.set()
+            done, _ = await asyncio.wait({self._task}, timeout=STOP_GRACE_S)
+            if not done:
+                self._task.cancel()
+                await asyncio.wait({self._task}, timeout=2.0)
 
     async def _run(self) -> None:
         backoff = BACKOFF_FIRST_S
@@ -67,6 +81,8 @@ class WakeLoop:
             # starve full and stalled sessions that only the tick looks at)
             if time.monotonic() - last_tick >= self.tick_s:
                 tick = True
+            if self._stopping:
+                return
             if tick:
                 last_tick = time.monotonic()
             self.event.clear()
@@ -80,6 +96,8 @@ class WakeLoop:
                 # unreachable, loading, a cluster slot down or moving: no traceback
                 self._log_error("redis unavailable for leasing" if outage
                                 else "dispatch round failed", exc, exc_info=not outage)
+                if self._stopping:
+                    return
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
                 if outage:
