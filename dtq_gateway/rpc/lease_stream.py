@@ -79,13 +79,14 @@ def take_ready(out: asyncio.Queue, first: dtq_pb2.LeasedTask, max_batch: int,
     tasks, size = [first], first.ByteSize()
     while len(tasks) < max_batch and not out.empty():
         head = _head(out)
-        if head is not None and size + head.ByteSize() > max_bytes:
+        n = head.ByteSize() if head is not None else 0
+        if head is not None and size + n > max_bytes:
             break
         out.get_nowait()
         if head is None:
             return tasks, True
         tasks.append(head)
-        size += head.ByteSize()
+        size += n
     return tasks, False
 
 
