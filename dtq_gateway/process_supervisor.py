@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
-import shutil
 import signal
 import sys
 import time
@@ -39,6 +37,7 @@ from collections.abc import Sequence
 
 from dtq_gateway.listen import ListenError, check_free
 from dtq_gateway.settings import MAX_GATEWAY_PROCESSES, Settings
+from dtq_gateway.store.embedded import with_parent_death
 
 log = logging.getLogger(__name__)
 
@@ -94,32 +93,6 @@ def check_ports(settings: Settings, count: int) -> None:
         check_free("dashboard", f"{settings.dashboard_host}:{settings.dashboard_port}")
 
 
-def _load_prctl():  # the ctypes function, or None
-    try:
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except OSError:
-        return None
-
-
-_PRCTL = _load_prctl()
-#: util-linux's setpriv sets the parent-death signal and execs the gateway, so no Python
-#: code runs between fork and exec (asyncio's child watcher threads are running then);
-#: where it is missing a ``preexec_fn`` sets the signal.
-_SETPRIV = shutil.which("setpriv")
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _with_parent_death(args: list[str]) -> tuple[list[str], dict]:
-    """``args`` and the extra Popen arguments that end the process with the supervisor."""
-    if _SETPRIV:
-        return [_SETPRIV, "--pdeathsig", "TERM", "--", *args], {}
-    return args, {"preexec_fn": _die_with_parent}
-
-
 class Supervisor:
     """Runs and restarts the gateway processes until a stop signal.
 
@@ -144,7 +117,7 @@ class Supervisor:
         self.status = 0
 
     async def _spawn(self, index: int) -> asyncio.subprocess.Process:
-        args, extra = _with_parent_death(
+        args, extra = with_parent_death(
             child_args(self.argv, self.settings, index, self.redis_url))
         proc = await asyncio.create_subprocess_exec(*args, **extra)
         self.procs[index] = proc

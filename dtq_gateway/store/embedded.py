@@ -29,6 +29,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -79,6 +80,16 @@ _SETPRIV = shutil.which("setpriv")
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
     if _PRCTL is not None:
         _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def with_parent_death(args: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """``args`` to start a child that gets SIGTERM when this process dies
+    (PR_SET_PDEATHSIG), and the extra ``Popen`` / ``create_subprocess_exec`` keyword
+    arguments that go with them: setpriv where it exists (no Python code runs between
+    fork and exec), else a ``preexec_fn`` (Linux only; elsewhere nothing is set)."""
+    if _SETPRIV:
+        return [_SETPRIV, "--pdeathsig", "TERM", "--", *args], {}
+    return args, {"preexec_fn": _die_with_parent}
 
 
 def _free_port() -> int:
@@ -149,14 +160,12 @@ class EmbeddedRedis:
                "--hash-max-ziplist-value", "1024"]  # 6.2 name, an alias in 7.x
         if self.unix_socket:
             cmd += ["--unixsocket", self.unix_socket, "--unixsocketperm", "700"]
-        # redis-server gets SIGTERM when the gateway dies (PR_SET_PDEATHSIG), from
-        # setpriv where it exists, else from a preexec_fn
-        if _SETPRIV:
-            cmd = [_SETPRIV, "--pdeathsig", "TERM", *cmd]
+        # redis-server gets SIGTERM when the gateway dies
+        cmd, extra = with_parent_death(cmd)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, pass_fds=(self._lock_fd,),
                                      process_group=0,  # a Ctrl-C reaches the gateway only
-                                     preexec_fn=None if _SETPRIV else _die_with_parent)  # noqa: PLW1509 - fallback only
+                                     **extra)
         client = redis.Redis.from_url(self.url, socket_timeout=1)
         deadline = time.monotonic() + timeout_s
         try:
