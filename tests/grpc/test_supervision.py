@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import grpc
 import pytest
@@ -18,20 +17,16 @@ from dtq_gateway.health_probe import ENQUEUE_HEALTH, SERVICE_NAMES
 from dtq_gateway.server import Gateway
 from dtq_proto import dtq_pb2 as pb
 from tests.conftest import gateway_settings
-from tests.support.leasing import LeaseStream
+from tests.support.leasing import LeaseStream, wait_until
 from tests.support.redis_server import free_port
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    """Poll ``predicate`` until it holds; fail at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail("condition not met within the deadline")
-        await asyncio.sleep(0.02)
+def wait_until_10(predicate: Callable[[], object]) -> Awaitable[object]:
+    """:func:`wait_until` with a 10 s deadline (a restart waits out its backoff)."""
+    return wait_until(predicate, timeout_s=10.0)
 
 
 def restarts(task: str) -> float:
@@ -69,7 +64,7 @@ async def test_a_background_task_that_ends_is_restarted(gateway, task, caplog):
     old = gateway.supervisor.task(task)
     assert old is not None and not old.done()
     old.cancel()
-    await wait_until(lambda: restarts(task) == before + 1)
+    await wait_until_10(lambda: restarts(task) == before + 1)
     new = gateway.supervisor.task(task)
     assert new is not old and not new.done()
     assert set((await health_of(gateway)).values()) == {SERVING}
@@ -83,8 +78,8 @@ async def test_a_restarted_dispatcher_and_hub_serve_again(gateway, broker_stub):
     for task in ("dispatcher", "events-hub"):
         before = restarts(task)
         gateway.supervisor.task(task).cancel()
-        await wait_until(lambda task=task, before=before: restarts(task) == before + 1)
-    await wait_until(gateway.ops.hub.connected.is_set)  # resubscribed
+        await wait_until_10(lambda task=task, before=before: restarts(task) == before + 1)
+    await wait_until_10(gateway.ops.hub.connected.is_set)  # resubscribed
     seen: list[str] = []
     gateway.ops.hub.add_listener(lambda event: seen.append(event.get("type", "")))
     # enqueued before the stream opens: the dispatch loop (not the enqueue's read-ahead
@@ -96,17 +91,17 @@ async def test_a_restarted_dispatcher_and_hub_serve_again(gateway, broker_stub):
         assert task.task_id == done.task_id
     finally:
         lease.close()
-    await wait_until(lambda: "TASK_QUEUED" in seen)
+    await wait_until_10(lambda: "TASK_QUEUED" in seen)
 
 
 async def test_a_leader_duty_that_dies_restarts_the_scheduler_and_its_duties(gateway):
     before = restarts("scheduler")
     reaper = next(t for t in asyncio.all_tasks() if t.get_name() == "dtq-reaper")
     reaper.cancel()
-    await wait_until(lambda: restarts("scheduler") == before + 1)
-    await wait_until(lambda: any(t.get_name() == "dtq-reaper" and t is not reaper
+    await wait_until_10(lambda: restarts("scheduler") == before + 1)
+    await wait_until_10(lambda: any(t.get_name() == "dtq-reaper" and t is not reaper
                                  for t in asyncio.all_tasks() if not t.done()))
-    await wait_until(lambda: gateway.scheduler.is_leader)  # the lock is sought again
+    await wait_until_10(lambda: gateway.scheduler.is_leader)  # the lock is sought again
 
 
 async def test_a_task_that_keeps_failing_turns_every_service_not_serving(gateway, caplog):
@@ -117,7 +112,7 @@ async def test_a_task_that_keeps_failing_turns_every_service_not_serving(gateway
     gateway.supervisor.base_backoff_s = 0.01
     gateway.ops.hub._run = broken  # every restart fails at once
     gateway.supervisor.task("events-hub").cancel()
-    await wait_until(lambda: "events-hub" in gateway.supervisor.failed)
+    await wait_until_10(lambda: "events-hub" in gateway.supervisor.failed)
     assert restarts("events-hub") >= 2
     statuses = await health_of(gateway)
     assert set(statuses.values()) == {NOT_SERVING}, statuses
@@ -143,7 +138,7 @@ async def test_a_start_that_fails_midway_leaves_nothing_running(redis_url, monke
     assert gw.port and gw.server is not None
     assert running_dtq_tasks() == []  # the scheduler had started: it was stopped
     for port in (gw.port, metrics_port, dashboard_port):  # every listener closed
-        await wait_until(lambda port=port: port_is_free(port))
+        await wait_until_10(lambda port=port: port_is_free(port))
     assert not gw.scheduler.is_leader
 
 
@@ -161,7 +156,7 @@ async def test_a_stop_step_that_raises_does_not_skip_the_later_steps(redis_url, 
     port = gw.port
     await gw.stop()
     assert running_dtq_tasks() == []  # the scheduler, hub, refresher, probe stopped
-    await wait_until(lambda: port_is_free(port))  # the gRPC server stopped after it
+    await wait_until_10(lambda: port_is_free(port))  # the gRPC server stopped after it
     assert any(r.getMessage() == "stop step failed: dispatcher" and r.exc_info
                for r in caplog.records)
     assert caplog.records[-1].getMessage() == "stopped"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -14,6 +13,7 @@ from redis.exceptions import ResponseError
 
 from dtq_gateway.events.events_wire import decode
 from dtq_gateway.store import keys
+from tests.support.leasing import wait_until  # noqa: F401 - imported from here by the scheduler tests
 
 _BARRIER = "__barrier__"
 
@@ -97,20 +97,6 @@ async def seed_lease(r: Redis, task_id: str, worker_id: str = "w1") -> tuple[str
 async def task_fields(r: Redis, task_id: str) -> dict[str, str]:
     """The task hash decoded to str."""
     return {k.decode(): v.decode() for k, v in (await r.hgetall(keys.task(task_id))).items()}
-
-
-async def wait_until(predicate: Any, timeout_s: float = 5.0, every_s: float = 0.02) -> Any:
-    """Poll an async or sync predicate until truthy; returns its value or fails."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s} s")
-        await asyncio.sleep(every_s)
 
 
 class Events:

@@ -129,6 +129,20 @@ async def poll(fn: Callable[[], Awaitable[Any]], pred: Callable[[Any], bool],
         await asyncio.sleep(interval_s)
 
 
+async def wait_until(predicate: Any, timeout_s: float = 5.0, every_s: float = 0.02) -> Any:
+    """Poll an async or sync predicate until truthy; returns its value or fails."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s} s")
+        await asyncio.sleep(every_s)
+
+
 def resign(lease_id: str, keyring=None, **changes) -> str:
     """``lease_id`` with fields replaced (leaseid.Lease field names) and signed again:
     an edit that passes the MAC, to test the scripts' own fencing behind it. Without

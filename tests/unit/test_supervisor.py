@@ -4,20 +4,11 @@ task that may not be restarted; nothing restarts after close()."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 
 import pytest
 
 from dtq_gateway.supervisor import Supervisor
-
-
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail("condition not met within the deadline")
-        await asyncio.sleep(0.01)
+from tests.support.leasing import wait_until
 
 
 class Child:
