@@ -357,7 +357,9 @@ def tail(state: State, queues: tuple[str, ...], types: tuple[str, ...],
         previous = None
     seen = 0
     try:
-        # inside the try: a Ctrl-C right after the banner still exits 0
+        # inside the try: a Ctrl-C while subscribing or right after the banner still
+        # exits 0; the banner means subscribed (events from then on are printed)
+        stream.wait_subscribed()
         if not state.json:
             click.echo(f"tailing events from {state.client.target} (Ctrl-C to stop)", err=True)
         for event in stream:

@@ -330,6 +330,15 @@ class EventStream:
     def __init__(self, call: Any) -> None:
         self._call = call
 
+    def wait_subscribed(self) -> None:
+        """Block until the gateway has registered the subscription (it sends the
+        response headers then), or the call has ended (iterating raises its error).
+
+        Events published after this returns are delivered; a gateway that never
+        answers is found by the channel's keepalive (about 15 s).
+        """
+        self._call.initial_metadata()
+
     def __iter__(self) -> Iterator[dtq_pb2.SubscribeResponse]:
         try:
             yield from self._call

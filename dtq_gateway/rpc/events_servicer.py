@@ -138,7 +138,11 @@ class EventsServicer(dtq_pb2_grpc.EventsServicer):
                         context: grpc.aio.ServicerContext
                         ) -> AsyncIterator[bytes]:
         """Stream matching events (serialized ``SubscribeResponse``) until the client
-        leaves or the gateway drains."""
+        leaves or the gateway drains.
+
+        The response headers (empty initial metadata) are sent as soon as the
+        subscription is registered, before any event: every event published after a
+        client has seen them reaches it (or is counted in ``dropped``)."""
         try:
             queues, types = _filters(request)
         except InvalidArgument as exc:
@@ -151,6 +155,9 @@ class EventsServicer(dtq_pb2_grpc.EventsServicer):
                                   self.hub.fanout.max_subscribers, peer=context.peer())
             await abort(context, exc)
         try:
+            # the response headers say "subscribed": a client may wait for them
+            # (dtq tail prints its banner then), so no event after them is missed
+            await context.send_initial_metadata(())
             while True:
                 batch = await sub.get_batch()  # one wake-up per batch, not per event
                 if batch is None:

@@ -435,9 +435,12 @@ def test_tail_exits_0_on_ctrl_c_or_sigterm(env, sig):
         env={**os.environ, "DTQ_TOKEN": ADMIN_TOKEN}, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     try:
-        banner = proc.stderr.readline()  # printed once the command runs
+        banner = proc.stderr.readline()  # printed once subscribed (docs/cli.md)
         assert "Ctrl-C" in banner
-        env.client.enqueue("tail-q", "t", {})
+        task_id = env.client.enqueue("tail-q", "t", {}).task_id
+        # an event published right after the banner is printed: nothing is missed
+        lines = iter(proc.stdout.readline, "")
+        assert any(f"task={task_id}" in line for line in lines)
         proc.send_signal(sig)
         assert proc.wait(15) == 0
     finally:
@@ -459,7 +462,7 @@ def test_tail_ends_with_exit_8_when_its_gateway_drains():
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     running = True
     try:
-        assert "Ctrl-C" in proc.stderr.readline()  # subscribed
+        assert "Ctrl-C" in proc.stderr.readline()  # the banner comes once subscribed
         gw.stop()
         running = False
         assert proc.wait(15) == ExitCode.UNAVAILABLE
