@@ -15,11 +15,17 @@ import (
 // system roots) and DTQ_TLS_CA (CA bundle path; setting it turns TLS on), as the Python
 // and Node workers read them. Unset variables leave the WorkerConfig defaults.
 //
-// Errors: a number variable that is not a non-negative integer.
+// Errors: a DTQ_GATEWAY that CheckTarget refuses (the error names DTQ_GATEWAY), a
+// number variable that is not a non-negative integer.
 func ConfigFromEnv() (WorkerConfig, error) {
-	cfg := WorkerConfig{Conn: ConnConfig{Target: os.Getenv("DTQ_GATEWAY"),
+	cfg := WorkerConfig{Conn: ConnConfig{Target: strings.TrimSpace(os.Getenv("DTQ_GATEWAY")),
 		Token: os.Getenv("DTQ_TOKEN"), CAFile: strings.TrimSpace(os.Getenv("DTQ_TLS_CA"))},
 		WorkerID: os.Getenv("DTQ_WORKER_ID")}
+	if cfg.Conn.Target != "" {
+		if err := CheckTarget(cfg.Conn.Target, "DTQ_GATEWAY"); err != nil {
+			return cfg, err
+		}
+	}
 	cfg.Conn.TLS = envTrue(os.Getenv("DTQ_TLS")) || cfg.Conn.CAFile != ""
 	queues := os.Getenv("DTQ_QUEUES")
 	if queues == "" {

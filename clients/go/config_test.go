@@ -1,6 +1,9 @@
 package dtq
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // DTQ_TLS and DTQ_TLS_CA turn TLS on as in the Python and Node workers, so a manifest
 // with DTQ_TLS=true never sends DTQ_TOKEN over a plaintext connection.
@@ -26,5 +29,43 @@ func TestConfigFromEnvTLSConvention(t *testing.T) {
 		if cfg.Conn.CAFile != c.ca {
 			t.Errorf("DTQ_TLS_CA=%q: CAFile = %q", c.ca, cfg.Conn.CAFile)
 		}
+	}
+}
+
+// A gateway address is checked as the Python worker's check_target does: a port of
+// 1..65535 at its end (grpc-go would dial 443 without one), or a unix:, unix-abstract: or
+// vsock: address; the error names the field that held it.
+func TestConfigFromEnvGatewayAddress(t *testing.T) {
+	good := []string{"127.0.0.1:50051", "gateway:1", "gw.example.com:65535",
+		"[::1]:50051", "dns:///gateway:50051", "ipv4:10.0.0.1:443", "ipv6:[::1]:50051",
+		"unix:/run/dtq.sock", "unix-abstract:dtq", "vsock:3:50051"}
+	bad := []string{"gateway", "gateway:", "gateway:0", "gateway:65536", "gateway:88697",
+		"gateway:050051", "gateway:5005a", "gateway:+80", "dns:///gateway", "gate way:1",
+		"gateway:\u0665\u0660"}
+	for _, target := range good {
+		if err := CheckTarget(target, "f"); err != nil {
+			t.Errorf("CheckTarget(%q) = %v, want nil", target, err)
+		}
+		t.Setenv("DTQ_GATEWAY", " "+target+" ")
+		if cfg, err := ConfigFromEnv(); err != nil || cfg.Conn.Target != target {
+			t.Errorf("DTQ_GATEWAY=%q: Target %q, err %v", target, cfg.Conn.Target, err)
+		}
+	}
+	for _, target := range bad {
+		t.Setenv("DTQ_GATEWAY", target)
+		if _, err := ConfigFromEnv(); err == nil || !strings.Contains(err.Error(), "DTQ_GATEWAY: ") {
+			t.Errorf("DTQ_GATEWAY=%q: err %v, want one naming DTQ_GATEWAY", target, err)
+		}
+		conn, err := Dial(ConnConfig{Target: target})
+		if err == nil {
+			conn.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), "ConnConfig.Target: ") {
+			t.Errorf("Dial(Target %q): err %v, want one naming ConnConfig.Target", target, err)
+		}
+	}
+	t.Setenv("DTQ_GATEWAY", "")
+	if cfg, err := ConfigFromEnv(); err != nil || cfg.Conn.Target != "" {
+		t.Errorf("DTQ_GATEWAY unset: Target %q, err %v (want the default)", cfg.Conn.Target, err)
 	}
 }

@@ -55,7 +55,7 @@ def test_go_worker_unit_tests_pass() -> None:
              "|TestUnanswered|TestConfigFromEnv")
     proc = _go_test(_go(), units, {})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert proc.stdout.count("--- PASS") == 10 and "--- FAIL" not in proc.stdout, proc.stdout
+    assert proc.stdout.count("--- PASS") == 11 and "--- FAIL" not in proc.stdout, proc.stdout
 
 
 def test_go_producer_enqueues_and_waits_against_a_gateway() -> None:
