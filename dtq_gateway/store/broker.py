@@ -370,7 +370,8 @@ class Broker:
                  keys.schedule(queue) if valid else tkey,
                  keys.finished(queue) if valid else tkey,
                  keys.idempotency(queue, as_text(rec[1])) if has_idem and valid else tkey,
-                 keys.stream(queue, int(band)) if valid else tkey]
+                 keys.stream(queue, int(band)) if valid else tkey,
+                 keys.queue_counters(queue) if valid else tkey]
         raw = await CANCEL(self.redis, keys_, Script.argv(
             task_id, actor, request_id, reason[:1024], self.settings.audit_maxlen,
             self.settings.task_retention_s, "1" if has_idem and valid else "0", keys.GROUP,

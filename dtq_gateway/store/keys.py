@@ -225,7 +225,8 @@ def gateway(tag: str) -> str:
 
 def queue_counters(queue: str) -> str:
     """Outcome counters of a queue (hash succeeded, retried, dead_lettered, cancelled;
-    HINCRBY by ack.lua and fail.lua): ``dtq:queue:{<queue>}:counters``."""
+    HINCRBY by ack.lua, fail.lua and, for cancelled, the cancel scripts and
+    reclaim.lua): ``dtq:queue:{<queue>}:counters``."""
     return f"{PREFIX}queue:{{{queue}}}:counters"
 
 

@@ -145,7 +145,7 @@ async def reclaim(redis: Client, claimed: list[Claimed], dlq_maxlen: int,
     for queue, stream, (entry_id, flat) in claimed:
         fields = {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
         keys_ = [stream, keys.task(fields.get("task_id", "")), keys.dead_letter(queue),
-                 keys.cancelled(queue)]
+                 keys.cancelled(queue), keys.queue_counters(queue)]
         digest = entry_idem_digest(fields)
         if digest:
             keys_.append(keys.idempotency(queue, digest))

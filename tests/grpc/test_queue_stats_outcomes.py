@@ -1,5 +1,5 @@
 """GetQueueStats: the real age of a task no worker takes, the stuck task types, and the
-queue's outcome counters (kept in Redis by the ack and fail scripts)."""
+queue's outcome counters (kept in Redis by the ack, fail and cancel scripts)."""
 
 from __future__ import annotations
 
@@ -85,6 +85,37 @@ async def test_outcome_counters_count_acks_retries_and_dead_letters(
     stats = await admin_stub.GetQueueStats(pb.GetQueueStatsRequest(queue="out"))
     assert (stats.succeeded, stats.failed, stats.retried, stats.dead_lettered,
             stats.cancelled) == (2, 2, 1, 1, 0)
+    lease.close()
+
+
+async def test_outcome_counters_count_each_cancel_once(gateway, broker_stub, admin_stub):
+    """A CancelTask of a queued and of a scheduled task, a bulk CancelTasks and a cancel
+    of a running task that its worker then reports: each cancelled task counts once, a
+    repeated cancel of a task already cancelled not again."""
+    def enqueue(task_type: str, delay_ms: int = 0):
+        return broker_stub.Enqueue(pb.EnqueueRequest(queue="cx", task_type=task_type,
+                                                     delay_ms=delay_ms))
+    running = await enqueue("run")
+    lease = await LeaseStream(broker_stub, "w-cx", ["cx"], max_in_flight=1).open()
+    (started,) = await lease.take(1)
+    assert started.task_id == running.task_id
+    queued, scheduled = await enqueue("one"), await enqueue("one", 3_600_000)
+    bulk = [await enqueue("bulk") for _ in range(2)]
+    for task in (queued, scheduled, running):
+        await broker_stub.CancelTask(pb.CancelTaskRequest(task_id=task.task_id))
+    with pytest.raises(grpc.aio.AioRpcError) as again:
+        await broker_stub.CancelTask(pb.CancelTaskRequest(task_id=queued.task_id))
+    assert again.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    await broker_stub.CancelTask(pb.CancelTaskRequest(task_id=running.task_id))  # flag again
+    done = await admin_stub.CancelTasks(pb.CancelTasksRequest(
+        filter=pb.TaskFilter(queue="cx", task_type="bulk")))
+    assert done.cancelled == len(bulk)
+    stats = await admin_stub.GetQueueStats(pb.GetQueueStatsRequest(queue="cx"))
+    assert stats.cancelled == 4  # the running task counts when it ends
+    await broker_stub.Fail(pb.FailRequest(items=[pb.FailItem(lease_id=started.lease_id,
+                                                             error_class="Cancelled")]))
+    stats = await admin_stub.GetQueueStats(pb.GetQueueStatsRequest(queue="cx"))
+    assert (stats.cancelled, stats.failed) == (5, 0)
     lease.close()
 
 

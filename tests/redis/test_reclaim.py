@@ -170,6 +170,7 @@ async def test_cancel_requested_task_is_cancelled_not_retried(r: Redis, reaper: 
     assert (await task_fields(r, tid))["status"] == "cancelled"
     assert not await r.sismember(keys.cancelled("emails"), tid)
     assert [e["task_id"] for e in cancelled] == [tid]
+    assert await r.hget(keys.queue_counters("emails"), "cancelled") == b"1"  # counted once
 
 
 async def test_read_but_never_activated_entry_is_requeued_without_spending_attempt(

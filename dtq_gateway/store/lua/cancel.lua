@@ -10,6 +10,10 @@
 -- KEYS[5] idempotency record or the task hash again (see has_idem)
 -- KEYS[6] the task's band stream (its queue and priority; the task hash again when
 --         the record could not be read)
+-- KEYS[7] the queue's counters hash dtq:queue:{<q>}:counters (the task hash again when
+--         the record could not be read): one HINCRBY cancelled when the task ends here,
+--         as cancel_matching.lua counts a bulk cancel; an active task is counted by
+--         fail.lua or reclaim.lua when it ends, and a task already terminal not again
 -- ARGV[3] task id  [4..7] unused (actor, request id, reason, audit MAXLEN)
 -- ARGV[8] task retention s  [9] has_idem '1'/'0'  [10] consumer group
 -- ARGV[11] DTQ_KEEP_FINISHED ('0' or absent = no count limit)
@@ -54,6 +58,7 @@ else
   reply = {'cancelled'}
 end
 if reply[1] == 'cancelled' then
+  if KEYS[7] and KEYS[7] ~= task_key then redis.call('HINCRBY', KEYS[7], 'cancelled', 1) end
   retire(task_key, now, tonumber(ARGV[8]))
   if KEYS[4] ~= task_key then keep_finished(KEYS[4], tonumber(ARGV[11]) or 0, {task_id}) end
 else keep_live(task_key, now) end

@@ -10,7 +10,10 @@
 -- KEYS[2] dtq:task:{<tag>}:<task_id>
 -- KEYS[3] dtq:stream:{<queue>}:dead-letter
 -- KEYS[4] dtq:cancelled:{<queue>}    (set of cancelled task ids)
--- KEYS[5] dtq:idempotency:{<queue>}:<digest> (optional; only when the entry has a key)
+-- KEYS[5] dtq:queue:{<queue>}:counters (optional): HINCRBY cancelled by one when the
+--         task ends "cancelled" (its cancel is counted once, here, as fail.lua counts
+--         one a worker reports)
+-- KEYS[6] dtq:idempotency:{<queue>}:<digest> (optional; only when the entry has a key)
 -- ARGV[1] events channel, ARGV[2] event-id prefix (see _lib.lua)
 -- ARGV[3] entry id
 -- ARGV[4] the entry's attempt field
@@ -29,8 +32,8 @@
 --   "retried"       new entry with attempt + 1, TASK_RETRIED
 --   "dead_lettered" last attempt lost: DLQ (LeaseExpired), TASK_DEAD_LETTERED
 
-local stream_key, task_key, dlq_key, cancelled_key, idem_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local stream_key, task_key, dlq_key, cancelled_key, counters_key, idem_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local entry_id, entry_attempt = ARGV[3], tonumber(ARGV[4]) or 0
 local dlq_maxlen, retention_s = tonumber(ARGV[5]), tonumber(ARGV[6])
 local group, reaper = ARGV[7], ARGV[8]
@@ -77,6 +80,7 @@ redis.call('HSET', task_key, 'last_error', err, 'last_error_class', 'LeaseExpire
 if f[10] == '1' then
   redis.call('HSET', task_key, 'status', 'cancelled', 'finished_at_ms', now, 'entry_id', '')
   redis.call('SREM', cancelled_key, task_id)
+  if counters_key then redis.call('HINCRBY', counters_key, 'cancelled', 1) end
   retire(task_key, now, retention_s)
   idem_update(idem_key, task_id, 'failed', now)
   publish('TASK_CANCELLED', now, task_id, queue, task_type, attempt, worker_id,
