@@ -238,14 +238,34 @@ func TestDrainFinishesTheRunningTaskAndReleasesTheBufferedOnes(t *testing.T) {
 	}
 }
 
+// A running task's handler context ends within one heartbeat (50 ms here) of the
+// gateway's listing it in cancelled_lease_ids, as in the Python worker: the Go worker
+// adds no wait of its own (a 10 s bound would hide a missed heartbeat, 2 s does not).
 func TestCancelledLeaseStopsItsHandlerAndIsReportedCancelled(t *testing.T) {
 	f := newFakeBroker(&dtqpb.LeaseResponse{Kind: &dtqpb.LeaseResponse_Task{Task: task("a", "wait")}})
-	f.cancelled["a"] = true
+	started, stopped := make(chan struct{}), make(chan struct{})
 	wait := func(ctx context.Context, _ *dtqpb.LeasedTask) ([]byte, error) {
+		close(started)
 		<-ctx.Done()
+		close(stopped)
 		return nil, ctx.Err()
 	}
 	_, stop := start(t, f, WorkerConfig{Concurrency: 1}, map[string]Handler{"wait": wait})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler did not start within 10 s")
+	}
+	f.mu.Lock()
+	f.cancelled["a"] = true // the next heartbeat answer lists the lease
+	f.mu.Unlock()
+	cancelledAt := time.Now()
+	select {
+	case <-stopped:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the handler's context did not end within 2 s of the cancel")
+	}
+	t.Logf("handler context ended %v after the cancel", time.Since(cancelledAt))
 	f.reported(t, 1)
 	if err := stop(); err != nil {
 		t.Fatal(err)
