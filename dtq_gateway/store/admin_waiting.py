@@ -3,8 +3,8 @@
 The waiting tasks are counted by ``queue_waiting.lua`` (a bounded read of the
 entries no session has read yet); a type is *taken* when a live worker whose latest
 Lease session named the queue takes it. The outcome counters are the hash
-``dtq:queue:{<q>}:counters`` that ack.lua and fail.lua increment (and the cancel
-scripts, cancelled: docs/redis-layout.md).
+``dtq:queue:{<q>}:counters`` that ack.lua, fail.lua and reclaim.lua increment (and
+the cancel scripts, cancelled: docs/redis-layout.md).
 """
 
 from __future__ import annotations

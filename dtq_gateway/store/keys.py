@@ -225,8 +225,9 @@ def gateway(tag: str) -> str:
 
 def queue_counters(queue: str) -> str:
     """Outcome counters of a queue (hash succeeded, retried, dead_lettered, cancelled;
-    HINCRBY by ack.lua, fail.lua and, for cancelled, the cancel scripts and
-    reclaim.lua): ``dtq:queue:{<queue>}:counters``."""
+    HINCRBY by ack.lua, fail.lua, reclaim.lua (a lost lease retried, dead-lettered or
+    ended cancelled) and, for cancelled, the cancel scripts):
+    ``dtq:queue:{<queue>}:counters``."""
     return f"{PREFIX}queue:{{{queue}}}:counters"
 
 

@@ -1,14 +1,19 @@
 """GetQueueStats: the real age of a task no worker takes, the stuck task types, and the
-queue's outcome counters (kept in Redis by the ack, fail and cancel scripts)."""
+queue's outcome counters (kept in Redis by the ack, fail, cancel and reclaim scripts)."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 
 import grpc
 import pytest
 import redis.asyncio as aioredis
+from prometheus_client import REGISTRY
 
+from dtq_gateway.duties.leader import LeaderLock
+from dtq_gateway.duties.reaper import Reaper
+from dtq_gateway.settings import Settings
 from dtq_gateway.store import keys
 from dtq_proto import dtq_pb2 as pb
 from dtq_proto import dtq_pb2_grpc
@@ -116,6 +121,43 @@ async def test_outcome_counters_count_each_cancel_once(gateway, broker_stub, adm
                                                              error_class="Cancelled")]))
     stats = await admin_stub.GetQueueStats(pb.GetQueueStatsRequest(queue="cx"))
     assert (stats.cancelled, stats.failed) == (5, 0)
+    lease.close()
+
+
+async def test_outcome_counters_count_lost_leases_once(gateway, broker_stub, admin_stub,
+                                                      redis_url):
+    """Leases whose visibility timeout ran out, ended by the reaper: the one with an
+    attempt left counts once in retried, the one on its last attempt once in
+    dead_lettered (so in failed too), as the reaper's metrics count them; reaping again
+    counts nothing more."""
+    queue = "lost-leases"
+    for kind, attempts in (("retry", 2), ("dead", 1)):
+        await broker_stub.Enqueue(pb.EnqueueRequest(queue=queue, task_type=kind,
+                                                    max_attempts=attempts))
+    lease = await LeaseStream(broker_stub, "w-lost", [queue], max_in_flight=2).open()
+    await lease.take(2)
+    await admin_stub.PauseQueue(pb.PauseQueueRequest(queue=queue))  # no second lease
+    metric = {name: REGISTRY.get_sample_value(f"dtq_tasks_{name}_total", {"queue": queue})
+              or 0.0 for name in ("retried", "dead_lettered", "failed")}
+    r = aioredis.from_url(redis_url)
+    reaper = Reaper(r, Settings(visibility_timeout_s=0.05), LeaderLock(r, "gw-test"))
+    seen: collections.Counter[str] = collections.Counter()
+    try:
+        async def reaped() -> bool:  # entries idle 50 ms are reclaimable
+            seen.update(await reaper.reap_queue(queue))
+            return bool(seen["retried"] and seen["dead_lettered"])
+        await _poll(reaped)
+        seen.update(await reaper.reap_queue(queue))
+    finally:
+        await r.aclose()
+    assert (seen["retried"], seen["dead_lettered"]) == (1, 1)
+    stats = await admin_stub.GetQueueStats(pb.GetQueueStatsRequest(queue=queue))
+    assert (stats.succeeded, stats.failed, stats.retried, stats.dead_lettered,
+            stats.cancelled) == (0, 2, 1, 1, 0)
+    after = {name: REGISTRY.get_sample_value(f"dtq_tasks_{name}_total", {"queue": queue})
+             or 0.0 for name in metric}
+    assert {name: after[name] - metric[name] for name in metric} == {
+        "retried": 1, "dead_lettered": 1, "failed": 0}  # a lost lease is not a Fail
     lease.close()
 
 

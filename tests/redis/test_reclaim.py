@@ -76,6 +76,7 @@ async def test_lost_lease_with_attempts_left_is_retried_as_new_entry(r: Redis,
     assert att["outcome"] == "lease_expired" and att["worker_id"] == "w1"
     assert att["error_class"] == "LeaseExpired" and att["finished_at_ms"] >= att["started_at_ms"]
     assert len(retried) == 1 and retried[0]["attempt"] == 2 and retried[0]["worker_id"] == "w1"
+    assert await r.hgetall(keys.queue_counters("emails")) == {b"retried": b"1"}  # once
 
 
 async def test_lost_last_attempt_is_dead_lettered_as_lease_expired(r: Redis,
@@ -103,6 +104,7 @@ async def test_lost_last_attempt_is_dead_lettered_as_lease_expired(r: Redis,
     assert json.loads(await r.get(idem))["state"] == "failed"
     assert 6900 < await r.ttl(idem) <= 7000
     assert [e["metadata"]["error_class"] for e in dead] == ["LeaseExpired"]
+    assert await r.hgetall(keys.queue_counters("billing")) == {b"dead_lettered": b"1"}
 
 
 @pytest.mark.parametrize("change", ["newer_entry", "terminal", "missing"])
@@ -123,6 +125,7 @@ async def test_stale_entry_is_absorbed(r: Redis, reaper: Reaper, change: str) ->
     assert await task_fields(r, tid) == before
     assert not await r.exists(keys.dead_letter("emails"))
     assert len(absorbed) == (0 if change == "missing" else 1)
+    assert not await r.exists(keys.queue_counters("emails"))  # no attempt ended here
 
 
 async def test_entries_deleted_while_pending_are_acked_away(r: Redis, reaper: Reaper) -> None:
@@ -184,6 +187,7 @@ async def test_read_but_never_activated_entry_is_requeued_without_spending_attem
     t = await task_fields(r, tid)
     assert t["status"] == "queued" and t["attempt"] == "2" and t["entry_id"] == new_id.decode()
     assert "att:2" not in t
+    assert not await r.exists(keys.queue_counters("emails"))  # it never started
 
 
 async def test_stream_without_group_is_skipped(r: Redis, reaper: Reaper) -> None:

@@ -10,9 +10,9 @@
 -- KEYS[2] dtq:task:{<tag>}:<task_id>
 -- KEYS[3] dtq:stream:{<queue>}:dead-letter
 -- KEYS[4] dtq:cancelled:{<queue>}    (set of cancelled task ids)
--- KEYS[5] dtq:queue:{<queue>}:counters (optional): HINCRBY cancelled by one when the
---         task ends "cancelled" (its cancel is counted once, here, as fail.lua counts
---         one a worker reports)
+-- KEYS[5] dtq:queue:{<queue>}:counters (optional): one HINCRBY of cancelled, retried
+--         or dead_lettered by the outcome of a lost lease, as fail.lua counts the one a
+--         worker reports ("requeued" and "absorbed" count nothing: no attempt ended)
 -- KEYS[6] dtq:idempotency:{<queue>}:<digest> (optional; only when the entry has a key)
 -- ARGV[1] events channel, ARGV[2] event-id prefix (see _lib.lua)
 -- ARGV[3] entry id
@@ -90,12 +90,14 @@ end
 if attempt < max_attempts then
   add_entry(stream_key, task_key, attempt + 1)
   redis.call('HSET', task_key, 'status', 'queued', 'worker_id', '')
+  if counters_key then redis.call('HINCRBY', counters_key, 'retried', 1) end
   keep_live(task_key, now)
   publish('TASK_RETRIED', now, task_id, queue, task_type, attempt + 1, worker_id,
     {reason = 'lease_expired', lost_attempt = attempt})
   return 'retried'
 end
 dead_letter(dlq_key, dlq_maxlen, task_key, attempt, now, err, 'LeaseExpired', worker_id)
+if counters_key then redis.call('HINCRBY', counters_key, 'dead_lettered', 1) end
 retire(task_key, now, retention_s)
 idem_update(idem_key, task_id, 'failed', now)
 publish('TASK_DEAD_LETTERED', now, task_id, queue, task_type, attempt, worker_id,
