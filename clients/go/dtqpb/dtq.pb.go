@@ -3166,13 +3166,15 @@ type GetQueueStatsResponse struct {
 	// Outcome counters of the queue since it was created, kept in Redis (every
 	// replica's view): attempts that succeeded (Ack).
 	Succeeded uint64 `protobuf:"varint,78,opt,name=succeeded,proto3" json:"succeeded,omitempty"`
-	// Attempts reported failed (Fail, mode failure) = retried + dead_lettered.
+	// Failed attempts = retried + dead_lettered: reported failed (Fail, mode
+	// failure) or whose lease was lost (the reaper ended them).
 	Failed uint64 `protobuf:"varint,79,opt,name=failed,proto3" json:"failed,omitempty"`
 	// Failed attempts followed by a retry.
 	Retried uint64 `protobuf:"varint,90,opt,name=retried,proto3" json:"retried,omitempty"`
 	// Failed attempts that dead-lettered their task.
 	DeadLettered uint64 `protobuf:"varint,91,opt,name=dead_lettered,json=deadLettered,proto3" json:"dead_lettered,omitempty"`
-	// Running tasks that ended cancelled (reported by their worker).
+	// Tasks that ended cancelled, each counted once: cancelled before they ran, or
+	// while running (ended by their worker's report or a lost lease).
 	Cancelled uint64 `protobuf:"varint,92,opt,name=cancelled,proto3" json:"cancelled,omitempty"`
 	// Succeeded attempts per second, measured by this replica between this call and
 	// an earlier reading of the counters (GetQueueStats or the metrics refresh) at
