@@ -2,10 +2,11 @@
 
 The dispatcher (dispatch.py) decides which session reads and when; a
 :class:`SessionReader` sends the calls for one session and returns what they leased as
-one :class:`~dtq_gateway.store.lease_replies.LeaseRead`: one round trip for a session
-whose queues share a hash slot (every session on a standalone Redis), a peek and then
-one call per (band, slot) holding entries for a session over several slots of a
-cluster, so strict p9 -> p0 and max_in_flight hold across slots.
+one :class:`~dtq_gateway.store.lease_replies.LeaseRead`: one script call for a session
+on a standalone or Sentinel-managed Redis (lease_take checks the worker itself), one
+round trip (worker_check + lease_take) for a cluster session whose queues share a hash
+slot, a peek and then one call per (band, slot) holding entries for a session over
+several slots of a cluster, so strict p9 -> p0 and max_in_flight hold across slots.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ HOLDS_CREDIT = frozenset({ActivationKind.OK, ActivationKind.READ})
 
 
 class SessionReader:
-    """Sends a session's worker_check and lease_take calls.
+    """Sends a session's worker_check and lease_take calls (or one lease_take that
+    checks the worker itself, standalone or Sentinel Redis).
 
     Args:
         redis: the gateway's Redis client.
@@ -42,25 +44,37 @@ class SessionReader:
                                   settings.visibility_timeout_ms)
 
     def take_call(self, session: Session, read: SlotRead, most: int | None = None,
-                   max_in_flight: int | None = None) -> Call:
+                   max_in_flight: int | None = None, check: bool = False) -> Call:
         """KEYS and ARGV of a lease_take of one slot read of ``session`` (``most``:
-        default its read cap; 0 = peek)."""
+        default its read cap; 0 = peek; ``check``: the call checks the worker itself,
+        standalone or Sentinel Redis only)."""
         who = TakeArgs(session.worker_id, session.max_in_flight, session.task_types,
                        self.settings.task_retention_s, tuple(sorted(session.labels.items())))
         return store.lease_take_call(read, who, session.read_cap(BATCH_MAX)
-                                     if most is None else most, max_in_flight)
+                                     if most is None else most, max_in_flight,
+                                     check_ms=self.stale_after_ms if check else None)
 
-    def ahead_calls(self, session: Session) -> tuple[Call, Call]:
-        """A read-ahead's calls: the worker_check and lease_take of ``session``."""
+    def ahead_calls(self, session: Session) -> tuple[Call | None, Call]:
+        """A read-ahead's calls: the worker_check and lease_take of ``session``; no
+        worker_check (None) where the lease_take checks the worker itself (a session
+        that does not read by slot: standalone or Sentinel Redis)."""
+        read = session.slot_reads[0]
+        if not session.read_by_slot:
+            return None, self.take_call(session, read, check=True)
         return (store.worker_check_call(session.worker_id, self.stale_after_ms),
-                self.take_call(session, session.slot_reads[0]))
+                self.take_call(session, read))
 
     async def read(self, session: Session) -> LeaseRead:
         """worker_check + lease_take for ``session`` now: what it leased, decoded.
 
-        A session with one slot read (every session on a standalone Redis, and one
-        whose queues share a hash slot on a cluster) costs one round trip: worker_check
-        and lease_take in one pipeline. lease_take activates what it reads, so a check
+        On a standalone or Sentinel-managed Redis (``session.read_by_slot`` False) one
+        lease_take call checks the worker first and reads only when it may take work:
+        a stalled or draining worker's read leases nothing (the call counts pending
+        and the non-empty streams, as a peek) and reports the state.
+
+        On a cluster (the worker's record is in the ``{workers}`` slot) a session with
+        one slot read (its queues share a hash slot) costs one round trip:
+        worker_check and lease_take in one pipeline. lease_take activates what it reads, so a check
         that says the worker may take nothing comes too late for that read: its leases
         are released (see Activator.deliver). A session whose last check said
         ``stalled`` therefore first peeks (check and lease_take reading nothing, one
@@ -73,6 +87,10 @@ class SessionReader:
         holds across slots too (one round trip per pair).
         """
         await self.groups.ensure(self.redis, session.queues)
+        if not session.read_by_slot:
+            read = session.slot_reads[0]
+            return await store.lease_take(self.redis, read,
+                                          self.take_call(session, read, check=True))
         check = store.worker_check_call(session.worker_id, self.stale_after_ms)
         single = len(session.slot_reads) == 1
         if single and not session.stalled:

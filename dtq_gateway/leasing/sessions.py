@@ -172,37 +172,40 @@ Deliver = Callable[["Session", str, "LeaseRead | BaseException | None"], None]
 
 class ReadAhead:
     """A ``worker_check`` + ``lease_take`` for one idle session of one slot read,
-    pipelined behind a unary enqueue.
+    pipelined behind a unary enqueue (one ``lease_take`` that checks the worker itself
+    on a standalone or Sentinel-managed Redis).
 
     A task enqueued through this gateway for a queue with an idle Lease session is
     read and activated for that session in the enqueue's own round trip (the calls run
     after the enqueue in Redis), so reaching the worker costs no round trip of its own:
     the dispatcher only builds the LeasedTasks. Made by :meth:`Dispatcher.read_ahead`;
-    the caller adds the two calls to its pipeline with :meth:`queue_calls`, then calls
-    exactly one of :meth:`deliver` (with the two replies, or the exceptions the calls
+    the caller adds the calls to its pipeline with :meth:`queue_calls`, then calls
+    exactly one of :meth:`deliver` (with their replies, or the exceptions the calls
     returned) or :meth:`cancel` (the pipeline failed).
 
     Args:
         session: the session read for (its only slot read).
         queue: the queue the enqueue wrote to.
-        calls: ``calls(session)`` -> (worker_check call, lease_take call).
+        calls: ``calls(session)`` -> (worker_check call or None, lease_take call).
         deliver: see :data:`Deliver`.
     """
 
     __slots__ = ("_calls", "_deliver", "queue", "session")
 
     def __init__(self, session: Session, queue: str,
-                 calls: Callable[[Session], tuple[Call, Call]], deliver: Deliver) -> None:
+                 calls: Callable[[Session], tuple[Call | None, Call]],
+                 deliver: Deliver) -> None:
         self.session, self.queue = session, queue
         self._calls, self._deliver = calls, deliver
 
     def queue_calls(self, pipe: Any) -> int:
-        """Add worker_check and lease_take to ``pipe`` (the enqueue's
-        ``store.scripts.ScriptPipeline``); returns how many calls (2)."""
+        """Add worker_check (where it is a call of its own) and lease_take to ``pipe``
+        (the enqueue's ``store.scripts.ScriptPipeline``); returns how many calls (2,
+        or 1)."""
         return queue_check_and_take(pipe, *self._calls(self.session))
 
     def deliver(self, replies: list[Any]) -> None:
-        """Hand the two replies (check, take), decoded, to the dispatcher."""
+        """Hand the replies (check, take; or take alone), decoded, to the dispatcher."""
         read: LeaseRead | BaseException
         try:
             read = decode_check_and_take(self.session.slot_reads[0], replies)

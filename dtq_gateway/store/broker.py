@@ -38,6 +38,13 @@ DEBOUNCE_TRIES = 8
 #: Debounce keys whose burst's task this gateway remembers (oldest forgotten first),
 #: so that an enqueue absorbed into a burst it has seen takes one script call, not two.
 DEBOUNCE_SEEN = 10_000
+#: On a standalone Redis a gateway process asks enqueue.lua to trim the recent-tasks
+#: index back to DTQ_RECENT_MAX once it has added more than this many tasks since its
+#: last trim (at most 1 % of DTQ_RECENT_MAX; a call of more tasks always trims): one
+#: ZREMRANGEBYRANK per 32 unary Enqueues instead of one each. The index then holds at
+#: most this many entries more than DTQ_RECENT_MAX per gateway process, plus the tasks
+#: of enqueue calls in flight (docs/redis-layout.md).
+RECENT_TRIM_SLACK = 31
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,26 +86,29 @@ class EnqueueReply:
         items: one per task of the call, in order.
         became_busy: the call set the queue's busy marker (add it to dtq:queues:busy).
         recent: created task ids and times for the recent-tasks index, as
-            (ms, id, ms, id, ...) strings.
+            (ms, id, ms, id, ...) strings (empty when the call wrote the index).
+        trimmed: the call trimmed the recent-tasks index to DTQ_RECENT_MAX.
     """
 
     items: tuple[EnqueueItem, ...]
     became_busy: bool = False
     recent: tuple[str, ...] = ()
+    trimmed: bool = False
 
 
 def enqueue_reply(raw: list[Any]) -> EnqueueReply:
     """Decode enqueue.lua's reply: its items, then the last ``{'meta', now_ms,
-    became_busy, recent}`` item."""
-    became_busy, recent = False, cast(tuple[str, ...], ())
+    became_busy, recent, trimmed}`` item."""
+    became_busy, recent, trimmed = False, cast(tuple[str, ...], ()), False
     if raw and as_text(raw[-1][0]) == "meta":
         meta = raw[-1]
         raw = raw[:-1]
         became_busy, recent = bool(int(meta[2])), tuple(as_text(v) for v in meta[3])
+        trimmed = len(meta) > 4 and int(meta[4]) == 1
     items = tuple(EnqueueItem(as_text(r[0])) if as_text(r[0]) == "full" else
                   EnqueueItem(as_text(r[0]), as_text(r[1]), as_text(r[2]) if len(r) > 2 else "")
                   for r in raw)
-    return EnqueueReply(items, became_busy, recent)
+    return EnqueueReply(items, became_busy, recent, trimmed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +147,19 @@ class Broker:
         #: a cluster client: the recent-tasks index is in another slot than the queue's
         #: keys, so it is written after the enqueue call (standalone: by the call)
         self._cluster = is_cluster(redis)
+        #: standalone Redis: tasks this process's enqueue calls added to the
+        #: recent-tasks index since the last reply that says its call trimmed it, and
+        #: how many may be added untrimmed
+        self._untrimmed = 0
+        self._trim_slack = min(RECENT_TRIM_SLACK, settings.recent_max // 100)
+
+    def _trim_due(self, n: int) -> bool:
+        """Count ``n`` tasks the call being built adds to the recent-tasks index; True
+        when that call must trim it: more than the slack were added since the last
+        trimming call came back. Until one does (a failed call never does), every call
+        trims."""
+        self._untrimmed += n
+        return self._untrimmed > self._trim_slack
 
     def _enqueue_call(self, tasks: list[NewTask], takeover: str = "",
                       believed: str = "") -> tuple[list[str], list]:
@@ -148,8 +171,10 @@ class Broker:
         deb = any(t.debounce_spec for t in tasks)
         queue = tasks[0].queue
         keys_ = [keys.schedule(queue), keys.busy_marker(queue), keys.expiring(queue)]
+        # standalone: the script trims the recent-tasks index only when asked ('' = not)
+        trim_to = s.recent_max if self._cluster or self._trim_due(len(tasks)) else ""
         args = Script.argv_notified(len(tasks), int(deb), s.idem_ttl_s,
-                                    s.recent_max, s.max_queue_depth)
+                                    trim_to, s.max_queue_depth)
         for t in tasks:
             task_key = keys.task(t.task_id)
             third = task_key
@@ -276,9 +301,12 @@ class Broker:
             raise unconfirmed
         return out
 
-    @staticmethod
-    def _collect_meta(reply: EnqueueReply, queue: str, recent: list, busy: list[str]) -> None:
-        """Add what one enqueue.lua call asks of the indexes to the writes still to do."""
+    def _collect_meta(self, reply: EnqueueReply, queue: str, recent: list,
+                      busy: list[str]) -> None:
+        """Add what one enqueue.lua call asks of the indexes to the writes still to do
+        (and start the count of untrimmed tasks again after a call that trimmed)."""
+        if reply.trimmed:
+            self._untrimmed = 0
         if reply.became_busy:
             busy.append(queue)
         recent += reply.recent

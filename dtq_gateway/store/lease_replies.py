@@ -132,7 +132,8 @@ class LeaseRead:
         pending: leases the consumer held before the read (its PEL entries).
         missing_streams: band stream keys whose consumer group is missing (the queue
             was deleted or never set up): not read.
-        worker_state: worker_check's answer (OK unless merged with a check).
+        worker_state: the worker check's answer (worker_check.lua's, or lease_take's
+            own when the call checked the worker; OK when no check ran).
         live_streams: band streams holding entries (0 = every queue read is empty).
         limits: the rate-limit part (queue names: typed, limited, throttled; wait_ms).
         entries: the entries read, strict p9 -> p0.
@@ -175,17 +176,19 @@ class LeaseRead:
 def decode_read(reply: list[Any], queues: list[str], streams: list[str],
                 where: list[tuple[str, int]], peek: bool = False) -> LeaseRead:
     """Decode lease_take.lua's reply for a call that read
-    ``streams`` (``where``: queue and band of each) of ``queues``."""
+    ``streams`` (``where``: queue and band of each) of ``queues``; its worker state
+    (item 6) is OK unless the call checked the worker (``lease_take_call``'s
+    ``check_ms``)."""
     entries = []
     if not peek:
-        for item in reply[5:]:
+        for item in reply[6:]:
             i = int(item[0]) - 1
             raw = item[2]
             fields = {as_text(raw[k]): raw[k + 1] for k in range(0, len(raw), 2)}
             act = Activation.decode(item[3]) if len(item) > 3 else NOT_ACTIVATED
             entries.append(ReadEntry(streams[i], *where[i], as_text(item[1]), fields, act))
     return LeaseRead(
-        int(reply[0]), [streams[int(i) - 1] for i in reply[1]], WorkerState.OK,
+        int(reply[0]), [streams[int(i) - 1] for i in reply[1]], WorkerState(int(reply[5])),
         int(reply[3]), Limits.from_reply(reply[4], queues), entries,
-        [streams[int(i) - 1] for i in reply[5]] if peek and len(reply) > 5 else [],
+        [streams[int(i) - 1] for i in reply[6]] if peek and len(reply) > 6 else [],
         not peek and int(reply[2]) == 1)

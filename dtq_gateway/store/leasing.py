@@ -5,9 +5,12 @@ The dispatcher (``leasing/dispatch.py``) decides which session reads, with what 
 and when; this module knows the keys and ARGV of each script (their headers in ``lua/``
 list them), sends the calls with the pipelining the dispatcher's round trips are
 counted in, and decodes every reply into the typed values of
-:mod:`dtq_gateway.store.lease_replies`. A session's worker_check and lease_takes go out
-as one pipeline (:func:`check_and_take`, or :func:`queue_check_and_take` behind an
-enqueue): one round trip reads and activates. Entries lease_take leaves unactivated
+:mod:`dtq_gateway.store.lease_replies`. On a standalone or Sentinel-managed Redis a
+session's lease_take checks its worker itself (``lease_take_call(check_ms=...)``: one
+script call per read); on a cluster the worker's record is in another slot, so a
+session's worker_check and lease_takes go out as one pipeline (:func:`check_and_take`,
+or :func:`queue_check_and_take` behind an enqueue): one round trip reads and
+activates. Entries lease_take leaves unactivated
 (queues with task-type rate limits: their tokens are taken between the read and the
 activation) go through :func:`activate`, one call per queue in one pipeline.
 """
@@ -38,9 +41,10 @@ from dtq_gateway.store.scripts import (
     execute,
 )
 
-LEASE_TAKE = Script("lease_take", helpers=("_bucket", "_lease_read", "_finished",
-                                           "_concurrency", "_activate"), allow_oom=True)
-WORKER_CHECK = Script("worker_check")
+LEASE_TAKE = Script("lease_take", helpers=("_worker_state", "_bucket", "_lease_read",
+                                           "_finished", "_concurrency", "_activate"),
+                    allow_oom=True)
+WORKER_CHECK = Script("worker_check", helpers=("_worker_state",))
 ACTIVATE = Script("activate", helpers=("_finished", "_concurrency", "_activate"),
                   allow_oom=True)
 WORKER_STATES = Script("worker_states")
@@ -145,40 +149,58 @@ class TakeArgs:
 
 
 def lease_take_call(read: SlotRead, who: TakeArgs, most: int,
-                    max_in_flight: int | None = None, scan_max: int | None = None) -> Call:
+                    max_in_flight: int | None = None, scan_max: int | None = None,
+                    check_ms: int | None = None) -> Call:
     """KEYS and ARGV of lease_take.lua for one slot read (``most``: entries this call
     may read, 0 = peek: count pending, report the non-empty streams; ``max_in_flight``
     overrides ``who``'s, for a read of one band after a peek; ``scan_max``: most
-    entries the call reads in all, >= 1, None = the script's SCAN_MAX, 256)."""
+    entries the call reads in all, >= 1, None = the script's SCAN_MAX, 256).
+
+    ``check_ms``: run worker_check.lua's check of ``who``'s worker record in the same
+    call, with this stale threshold (ms; 0 = draining only): a stalled or draining
+    worker gets nothing and the reply says so (:attr:`LeaseRead.worker_state`). Only
+    on a standalone or Sentinel-managed Redis: the record is in the ``{workers}`` slot.
+    None (default): no check, the state reads OK."""
     types = sorted(who.task_types)
     m = len(read.queues)
     turn = next(read.turn) % m if most and m > 1 else 0
-    return read.take_keys, Script.argv_notified(
+    keys_ = read.take_keys
+    tail: tuple[Any, ...] = () if scan_max is None else (scan_max,)
+    if check_ms is not None:
+        keys_ = [*keys_, keys.worker(who.worker_id)]
+        tail = ("" if scan_max is None else scan_max, check_ms)
+    return keys_, Script.argv_notified(
         keys.GROUP, who.worker_id, who.max_in_flight if max_in_flight is None
         else max_in_flight, most, m, who.task_retention_s, keys.PREFIX,
         len(types), *types, *read.queues,
         json.dumps(dict(who.labels), separators=(",", ":")) if who.labels else "", turn,
-        *(() if scan_max is None else (scan_max,)))
+        *tail)
 
 
-def queue_check_and_take(pipe: ScriptPipeline, check: Call, take: Call) -> int:
-    """Add a worker_check and a lease_take to ``pipe``; returns how many calls were
-    added (2). Decode their replies with :func:`decode_check_and_take`."""
-    WORKER_CHECK.queue(pipe, *check)
+def queue_check_and_take(pipe: ScriptPipeline, check: Call | None, take: Call) -> int:
+    """Add a worker_check (None: none, ``take`` checks the worker itself, see
+    :func:`lease_take_call`'s ``check_ms``) and a lease_take to ``pipe``; returns how
+    many calls were added (2, or 1 without a check). Decode their replies with
+    :func:`decode_check_and_take`."""
+    if check is not None:
+        WORKER_CHECK.queue(pipe, *check)
     LEASE_TAKE.queue(pipe, *take)
-    return 2
+    return 1 if check is None else 2
 
 
 def decode_check_and_take(read: SlotRead, replies: list[Any]) -> LeaseRead:
-    """The :class:`LeaseRead` of a :func:`queue_check_and_take` pair of replies.
+    """The :class:`LeaseRead` of :func:`queue_check_and_take`'s replies: (check, take),
+    or (take,) when the take checked the worker itself.
 
     Raises:
         The first call's Redis error, if any.
     """
-    check, take = replies
-    for r in (check, take):
+    for r in replies:
         if isinstance(r, BaseException):
             raise r
+    if len(replies) == 1:
+        return read.decode(replies[0])
+    check, take = replies
     return read.decode(take).with_state(WorkerState(int(check)))
 
 
@@ -209,7 +231,8 @@ async def check_and_take(redis: Client, check: Call, takes: list[tuple[SlotRead,
 
 
 async def lease_take(redis: Client, read: SlotRead, call: Call) -> LeaseRead:
-    """One lease_take call (one round trip), decoded."""
+    """One lease_take call (one round trip), decoded (with the worker's state when
+    ``call`` checks it: :func:`lease_take_call`'s ``check_ms``)."""
     return read.decode(await LEASE_TAKE(redis, *call))
 
 

@@ -458,14 +458,21 @@ async def test_one_events_message_per_script_call(env):
     assert len({e["ts"] for e in batches[0]}) == 1
 
 
-async def test_a_stalled_worker_session_peeks_and_leaves_tasks_untouched(env):
+#: both ways a session is read: worker_check + lease_take (Redis Cluster) and one
+#: lease_take that checks the worker itself (standalone or Sentinel Redis)
+BY_SLOT = pytest.mark.parametrize("read_by_slot", [True, False], ids=["cluster", "standalone"])
+
+
+@BY_SLOT
+async def test_a_stalled_worker_session_peeks_and_leaves_tasks_untouched(env, read_by_slot):
     """Once a check said the worker is stalled, its session's reads take nothing (no
     activation and release per tick); the first read after its heartbeat takes."""
     tid = await env.enqueue()
     env.dispatcher.reader.stale_after_ms = 1000
     await env.completion.worker_event("w1", "host", "started")
     await env.redis.hset(keys.worker("w1"), "last_heartbeat", 1)  # long ago
-    session = Session(worker_id="w1", queues=["q"], max_in_flight=10, stalled=True)
+    session = Session(worker_id="w1", queues=["q"], max_in_flight=10, stalled=True,
+                      read_by_slot=read_by_slot)
     assert await env.dispatcher.lease_now(session) == (0, False, 0, False)
     assert session.stalled and session.out.empty()
     record = await env.redis.hgetall(keys.task(tid))
@@ -478,16 +485,48 @@ async def test_a_stalled_worker_session_peeks_and_leaves_tasks_untouched(env):
     assert not session.stalled and session.out.get_nowait().task_id == tid
 
 
-async def test_a_read_that_comes_back_with_a_stalled_check_hands_its_leases_back(env):
+@BY_SLOT
+async def test_a_read_that_comes_back_with_a_stalled_check_hands_its_leases_back(
+        env, read_by_slot):
     """lease_take ran in the same round trip as the check that says the worker is
-    stalled: what it leased is released, back in its band, no attempt spent."""
+    stalled: what it leased is released, back in its band, no attempt spent (a
+    lease_take that checks the worker itself leases nothing at all)."""
     tid = await env.enqueue()
     env.dispatcher.reader.stale_after_ms = 1000
     await env.completion.worker_event("w1", "host", "started")
     await env.redis.hset(keys.worker("w1"), "last_heartbeat", 1)  # long ago
-    session = Session(worker_id="w1", queues=["q"], max_in_flight=10)
+    session = Session(worker_id="w1", queues=["q"], max_in_flight=10,
+                      read_by_slot=read_by_slot)
     assert (await env.dispatcher.lease_now(session))[0] == 0
     assert session.stalled and session.out.empty()
     snap = await snapshot_queue(env.redis, "q")
     assert snap.tasks == {tid: "queued"} and snap.pel == {} and len(snap.streams[5]) == 1
     assert await env.redis.hget(keys.task(tid), "attempt") == b"1"
+
+
+@BY_SLOT
+async def test_a_standalone_read_checks_its_worker_in_its_one_script_call(env, read_by_slot):
+    """On a standalone Redis one lease_take call checks the worker and leases (one
+    EVALSHA, one TIME per read); on a cluster worker_check is a call of its own. A
+    draining worker's read leases nothing and ends its stream either way."""
+    async def calls() -> tuple[int, int]:
+        stats = await env.redis.info("commandstats")
+        return stats["cmdstat_evalsha"]["calls"], stats["cmdstat_time"]["calls"]
+
+    env.dispatcher.reader.stale_after_ms = 60_000
+    await env.completion.heartbeat(pb.HeartbeatRequest(worker_id="w1"))
+    tid = await env.enqueue()
+    session = Session(worker_id="w1", queues=["q"], max_in_flight=10,
+                      read_by_slot=read_by_slot)
+    env.dispatcher.register(session)
+    await env.groups.ensure(env.redis, ["q"])
+    before = await calls()
+    assert (await env.dispatcher.lease_now(session))[0] == 1
+    after = await calls()
+    assert (after[0] - before[0], after[1] - before[1]) == ((2, 2) if read_by_slot else (1, 1))
+    assert session.out.get_nowait().task_id == tid
+    other = await env.enqueue()
+    await env.redis.hset(keys.worker("w1"), "status", "draining")
+    assert await env.dispatcher.lease_now(session) == (0, False, 0, False)
+    assert session.closed and session.worker_draining and session.out.get_nowait() is None
+    assert await env.status(other) == "queued"

@@ -7,6 +7,7 @@ import itertools
 
 from dtq_gateway.store import keys
 from tests.redis.dispatch_support import drained
+from tests.redis.test_core_scripts import BY_SLOT
 
 
 async def test_tick_reads_an_empty_queue_once_for_all_its_sessions(dispatch_env):
@@ -37,9 +38,11 @@ async def test_a_read_that_only_put_tasks_back_does_not_mark_the_queue_empty(dis
     assert [t.task_id for t in drained(b)] == [tid] and drained(a) == []
 
 
-async def test_tick_ends_the_streams_of_workers_draining_elsewhere(dispatch_env):
-    draining = [dispatch_env.session(worker_id=f"wd{i}") for i in range(10)]
-    other = dispatch_env.session(worker_id="wo")
+@BY_SLOT
+async def test_tick_ends_the_streams_of_workers_draining_elsewhere(dispatch_env, read_by_slot):
+    draining = [dispatch_env.session(worker_id=f"wd{i}", read_by_slot=read_by_slot)
+                for i in range(10)]
+    other = dispatch_env.session(worker_id="wo", read_by_slot=read_by_slot)
     # Heartbeat(draining) went to another replica: only the worker records say so
     for s in draining:
         await dispatch_env.redis.hset(keys.worker(s.worker_id), "status", "draining")
@@ -51,11 +54,14 @@ async def test_tick_ends_the_streams_of_workers_draining_elsewhere(dispatch_env)
     assert not other.closed and other.out.empty()
 
 
-async def test_stalled_sessions_on_an_empty_queue_cost_one_read_per_tick(dispatch_env):
+@BY_SLOT
+async def test_stalled_sessions_on_an_empty_queue_cost_one_read_per_tick(dispatch_env,
+                                                                        read_by_slot):
     """Lease streams of workers that never heartbeat (stalled: no leases for them) on an
     empty queue: lease_take reports the queue empty whatever the worker state."""
     dispatch_env.dispatcher.reader.stale_after_ms = 10_000  # no worker records here: every worker is stale
-    sessions = [dispatch_env.session(worker_id=f"w{i}") for i in range(20)]
+    sessions = [dispatch_env.session(worker_id=f"w{i}", read_by_slot=read_by_slot)
+                for i in range(20)]
     await dispatch_env.dispatcher.run_round(tick=True)
     assert dispatch_env.own_reads == 1
     assert sum(s.full for s in sessions) == 1  # the one read found its worker stalled

@@ -12,7 +12,7 @@ from dtq_gateway.store import keys
 from dtq_gateway.store import leasing as store
 from dtq_gateway.store.lease_replies import ActivationKind, LeaseRead
 from dtq_gateway.store.leasing import LEASE_TAKE, TakeArgs
-from tests.redis.test_core_scripts import Env
+from tests.redis.test_core_scripts import BY_SLOT, Env
 from tests.support.seed import seed_queue, snapshot_queue
 
 OK, READ = ActivationKind.OK, ActivationKind.READ
@@ -159,12 +159,16 @@ async def test_take_reads_at_most_the_whole_tokens_of_a_queue_wide_limit(env) ->
     assert [snap.tasks[t] for t in tids] == ["active"] * 3 + ["queued"] * 2
 
 
-async def test_noscript_in_the_check_and_take_pipeline_reruns_each_call_once(env) -> None:
-    """The session's pipeline (worker_check + lease_take) after SCRIPT FLUSH: both calls
-    come back NOSCRIPT (they ran nothing) and are re-run from source, once."""
+@BY_SLOT
+async def test_noscript_in_the_check_and_take_pipeline_reruns_each_call_once(
+        env, read_by_slot) -> None:
+    """The session's pipeline (worker_check + lease_take, or lease_take alone) after
+    SCRIPT FLUSH: its calls come back NOSCRIPT (they ran nothing) and are re-run from
+    source, once."""
     (tid,) = await seed_queue(env.broker, env.settings)
     await env.redis.script_flush()
-    session = Session(worker_id="w1", queues=["q"], max_in_flight=10)
+    session = Session(worker_id="w1", queues=["q"], max_in_flight=10,
+                      read_by_slot=read_by_slot)
     assert (await env.dispatcher.lease_now(session))[0] == 1
     assert session.out.get_nowait().task_id == tid
     snap = await snapshot_queue(env.redis, "q")

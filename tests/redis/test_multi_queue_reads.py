@@ -28,7 +28,8 @@ async def env(redis_url):
 @pytest.fixture
 def counted_reads(monkeypatch) -> list[int]:
     """Counts the lease_take calls the dispatcher sends on their own (the slot-by-slot
-    reads after the first pipeline); check_and_take's pipeline is not counted."""
+    reads after the first pipeline, or a standalone read's one call, which checks the
+    worker itself); check_and_take's pipeline is not counted."""
     calls: list[int] = []
     original = reader.store.lease_take
 
@@ -67,9 +68,9 @@ async def test_strict_priority_and_max_in_flight_across_queues(env, counted_read
     assert [t.priority for t in got] == [9, 9, 7, 5, 3]
     assert {ids[t.task_id] for t in got} == {("mq-a", 9), ("mq-b", 9), ("mq-d", 7),
                                              ("mq-d", 5), ("mq-a", 3)}
-    # the one-call read needs no read beyond the check's pipeline; slot by slot reads
-    # each (band, slot) holding entries on its own: p9 twice, p7, p5, p3
-    assert len(counted_reads) == (5 if read_by_slot else 0)
+    # the one-call read is one lease_take (no worker_check beside it); slot by slot
+    # reads each (band, slot) holding entries on its own: p9 twice, p7, p5, p3
+    assert len(counted_reads) == (5 if read_by_slot else 1)
 
     # at max_in_flight nothing more is read, whichever way
     again = Session(worker_id="w1", queues=QUEUES, max_in_flight=5, read_by_slot=read_by_slot)

@@ -10,10 +10,13 @@ import pytest
 
 from dtq_gateway.store import keys
 from tests.redis.dispatch_support import drained
+from tests.redis.test_core_scripts import BY_SLOT
 
 
-async def test_enqueue_reads_for_an_idle_session_in_the_same_round_trip(dispatch_env):
-    s = dispatch_env.session()
+@BY_SLOT
+async def test_enqueue_reads_for_an_idle_session_in_the_same_round_trip(dispatch_env,
+                                                                       read_by_slot):
+    s = dispatch_env.session(read_by_slot=read_by_slot)
     tid = await dispatch_env.enqueue()
     assert s.reading and len(dispatch_env.dispatcher._reads) == 1
     assert not dispatch_env.dispatcher._dirty_queues  # no wake-up for a second read

@@ -30,11 +30,11 @@ def test_activation_of_unknown_kind_is_an_error() -> None:
 
 def test_a_slot_read_decodes_indexes_into_streams_queues_and_bands() -> None:
     read = SlotRead.of(["a", "b"])
-    reply = [3, [4], 0, 2, [25, [2], [1, 2], [1]],
+    reply = [3, [4], 0, 2, [25, [2], [1, 2], [1]], 0,
              [3, b"1-0", [b"task_id", b"x-1", b"attempt", b"2"], [b"read"]]]
     got = read.decode(reply)
-    assert (got.pending, got.missing_streams, got.live_streams) == (
-        3, [keys.stream("b", 8)], 2)
+    assert (got.pending, got.missing_streams, got.live_streams, got.worker_state) == (
+        3, [keys.stream("b", 8)], 2, WorkerState.OK)
     assert got.limits == Limits(25, {"b"}, {"a", "b"}, {"a"})
     (entry,) = got.entries
     assert (entry.stream, entry.queue, entry.band, entry.entry_id, entry.task_id,
@@ -45,8 +45,12 @@ def test_a_slot_read_decodes_indexes_into_streams_queues_and_bands() -> None:
 
 def test_a_peek_reports_the_live_streams_and_no_entries() -> None:
     read = SlotRead.of(["a"]).band(4)
-    got = read.decode([0, [], 0, 1, [0, [], [], []], [1]], peek=True)
+    got = read.decode([0, [], 0, 1, [0, [], [], []], 0, [1]], peek=True)
     assert got.entries == [] and got.live == [keys.stream("a", 4)]
+    # a take that checked its worker and found it stalled: nothing read, no live list
+    stalled = read.decode([2, [], 0, 1, [0, [], [], []], 1])
+    assert (stalled.worker_state, stalled.entries, stalled.pending) == (
+        WorkerState.STALLED, [], 2)
 
 
 def test_merge_sums_counts_keeps_the_earliest_wake_up_and_takes_the_state() -> None:

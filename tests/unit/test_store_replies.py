@@ -48,8 +48,8 @@ def test_enqueue_reply_decodes_items_and_meta() -> None:
          EnqueueItem("full"), EnqueueItem("debounced", "t9", "scheduled"),
          EnqueueItem("debounce_retry", "t8")), True, ("1000", "t1"))
     assert len(raw) == 6  # the raw reply is left as it was
-    assert enqueue_reply([[b"ok", b"t1", b"queued"], [b"meta", 1, 0, []]]) == \
-        EnqueueReply((EnqueueItem("ok", "t1", "queued"),), False, ())
+    assert enqueue_reply([[b"ok", b"t1", b"queued"], [b"meta", 1, 0, [], 1]]) == \
+        EnqueueReply((EnqueueItem("ok", "t1", "queued"),), False, (), trimmed=True)
 
 
 @pytest.mark.parametrize("raw, kind, status", [

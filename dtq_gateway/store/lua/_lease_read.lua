@@ -4,7 +4,7 @@
 -- from the PEL, honouring pause flags and each queue's queue-wide rate limit.
 -- The caller's KEYS hold, for m queues: pause flags at KEYS[q], rate-limit hashes at
 -- KEYS[m + q], and the band streams (band-major: p9 of every queue, then p8, ...) from
--- KEYS[S + 1] on; see lease_take.lua for the reply.
+-- KEYS[S + 1] on (n_streams of them); see lease_take.lua for the reply.
 
 -- The 1-based indexes (ascending) of the streams KEYS[S + 1 ..] that hold entries.
 -- XLEN counts queued and pending entries alike (entries are deleted when their lease
@@ -90,17 +90,20 @@ local function read_pass(st, reply)
   end
 end
 
--- Read entries. Returns reply ({pending, missing, 0, live count, limits, entries...}),
+-- Read entries. Returns reply ({pending, missing, 0, live count, limits, 0 (the worker
+-- state: lease_take.lua sets it), entries...}),
 -- then the queue-wide buckets read (q -> {tokens, limit, period_ms}), the queues held
 -- back by them (q -> true), the queues with task-type limits (q -> true), the Redis
 -- TIME read (0 = none) and the read state for more passes (read_pass; nil when nothing
 -- was read: a peek, or no credit). A peek (max_count 0) returns reply with the live
--- list as item 6. scan_max: most entries read in all passes of the call (>= 1).
+-- list as item 7. scan_max: most entries read in all passes of the call (>= 1).
+-- n_streams: how many band streams follow KEYS[S] (any keys after them are not
+-- streams). now: a Redis TIME the caller read already (epoch ms), or 0.
 -- turn: 0-based queue each band is read from first, the others after it in call order,
 -- wrapping around (the caller advances it per read, so the queues of one band are
 -- served in turn: docs/fairness.md); bands stay strictly p9 -> p0.
-local function read_entries(group, consumer, max_in_flight, max_count, m, S, turn, scan_max)
-  local n_streams = #KEYS - S
+local function read_entries(group, consumer, max_in_flight, max_count, m, S, turn, scan_max,
+                            n_streams, now)
   local missing, pending = {}, 0
   local live = live_streams(S, n_streams, m)
   for _, i in ipairs(live) do
@@ -115,10 +118,10 @@ local function read_entries(group, consumer, max_in_flight, max_count, m, S, tur
     end
   end
   local limits = {0, {}, {}, {}}
-  local reply = {pending, missing, 0, #live, limits}
-  local allow, throttled, typed, now = {}, {}, {}, 0
+  local reply = {pending, missing, 0, #live, limits, 0}
+  local allow, throttled, typed = {}, {}, {}
   if max_count == 0 then
-    reply[6] = live
+    reply[7] = live
     return reply, allow, throttled, typed, now
   end
   local credit = math.min(max_in_flight - pending, max_count)

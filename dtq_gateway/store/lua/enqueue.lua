@@ -7,7 +7,9 @@
 -- task never expires (see retire() in _lib.lua). The recent-tasks index and the busy
 -- set span queues: the caller writes them after this call (single-key commands), except
 -- on a standalone Redis, where the caller names the recent-tasks index as the last KEY
--- and this call writes it (ZADD, trim to ARGV[6]): one round trip per Enqueue, not two.
+-- and this call writes it (ZADD, and trim to ARGV[6] when the caller asks for it: the
+-- gateway trims every few dozen tasks, not on every call): one round trip per Enqueue,
+-- not two.
 -- KEYS[1]  the queue's schedule zset  dtq:retry:{<queue>}:schedule
 -- KEYS[2]  the queue's busy marker    dtq:queue:{<queue>}:busy
 -- KEYS[3]  the queue's expiry index  dtq:expiring:{<queue>} (queued tasks with an expiry)
@@ -22,7 +24,8 @@
 --   then the queue's ten band streams (depth gate; only with a depth limit)
 -- KEYS[3 + n*s + 1] (optional; standalone Redis only) the recent-tasks index dtq:tasks:recent
 -- ARGV[3] n tasks  [4] 1 = the call debounces (one more KEY and ARGV per task), else 0
--- [5] idempotency TTL s  [6] recent max entries  [7] max queue depth (0 = none)
+-- [5] idempotency TTL s  [6] recent max entries: trim the recent-tasks index to this
+-- many ('' = no trim in this call)  [7] max queue depth (0 = none)
 -- then per task i, 21 values (22 when the call debounces) from a = 7 + (i-1)*21 (or 22):
 --   [a+1] task_id  [a+2] queue  [a+3] task_type  [a+4] payload  [a+5] content_type
 --   [a+6] priority 0..9  [a+7] max_attempts  [a+8] timeout_ms  [a+9] idempotency key
@@ -45,7 +48,8 @@
 --   at} (the caller believed another: call again with that task's hash as KEYS[k+4])
 -- then one last item {'meta', now_ms, became_busy (1 = this call set the busy marker:
 -- the caller adds the queue to dtq:queues:busy), created task ids and times for the
--- recent-tasks index as {ms, id, ms, id, ...}}
+-- recent-tasks index as {ms, id, ms, id, ...} (empty when this call wrote it), trimmed
+-- (1 = this call trimmed the recent-tasks index, else 0)}
 local schedule_key, busy_key, expiring_key = KEYS[1], KEYS[2], KEYS[3]
 local n = tonumber(ARGV[3])
 local idem_ttl_s = tonumber(ARGV[5])
@@ -220,11 +224,14 @@ for i = 1, n do
 end
 local became_busy = 0
 if busy and redis.call('SET', busy_key, '1', 'NX') then became_busy = 1 end
-local index_key = KEYS[3 + n * stride + 1]
+local index_key, trimmed = KEYS[3 + n * stride + 1], 0
 if index_key and #recent > 0 then
   redis.call('ZADD', index_key, unpack(recent))  -- {ms, id, ...}: score, member pairs
-  redis.call('ZREMRANGEBYRANK', index_key, 0, -(recent_max + 1))
+  if recent_max then
+    redis.call('ZREMRANGEBYRANK', index_key, 0, -(recent_max + 1))
+    trimmed = 1
+  end
   recent = {}  -- written: nothing left for the caller
 end
-replies[n + 1] = {'meta', now, became_busy, recent}
+replies[n + 1] = {'meta', now, became_busy, recent, trimmed}
 return replies

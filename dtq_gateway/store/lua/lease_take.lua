@@ -34,6 +34,9 @@
 -- KEYS[3m+1 .. 4m]      expiry indexes dtq:expiring:{<q>}
 -- KEYS[4m+1 .. 4m+n]    band streams, band-major (p9 of every queue, then p8, ...; n = 10m,
 --                       or m for a read of one band)
+-- KEYS[4m+n+1]          only with ARGV[14+t+m]: the worker's record
+--                       dtq:worker:{workers}:<consumer> (standalone or Sentinel Redis
+--                       only: on a cluster it is in another slot, worker_check.lua)
 -- ARGV[3] group  [4] consumer (worker id)  [5] max_in_flight  [6] max entries this call
 --         (0 = read nothing: count pending and report the non-empty streams, as a 6th
 --         reply item {stream index, ...})  [7] m  [8] task retention s (records of tasks that
@@ -44,11 +47,18 @@
 --         req_labels (required labels) it does not all contain is put back (mode 'r')
 --         [12+t+m] turn: 0-based queue each band is read from first (read_entries;
 --         docs/fairness.md)  [13+t+m] optional: the scan bound (entries read in all,
---         >= 1; default SCAN_MAX)
+--         >= 1; '' or absent: SCAN_MAX)  [14+t+m] optional: check the worker first,
+--         as worker_check.lua does (worker_state, _worker_state.lua), with this stale
+--         threshold (ms, 0 = draining only); its record is the last KEY. A worker
+--         the check stops (stalled or draining) gets nothing: the call only counts
+--         pending and the non-empty streams, as a peek does, reads and activates
+--         nothing, and reports the state. One call instead of worker_check +
+--         lease_take (one EVALSHA and one TIME less per read).
 -- Reply: {pending_before, {stream indexes without group}, cut (1: the scan bound
 --         ended the call with credit left, more may be readable; else 0),
 --         number of non-empty band streams (0 = every queue of the call is empty),
 --         {wait_ms, {typed}, {limited}, {throttled}},
+--         worker state (0 = ok or not checked, 1 = stalled, 2 = draining),
 --         {stream index, entry id, {field, value, ...}, outcome}, ...}
 --         (stream index is 1-based into the streams part; typed, limited and throttled
 --         are 1-based queue indexes: queues with task-type limits, queues with any
@@ -143,12 +153,24 @@ local function activate_from(reply, k0, allow, typed, now)
   return freed, back
 end
 
-local reply, allow, throttled, typed, now, st = read_entries(group, consumer,
-  tonumber(ARGV[5]), tonumber(ARGV[6]), m, 4 * m, tonumber(ARGV[12 + t + m]) or 0,
-  math.max(1, tonumber(ARGV[13 + t + m]) or SCAN_MAX))
-if st and #reply > 5 then
+local n_streams, state, now, most = #KEYS - 4 * m, 0, 0, tonumber(ARGV[6])
+local check_after = tonumber(ARGV[14 + t + m] or '')
+if check_after then
+  n_streams = n_streams - 1
+  state, now = worker_state(KEYS[#KEYS], check_after)
+  if state ~= 0 then most = 0 end  -- the worker may take nothing: a peek
+end
+local reply, allow, throttled, typed, st
+reply, allow, throttled, typed, now, st = read_entries(group, consumer,
+  tonumber(ARGV[5]), most, m, 4 * m, tonumber(ARGV[12 + t + m]) or 0,
+  math.max(1, tonumber(ARGV[13 + t + m]) or SCAN_MAX), n_streams, now)
+if state ~= 0 then
+  reply[6], reply[7] = state, nil  -- no live list: the caller asked for a read
+  return reply
+end
+if st and #reply > 6 then
   if now == 0 then now = now_ms() end
-  local k0 = 6
+  local k0 = 7
   -- scan on while a pass put entries back, within the scan bound (SCAN_MAX)
   while k0 <= #reply do
     local freed, back = activate_from(reply, k0, allow, typed, now)
