@@ -216,6 +216,9 @@ async def test_leader_moves_due_tasks_and_reclaims_leases(r: Redis, redis_url: s
         elif key in (keys.queue_bands("emails").encode(), keys.queue_bands("other").encode()):
             # the band summary of a queue: a set that expires (docs/redis-layout.md)
             assert await r.type(key) == b"set" and await r.pttl(key) > 0, key
+        elif key == keys.queue_counters("other").encode():
+            # the queue's outcome counters: one field per outcome (the lost lease's retry)
+            assert await r.hgetall(key) == {b"retried": b"1"}, key
         else:
             assert await r.type(key) == b"stream", key
 
