@@ -56,13 +56,14 @@ class RawStream:
     """A Lease stream read on a thread, with a heartbeat every interval (a live worker)."""
 
     def __init__(self, address: str, worker_id: str, queue: str, *, max_in_flight: int,
-                 max_batch: int = 0) -> None:
+                 max_batch: int = 0, accept_cancel_notices: bool = False) -> None:
         self.channel = grpc.insecure_channel(address)
         self.stub = dtq_pb2_grpc.BrokerStub(self.channel)
         self.worker_id = worker_id
         self.call = self.stub.Lease(dtq_pb2.LeaseRequest(
             worker_id=worker_id, queues=[queue], max_in_flight=max_in_flight,
-            max_batch=max_batch, hostname="conformance"), timeout=120)
+            max_batch=max_batch, hostname="conformance",
+            accept_cancel_notices=accept_cancel_notices), timeout=120)
         self.session = next(self.call).session
         self.messages: queue_mod.Queue = queue_mod.Queue()
         self._stop = threading.Event()
@@ -204,6 +205,29 @@ def test_draining_ends_a_batching_stream_after_what_was_sent(
         timeout=10)
     assert [r.status for r in released.results] == [S.TASK_STATUS_QUEUED] * 3
     assert all(client.get(i).status == S.TASK_STATUS_QUEUED for i in ids)
+
+
+def test_a_cancel_is_pushed_only_to_a_stream_that_accepts_cancel_notices(
+        streams, client: ConformanceClient, queue: str) -> None:
+    old = streams("conf-cancel-old", queue, max_in_flight=1)
+    new = streams("conf-cancel-new", queue, max_in_flight=1, max_batch=4,
+                  accept_cancel_notices=True)
+    ids = _enqueue(client, queue, 2)
+    (old_task,), _ = old.tasks(1)
+    (new_task,), _ = new.tasks(1)
+    assert {old_task.task_id, new_task.task_id} == set(ids)
+    for task in (old_task, new_task):
+        assert client.cancel(task.task_id).cancel_requested
+
+    notice = new.message()
+    assert notice != "end" and notice.WhichOneof("kind") == "cancelled", notice
+    assert list(notice.cancelled.lease_ids) == [new_task.lease_id]
+    assert old.quiet(), "a stream that did not accept cancel notices got a message"
+    # the notice's lease id is the one the worker holds: its Fail CANCELLED applies
+    failed = new.stub.Fail(dtq_pb2.FailRequest(items=[dtq_pb2.FailItem(
+        lease_id=new_task.lease_id, mode=dtq_pb2.FAIL_MODE_CANCELLED)]), timeout=10)
+    assert failed.results[0].status == S.TASK_STATUS_CANCELLED
+    assert client.get(old_task.task_id).status == S.TASK_STATUS_ACTIVE  # its heartbeat's
 
 
 def test_max_batch_over_256_is_refused_naming_the_field(gateway: Gateway, queue: str) -> None:
