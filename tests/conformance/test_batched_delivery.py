@@ -209,25 +209,37 @@ def test_draining_ends_a_batching_stream_after_what_was_sent(
 
 def test_a_cancel_is_pushed_only_to_a_stream_that_accepts_cancel_notices(
         streams, client: ConformanceClient, queue: str) -> None:
-    old = streams("conf-cancel-old", queue, max_in_flight=1)
-    new = streams("conf-cancel-new", queue, max_in_flight=1, max_batch=4,
+    new = streams("conf-cancel-new", queue, max_in_flight=2, max_batch=4,
                   accept_cancel_notices=True)
-    ids = _enqueue(client, queue, 2)
+    _enqueue(client, queue, 2)
+    (first, second), _ = new.tasks(2)
+    old = streams("conf-cancel-old", queue, max_in_flight=1)  # the new one is full
+    client.enqueue(queue, "conf.sleep", {"ms": 1})
     (old_task,), _ = old.tasks(1)
-    (new_task,), _ = new.tasks(1)
-    assert {old_task.task_id, new_task.task_id} == set(ids)
-    for task in (old_task, new_task):
-        assert client.cancel(task.task_id).cancel_requested
 
-    notice = new.message()
-    assert notice != "end" and notice.WhichOneof("kind") == "cancelled", notice
-    assert list(notice.cancelled.lease_ids) == [new_task.lease_id]
-    assert old.quiet(), "a stream that did not accept cancel notices got a message"
-    # the notice's lease id is the one the worker holds: its Fail CANCELLED applies
+    def notice() -> list[str]:
+        msg = new.message()
+        assert msg != "end" and msg.WhichOneof("kind") == "cancelled", msg
+        return list(msg.cancelled.lease_ids)
+
+    # CancelTask: the notice names the lease id the worker holds, its Fail applies
+    assert client.cancel(first.task_id).cancel_requested
+    assert notice() == [first.lease_id]
     failed = new.stub.Fail(dtq_pb2.FailRequest(items=[dtq_pb2.FailItem(
-        lease_id=new_task.lease_id, mode=dtq_pb2.FAIL_MODE_CANCELLED)]), timeout=10)
+        lease_id=first.lease_id, mode=dtq_pb2.FAIL_MODE_CANCELLED)]), timeout=10)
     assert failed.results[0].status == S.TASK_STATUS_CANCELLED
-    assert client.get(old_task.task_id).status == S.TASK_STATUS_ACTIVE  # its heartbeat's
+    # CancelTasks flagging running tasks pushes the same notice
+    bulk = client.admin.CancelTasks(dtq_pb2.CancelTasksRequest(filter=dtq_pb2.TaskFilter(
+        queue=queue, task_type="conf.echo", statuses=[S.TASK_STATUS_ACTIVE])), timeout=10)
+    assert bulk.cancel_requested == 1
+    assert notice() == [second.lease_id]
+    beat = new.stub.Heartbeat(dtq_pb2.HeartbeatRequest(
+        worker_id="conf-cancel-new", lease_ids=[second.lease_id]), timeout=10)
+    assert list(beat.cancelled_lease_ids) == [second.lease_id]  # the heartbeat still says it
+    # a stream that did not ask for notices gets none: its worker hears it by heartbeat
+    assert client.cancel(old_task.task_id).cancel_requested
+    assert old.quiet(), "a stream that did not accept cancel notices got a message"
+    assert new.quiet(), "a notice went to a stream that does not hold the lease"
 
 
 def test_max_batch_over_256_is_refused_naming_the_field(gateway: Gateway, queue: str) -> None:
