@@ -154,6 +154,7 @@ async def test_a_cancel_notice_is_written_alone_in_its_place_between_the_tasks()
 async def test_a_cancel_request_is_queued_with_the_lease_id_on_the_streams_that_accept_it():
     from dtq_gateway.leasing.dispatch import Dispatcher as LeaseDispatcher
     from dtq_gateway.leasing.leaseid import Lease, decode, owner_tag
+    from dtq_gateway.rpc.events_servicer import encode_event
     from dtq_gateway.settings import load
 
     released: list[list[str]] = []
@@ -175,6 +176,7 @@ async def test_a_cancel_request_is_queued_with_the_lease_id_on_the_streams_that_
     event = {"type": "TASK_CANCEL_REQUESTED", "task_id": task_id, "queue": "q",
              "task_type": "t", "attempt": 2, "worker_id": "w",
              "metadata": {"entry_id": "17-0", "band": "5", "idem_digest": ""}}
+    assert encode_event(event) is None  # internal: Events.Subscribe never shows it
     disp.on_event(event)
     notice = takes.out.get_nowait()
     assert isinstance(notice, pb.LeaseCancelled) and takes.out.empty()
