@@ -244,7 +244,7 @@ class ItemError(_message.Message):
     def __init__(self, code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., field: _Optional[str] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
-    __slots__ = ("worker_id", "queues", "task_types", "max_in_flight", "hostname", "labels", "concurrency", "sdk", "max_batch")
+    __slots__ = ("worker_id", "queues", "task_types", "max_in_flight", "hostname", "labels", "concurrency", "sdk", "max_batch", "accept_cancel_notices")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -261,6 +261,7 @@ class LeaseRequest(_message.Message):
     CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     SDK_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_CANCEL_NOTICES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     queues: _containers.RepeatedScalarFieldContainer[str]
     task_types: _containers.RepeatedScalarFieldContainer[str]
@@ -270,17 +271,26 @@ class LeaseRequest(_message.Message):
     concurrency: int
     sdk: str
     max_batch: int
-    def __init__(self, worker_id: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., task_types: _Optional[_Iterable[str]] = ..., max_in_flight: _Optional[int] = ..., hostname: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., concurrency: _Optional[int] = ..., sdk: _Optional[str] = ..., max_batch: _Optional[int] = ...) -> None: ...
+    accept_cancel_notices: bool
+    def __init__(self, worker_id: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., task_types: _Optional[_Iterable[str]] = ..., max_in_flight: _Optional[int] = ..., hostname: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., concurrency: _Optional[int] = ..., sdk: _Optional[str] = ..., max_batch: _Optional[int] = ..., accept_cancel_notices: _Optional[bool] = ...) -> None: ...
 
 class LeaseResponse(_message.Message):
-    __slots__ = ("session", "task", "batch")
+    __slots__ = ("session", "task", "batch", "cancelled")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
     session: SessionInfo
     task: LeasedTask
     batch: LeasedTaskBatch
-    def __init__(self, session: _Optional[_Union[SessionInfo, _Mapping]] = ..., task: _Optional[_Union[LeasedTask, _Mapping]] = ..., batch: _Optional[_Union[LeasedTaskBatch, _Mapping]] = ...) -> None: ...
+    cancelled: LeaseCancelled
+    def __init__(self, session: _Optional[_Union[SessionInfo, _Mapping]] = ..., task: _Optional[_Union[LeasedTask, _Mapping]] = ..., batch: _Optional[_Union[LeasedTaskBatch, _Mapping]] = ..., cancelled: _Optional[_Union[LeaseCancelled, _Mapping]] = ...) -> None: ...
+
+class LeaseCancelled(_message.Message):
+    __slots__ = ("lease_ids",)
+    LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    lease_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, lease_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LeasedTaskBatch(_message.Message):
     __slots__ = ("tasks",)

@@ -153,7 +153,8 @@ class BrokerServicer:
     def CancelTask(self, request, context):
         """CancelTask cancels a queued, scheduled or active task. Queued and scheduled
         tasks become CANCELLED at once; an active task is flagged and its worker
-        learns it through Heartbeat. FAILED_PRECONDITION when the task is already
+        learns it through Heartbeat, and at once on its Lease stream when it set
+        LeaseRequest.accept_cancel_notices. FAILED_PRECONDITION when the task is already
         terminal. Appends to the audit stream.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

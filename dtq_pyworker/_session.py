@@ -120,6 +120,10 @@ async def lease_loop(state: SessionState, stub: Any, session_ready: asyncio.Even
                     state.runtime.add_many(response.batch.tasks)
                 elif kind == "task":
                     state.runtime.add(response.task)
+                elif kind == "cancelled":  # as a heartbeat's cancelled_lease_ids
+                    if state.runtime.stop(response.cancelled.lease_ids, STOP_CANCELLED):
+                        log.info("cancel notice stopped tasks", extra={
+                            "cancelled": len(response.cancelled.lease_ids)})
                 elif kind == "session":
                     # a drain waits for the stream's end only once SessionInfo came: a
                     # call still waiting for its gateway carries no lease

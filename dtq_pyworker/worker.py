@@ -371,12 +371,14 @@ class Worker:
         return min(MAX_LEASE_BATCH, self.max_in_flight)
 
     def _lease_request(self) -> dtq_pb2.LeaseRequest:
-        """The LeaseRequest this worker opens its sessions with."""
+        """The LeaseRequest this worker opens its sessions with (it takes cancel notices
+        on the stream: accept_cancel_notices)."""
         task_types = self.task_types if self.task_types is not None else sorted(self.handlers)
         return dtq_pb2.LeaseRequest(
             worker_id=self.worker_id, queues=self.queues, task_types=task_types,
             max_in_flight=self.max_in_flight, hostname=self.hostname, labels=self.labels,
-            concurrency=self.lease_concurrency(), sdk=SDK, max_batch=self.lease_max_batch())
+            concurrency=self.lease_concurrency(), sdk=SDK, max_batch=self.lease_max_batch(),
+            accept_cancel_notices=True)
 
     @property
     def session(self) -> dtq_pb2.SessionInfo | None:

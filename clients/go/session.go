@@ -48,7 +48,7 @@ func (w *Worker) leaseRequest() *dtqpb.LeaseRequest {
 	return &dtqpb.LeaseRequest{WorkerId: w.cfg.WorkerID, Queues: w.cfg.Queues,
 		TaskTypes: types, MaxInFlight: uint32(w.cfg.MaxInFlight),
 		Concurrency: uint32(w.cfg.Concurrency), MaxBatch: uint32(w.cfg.MaxBatch),
-		Hostname: w.host, Labels: w.cfg.Labels, Sdk: SDK}
+		Hostname: w.host, Labels: w.cfg.Labels, Sdk: SDK, AcceptCancelNotices: true}
 }
 
 // leaseLoop keeps a Lease stream open until ctx ends or the drain's stream ends:
@@ -104,6 +104,8 @@ func (w *Worker) session(ctx context.Context, retry *int) error {
 			for _, t := range kind.Batch.Tasks {
 				w.onTask(t)
 			}
+		case *dtqpb.LeaseResponse_Cancelled:
+			w.onCancelNotice(kind.Cancelled.LeaseIds)
 		}
 	}
 }
@@ -163,6 +165,21 @@ func (w *Worker) beat(ctx context.Context) {
 	}
 	w.stopLeases(resp.LostLeaseIds, reasonLost, byID)
 	w.stopLeases(resp.CancelledLeaseIds, reasonCancelled, byID)
+}
+
+// onCancelNotice stops the leases a LeaseCancelled notice of the stream names, as a
+// heartbeat answer's cancelled_lease_ids (ids not held are ignored; each cancel is
+// reported once).
+func (w *Worker) onCancelNotice(ids []string) {
+	byID := make(map[string]*lease, len(ids))
+	w.mu.Lock()
+	for _, id := range ids {
+		if l := w.held[id]; l != nil {
+			byID[id] = l
+		}
+	}
+	w.mu.Unlock()
+	w.stopLeases(ids, reasonCancelled, byID)
 }
 
 // stopLeases stops the named leases still held (ids no longer held are ignored;

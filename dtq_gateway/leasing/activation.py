@@ -64,7 +64,7 @@ class Activator:
         undelivered = []
         while not session.out.empty():
             item = session.out.get_nowait()
-            if item is not None:
+            if isinstance(item, dtq_pb2.LeasedTask):  # not the end, not a cancel notice
                 undelivered.append(item.lease_id)
         self.buffered(session, -session.buffered_bytes)
         if undelivered:

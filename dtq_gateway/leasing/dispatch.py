@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 
 from dtq_gateway import metrics
 from dtq_gateway.leasing.activation import Activator
-from dtq_gateway.leasing.leaseid import Keyring, default_keyring
+from dtq_gateway.leasing.leaseid import Keyring, Lease, default_keyring
 from dtq_gateway.leasing.reader import BATCH_MAX, SessionReader
 from dtq_gateway.leasing.sessions import ReadAhead, Session
 from dtq_gateway.leasing.stream_health import StreamHealth
@@ -36,6 +36,7 @@ from dtq_gateway.store.client import Client
 from dtq_gateway.store.groups import Groups
 from dtq_gateway.store.lease_replies import LeaseRead, WorkerState
 from dtq_gateway.store.leasing import OWN_EVENT
+from dtq_proto import dtq_pb2
 
 #: Reads re-run at once after a task-type rate limit put entries back (per session, until
 #: one delivers something): bounds the rotation through a stream of throttled entries.
@@ -46,6 +47,10 @@ LIMIT_REREADS = 4
 #: not take at once, then at the tick, so a stream of only such entries is no busy loop.
 SCAN_REREADS = 16
 WAKE_EVENTS = frozenset({"TASK_QUEUED", "TASK_RETRIED"})
+#: Internal event of cancel.lua / cancel_matching.lua: an active task was flagged
+#: cancel_requested (its lease's parts in the metadata; see cancel_requested)
+CANCEL_EVENT = "TASK_CANCEL_REQUESTED"
+_CANCEL_RAW = CANCEL_EVENT.encode()
 #: Events that end a lease of their worker_id (TASK_RETRIED: the reaper took a lost
 #: lease away, which frees that worker's credit too)
 FREE_EVENTS = frozenset({"TASK_SUCCEEDED", "TASK_RETRY_SCHEDULED", "TASK_DEAD_LETTERED",
@@ -72,6 +77,8 @@ class Dispatcher:
         self._by_queue: dict[str, list[Session]] = {}
         #: open sessions by worker id (credit_freed, wake-ups of one worker)
         self._by_worker: dict[str, list[Session]] = {}
+        #: open sessions that accept cancel notices (0: cancel events are not decoded)
+        self._notice_sessions = 0
         #: read-aheads answered since the last round: (session, queue, read; an
         #: exception or None when the read failed)
         self._reads: list[tuple[Session, str, LeaseRead | BaseException | None]] = []
@@ -166,11 +173,14 @@ class Dispatcher:
 
     def wants_raw_event(self, raw: bytes) -> bool:
         """Raw pre-filter for the events hub: this process's own events never (it already
-        acted on them), wake-up types always, lease-ending types only while some session
-        is full (only then do other replicas' acks matter)."""
+        acted on them), wake-up types always, cancel requests while some session accepts
+        cancel notices, lease-ending types only while some session is full (only then do
+        other replicas' acks matter)."""
         if OWN_EVENT in raw:
             return False
         if b"TASK_QUEUED" in raw or b"TASK_RETRIED\"" in raw or b"CONFIGURATION_CHANGED" in raw:
+            return True
+        if self._notice_sessions and _CANCEL_RAW in raw:
             return True
         return any(s.full for s in self.sessions.values())
 
@@ -181,8 +191,55 @@ class Dispatcher:
             self.notify(event["queue"])
         elif etype == "CONFIGURATION_CHANGED" and event.get("queue"):
             self.notify(event["queue"])  # a resumed queue leases at once, not at the tick
+        elif etype == CANCEL_EVENT:
+            self.cancel_requested(event)
         if etype in FREE_EVENTS and event.get("worker_id"):
             self.credit_freed(event["worker_id"])
+
+    def cancel_requested(self, event: dict) -> int:
+        """CancelTask flagged a running task (a ``TASK_CANCEL_REQUESTED`` event from any
+        replica, this one included): write its lease id as a LeaseCancelled notice on
+        every open stream of the lease's worker that accepts them
+        (``LeaseRequest.accept_cancel_notices``), behind the tasks already waiting there.
+
+        The lease id is rebuilt from the event (task id, queue, band, entry id, attempt,
+        worker id, idempotency digest) and the session's owner tag, so it is the id that
+        session's worker holds; a stream of the same worker id under another identity
+        gets an id its worker does not hold and ignores. Best effort: a malformed event
+        or a keyring not loaded yet sends nothing (the heartbeat answer reports the
+        cancel anyway).
+
+        Args:
+            event: the decoded event (events_wire): ``task_id``, ``queue``, ``attempt``,
+                ``worker_id``, and ``metadata`` with ``entry_id``, ``band`` and
+                ``idem_digest``.
+
+        Returns:
+            The number of streams the notice was queued on.
+        """
+        sessions = self._by_worker.get(event.get("worker_id") or "")
+        meta = event.get("metadata")
+        if not sessions or not isinstance(meta, dict):
+            return 0
+        band, entry_id = str(meta.get("band", "")), str(meta.get("entry_id", ""))
+        if len(band) != 1 or not band.isdigit() or not entry_id:
+            return 0
+        queued = 0
+        for s in sessions:
+            if not s.cancel_notices or s.closed:
+                continue
+            try:
+                lease_id = Lease(event["task_id"], event["queue"], int(band), entry_id,
+                                 int(event["attempt"]), s.worker_id,
+                                 str(meta.get("idem_digest") or ""), s.owner
+                                 ).encode(self.keyring)
+            except (KeyError, TypeError, ValueError, RuntimeError):
+                return queued  # RuntimeError: no lease secret loaded yet
+            if not s.backlogged:
+                s.out_since = time.monotonic()
+            s.out.put_nowait(dtq_pb2.LeaseCancelled(lease_ids=[lease_id]))
+            queued += 1
+        return queued
 
     # -- sessions --------------------------------------------------------------------
     def register(self, session: Session) -> None:
@@ -191,6 +248,7 @@ class Dispatcher:
         for q in session.queues:
             self._by_queue.setdefault(q, []).append(session)
         self._by_worker.setdefault(session.worker_id, []).append(session)
+        self._notice_sessions += session.cancel_notices
         metrics.LEASE_SESSIONS.set(len(self.sessions))
         self._new_sessions.add(session.session_id)
         self._wake.set()
@@ -199,6 +257,7 @@ class Dispatcher:
         """Stop feeding a session and hand back leases it never delivered."""
         session.closed = True
         if self.sessions.pop(session.session_id, None) is not None:
+            self._notice_sessions -= session.cancel_notices
             for index, name in [(self._by_queue, q) for q in session.queues] + \
                     [(self._by_worker, session.worker_id)]:
                 listed = index.get(name, [])

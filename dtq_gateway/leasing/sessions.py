@@ -33,7 +33,8 @@ WINDOW_UNSAID = 16
 
 @dataclass(eq=False)
 class Session:
-    """One open Lease stream. ``out`` carries LeasedTask messages (None = end)."""
+    """One open Lease stream. ``out`` carries LeasedTask messages, LeaseCancelled notices
+    when the worker accepts them (``cancel_notices``) and, last, None (the end)."""
 
     worker_id: str
     queues: list[str]
@@ -55,6 +56,9 @@ class Session:
     closed: bool = False
     #: set when the stream ends because the worker said it is draining (ends with OK)
     worker_draining: bool = False
+    #: LeaseRequest.accept_cancel_notices: ``out`` also carries LeaseCancelled notices
+    #: (Dispatcher.cancel_requested), written in order between the tasks
+    cancel_notices: bool = False
     #: a lease_take for this session rides in an enqueue's round trip (see ReadAhead)
     reading: bool = False
     #: write pacing: when the stream last took a task from ``out`` (or ``out`` last went

@@ -22,6 +22,7 @@ from dtq_gateway.leasing.sessions import Session
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import leasing as store
 from dtq_gateway.store.client import Client
+from dtq_proto import dtq_pb2
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,8 @@ class StreamHealth:
                     if item is None:  # the end marker stays last
                         s.out.put_nowait(None)
                         break
-                    ids.append(item.lease_id)
+                    if isinstance(item, dtq_pb2.LeasedTask):  # a cancel notice is dropped:
+                        ids.append(item.lease_id)  # the heartbeat answer reports it too
                 self.buffered(s, -s.buffered_bytes)
                 if ids:
                     log.warning("lease stream is not reading: released %d undelivered "

@@ -182,6 +182,7 @@ class BrokerServicer(dtq_pb2_grpc.BrokerServicer):
                        max_in_flight=min(request.max_in_flight, self.settings.max_in_flight_cap),
                        task_types=frozenset(request.task_types),
                        concurrency=request.concurrency, owner=owner_tag(identity),
+                       cancel_notices=request.accept_cancel_notices,
                        labels=dict(list(request.labels.items())[:64]),
                        read_by_slot=is_cluster(self.broker.redis))
 

@@ -9,7 +9,8 @@ the largest payload of one task in encoded task bytes, as one LeasedTaskBatch: o
 of one per task. A worker that did not set it gets one LeasedTask per message, the
 original protocol (docs/protocol.md 3.2). Flow control stays per task either way: the
 buffered-bytes account, the unread window (``Session.handed``) and the PEL credit all
-count tasks, never messages.
+count tasks, never messages. A worker that set ``LeaseRequest.accept_cancel_notices``
+also gets LeaseCancelled messages between them (Dispatcher.cancel_requested).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ async def send(context: grpc.aio.ServicerContext, message: dtq_pb2.LeaseResponse
     return True
 
 
-def _head(out: asyncio.Queue) -> dtq_pb2.LeasedTask | None:
+def _head(out: asyncio.Queue) -> dtq_pb2.LeasedTask | dtq_pb2.LeaseCancelled | None:
     """The next item of ``out`` without taking it (asyncio.Queue has no public peek;
     its items are the deque ``_queue``)."""
     return out._queue[0]  # type: ignore[attr-defined]
@@ -74,17 +75,21 @@ def take_ready(out: asyncio.Queue, first: dtq_pb2.LeasedTask, max_batch: int,
     field) stay within ``max_bytes`` (the largest payload one task may carry): a batch
     then never needs a larger gRPC receive limit than a single task, whatever the
     tasks' metadata. A task that does not fit stays first in ``out`` for the next
-    message; a task larger than ``max_bytes`` goes alone.
+    message; a task larger than ``max_bytes`` goes alone. A cancel notice
+    (LeaseCancelled) ends the batch: it is written in its own message after it.
     """
     tasks, size = [first], first.ByteSize()
     while len(tasks) < max_batch and not out.empty():
         head = _head(out)
-        n = head.ByteSize() if head is not None else 0
-        if head is not None and size + n > max_bytes:
+        if head is None:
+            out.get_nowait()
+            return tasks, True
+        if not isinstance(head, dtq_pb2.LeasedTask):
+            break
+        n = head.ByteSize()
+        if size + n > max_bytes:
             break
         out.get_nowait()
-        if head is None:
-            return tasks, True
         tasks.append(head)
         size += n
     return tasks, False
@@ -104,6 +109,9 @@ async def write_tasks(context: grpc.aio.ServicerContext, session: Session,
         max_bytes: Most encoded task bytes of one batch (DTQ_MAX_PAYLOAD_BYTES); a
             task alone may carry more.
 
+    A cancel notice (LeaseCancelled, only in the ``out`` of a session that accepts
+    them) is written as its own LeaseResponse.cancelled, in its place among the tasks.
+
     Returns:
         True once the end marker was reached (every task queued before it was
         written), False when the worker went away (the write failed).
@@ -112,6 +120,11 @@ async def write_tasks(context: grpc.aio.ServicerContext, session: Session,
         first = await session.out.get()
         if first is None:
             return True
+        if not isinstance(first, dtq_pb2.LeasedTask):
+            if not await send(context, dtq_pb2.LeaseResponse(cancelled=first)):
+                return False
+            dispatcher.stream_progress(session)
+            continue
         tasks, ended = take_ready(session.out, first, max_batch, max_bytes)
         dispatcher.buffered(session, -sum(len(t.payload) for t in tasks))
         # unread until a receipt names them (or a later lease): stream health

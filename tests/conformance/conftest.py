@@ -40,6 +40,8 @@ def pytest_configure(config: pytest.Config) -> None:
     """Register the suite's marker."""
     config.addinivalue_line("markers", "gateway_auth: the gateway requires bearer tokens "
                             "(DTQ_AUTH_TOKENS); workers get DTQ_TOKEN")
+    config.addinivalue_line("markers", "gateway_heartbeat_s(s): the gateway's heartbeat "
+                            "interval is s seconds (visibility timeout 3 s more than that)")
 
 
 def _worker_params() -> list[object]:
@@ -98,13 +100,17 @@ def conformance_redis() -> Iterator[RedisServer]:
 @pytest.fixture
 def gateway(conformance_redis: RedisServer, tmp_path: Path,
             request: pytest.FixtureRequest) -> Iterator[Gateway]:
-    """A fresh gateway on its own port: visibility timeout 2 s, heartbeat interval 0.5 s."""
+    """A fresh gateway on its own port: visibility timeout 2 s, heartbeat interval 0.5 s
+    (a test marked ``gateway_heartbeat_s(s)``: heartbeat interval s, visibility timeout
+    s + 3)."""
     if importlib.util.find_spec("dtq_gateway.__main__") is None:
         pytest.skip("the gateway is not built yet (dtq_gateway/__main__.py missing)")
     auth = request.node.get_closest_marker("gateway_auth") is not None
+    slow = request.node.get_closest_marker("gateway_heartbeat_s")
+    heartbeat_s = float(slow.args[0]) if slow else HEARTBEAT_INTERVAL_S
     gw = Gateway(conformance_redis.url, free_port(), tmp_path,
-                 visibility_timeout_s=VISIBILITY_TIMEOUT_S,
-                 heartbeat_interval_s=HEARTBEAT_INTERVAL_S,
+                 visibility_timeout_s=heartbeat_s + 3 if slow else VISIBILITY_TIMEOUT_S,
+                 heartbeat_interval_s=heartbeat_s,
                  extra_args=["--auth-tokens", AUTH_TOKENS] if auth else None).start()
     yield gw
     gw.stop()

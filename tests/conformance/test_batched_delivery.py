@@ -56,13 +56,14 @@ class RawStream:
     """A Lease stream read on a thread, with a heartbeat every interval (a live worker)."""
 
     def __init__(self, address: str, worker_id: str, queue: str, *, max_in_flight: int,
-                 max_batch: int = 0) -> None:
+                 max_batch: int = 0, accept_cancel_notices: bool = False) -> None:
         self.channel = grpc.insecure_channel(address)
         self.stub = dtq_pb2_grpc.BrokerStub(self.channel)
         self.worker_id = worker_id
         self.call = self.stub.Lease(dtq_pb2.LeaseRequest(
             worker_id=worker_id, queues=[queue], max_in_flight=max_in_flight,
-            max_batch=max_batch, hostname="conformance"), timeout=120)
+            max_batch=max_batch, hostname="conformance",
+            accept_cancel_notices=accept_cancel_notices), timeout=120)
         self.session = next(self.call).session
         self.messages: queue_mod.Queue = queue_mod.Queue()
         self._stop = threading.Event()
@@ -204,6 +205,41 @@ def test_draining_ends_a_batching_stream_after_what_was_sent(
         timeout=10)
     assert [r.status for r in released.results] == [S.TASK_STATUS_QUEUED] * 3
     assert all(client.get(i).status == S.TASK_STATUS_QUEUED for i in ids)
+
+
+def test_a_cancel_is_pushed_only_to_a_stream_that_accepts_cancel_notices(
+        streams, client: ConformanceClient, queue: str) -> None:
+    new = streams("conf-cancel-new", queue, max_in_flight=2, max_batch=4,
+                  accept_cancel_notices=True)
+    _enqueue(client, queue, 2)
+    (first, second), _ = new.tasks(2)
+    old = streams("conf-cancel-old", queue, max_in_flight=1)  # the new one is full
+    client.enqueue(queue, "conf.sleep", {"ms": 1})
+    (old_task,), _ = old.tasks(1)
+
+    def notice() -> list[str]:
+        msg = new.message()
+        assert msg != "end" and msg.WhichOneof("kind") == "cancelled", msg
+        return list(msg.cancelled.lease_ids)
+
+    # CancelTask: the notice names the lease id the worker holds, its Fail applies
+    assert client.cancel(first.task_id).cancel_requested
+    assert notice() == [first.lease_id]
+    failed = new.stub.Fail(dtq_pb2.FailRequest(items=[dtq_pb2.FailItem(
+        lease_id=first.lease_id, mode=dtq_pb2.FAIL_MODE_CANCELLED)]), timeout=10)
+    assert failed.results[0].status == S.TASK_STATUS_CANCELLED
+    # CancelTasks flagging running tasks pushes the same notice
+    bulk = client.admin.CancelTasks(dtq_pb2.CancelTasksRequest(filter=dtq_pb2.TaskFilter(
+        queue=queue, task_type="conf.echo", statuses=[S.TASK_STATUS_ACTIVE])), timeout=10)
+    assert bulk.cancel_requested == 1
+    assert notice() == [second.lease_id]
+    beat = new.stub.Heartbeat(dtq_pb2.HeartbeatRequest(
+        worker_id="conf-cancel-new", lease_ids=[second.lease_id]), timeout=10)
+    assert list(beat.cancelled_lease_ids) == [second.lease_id]  # the heartbeat still says it
+    # a stream that did not ask for notices gets none: its worker hears it by heartbeat
+    assert client.cancel(old_task.task_id).cancel_requested
+    assert old.quiet(), "a stream that did not accept cancel notices got a message"
+    assert new.quiet(), "a notice went to a stream that does not hold the lease"
 
 
 def test_max_batch_over_256_is_refused_naming_the_field(gateway: Gateway, queue: str) -> None:

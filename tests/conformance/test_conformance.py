@@ -90,6 +90,28 @@ def test_cancelled_running_task_is_stopped_and_reported(
     assert client.wait_terminal(follow_up, 10).status == S.TASK_STATUS_SUCCEEDED
 
 
+#: Workers that take cancel notices on their Lease stream (LeaseRequest.accept_cancel_notices).
+CANCEL_NOTICE_WORKERS = {"pyworker", "node", "go"}
+
+
+@pytest.mark.gateway_heartbeat_s(30)
+def test_cancel_reaches_a_running_handler_before_the_next_heartbeat(
+        worker_command: tuple[str, str], start_worker: StartWorker,
+        client: ConformanceClient, queue: str) -> None:
+    if worker_command[0] not in CANCEL_NOTICE_WORKERS:
+        pytest.skip(f"{worker_command[0]} takes cancels from heartbeats only (no "
+                    "accept_cancel_notices): test_cancelled_running_task_is_stopped_and_reported")
+    start_worker(concurrency=1, max_in_flight=1)
+    task_id = client.enqueue(queue, "conf.sleep", {"ms": 60000}, timeout_ms=120000)
+    client.wait_for(task_id, lambda t: t.status == S.TASK_STATUS_ACTIVE, 10, "ACTIVE")
+
+    assert client.cancel(task_id).cancel_requested
+    # with a 30 s heartbeat interval, only the pushed notice can end it this soon
+    task = client.wait_terminal(task_id, 2.0)
+    assert task.status == S.TASK_STATUS_CANCELLED, describe(task)
+    assert [a.outcome for a in task.attempts] == ["cancelled"], describe(task)
+
+
 def test_retryable_failure_is_retried_until_attempts_run_out(
         start_worker: StartWorker, client: ConformanceClient, queue: str) -> None:
     start_worker()

@@ -137,3 +137,58 @@ async def test_a_failed_write_ends_the_stream_as_gone():
     call = Call(fail_at=0)
     assert await write_tasks(call, session, Dispatcher(), 2, 1000) is False
     assert call.written == []
+
+
+async def test_a_cancel_notice_is_written_alone_in_its_place_between_the_tasks():
+    notice = pb.LeaseCancelled(lease_ids=["L1"])
+    session = session_with(task(1), task(2), notice, task(3), None)
+    call, disp = Call(), Dispatcher()
+    assert await write_tasks(call, session, disp, 8, 1000) is True
+    assert [m.WhichOneof("kind") for m in call.written] == ["batch", "cancelled", "batch"]
+    assert [t.lease_id for t in call.written[0].batch.tasks] == ["L1", "L2"]
+    assert list(call.written[1].cancelled.lease_ids) == ["L1"]
+    assert list(session.unread) == ["L1", "L2", "L3"]  # a notice is no lease
+    assert sum(disp.buffered_deltas) == -6 and disp.progress == 3
+
+
+async def test_a_cancel_request_is_queued_with_the_lease_id_on_the_streams_that_accept_it():
+    from dtq_gateway.leasing.dispatch import Dispatcher as LeaseDispatcher
+    from dtq_gateway.leasing.leaseid import Lease, decode, owner_tag
+    from dtq_gateway.rpc.events_servicer import encode_event
+    from dtq_gateway.settings import load
+
+    released: list[list[str]] = []
+
+    async def release(ids):
+        released.append(ids)
+
+    disp = LeaseDispatcher(None, load([], environ={}), None, release)
+    raw = b'{"events":[["TASK_CANCEL_REQUESTED","t"]]}'
+    assert not disp.wants_raw_event(raw)  # no stream takes notices: not even decoded
+    owner = owner_tag("alice")
+    takes, old, other = (Session(worker_id=w, queues=["q"], max_in_flight=4, owner=owner,
+                                 read_by_slot=False, cancel_notices=n)
+                         for w, n in (("w", True), ("w", False), ("w2", True)))
+    for s in (takes, old, other):
+        disp.register(s)
+    assert disp.wants_raw_event(raw)
+    task_id = "ab" * 16
+    event = {"type": "TASK_CANCEL_REQUESTED", "task_id": task_id, "queue": "q",
+             "task_type": "t", "attempt": 2, "worker_id": "w",
+             "metadata": {"entry_id": "17-0", "band": "5", "idem_digest": ""}}
+    assert encode_event(event) is None  # internal: Events.Subscribe never shows it
+    disp.on_event(event)
+    notice = takes.out.get_nowait()
+    assert isinstance(notice, pb.LeaseCancelled) and takes.out.empty()
+    assert decode(notice.lease_ids[0], disp.keyring, caller="alice") == \
+        Lease(task_id, "q", 5, "17-0", 2, "w", "", owner)  # the id the worker holds
+    assert old.out.empty() and other.out.empty()
+    assert disp.cancel_requested({**event, "metadata": {"band": "x", "entry_id": "1-0"}}) == 0
+    # a stream that ends with a notice unwritten releases leases only
+    takes.out.put_nowait(notice)
+    takes.out.put_nowait(task(1))
+    await disp.unregister(takes)
+    assert released == [["L1"]]
+    assert disp.wants_raw_event(raw)  # "other" still takes notices
+    await disp.unregister(other)
+    assert not disp.wants_raw_event(raw)  # the last stream taking notices is gone

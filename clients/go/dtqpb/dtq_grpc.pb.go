@@ -53,7 +53,8 @@ type BrokerClient interface {
 	GetTask(ctx context.Context, in *GetTaskRequest, opts ...grpc.CallOption) (*GetTaskResponse, error)
 	// CancelTask cancels a queued, scheduled or active task. Queued and scheduled
 	// tasks become CANCELLED at once; an active task is flagged and its worker
-	// learns it through Heartbeat. FAILED_PRECONDITION when the task is already
+	// learns it through Heartbeat, and at once on its Lease stream when it set
+	// LeaseRequest.accept_cancel_notices. FAILED_PRECONDITION when the task is already
 	// terminal. Appends to the audit stream.
 	CancelTask(ctx context.Context, in *CancelTaskRequest, opts ...grpc.CallOption) (*CancelTaskResponse, error)
 }
@@ -201,7 +202,8 @@ type BrokerServer interface {
 	GetTask(context.Context, *GetTaskRequest) (*GetTaskResponse, error)
 	// CancelTask cancels a queued, scheduled or active task. Queued and scheduled
 	// tasks become CANCELLED at once; an active task is flagged and its worker
-	// learns it through Heartbeat. FAILED_PRECONDITION when the task is already
+	// learns it through Heartbeat, and at once on its Lease stream when it set
+	// LeaseRequest.accept_cancel_notices. FAILED_PRECONDITION when the task is already
 	// terminal. Appends to the audit stream.
 	CancelTask(context.Context, *CancelTaskRequest) (*CancelTaskResponse, error)
 	mustEmbedUnimplementedBrokerServer()

@@ -27,6 +27,16 @@ local function publish(ev_type, ms, task_id, queue, task_type, attempt, worker_i
     tonumber(attempt) or 0, worker_id or '', metadata or cjson.null}
 end
 
+-- The internal event TASK_CANCEL_REQUESTED (no EventType: Events.Subscribe never shows
+-- it): CancelTask flagged an active task. It carries what, with the owner tag of a
+-- Lease session of worker_id, makes the lease id (leasing/leaseid.py), so every replica
+-- can push the cancel on that worker's streams (docs/protocol.md 8).
+local function publish_cancel_requested(ms, task_id, queue, task_type, attempt, worker_id,
+                                        entry_id, band, idem_digest)
+  publish('TASK_CANCEL_REQUESTED', ms, task_id, queue, task_type, attempt, worker_id,
+    {entry_id = entry_id or '', band = band or '', idem_digest = idem_digest or ''})
+end
+
 local function flush_events()
   if #events == 0 then return end
   redis.call('PUBLISH', EVENTS_CHANNEL, cjson.encode({ts_ms = events_ms,

@@ -17,12 +17,14 @@
 -- ARGV[3] task id  [4..7] unused (actor, request id, reason, audit MAXLEN)
 -- ARGV[8] task retention s  [9] has_idem '1'/'0'  [10] consumer group
 -- ARGV[11] DTQ_KEEP_FINISHED ('0' or absent = no count limit)
+-- Events: TASK_CANCELLED when the task ends here; TASK_CANCEL_REQUESTED (internal,
+-- _lib.lua) when an active task is flagged, so its worker's Lease streams hear of it.
 -- Reply: {'cancelled'} | {'requested'} | {'terminal', status} | {'missing'}
 local task_key, cancelled_key, schedule_key = KEYS[1], KEYS[2], KEYS[3]
 local idem_key = ARGV[9] == '1' and KEYS[5] or nil
 local task_id = ARGV[3]
 local h = redis.call('HMGET', task_key, 'status', 'queue', 'task_type', 'attempt', 'worker_id',
-  'entry_id', 'ckey', 'parked')
+  'entry_id', 'ckey', 'parked', 'priority', 'idem_digest')
 local status = h[1]
 if not status then return {'missing'} end
 if status ~= 'queued' and status ~= 'scheduled' and status ~= 'active' then
@@ -32,6 +34,7 @@ local now = now_ms()
 local reply
 if status == 'active' then
   redis.call('HSET', task_key, 'cancel_requested', '1')
+  publish_cancel_requested(now, task_id, h[2], h[3], h[4], h[5], h[6], h[9], h[10])
   reply = {'requested'}
 else
   if status == 'queued' then

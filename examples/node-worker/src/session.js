@@ -8,6 +8,10 @@
  * grants it sends LeasedTaskBatch messages, one that does not (or an older one) sends
  * one LeasedTask per message. Both reach the worker as onTasks(tasks), in order.
  *
+ * Cancel notices (docs/protocol.md 8): the request sets accept_cancel_notices, so a
+ * CancelTask of a running task reaches onCancelled(leaseIds) at once; the worker
+ * treats it as a heartbeat answer's cancelled_lease_ids.
+ *
  * Reconnect rules (docs/protocol.md): a transient status (UNAVAILABLE,
  * CANCELLED, DEADLINE_EXCEEDED, INTERNAL, ... or a clean end while the worker
  * still runs) reconnects; UNAUTHENTICATED, PERMISSION_DENIED and
@@ -23,7 +27,9 @@ const MAX_BATCH = 256;
 class LeaseSession {
   /**
    * @param {object} deps {config, broker, metadata}
-   * @param {object} callbacks {onSession(info), onTasks(tasks), onFatal(err)}
+   * @param {object} callbacks {onSession(info), onTasks(tasks), onCancelled(leaseIds),
+   *   onFatal(err)}: onCancelled gets the lease ids of a cancel notice
+   *   (LeaseResponse.cancelled, asked for with accept_cancel_notices)
    */
   constructor({ config, broker, metadata }, callbacks) {
     this.config = config;
@@ -52,6 +58,7 @@ class LeaseSession {
       concurrency: c.leaseConcurrency || c.concurrency, // a batch counts its maxSize tasks
       sdk: 'dtq-node-worker/0.1.0',
       max_batch: Math.min(MAX_BATCH, c.maxInFlight), // a batch never exceeds the credit
+      accept_cancel_notices: true, // a cancel arrives on the stream, not a heartbeat later
     };
   }
 
@@ -114,6 +121,8 @@ class LeaseSession {
       this.callbacks.onTasks(msg.batch.tasks);
     } else if (msg.kind === 'task') {
       this.callbacks.onTasks([msg.task]);
+    } else if (msg.kind === 'cancelled') {
+      this.callbacks.onCancelled(msg.cancelled.lease_ids);
     }
   }
 

@@ -72,6 +72,7 @@ class Worker {
     this.session = new LeaseSession({ config: sessionConfig, broker, metadata }, {
       onSession: (info) => this.onSession(info),
       onTasks: (tasks) => this.onTasks(tasks),
+      onCancelled: (ids) => ids.forEach((id) => this.onCancelled(id)),
       onFatal: (err) => this.fatal(err),
     });
     this.done = new Promise((resolve) => { this.resolveDone = resolve; });

@@ -178,3 +178,14 @@ test('session: finish() does not wait for a call that never got its SessionInfo'
   assert.equal(await session.finish(10), false); // a live stream is waited for (bounded)
   session.close();
 });
+
+test('session: asks for cancel notices and hands their lease ids to onCancelled', () => {
+  const { LeaseSession } = require('../src/session');
+  const cancelled = [];
+  const session = new LeaseSession(
+    { config: loadConfig({ DTQ_QUEUE: 'q' }), broker: {}, metadata: () => ({}) },
+    { onSession() {}, onTasks() {}, onCancelled: (ids) => cancelled.push(...ids), onFatal() {} });
+  assert.equal(session.request().accept_cancel_notices, true);
+  session.onMessage({ kind: 'cancelled', cancelled: { lease_ids: ['l1', 'l2'] } });
+  assert.deepEqual(cancelled, ['l1', 'l2']);
+});
