@@ -17,6 +17,7 @@ import pytest
 from dtq_proto import dtq_pb2
 from dtq_pyworker import AsyncClient, TaskStatus, Worker
 from tests.worker import process_handlers as h
+from tests.support.leasing import wait_until
 from tests.worker.helpers import running
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -310,6 +311,7 @@ worker = Worker(["group"], pool="process", concurrency=1)
 
 @worker.task("hold")
 def hold(payload, ctx):
+    open("started", "w").close()  # the test signals the group once the handler runs
     time.sleep(payload["s"])
     return {"held_s": payload["s"]}
 '''
@@ -324,14 +326,16 @@ async def test_sigterm_to_the_process_group_lets_the_running_handler_finish(gate
     try:
         async with AsyncClient(target) as client:
             task = await client.enqueue("group", "hold", {"s": 2})
-            await _poll_task(client, task.task_id, lambda t: t.status is TaskStatus.ACTIVE)
+            # ACTIVE comes at lease time, before the task reaches the worker: wait for
+            # the handler itself (a task still in transit is released, not run)
+            await wait_until(lambda: (tmp_path / "started").exists(), timeout_s=20)
             os.killpg(proc.pid, signal.SIGTERM)  # as systemd or `kill -- -PGID` would
             code = await asyncio.wait_for(proc.wait(), 30)  # it drains and exits
             done = await client.get_task(task.task_id)
     finally:
         await _stop_cli(proc)
     log = (await proc.stderr.read()).decode()
-    assert done.status is TaskStatus.SUCCEEDED, (done.attempts, log)
+    assert done.status is TaskStatus.SUCCEEDED, f"{done.attempts}\n{log}"
     assert done.result == {"held_s": 2} and code == 0, log
 
 
