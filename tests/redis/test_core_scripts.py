@@ -16,7 +16,7 @@ from dtq_gateway.events.events_wire import decode
 from dtq_gateway.leasing.completion import Completion
 from dtq_gateway.leasing.dispatch import Dispatcher
 from dtq_gateway.leasing.sessions import Session
-from dtq_gateway.store import keys
+from dtq_gateway.store import bulk, keys
 from dtq_gateway.store.broker import CHUNK, Broker
 from dtq_gateway.store.completion import ACK_CHUNK, FAIL
 from dtq_gateway.store.groups import Groups
@@ -287,6 +287,30 @@ async def test_cancel_of_an_entry_already_read_is_acked_away_at_activation(env):
     assert await env.redis.xlen(keys.stream("q", 5)) == 0
     assert await env.status(tid) == "cancelled"
 
+
+
+async def test_a_repeated_cancel_of_a_running_task_pushes_one_notice(env):
+    """CancelTask on an ACTIVE task publishes the internal TASK_CANCEL_REQUESTED (the Lease
+    stream notice) once: a repeated call, single or bulk, only answers "requested"."""
+    tid = await env.enqueue()
+    assert len(await env.lease()) == 1
+    pubsub = env.redis.pubsub(ignore_subscribe_messages=True)
+    await pubsub.subscribe(keys.EVENTS_CHANNEL)
+    for _ in range(2):
+        assert await env.broker.cancel(tid, "tester", "req-1", "why") == "requested"
+        flt = bulk.TaskFilter(queue="q", statuses=frozenset({"active"}))
+        got = await bulk.cancel_matching(env.redis, flt, dry_run=False, limit=10,
+                                         task_retention_s=60)
+        assert got.requested == 1
+    marker = await env.enqueue()  # published after the cancels: the end of what to read
+    types = []
+    deadline = time.monotonic() + 5.0
+    while marker not in {e["task_id"] for e in types} and time.monotonic() < deadline:
+        msg = await pubsub.get_message(timeout=0.2)
+        if msg is not None:
+            types += decode(msg["data"]) or []
+    await pubsub.aclose()
+    assert [e["type"] for e in types if e["task_id"] == tid] == ["TASK_CANCEL_REQUESTED"]
 
 async def test_paused_queue_leases_nothing(env):
     await env.enqueue()

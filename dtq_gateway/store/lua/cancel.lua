@@ -24,7 +24,7 @@ local task_key, cancelled_key, schedule_key = KEYS[1], KEYS[2], KEYS[3]
 local idem_key = ARGV[9] == '1' and KEYS[5] or nil
 local task_id = ARGV[3]
 local h = redis.call('HMGET', task_key, 'status', 'queue', 'task_type', 'attempt', 'worker_id',
-  'entry_id', 'ckey', 'parked', 'priority', 'idem_digest')
+  'entry_id', 'ckey', 'parked', 'priority', 'idem_digest', 'cancel_requested')
 local status = h[1]
 if not status then return {'missing'} end
 if status ~= 'queued' and status ~= 'scheduled' and status ~= 'active' then
@@ -33,8 +33,11 @@ end
 local now = now_ms()
 local reply
 if status == 'active' then
-  redis.call('HSET', task_key, 'cancel_requested', '1')
-  publish_cancel_requested(now, task_id, h[2], h[3], h[4], h[5], h[6], h[9], h[10])
+  if h[11] ~= '1' then  -- a repeated CancelTask pushes no second notice (the heartbeat
+    -- answer lists the lease until its Fail is applied)
+    redis.call('HSET', task_key, 'cancel_requested', '1')
+    publish_cancel_requested(now, task_id, h[2], h[3], h[4], h[5], h[6], h[9], h[10])
+  end
   reply = {'requested'}
 else
   if status == 'queued' then

@@ -90,7 +90,7 @@ local function visit(task_id, entry)
   local task_key = finished_task_keys(task_id)
   local h = redis.call('HMGET', task_key, 'status', 'task_type', 'created_at_ms', 'metadata',
     'attempt', 'idem_key', 'idem_digest', 'entry_id', 'queue', 'ckey', 'parked',
-    'worker_id', 'priority')
+    'worker_id', 'priority', 'cancel_requested')
   if h[9] ~= queue then return false end
   if entry then
     if h[8] ~= entry then return false end
@@ -107,8 +107,10 @@ local function visit(task_id, entry)
   ids[#ids + 1] = task_id
   if dry then return true end
   if h[1] == 'active' then
-    redis.call('HSET', task_key, 'cancel_requested', '1')
-    publish_cancel_requested(now, task_id, queue, h[2], h[5], h[12], h[8], h[13], h[7])
+    if h[14] ~= '1' then  -- the notice goes out once per attempt, not per repeated call
+      redis.call('HSET', task_key, 'cancel_requested', '1')
+      publish_cancel_requested(now, task_id, queue, h[2], h[5], h[12], h[8], h[13], h[7])
+    end
     keep_live(task_key, now)
     requested = requested + 1
     return false  -- its entry stays in the stream
