@@ -62,8 +62,11 @@ def cancel_by_filter(state: State, filters: tuple[str, ...], dry_run: bool, limi
     """``dtq cancel --filter ...``: CancelTasks (asks first unless --yes or --dry-run)."""
     flt = parse_filters(filters)
     if not (yes or dry_run):  # "no" (or no answer on stdin) aborts with exit 1
-        click.confirm(f"Cancel every waiting task of {flt['queue']} matching "
-                      f"{' '.join(filters)}?", abort=True, err=True)
+        running = dtq_pb2.TASK_STATUS_ACTIVE in flt["statuses"]
+        what = "task" if running else "waiting task"
+        flagged = " (running ones are asked to stop)" if running else ""
+        click.confirm(f"Cancel every {what} of {flt['queue']} matching "
+                      f"{' '.join(filters)}{flagged}?", abort=True, err=True)
     res = state.client.cancel_tasks(dry_run=dry_run, limit=limit or 0, reason=reason, **flt)
     if state.json:
         emit_json({**to_dict(res), "dry_run": dry_run})

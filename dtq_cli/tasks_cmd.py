@@ -360,8 +360,8 @@ def tail(state: State, queues: tuple[str, ...], types: tuple[str, ...],
         # inside the try: a Ctrl-C while subscribing or right after the banner still
         # exits 0; the banner means subscribed (events from then on are printed)
         stream.wait_subscribed()
-        if not state.json:
-            click.echo(f"tailing events from {state.client.target} (Ctrl-C to stop)", err=True)
+        # on stderr with --json too: a script reading the JSON lines on stdout may wait for it
+        click.echo(f"tailing events from {state.client.target} (Ctrl-C to stop)", err=True)
         for event in stream:
             _print_event(state, event)
             seen += 1

@@ -332,12 +332,18 @@ class EventStream:
 
     def wait_subscribed(self) -> None:
         """Block until the gateway has registered the subscription (it sends the
-        response headers then), or the call has ended (iterating raises its error).
+        response headers then).
 
         Events published after this returns are delivered; a gateway that never
         answers is found by the channel's keepalive (about 15 s).
+
+        Raises:
+            DtqRpcError: the call ended before it was subscribed (gateway unreachable,
+                a bad filter: INVALID_ARGUMENT naming the field, the subscriber limit).
         """
         self._call.initial_metadata()
+        if self._call.done() and self._call.code() != grpc.StatusCode.OK:
+            raise DtqRpcError.from_rpc_error(self._call)
 
     def __iter__(self) -> Iterator[dtq_pb2.SubscribeResponse]:
         try:

@@ -422,6 +422,7 @@ def test_tail_prints_json_lines(env):
         stop.set()
         producer.join(5)
     assert res.exit_code == 0, res.output
+    assert "Ctrl-C" in res.stderr  # the banner: subscribed (stderr, so stdout stays JSON)
     lines = [json.loads(line) for line in res.stdout.splitlines()]
     assert len(lines) == 2
     assert all(ev["type"] == "TASK_QUEUED" and ev["queue"] == "tail-q" for ev in lines)
@@ -447,6 +448,14 @@ def test_tail_exits_0_on_ctrl_c_or_sigterm(env, sig):
         if proc.poll() is None:
             proc.kill()
             proc.wait(5)
+
+
+def test_tail_prints_no_banner_when_it_could_not_subscribe(env):
+    """The banner means subscribed: a refused subscription (a bad filter) prints the
+    gateway's error and no banner."""
+    res = env.run("tail", "--queue", "a b")
+    assert res.exit_code == 1, res.output
+    assert "Ctrl-C" not in res.stderr and "queues:" in res.stderr
 
 
 def test_tail_ends_with_exit_8_when_its_gateway_drains():

@@ -31,6 +31,10 @@ def test_cancel_by_filter_dry_run_then_for_real(env):
     res = env.run("cancel", "--filter", "queue=bulk1", "--filter", "meta.region=eu",
                   input="n\n")
     assert res.exit_code == 1 and _status(env, eu[0]) == "QUEUED"
+    assert "Cancel every waiting task of bulk1 matching" in res.stderr
+    res = env.run("cancel", "--filter", "queue=bulk1", "--filter", "status=active",
+                  input="n\n")  # running tasks too: the question says so
+    assert res.exit_code == 1 and "(running ones are asked to stop)?" in res.stderr
     res = env.run("cancel", "--filter", "queue=bulk1", "--filter", "meta.region=eu",
                   "--reason", "eu outage", "--yes")
     assert res.exit_code == 0 and "cancelled 3 of 3" in res.stdout
