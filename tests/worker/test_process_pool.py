@@ -16,8 +16,8 @@ import pytest
 
 from dtq_proto import dtq_pb2
 from dtq_pyworker import AsyncClient, TaskStatus, Worker
-from tests.worker import process_handlers as h
 from tests.support.leasing import wait_until
+from tests.worker import process_handlers as h
 from tests.worker.helpers import running
 
 ROOT = Path(__file__).resolve().parents[2]
