@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import ipaddress
 import json
 import os
 from dataclasses import dataclass
@@ -64,26 +65,83 @@ _TRUE = {"1", "true", "yes", "on"}
 
 #: grpc target schemes whose address is a path or id, not HOST:PORT
 _PATH_SCHEMES = ("unix:", "unix-abstract:", "vsock:")
+#: grpc target schemes whose address is a comma list of IP:PORT (ipv6: [addr]:port)
+_IP_SCHEMES = ("ipv4:", "ipv6:")
 
 
 def check_target(target: str, field: str = "target") -> str:
-    """``target`` if it is a gateway address grpc reads as meant: ``HOST:PORT`` (or a
-    grpc URI such as ``dns:///host:port``, ``ipv4:...``) ending in a port of 1..65535,
-    or a ``unix:``/``unix-abstract:``/``vsock:`` address. grpc itself wraps a port
-    above 65535 round (88697 reaches 23161) and sends a target without port to 443.
+    """``target`` if it is a gateway address grpc reads as meant, else ValueError.
+
+    Accepted: ``HOST:PORT`` with a port of 1..65535, where HOST is a name or IPv4
+    address, or an IPv6 address in brackets (``[::1]:50051``); the same after
+    ``dns:``, ``dns:///`` or ``dns://AUTHORITY/``; ``ipv4:`` or ``ipv6:`` (optionally
+    ``///``) and a comma list of such addresses, each IPv6 one in brackets; and
+    ``unix:PATH``, ``unix:///ABSOLUTE-PATH``, ``unix-abstract:NAME``, ``vsock:CID:PORT``
+    with a non-empty address. grpc itself wraps a port above 65535 round (88697 reaches
+    23161), sends a target without port to 443, reads a bare IPv6 address such as
+    ``::1`` as host ``::`` and port 1, and takes any other scheme (``http://``) for
+    part of a DNS name that never resolves.
 
     Raises:
-        ValueError: naming ``field``: empty, whitespace, or no valid port at the end.
+        ValueError: naming ``field``: empty, whitespace, no valid port at the end, an
+            IPv6 address without brackets, an unknown scheme or an empty path.
     """
     if not target or any(c.isspace() for c in target):
         raise ValueError(f"{field}: {target!r} is not a gateway address (HOST:PORT)")
     if target.startswith(_PATH_SCHEMES):
+        path = target.partition(":")[2]
+        if not path or path == "//" or (path.startswith("//") and not path.startswith("///")):
+            raise ValueError(f"{field}: {target!r} has no path or name after the scheme "
+                             "(unix:PATH, unix:///ABSOLUTE-PATH)")
         return target
-    _, sep, port = target.rpartition(":")
+    if target.startswith(_IP_SCHEMES):
+        scheme, _, rest = target.partition(":")
+        rest = rest.removeprefix("///")
+        for address in rest.split(","):
+            _check_host_port(address, target, field, ipv6=scheme == "ipv6")
+        return target
+    address = target
+    if target.startswith("dns:"):
+        address = target[4:]
+        if address.startswith("//"):
+            _, slash, address = address[2:].partition("/")
+            if not slash:
+                raise ValueError(f"{field}: {target!r} is not dns://[AUTHORITY]/HOST:PORT")
+    elif "://" in target:
+        raise ValueError(f"{field}: {target!r} has a scheme grpc cannot dial (use HOST:PORT "
+                         "or dns:///HOST:PORT)")
+    _check_host_port(address, target, field)
+    return target
+
+
+def _check_host_port(address: str, target: str, field: str, ipv6: bool | None = None) -> None:
+    """Raise ValueError naming ``field`` unless ``address`` is HOST:PORT with a port of
+    1..65535 and a HOST grpc reads as meant: with ``ipv6`` True an IPv6 address in
+    brackets, with ``ipv6`` False an IPv4 address, with None either a bracketed IPv6
+    address or a non-empty name or IPv4 address without ':', '[', ']' or '/'."""
+    host, sep, port = address.rpartition(":")
     if not (sep and port.isascii() and port.isdigit() and len(port) <= 5
             and 1 <= int(port) <= 65535):
         raise ValueError(f"{field}: {target!r} is not HOST:PORT with a port of 1..65535")
-    return target
+    if host.startswith("[") and host.endswith("]") and ipv6 is not False:
+        if _is_ip(host[1:-1], ipaddress.IPv6Address):
+            return
+    elif ipv6 is False:
+        if _is_ip(host, ipaddress.IPv4Address):
+            return
+    elif host and not ipv6 and not any(c in host for c in ":[]/"):
+        return
+    raise ValueError(f"{field}: {target!r} is not HOST:PORT with HOST a name or IP address "
+                     "(an IPv6 address in brackets: [::1]:50051)")
+
+
+def _is_ip(text: str, kind: type[ipaddress.IPv4Address | ipaddress.IPv6Address]
+           ) -> bool:
+    try:
+        kind(text)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -32,16 +32,25 @@ func TestConfigFromEnvTLSConvention(t *testing.T) {
 	}
 }
 
-// A gateway address is checked as the Python worker's check_target does: a port of
-// 1..65535 at its end (grpc-go would dial 443 without one), or a unix:, unix-abstract: or
-// vsock: address; the error names the field that held it.
+// A gateway address is checked as the Python worker's check_target does, for the forms
+// the vendored grpc-go 1.33 can dial (resolvers dns and passthrough, the unix dialer): a
+// port of 1..65535 at its end (grpc-go would dial 443 without one), an IPv6 host in
+// brackets, or a unix: path; the error names the field that held it.
 func TestConfigFromEnvGatewayAddress(t *testing.T) {
 	good := []string{"127.0.0.1:50051", "gateway:1", "gw.example.com:65535",
-		"[::1]:50051", "dns:///gateway:50051", "ipv4:10.0.0.1:443", "ipv6:[::1]:50051",
-		"unix:/run/dtq.sock", "unix-abstract:dtq", "vsock:3:50051"}
+		"[::1]:50051", "[fe80::1%eth0]:50051", "dns:///gateway:50051", "dns:///[::1]:50051",
+		"dns://10.0.0.53/gateway:50051", "passthrough:///gateway:50051",
+		"unix:/run/dtq.sock", "unix:dtq.sock", "unix:///run/dtq.sock"}
 	bad := []string{"gateway", "gateway:", "gateway:0", "gateway:65536", "gateway:88697",
 		"gateway:050051", "gateway:5005a", "gateway:+80", "dns:///gateway", "gate way:1",
-		"gateway:\u0665\u0660"}
+		"gateway:\u0665\u0660",
+		// a bare IPv6 address: grpc-go reads what follows the last ':' as the port
+		"::1", "fe80::1", "2001:db8::1", "::1:50051", "dns:///::1", "dns:///::1:50051",
+		"[gateway]:1", "[::1:50051", ":50051",
+		// schemes grpc-go 1.33 has no resolver or dialer for: it dials them as host:port
+		"ipv4:10.0.0.1:443", "ipv6:[::1]:50051", "unix-abstract:dtq", "vsock:3:50051",
+		"http://gateway:50051", "https://gateway:443", "dns:gateway:50051", "dns://gateway:1",
+		"unix:", "unix://", "unix:///", "unix://dtq.sock"}
 	for _, target := range good {
 		if err := CheckTarget(target, "f"); err != nil {
 			t.Errorf("CheckTarget(%q) = %v, want nil", target, err)

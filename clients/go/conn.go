@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io/ioutil"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -23,9 +24,9 @@ const MaxMessageBytes = 64 << 20
 
 // ConnConfig says how to reach a gateway.
 type ConnConfig struct {
-	// Target is the gateway address (default 127.0.0.1:50051): host:port, a grpc
-	// URI ending in a port (dns:///host:port, ipv4:addr:port, ipv6:[addr]:port), or a
-	// unix:, unix-abstract: or vsock: address. Dial refuses any other (CheckTarget).
+	// Target is the gateway address (default 127.0.0.1:50051): host:port (an IPv6
+	// host in brackets: [::1]:50051), dns:///host:port, passthrough:///host:port, or
+	// unix:path / unix:///absolute-path. Dial refuses any other (CheckTarget).
 	Target string
 	// Token, when set, is sent as "authorization: Bearer <token>" on every call.
 	Token string
@@ -93,33 +94,80 @@ func Dial(cfg ConnConfig) (*grpc.ClientConn, error) {
 	return grpc.Dial(target, opts...)
 }
 
-// pathSchemes are the grpc target schemes whose address is a path or an id, not
-// HOST:PORT.
-var pathSchemes = []string{"unix:", "unix-abstract:", "vsock:"}
-
-// CheckTarget returns nil if target is a gateway address grpc reads as meant: host:port
-// (or a grpc URI such as dns:///host:port or ipv4:addr:port) ending in a port of
-// 1..65535, or a unix:, unix-abstract: or vsock: address; the Python and Node workers
-// apply the same rule. grpc-go itself sends a target without a port to 443 (or fails
-// later with an error that names no field).
+// CheckTarget returns nil if target is a gateway address the vendored grpc-go (1.33,
+// whose resolvers are dns and passthrough, and whose dialer also knows unix) dials as
+// meant:
 //
-// Errors: naming field: target empty, containing whitespace, or without a valid port
-// at its end.
+//   - host:port with a port of 1..65535, where host is a name or IPv4 address, or an
+//     IPv6 address in brackets ([::1]:50051);
+//   - the same after dns:/// or dns://authority/, or after passthrough:/// (or
+//     passthrough://authority/);
+//   - unix:path or unix:///absolute-path, with a non-empty path.
+//
+// The Python worker applies the same rule to these forms (and also takes ipv4:, ipv6:,
+// unix-abstract: and vsock:, which grpc-go 1.33 cannot dial). grpc-go itself sends a
+// target without a port to 443, splits a bare IPv6 address such as ::1 into host and
+// port wrongly, and fails later, with an error that names no field, on any other form
+// (ipv4:addr:port, http://host:port, a bare unix:).
+//
+// Errors: naming field: target empty, containing whitespace, without a valid port at
+// its end, with a host that is empty or holds ':' outside brackets, with an unknown
+// scheme, or a unix: address without a path.
 func CheckTarget(target, field string) error {
 	if target == "" || strings.IndexFunc(target, unicode.IsSpace) >= 0 {
 		return fmt.Errorf("dtq: %s: %q is not a gateway address (HOST:PORT)", field, target)
 	}
-	for _, scheme := range pathSchemes {
-		if strings.HasPrefix(target, scheme) {
+	address := target
+	if i := strings.Index(target, "://"); i >= 0 {
+		scheme, rest := target[:i], target[i+3:]
+		slash := strings.IndexByte(rest, '/')
+		switch {
+		case scheme == "unix":
+			if rest == "" || rest[0] != '/' || len(rest) == 1 {
+				return fmt.Errorf("dtq: %s: %q has no path (unix:PATH, unix:///ABSOLUTE-PATH)",
+					field, target)
+			}
 			return nil
+		case scheme != "dns" && scheme != "passthrough":
+			return fmt.Errorf("dtq: %s: %q has a scheme grpc-go cannot dial (use HOST:PORT or "+
+				"dns:///HOST:PORT)", field, target)
+		case slash < 0:
+			return fmt.Errorf("dtq: %s: %q is not %s://[AUTHORITY]/HOST:PORT", field, target, scheme)
 		}
+		address = rest[slash+1:]
+	} else if strings.HasPrefix(target, "unix:") {
+		if target == "unix:" {
+			return fmt.Errorf("dtq: %s: %q has no path (unix:PATH, unix:///ABSOLUTE-PATH)",
+				field, target)
+		}
+		return nil
 	}
-	i := strings.LastIndexByte(target, ':')
-	port := target[i+1:]
-	if i < 0 || !validPort(port) {
+	i := strings.LastIndexByte(address, ':')
+	if i < 0 || !validPort(address[i+1:]) {
 		return fmt.Errorf("dtq: %s: %q is not HOST:PORT with a port of 1..65535", field, target)
 	}
+	if !validHost(address[:i]) {
+		return fmt.Errorf("dtq: %s: %q is not HOST:PORT with HOST a name or IP address (an "+
+			"IPv6 address in brackets: [::1]:50051)", field, target)
+	}
 	return nil
+}
+
+// validHost reports whether host is an IPv6 address in brackets (a zone allowed:
+// [fe80::1%eth0]) or a non-empty name or IPv4 address without ':', '[', ']' or '/'.
+func validHost(host string) bool {
+	if strings.HasPrefix(host, "[") && strings.HasSuffix(host, "]") {
+		addr := host[1 : len(host)-1]
+		if zone := strings.IndexByte(addr, '%'); zone >= 0 {
+			if zone == len(addr)-1 {
+				return false
+			}
+			addr = addr[:zone]
+		}
+		ip := net.ParseIP(addr)
+		return ip != nil && strings.Contains(addr, ":")
+	}
+	return host != "" && !strings.ContainsAny(host, ":[]/")
 }
 
 // validPort reports whether port is 1 to 5 ASCII digits naming 1..65535.

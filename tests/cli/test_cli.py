@@ -170,6 +170,9 @@ def test_unknown_things_exit_3(env, args):
     # a port out of range would be wrapped round by grpc to some other port
     ("--gateway", "127.0.0.1:99999", "queues"), ("--gateway", "127.0.0.1:0", "queues"),
     ("--gateway", "127.0.0.1:", "queues"),
+    # a bare IPv6 address (grpc would dial [::1]:443), a scheme grpc cannot dial
+    ("--gateway", "::1", "queues"), ("--gateway", "http://127.0.0.1:50051", "queues"),
+    ("--gateway", "unix:", "queues"),
 ])
 def test_usage_errors_exit_2_and_send_nothing(env, args):
     before = len(env.client.recent_tasks(limit=1000))

@@ -101,14 +101,15 @@ def test_cli_checks_the_queues_before_importing_the_module(capsys):
     assert "--queues: 'bad queue!' is not a queue name" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("target", ["127.0.0.1:88697", "localhost", "127.0.0.1:+1"])
+@pytest.mark.parametrize("target", ["127.0.0.1:88697", "localhost", "127.0.0.1:+1", "::1",
+                                    "http://gw:50051", "unix:"])
 def test_cli_refuses_a_target_grpc_would_misread(capsys, target):
     """--target (or DTQ_GATEWAY) is checked like --queues, before the module is loaded:
     exit 2 with the flag named, not a traceback from Worker.run()."""
     from dtq_pyworker.cli import main
 
     assert main(["tests.worker.cli_app:worker", "--target", target]) == 2
-    assert f"--target: '{target}' is not HOST:PORT" in capsys.readouterr().err
+    assert f"--target: '{target}' " in capsys.readouterr().err
 
 
 async def test_cli_exits_zero_when_a_sync_handler_ignores_cancellation(fake):

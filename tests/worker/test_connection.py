@@ -65,10 +65,17 @@ def test_connection_resolves_env(monkeypatch):
 
 @pytest.mark.parametrize("target", ["127.0.0.1:99999", "127.0.0.1:+88697", "127.0.0.1:0",
                                     "127.0.0.1:", "127.0.0.1:88697 ", "localhost",
-                                    "127.0.0.1:0x5a99", "127.0.0.1:23161/x", "h:-1"])
+                                    "127.0.0.1:0x5a99", "127.0.0.1:23161/x", "h:-1",
+                                    # a bare IPv6 address: host "::", port 1
+                                    "::1", "fe80::1", "2001:db8::1", "::1:50051",
+                                    "dns:///::1:50051", "ipv6:::1:50051", "ipv6:[::1]",
+                                    "ipv4:[::1]:1", "[gw]:1", ":50051",
+                                    "http://gw:50051", "passthrough:///gw:1", "dns://gw:1",
+                                    "unix:", "unix://", "unix://rel.sock", "unix-abstract:"])
 def test_an_address_grpc_would_misread_is_refused(target, monkeypatch):
-    """grpc wraps a port above 65535 round to another port (88697 reaches 23161) and
-    sends a target without port to 443: refused before any channel is made."""
+    """grpc wraps a port above 65535 round to another port (88697 reaches 23161), sends
+    a target without port to 443, reads a bare IPv6 address as host and port, and takes
+    an unknown scheme for a DNS name: refused before any channel is made."""
     with pytest.raises(ValueError, match="target"):
         Connection.resolve(target)
     with pytest.raises(ValueError, match="target"):
@@ -82,7 +89,10 @@ def test_an_address_grpc_would_misread_is_refused(target, monkeypatch):
 
 @pytest.mark.parametrize("target", ["127.0.0.1:1", "gw:65535", "[::1]:50051",
                                     "dns:///gw.internal:50051", "ipv4:10.0.0.1:50051",
-                                    "unix:///run/dtq.sock", "unix-abstract:dtq"])
+                                    "unix:///run/dtq.sock", "unix-abstract:dtq",
+                                    "[fe80::1%eth0]:50051", "dns:///[::1]:50051",
+                                    "dns://10.0.0.53/gw:1", "ipv6:[::1]:50051",
+                                    "ipv4:///10.0.0.1:1,10.0.0.2:2", "unix:rel.sock"])
 def test_addresses_grpc_reads_as_meant_pass(target):
     assert Connection.resolve(target).target == target
 
