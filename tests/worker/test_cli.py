@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import sys
@@ -15,6 +16,18 @@ from dtq_proto import dtq_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).parent / "dtq-pyworker"
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored():
+    """main() in-process sets the root logger's handler to this test's captured stderr
+    (configure_logging): put the previous handlers back, or later tests in this process
+    log into a closed stream ("--- Logging error ---" in their own stderr)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 async def _spawn(*args: str) -> asyncio.subprocess.Process:
