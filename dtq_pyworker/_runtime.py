@@ -41,6 +41,10 @@ from dtq_pyworker.context import TaskContext
 
 log = logging.getLogger(__name__)
 
+#: Seconds a stopped sync handler may take to return before the runtime logs that it
+#: still runs in its thread (a handler that polls ``ctx.cancelled`` returns well within).
+STUCK_WARN_S = 1.0
+
 
 class Runtime(BatchRuntime):
     """Runs leased tasks within ``concurrency`` slots and reports their outcomes.
@@ -68,6 +72,11 @@ class Runtime(BatchRuntime):
         self.buffer: deque[str] = deque()
         self.running: dict[str, asyncio.Task[None]] = {}
         self._orphans: set[Execution | Batch] = set()  # stopped, their sync thread runs on
+        #: Seconds an orphan's thread may run on before the "still running" warning.
+        self.stuck_warn_s = STUCK_WARN_S
+        #: Pending "still running" warnings by orphan; orphans already warned about.
+        self._stuck_timers: dict[Execution | Batch, asyncio.TimerHandle] = {}
+        self._warned: set[Execution | Batch] = set()
         #: Gathering batch by task type; closed batches waiting for a slot; the batch of
         #: every lease that belongs to one (gathering, waiting or running).
         self.gathering: dict[str, Batch] = {}
@@ -303,7 +312,12 @@ class Runtime(BatchRuntime):
         """Keep the slot of a handler whose thread runs on after we stopped waiting
         (its outcome, e.g. Timeout, is reported once, now): no new task takes the
         slot until the thread returns, so tasks behind it do not queue for a busy
-        thread, and the heartbeat's active_tasks counts it."""
+        thread, and the heartbeat's active_tasks counts it.
+
+        A handler that stops cooperatively (it polls ``ctx.cancelled``) returns at
+        once and logs nothing; only one still in its thread ``stuck_warn_s`` seconds
+        after the stop gets the "still running" WARNING (a timer, not a wait), and
+        then the "slot free again" INFO line when it returns at last."""
         self._orphans.add(ex)
         loop = asyncio.get_running_loop()
 
@@ -312,21 +326,36 @@ class Runtime(BatchRuntime):
                 loop.call_soon_threadsafe(self._thread_returned, ex)
 
         ex.on_thread_exit = exited
+        if not ex.in_thread:  # it returned before the callback was in place
+            loop.call_soon(self._thread_returned, ex)
+            return
+        self._stuck_timers[ex] = loop.call_later(self.stuck_warn_s, self._warn_stuck, ex)
+
+    def _warn_stuck(self, ex: Execution | Batch) -> None:
+        """Log that a stopped handler's thread is still running ``stuck_warn_s`` after
+        its stop (timer callback; nothing if it returned meanwhile)."""
+        self._stuck_timers.pop(ex, None)
+        if ex not in self._orphans or not ex.in_thread:
+            return  # it returned; _thread_returned is on its way
+        self._warned.add(ex)
         what = ex.log_extra() if isinstance(ex, Batch) else {
             "task_id": ex.task.task_id, "lease_id": ex.task.lease_id,
             "stop": ex.stop_reason or "timeout"}
         log.warning("handler still running in its thread after being stopped; its slot "
                     "stays taken until it returns",
-                    extra={**what, "stuck_threads": len(self._orphans)})
-        if not ex.in_thread:  # it returned before the callback was in place
-            loop.call_soon(self._thread_returned, ex)
+                    extra={**what, "stuck_threads": self.stuck_threads(),
+                           "stopped_s_ago": self.stuck_warn_s})
 
     def _thread_returned(self, ex: Execution | Batch) -> None:
-        if ex in self._orphans:
-            self._orphans.discard(ex)
+        timer = self._stuck_timers.pop(ex, None)
+        if timer is not None:  # returned within the grace: no warning, no info
+            timer.cancel()
+        self._orphans.discard(ex)
+        if ex in self._warned:
+            self._warned.discard(ex)
             log.info("stopped handler's thread returned; slot free again",
                      extra=ex.log_extra() if isinstance(ex, Batch) else
-                     {"task_id": ex.task.task_id})
+                     {"task_id": ex.task.task_id, "lease_id": ex.task.lease_id})
         self.pump()
 
     def _report(self, ex: Execution, outcome: Outcome) -> None:

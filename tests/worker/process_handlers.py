@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import os
@@ -53,4 +54,12 @@ def later(payload, ctx):
 
 async def async_pid(payload, ctx):
     """An async handler: the pid of the process that ran it."""
+    return {"pid": os.getpid()}
+
+
+async def async_ignore(payload, ctx):
+    """An async handler that reports its pid as progress, then awaits for
+    ``payload["s"]`` seconds without looking at ``ctx.cancelled``."""
+    ctx.progress(1, str(os.getpid()))
+    await asyncio.sleep(payload["s"])
     return {"pid": os.getpid()}

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 
 from dtq_proto import dtq_pb2
-from tests.worker.helpers import make_worker, running, wait_event
+from tests.worker.helpers import make_worker, poll_until, running, wait_event
 
 
 def _blocking_worker(fake, **kwargs):
@@ -58,6 +60,48 @@ async def test_cancel_running_async_handler_reports_cancelled(fake):
     assert state["cancelled"] == [lease]
     assert lease not in fake.acked()
     assert worker.stats["cancelled"] == 1 and worker.stats["failed"] == 0
+
+
+async def test_cancel_running_sync_handlers_warns_only_for_the_one_still_running(fake, caplog):
+    caplog.set_level(logging.INFO, logger="dtq_pyworker._runtime")
+    worker = make_worker(fake, concurrency=2)
+    let_go = threading.Event()
+
+    @worker.task("polls")
+    def polls(payload, ctx):  # stops cooperatively
+        ctx.cancelled.wait(10)
+        return "stopped"
+
+    @worker.task("ignores")
+    def ignores(payload, ctx):  # never looks at ctx.cancelled
+        let_go.wait(10)
+        return "late"
+
+    def lines(message: str) -> list[str]:
+        return [r.lease_id for r in caplog.records if message in r.getMessage()]
+
+    stuck, freed = "still running in its thread", "slot free again"
+    async with running(worker):
+        try:
+            polite = await fake.push("polls")
+            rude = await fake.push("ignores")
+            await poll_until(lambda: worker.threads_busy == 2)
+            fake.cancelled.update({polite, rude})
+            # both end CANCELLED at once, the one that never looks included ...
+            await fake.wait_for(lambda: {polite, rude} <= set(fake.failed()))
+            # ... which runs on in its thread, holding its slot, and is warned about once
+            # the grace (stuck_warn_s) is over; the polite one's warning never comes
+            await poll_until(lambda: lines(stuck) == [rude], 10)
+            runtime = worker._runtime
+            assert runtime.stuck_threads() == 1 and runtime.busy_slots() == 1
+            assert not runtime._stuck_timers and lines(freed) == []
+            let_go.set()
+            await poll_until(lambda: lines(freed) == [rude])
+        finally:
+            let_go.set()  # a failed check must not leave the thread hanging
+    assert {fake.failed()[i].mode for i in (polite, rude)} == {dtq_pb2.FAIL_MODE_CANCELLED}
+    assert rude not in fake.acked() and worker.stats["cancelled"] == 2
+    assert lines(stuck) == [rude]
 
 
 async def test_cancel_buffered_task_never_runs(fake):

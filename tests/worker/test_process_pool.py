@@ -33,7 +33,8 @@ def _worker(gateway, **kwargs) -> Worker:
     kwargs.setdefault("drain_grace_s", 5)
     kwargs.setdefault("concurrency", 1)
     worker = Worker(["proc"], f"127.0.0.1:{gateway.port}", pool="process", **kwargs)
-    for name in ("echo", "c_sleep", "abort", "hold", "polite", "refuse", "later", "async_pid"):
+    for name in ("echo", "c_sleep", "abort", "hold", "polite", "refuse", "later", "async_pid",
+                 "async_ignore"):
         worker.register(name, getattr(h, name))
     return worker
 
@@ -122,24 +123,29 @@ async def test_handler_errors_and_async_handlers_map_as_with_threads(gateway):
 
 async def test_cancel_kills_a_child_that_ignores_it_after_the_grace(gateway, caplog):
     grace_s = 0.5
-    worker = _worker(gateway, cancel_grace_s=grace_s)
+    worker = _worker(gateway, cancel_grace_s=grace_s, concurrency=2)
     loop = asyncio.get_running_loop()
     async with AsyncClient(f"127.0.0.1:{gateway.port}") as client, running(worker):
-        stuck = await client.enqueue("proc", "c_sleep", {"s": 120})
+        # a sync handler in C code, and an async one: neither is cancelled in its child
+        stuck = [(await client.enqueue("proc", name, {"s": 120})).task_id
+                 for name in ("c_sleep", "async_ignore")]
         # the child's ctx.progress reaches the gateway through the parent's heartbeat
-        active = await _poll_task(client, stuck.task_id, lambda t: t.progress_message != "")
-        pid = int(active.progress_message)
+        active = [await _poll_task(client, t, lambda t: t.progress_message != "")
+                  for t in stuck]
+        pids = [int(a.progress_message) for a in active]
         asked = loop.time()
-        assert (await client.cancel(stuck.task_id)).cancel_requested
-        await _gone(pid)
+        for task_id in stuck:
+            assert (await client.cancel(task_id)).cancel_requested
+        for pid in pids:
+            await _gone(pid)
         killed_after_s = loop.time() - asked
-        cancelled = await client.wait(stuck.task_id, 20, raise_on_failure=False)
+        cancelled = [await client.wait(t, 20, raise_on_failure=False) for t in stuck]
         done = await client.wait((await client.enqueue("proc", "echo", {})).task_id, 20)
-    assert killed_after_s >= grace_s  # the handler had its grace first
-    assert active.progress_percent == 1.0
-    assert cancelled.status == dtq_pb2.TASK_STATUS_CANCELLED
-    assert worker.stats["cancelled"] == 1
-    assert done.status is TaskStatus.SUCCEEDED and done.result["pid"] != pid
+    assert killed_after_s >= grace_s  # the handlers had their grace first
+    assert [a.progress_percent for a in active] == [1.0, 1.0]
+    assert [c.status for c in cancelled] == [dtq_pb2.TASK_STATUS_CANCELLED] * 2
+    assert worker.stats["cancelled"] == 2
+    assert done.status is TaskStatus.SUCCEEDED and done.result["pid"] not in pids
     gc.collect()  # an unread future exception is logged when the future is collected
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 
 import grpc
@@ -153,6 +154,7 @@ async def test_worker_survives_gateway_restart(redis_url):
 
 
 async def test_hung_sync_handler_keeps_its_slot_and_times_out_once(gateway, caplog):
+    caplog.set_level(logging.INFO, logger="dtq_pyworker._runtime")
     worker = _worker(gateway, concurrency=1)
     ran: list[int] = []
     unhang = threading.Event()
@@ -179,6 +181,9 @@ async def test_hung_sync_handler_keeps_its_slot_and_times_out_once(gateway, capl
             # and the heartbeat reports the slot as taken
             await poll_until(lambda: worker._runtime.stuck_threads() == 1, 5)
             assert ran == [] and worker._runtime.busy_slots() == 1
+            # still in its thread once the grace after the stop is over: warned about
+            await poll_until(lambda: _logged(caplog, "slot stays taken"), 5)
+            assert not _logged(caplog, "slot free again")
             unhang.set()  # the thread ends at last: its slot is free again
             done = [await client.wait(t, 10) for t in quick_ids]
             await poll_until(lambda: worker.threads_busy == 0, 5)
@@ -189,7 +194,11 @@ async def test_hung_sync_handler_keeps_its_slot_and_times_out_once(gateway, capl
     assert [a.outcome for a in dead.attempts] == ["failed"]  # reported once
     assert [t.status for t in done] == [dtq_pb2.TASK_STATUS_SUCCEEDED] * 4
     assert sorted(ran) == [0, 1, 2, 3] and worker.stats["timeouts"] == 1
-    assert any("slot stays taken" in r.getMessage() for r in caplog.records)
+    assert _logged(caplog, "slot free again")
+
+
+def _logged(caplog, text: str) -> bool:
+    return any(text in r.getMessage() for r in caplog.records)
 
 
 def _unavailable(details: str) -> grpc.aio.AioRpcError:
