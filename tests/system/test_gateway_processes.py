@@ -36,6 +36,7 @@ class Supervised(Proc):
     def __init__(self, env: ChaosEnv, processes: int, port: int | None = None) -> None:
         super().__init__("supervisor", env.dir)
         self.processes = processes
+        self.fixed_port = port is not None
         self.port = port or free_port()
         self.metrics_port = _free_port_run(processes)
         self.target = f"127.0.0.1:{self.port}"
@@ -54,10 +55,23 @@ class Supervised(Proc):
         return self
 
     def start(self, timeout_s: float = 30.0, redis: list[str] | None = None) -> Supervised:
-        """Start and wait until every process logged "listening"."""
-        self.spawn_group(redis)
-        wait_until(lambda: len(self.listening()) == self.processes or not self.running,
-                   timeout_s, "every gateway process to listen")
+        """Start and wait until every process logged "listening".
+
+        The metrics ports were free when picked, but any process on the host (another
+        test's outgoing connection) may take one before the gateway binds it: then the
+        supervisor exits at once, "Address already in use", and starts again on a new
+        run of ports (at most 3 tries; any other exit fails)."""
+        for _ in range(3):
+            self.spawn_group(redis)
+            wait_until(lambda: len(self.listening()) == self.processes or not self.running,
+                       timeout_s, "every gateway process to listen")
+            if self.running or "Address already in use" not in self.log():
+                break
+            self.metrics_port = _free_port_run(self.processes)
+            if not self.fixed_port:
+                self.port = free_port()
+                self.target = f"127.0.0.1:{self.port}"
+            os.truncate(self.log_path, 0)  # "listening" counts this try's lines only
         assert self.running, f"supervisor exited\n{self.log()}"
         return self
 
