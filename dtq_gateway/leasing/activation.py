@@ -61,11 +61,7 @@ class Activator:
         """Empty the ``out`` of a session that ended and release the leases it never
         delivered (no attempt spent; if that fails, the reaper reclaims them after the
         visibility timeout)."""
-        undelivered = []
-        while not session.out.empty():
-            item = session.out.get_nowait()
-            if isinstance(item, dtq_pb2.LeasedTask):  # not the end, not a cancel notice
-                undelivered.append(item.lease_id)
+        undelivered, _ = session.take_unsent()
         self.buffered(session, -session.buffered_bytes)
         if undelivered:
             try:

@@ -22,6 +22,7 @@ from dtq_gateway.store.leasing import (
     queue_check_and_take,
     session_layout,
 )
+from dtq_proto import dtq_pb2
 
 __all__ = ["WINDOW_MIN", "WINDOW_UNSAID", "ReadAhead", "Session", "SlotRead"]
 
@@ -109,6 +110,19 @@ class Session:
     def backlogged(self) -> bool:
         """True while tasks wait in ``out`` for the stream to write them."""
         return not self.out.empty()
+
+    def take_unsent(self) -> tuple[list[str], bool]:
+        """Empty ``out``: the lease ids of the LeasedTasks still in it, and whether the
+        end marker (None) was. Cancel notices are dropped: the heartbeat answer reports
+        those cancels too."""
+        ids, ended = [], False
+        while not self.out.empty():
+            item = self.out.get_nowait()
+            if item is None:
+                ended = True
+            elif isinstance(item, dtq_pb2.LeasedTask):
+                ids.append(item.lease_id)
+        return ids, ended
 
     @property
     def window(self) -> int:

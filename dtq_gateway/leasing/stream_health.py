@@ -22,7 +22,6 @@ from dtq_gateway.leasing.sessions import Session
 from dtq_gateway.settings import Settings
 from dtq_gateway.store import leasing as store
 from dtq_gateway.store.client import Client
-from dtq_proto import dtq_pb2
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +73,9 @@ class StreamHealth:
         now = time.monotonic()
         for s in list(self.sessions.values()):
             if s.backlogged and now - s.out_since > self.release_after_s:
-                ids = []
-                while not s.out.empty():
-                    item = s.out.get_nowait()
-                    if item is None:  # the end marker stays last
-                        s.out.put_nowait(None)
-                        break
-                    if isinstance(item, dtq_pb2.LeasedTask):  # a cancel notice is dropped:
-                        ids.append(item.lease_id)  # the heartbeat answer reports it too
+                ids, ended = s.take_unsent()
+                if ended:  # the end marker stays
+                    s.out.put_nowait(None)
                 self.buffered(s, -s.buffered_bytes)
                 if ids:
                     log.warning("lease stream is not reading: released %d undelivered "
