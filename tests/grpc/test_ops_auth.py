@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 
 from dtq_gateway.metrics import start_metrics_server
 from dtq_proto import dtq_pb2 as pb
-from tests.support.leasing import error_reason
+from tests.support.leasing import error_reason, wait_until
 from tests.support.ops_server import ops_server
 from tests.support.redis_server import free_port
 
@@ -34,6 +34,13 @@ def rpc_count(method: str, code: str) -> float:
                                      {"method": method, "code": code}) or 0
 
 
+async def rpc_count_reaches(method: str, code: str, count: float) -> float:
+    """The count once it is at least ``count`` (the gateway observes a call after its
+    answer went out, so the client may look first), within 5 s."""
+    await wait_until(lambda: rpc_count(method, code) >= count)
+    return rpc_count(method, code)
+
+
 async def test_missing_and_unknown_tokens_are_unauthenticated(ops) -> None:
     before = rpc_count("/dtq.v1.Admin/ListQueues", "UNAUTHENTICATED")
     for metadata in ((), bearer("nope-nope-nope")):
@@ -41,7 +48,8 @@ async def test_missing_and_unknown_tokens_are_unauthenticated(ops) -> None:
             await ops.admin.ListQueues(pb.ListQueuesRequest(), metadata=metadata)
         assert exc.value.code() == grpc.StatusCode.UNAUTHENTICATED
         assert error_reason(exc.value) == "UNAUTHENTICATED"
-    assert rpc_count("/dtq.v1.Admin/ListQueues", "UNAUTHENTICATED") == before + 2
+    assert await rpc_count_reaches("/dtq.v1.Admin/ListQueues", "UNAUTHENTICATED",
+                                   before + 2) == before + 2
 
 
 async def test_wrong_role_is_permission_denied_unary_and_stream(ops) -> None:
@@ -62,7 +70,7 @@ async def test_admin_token_is_the_audit_actor(ops) -> None:
     entries = (await ops.admin.ListAudit(pb.ListAuditRequest(),
                                          metadata=bearer("adm-token-1"))).entries
     assert [(e.actor, e.action) for e in entries] == [("ops-alice", "pause_queue")]
-    assert rpc_count("/dtq.v1.Admin/PauseQueue", "OK") == before + 1
+    assert await rpc_count_reaches("/dtq.v1.Admin/PauseQueue", "OK", before + 1) == before + 1
 
 
 async def test_health_is_open_without_token(ops) -> None:
